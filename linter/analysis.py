@@ -1,0 +1,974 @@
+"""One pass over a template's Jinja AST that builds the facts every rule queries.
+
+The pass is an abstract interpretation: each expression evaluates to a ``Value``, the set
+of ``Label``s saying what it depends on (the clock, the number of messages, a scan over all
+messages, a template variable...) plus a constant when one is known. Labels flow through
+``{% set %}``, namespaces, macros, loop variables and filters; a ``{{ ... }}`` that prints a
+value, or prints anything under a condition, is a ``Sink`` that records the labels of what
+it prints and of every decision that led to it. Rules then ask questions of the sinks: does
+the clock reach output, does a message's render depend on where the last user query is.
+
+Known constants fold (``and``/``or`` short-circuit, ``if`` takes one branch), which is how
+a switch is checked: analyse again with ``clear_thinking=False`` and see whether the
+finding is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import jinja2
+from jinja2 import nodes
+
+from .jinja_env import PARSE_ENVIRONMENT, REQUEST_VARIABLES
+from .locations import SourceMap
+
+
+class _Sentinel:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+UNKNOWN = _Sentinel("UNKNOWN")
+# A template variable the caller did not pass: ``is defined`` is false, ``default()`` applies.
+UNDEFINED = _Sentinel("UNDEFINED")
+
+# Globals that read the wall clock. transformers installs strftime_now; the others are
+# names other runtimes (or custom renderers) expose with the same meaning.
+CLOCK_GLOBALS = frozenset(
+    {"strftime_now", "now", "today", "utcnow", "datetime_now", "current_date", "current_time", "get_current_date"}
+)
+KNOWN_GLOBALS = frozenset({"raise_exception", "strftime_now", "dict", "namespace", "range", "lipsum", "cycler", "joiner"})
+
+# Label kinds that describe what a value *is* (the messages list, one message, its tool
+# calls) rather than what it depends on: they do not survive arithmetic or printing.
+STRUCTURAL = frozenset({"messages", "message", "tool_calls", "tool_call", "tool_args"})
+# Sequence filters that keep the messages list a messages list.
+LIST_FILTERS = frozenset(
+    {"list", "reverse", "selectattr", "rejectattr", "select", "reject", "sort", "unique", "batch", "slice", "map"}
+)
+# Loop attributes and what they depend on in a loop over messages.
+LOOP_PREFIX_ATTRS = frozenset({"index", "index0", "first", "previtem", "depth", "depth0", "changed", "cycle"})
+LOOP_LAST_ATTRS = frozenset({"last", "length", "revindex", "revindex0"})
+
+
+@dataclass(frozen=True)
+class Site:
+    """A place in the template. The column is found only when asked for (see SourceMap)."""
+
+    line: int
+    text: str
+    node: nodes.Node | None = field(default=None, compare=False, repr=False)
+    source_map: SourceMap | None = field(default=None, compare=False, repr=False)
+    fixed_column: int | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def column(self) -> int:
+        if self.fixed_column is not None:
+            return self.fixed_column
+        if self.node is None or self.source_map is None:
+            return 1
+        line, column = self.source_map.position(self.node)
+        return column if line == self.line else 1
+
+
+@dataclass(frozen=True)
+class Label:
+    kind: str
+    site: Site | None = None
+    name: str | None = None
+    loop: int | None = None  # id of the loop over messages the label is about
+    origin: Site | None = None  # for a scan read: where the scan assigned it
+
+    def is_structural(self) -> bool:
+        return self.kind in STRUCTURAL
+
+
+@dataclass(frozen=True)
+class Value:
+    labels: frozenset[Label] = frozenset()
+    const: object = UNKNOWN
+
+    @property
+    def known(self) -> bool:
+        return self.const is not UNKNOWN
+
+    def data(self) -> frozenset[Label]:
+        """Labels that describe dependence, not structure."""
+        return frozenset(label for label in self.labels if not label.is_structural())
+
+    def has(self, kind: str) -> bool:
+        return any(label.kind == kind for label in self.labels)
+
+
+NOTHING = Value()
+
+
+@dataclass(frozen=True)
+class MacroRef:
+    node: nodes.Macro
+
+
+@dataclass(frozen=True)
+class GlobalRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class NamespaceRef:
+    key: int
+    loops: tuple[int, ...]  # message loops active where the namespace was created
+
+
+@dataclass(frozen=True)
+class LoopRef:
+    loop: int
+    over_messages: bool
+    looks_ahead: bool = False
+
+
+@dataclass(frozen=True)
+class Control:
+    """A decision that output depends on: an ``if`` chain, a ``for`` iterable, a ternary."""
+
+    node: nodes.Node
+    labels: frozenset[Label]
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A ``{{ ... }}`` (or literal text) that reaches the rendered prompt."""
+
+    node: nodes.Node
+    labels: frozenset[Label]
+    controls: tuple[Control, ...]
+    loops: tuple[int, ...]  # message loops active here, outermost first
+    text: str  # the literal text it prints, where known
+
+    def all_labels(self) -> frozenset[Label]:
+        merged = set(self.labels)
+        for control in self.controls:
+            merged |= control.labels
+        return frozenset(merged)
+
+
+@dataclass(frozen=True)
+class JsonUse:
+    """A ``|tojson`` and what its input is."""
+
+    node: nodes.Filter
+    labels: frozenset[Label]
+    controls: tuple[Control, ...]
+
+
+@dataclass
+class Facts:
+    text: str
+    tree: nodes.Template | None
+    source_map: SourceMap
+    syntax_error: jinja2.TemplateSyntaxError | None = None
+    sinks: list[Sink] = field(default_factory=list)
+    json_uses: list[JsonUse] = field(default_factory=list)
+    variables: set[str] = field(default_factory=set)  # undeclared names the template reads
+    assumptions: Mapping[str, object] = field(default_factory=dict)
+
+    def site(self, node: nodes.Node, text: str) -> Site:
+        return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
+
+
+def parse(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None]:
+    try:
+        return PARSE_ENVIRONMENT.parse(text), None
+    except jinja2.TemplateSyntaxError as error:
+        return None, error
+
+
+def analyze(
+    text: str,
+    tree: nodes.Template | None = None,
+    source_map: SourceMap | None = None,
+    assumptions: Mapping[str, object] | None = None,
+) -> Facts:
+    error = None
+    if tree is None:
+        tree, error = parse(text)
+    if source_map is None:
+        source_map = SourceMap(text, PARSE_ENVIRONMENT, tree)
+    facts = Facts(text, tree, source_map, error, assumptions=dict(assumptions or {}))
+    if tree is not None:
+        _Interpreter(facts).run(tree)
+    return facts
+
+
+def expression_text(node: nodes.Node) -> str:
+    """A short source-like rendering of a name or attribute chain, for messages."""
+    if isinstance(node, nodes.Name):
+        return node.name
+    if isinstance(node, nodes.Getattr):
+        return f"{expression_text(node.node)}.{node.attr}"
+    if isinstance(node, nodes.Getitem):
+        if isinstance(node.arg, nodes.Const):
+            inner = repr(node.arg.value)
+        elif isinstance(node.arg, nodes.Neg) and isinstance(node.arg.node, nodes.Const):
+            inner = f"-{node.arg.node.value!r}"
+        else:
+            inner = "..."
+        return f"{expression_text(node.node)}[{inner}]"
+    if isinstance(node, nodes.NSRef):
+        return f"{node.name}.{node.attr}"
+    if isinstance(node, nodes.Call):
+        return f"{expression_text(node.node)}(...)"
+    if isinstance(node, nodes.Filter):
+        return f"{expression_text(node.node) if node.node else ''}|{node.name}"
+    return type(node).__name__
+
+
+class _Scope:
+    def __init__(self, parent: _Scope | None = None):
+        self.parent = parent
+        self.vars: dict[str, Value] = {}
+
+    def lookup(self, name: str) -> Value | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.vars:
+                return scope.vars[name]
+            scope = scope.parent
+        return None
+
+
+def _union(*values: Value) -> Value:
+    labels: set[Label] = set()
+    for value in values:
+        labels |= value.data()
+    return Value(frozenset(labels))
+
+
+def _either(*values: Value) -> Value:
+    """A value that is one of ``values`` (``a or b``, ``a if t else b``): structure is kept."""
+    labels: set[Label] = set()
+    for value in values:
+        labels |= value.labels
+    return Value(frozenset(labels))
+
+
+def _merge(old: Value | None, new: Value) -> Value:
+    """The value after a branch that may or may not have run."""
+    if old is None:
+        return Value(new.labels, UNKNOWN)
+    const = old.const if old.known and new.known and _same(old.const, new.const) else UNKNOWN
+    return Value(old.labels | new.labels, const)
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _truth(value: Value) -> bool | None:
+    if not value.known:
+        return None
+    if value.const is UNDEFINED:
+        return False
+    if isinstance(value.const, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
+        return True
+    try:
+        return bool(value.const)
+    except Exception:
+        return None
+
+
+class _Interpreter:
+    MAX_MACRO_DEPTH = 4
+
+    def __init__(self, facts: Facts):
+        self.facts = facts
+        self.scope = _Scope()
+        self.namespaces: dict[tuple[int, str], Value] = {}
+        self.controls: list[Control] = []
+        self.loops: list[LoopRef] = []
+        self.collectors: list[set[Label]] = []
+        self.macro_cache: dict[tuple, Value] = {}
+        self.macro_depth = 0
+        self.declared = facts.source_map.memo("declared", lambda: _declared_names(facts.tree))
+
+    # -- statements ------------------------------------------------------------------
+
+    def run(self, tree: nodes.Template) -> None:
+        self.block(tree.body)
+
+    def block(self, body: Iterable[nodes.Node]) -> None:
+        for statement in body:
+            self.statement(statement)
+
+    def statement(self, node: nodes.Node) -> None:
+        handler = getattr(self, f"stmt_{type(node).__name__}", None)
+        if handler is not None:
+            handler(node)
+        elif isinstance(node, nodes.Stmt):
+            for child in node.iter_child_nodes():
+                if isinstance(child, nodes.Stmt):
+                    self.statement(child)
+
+    def stmt_Output(self, node: nodes.Output) -> None:
+        labels: set[Label] = set()
+        text: list[str] = []
+        for child in node.nodes:
+            if isinstance(child, nodes.TemplateData):
+                text.append(child.data)
+                continue
+            value = self.expr(child)
+            labels |= value.data()
+            if value.known and isinstance(value.const, str):
+                text.append(value.const)
+            else:
+                text.extend(_literal_strings(child))
+        self.emit(node, frozenset(labels), "".join(text))
+
+    def emit(self, node: nodes.Node, labels: frozenset[Label], text: str) -> None:
+        if self.collectors:
+            collected = self.collectors[-1]
+            collected |= labels
+            for control in self.controls:
+                collected |= control.labels
+            return
+        loops = tuple(loop.loop for loop in self.loops if loop.over_messages)
+        self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text))
+
+    def stmt_Assign(self, node: nodes.Assign) -> None:
+        self.assign(node.target, self.expr(node.node), node)
+
+    def stmt_AssignBlock(self, node: nodes.AssignBlock) -> None:
+        captured = self.capture(node.body)
+        if node.filter is not None:
+            captured = _union(captured, self.expr_filter_chain(node.filter))
+        self.assign(node.target, captured, node)
+
+    def assign(self, target: nodes.Node, value: Value, node: nodes.Node) -> None:
+        control_labels = self.control_labels()
+        if control_labels:
+            value = Value(value.labels | control_labels, value.const)
+        if isinstance(target, nodes.Name):
+            self.scope.vars[target.name] = value
+        elif isinstance(target, nodes.Tuple):
+            for item in target.items:
+                self.assign(item, Value(value.data()), node)
+        elif isinstance(target, nodes.NSRef):
+            holder = self.scope.lookup(target.name)
+            if holder is None or not isinstance(holder.const, NamespaceRef):
+                return
+            namespace = holder.const
+            scanning = [loop for loop in self.loops if loop.over_messages and loop.loop not in namespace.loops]
+            # A forward scan already carries its look-ahead label; a full scan becomes a fact.
+            if scanning and not any(loop.looks_ahead for loop in scanning):
+                # Assigned while iterating messages into a namespace that outlives the loop:
+                # after the loop it holds a fact about the whole list, e.g. the position of
+                # the last user query when the assigned value is a loop index.
+                loop = scanning[-1]
+                is_position = any(label.kind == "loop_index" and label.loop == loop.loop for label in value.labels)
+                site = self.facts.site(node, f"{target.name}.{target.attr}")
+                scan = Label("scan_position" if is_position else "scan_flag", site, f"{target.name}.{target.attr}", loop.loop)
+                value = Value(value.labels | {scan}, value.const)
+            key = (namespace.key, target.attr)
+            if self.controls or scanning:
+                value = _merge(self.namespaces.get(key), value)
+            self.namespaces[key] = value
+
+    def control_labels(self) -> frozenset[Label]:
+        labels: set[Label] = set()
+        for control in self.controls:
+            labels |= control.labels
+        return frozenset(labels)
+
+    def stmt_If(self, node: nodes.If) -> None:
+        branches = [(node.test, node.body)] + [(elif_.test, elif_.body) for elif_ in node.elif_]
+        chain: set[Label] = set()
+        taken: list[list[nodes.Node]] = []
+        certain = False
+        for test, body in branches:
+            value = self.expr(test)
+            truth = _truth(value)
+            if truth is False:
+                continue
+            chain |= value.data()
+            taken.append(body)
+            if truth is True:
+                certain = True
+                break
+        if not certain:
+            taken.append(node.else_)
+        if certain and len(taken) == 1:
+            self.block(taken[0])
+            return
+        self.branches(node, frozenset(chain), taken)
+
+    def branches(self, node: nodes.Node, labels: frozenset[Label], bodies: list[list[nodes.Node]]) -> None:
+        """Run each possible body from the same state, then merge what they assigned."""
+        before_vars = dict(self.scope.vars)
+        before_ns = dict(self.namespaces)
+        results = []
+        for body in bodies:
+            self.scope.vars = dict(before_vars)
+            self.namespaces = dict(before_ns)
+            self.controls.append(Control(node, labels))
+            try:
+                self.block(body)
+            finally:
+                self.controls.pop()
+            results.append((self.scope.vars, self.namespaces))
+        merged_vars = dict(before_vars)
+        merged_ns = dict(before_ns)
+        for variables, namespaces in results:
+            for key, value in variables.items():
+                if before_vars.get(key) is not value:
+                    merged_vars[key] = _merge(merged_vars.get(key), value) if key in merged_vars else value
+            for key, value in namespaces.items():
+                if before_ns.get(key) is not value:
+                    merged_ns[key] = _merge(merged_ns.get(key), value) if key in merged_ns else value
+        # A name first set in only some branches is unknown afterwards.
+        for key, value in list(merged_vars.items()):
+            if key not in before_vars and not all(key in variables for variables, _ in results):
+                merged_vars[key] = Value(value.labels, UNKNOWN)
+        self.scope.vars = merged_vars
+        self.namespaces = merged_ns
+
+    def stmt_For(self, node: nodes.For) -> None:
+        iterable = self.expr(node.iter)
+        # A loop over messages, or over their indices (`range(messages|length)`).
+        by_index = _is_range(node.iter) and iterable.has("count")
+        over_messages = iterable.has("messages") or by_index
+        if by_index and self.mentions_active_index(iterable):
+            # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
+            site = self.facts.site(node.iter, expression_text(node.iter))
+            iterable = Value(iterable.labels | {Label("lookahead", site)}, iterable.const)
+        loop = LoopRef(id(node), over_messages, iterable.has("lookahead"))
+        element = self.element_of(iterable)
+        if by_index:
+            # The element is an index; the count it ranges over says nothing about any one message.
+            kept = {label for label in element.labels if label.kind != "count"}
+            element = Value(frozenset(kept | {Label("loop_index", loop=loop.loop)}))
+        control = Control(node, iterable.data())
+        assigns_namespace = self.facts.source_map.memo(("assigns_namespace", id(node)), lambda: any(True for _ in node.find_all(nodes.NSRef)))
+        before_ns = dict(self.namespaces)
+        outer = self.scope
+        # Twice when the body carries state between iterations in a namespace, so a value
+        # set late in one iteration is seen by the code before it in the next.
+        for _ in range(2 if assigns_namespace else 1):
+            self.scope = _Scope(outer)
+            self.bind_target(node.target, element)
+            self.scope.vars["loop"] = Value(const=loop)
+            self.loops.append(loop)
+            self.controls.append(control)
+            try:
+                if node.test is not None:
+                    test = self.expr(node.test)
+                    self.controls.append(Control(node.test, test.data()))
+                    try:
+                        self.block(node.body)
+                    finally:
+                        self.controls.pop()
+                else:
+                    self.block(node.body)
+            finally:
+                self.controls.pop()
+                self.loops.pop()
+                self.scope = outer
+        # The loop may run zero times: what it set in namespaces merges with what was there.
+        for key, value in list(self.namespaces.items()):
+            if before_ns.get(key) is not value:
+                self.namespaces[key] = _merge(before_ns.get(key), value) if key in before_ns else Value(value.labels)
+        self.block(node.else_)
+
+    def bind_target(self, target: nodes.Node, element: Value) -> None:
+        if isinstance(target, nodes.Name):
+            self.scope.vars[target.name] = element
+        elif isinstance(target, nodes.Tuple):
+            for item in target.items:
+                self.bind_target(item, Value(element.data()))
+
+    def element_of(self, iterable: Value) -> Value:
+        labels = set(iterable.data())
+        if iterable.has("messages"):
+            labels.add(Label("message"))
+        if iterable.has("tool_calls"):
+            labels.add(Label("tool_call"))
+        return Value(frozenset(labels))
+
+    def stmt_Macro(self, node: nodes.Macro) -> None:
+        self.scope.vars[node.name] = Value(const=MacroRef(node))
+
+    def stmt_CallBlock(self, node: nodes.CallBlock) -> None:
+        self.block(node.body)
+
+    def stmt_FilterBlock(self, node: nodes.FilterBlock) -> None:
+        self.block(node.body)
+
+    def stmt_With(self, node: nodes.With) -> None:
+        outer = self.scope
+        self.scope = _Scope(outer)
+        try:
+            for target, value in zip(node.targets, node.values):
+                self.bind_target(target, self.expr(value))
+            self.block(node.body)
+        finally:
+            self.scope = outer
+
+    def stmt_Block(self, node: nodes.Block) -> None:
+        self.block(node.body)
+
+    def stmt_Scope(self, node: nodes.Scope) -> None:
+        self.block(node.body)
+
+    def stmt_ScopedEvalContextModifier(self, node: nodes.ScopedEvalContextModifier) -> None:
+        self.block(node.body)
+
+    def capture(self, body: list[nodes.Node]) -> Value:
+        collected: set[Label] = set()
+        self.collectors.append(collected)
+        try:
+            self.block(body)
+        finally:
+            self.collectors.pop()
+        return Value(frozenset(collected))
+
+    # -- expressions -----------------------------------------------------------------
+
+    def expr(self, node: nodes.Node) -> Value:
+        handler = getattr(self, f"expr_{type(node).__name__}", None)
+        if handler is not None:
+            return handler(node)
+        return _union(*(self.expr(child) for child in node.iter_child_nodes() if isinstance(child, nodes.Expr)))
+
+    def expr_Const(self, node: nodes.Const) -> Value:
+        return Value(const=node.value)
+
+    def expr_TemplateData(self, node: nodes.TemplateData) -> Value:
+        return Value(const=node.data)
+
+    def expr_Name(self, node: nodes.Name) -> Value:
+        name = node.name
+        found = self.scope.lookup(name)
+        if found is not None:
+            return found
+        if name in self.facts.assumptions:
+            return Value(const=self.facts.assumptions[name])
+        if name in KNOWN_GLOBALS:
+            return Value(const=GlobalRef(name))
+        self.facts.variables.add(name)
+        if name == "messages":
+            return Value(frozenset({Label("messages")}))
+        return Value(frozenset({Label("variable", name=name)}))
+
+    def expr_Getattr(self, node: nodes.Getattr) -> Value:
+        base = self.expr(node.node)
+        if isinstance(base.const, NamespaceRef):
+            value = self.namespaces.get((base.const.key, node.attr), NOTHING)
+            return self.read_scan(value, node)
+        if isinstance(base.const, LoopRef):
+            return self.loop_attribute(base.const, node.attr, node)
+        return self.member(base, node.attr, node, node.node)
+
+    def expr_Getitem(self, node: nodes.Getitem) -> Value:
+        base = self.expr(node.node)
+        arg = node.arg
+        if isinstance(arg, nodes.Slice):
+            bounds = [self.expr(part) for part in (arg.start, arg.stop, arg.step) if part is not None]
+            labels = set(base.labels) | set(_union(*bounds).labels)
+            if base.has("messages") and arg.start is not None and self.mentions_current_index(arg.start):
+                labels.add(Label("lookahead", self.facts.site(node, expression_text(node.node) + "[...:]")))
+            return Value(frozenset(labels))
+        key = self.expr(arg)
+        if isinstance(base.const, NamespaceRef) and isinstance(key.const, str):
+            return self.read_scan(self.namespaces.get((base.const.key, key.const), NOTHING), node)
+        if isinstance(base.const, LoopRef) and isinstance(key.const, str):
+            return self.loop_attribute(base.const, key.const, node)
+        if base.has("messages"):
+            labels = set(base.data()) | {Label("message")}
+            if isinstance(key.const, int):
+                if key.const < 0:
+                    labels.add(Label("last", self.facts.site(node, expression_text(node))))
+                elif key.const == 0:
+                    labels.add(Label("first_message"))
+            elif self.is_next_index(arg):
+                labels.add(Label("next", self.facts.site(node, expression_text(node.node) + "[next]")))
+            else:
+                labels |= key.data()
+            return Value(frozenset(labels))
+        if isinstance(key.const, str):
+            return self.member(base, key.const, node, node.node)
+        if base.has("tool_calls"):
+            return Value(_union(base, key).labels | {Label("tool_call")})
+        return _union(base, key)
+
+    def member(self, base: Value, attr: str, node: nodes.Node, base_node: nodes.Node) -> Value:
+        data = set(base.data())
+        if base.has("message"):
+            if attr == "tool_calls":
+                data.add(Label("tool_calls"))
+        elif base.has("tool_calls"):
+            data.add(Label("tool_call"))
+        elif base.has("tool_call"):
+            if attr == "function":
+                data.add(Label("tool_call"))
+            elif attr == "arguments":
+                data.add(Label("tool_args"))
+        return Value(frozenset(data))
+
+    def read_scan(self, value: Value, node: nodes.Node) -> Value:
+        """A namespace read: scan facts are reported where they are read.
+
+        Read inside the loop that assigns it, a namespace value is running state (it
+        depends on the messages so far), not a fact about the whole list.
+        """
+        if not any(label.kind.startswith("scan_") for label in value.labels):
+            return value
+        active = {loop.loop for loop in self.loops}
+        labels = set()
+        for label in value.labels:
+            if label.kind.startswith("scan_"):
+                if label.loop in active:
+                    continue
+                origin = label.origin or label.site  # where the scan assigned it, through any re-reads
+                labels.add(Label(label.kind, self.facts.site(node, label.name or ""), label.name, label.loop, origin))
+            else:
+                labels.add(label)
+        return Value(frozenset(labels), value.const)
+
+    def loop_attribute(self, loop: LoopRef, attr: str, node: nodes.Node) -> Value:
+        if not loop.over_messages:
+            return NOTHING
+        site = self.facts.site(node, f"loop.{attr}")
+        if attr in LOOP_LAST_ATTRS:
+            return Value(frozenset({Label("last", site, loop=loop.loop)}))
+        if attr == "nextitem":
+            return Value(frozenset({Label("next", site, loop=loop.loop), Label("message")}))
+        if attr == "previtem":
+            return Value(frozenset({Label("loop_index", loop=loop.loop), Label("message")}))
+        return Value(frozenset({Label("loop_index", loop=loop.loop)}))
+
+    def mentions_current_index(self, node: nodes.Node) -> bool:
+        return self.mentions_active_index(self.expr(node))
+
+    def mentions_active_index(self, value: Value) -> bool:
+        current = {loop.loop for loop in self.loops if loop.over_messages}
+        return any(label.kind == "loop_index" and label.loop in current for label in value.labels)
+
+    def is_next_index(self, node: nodes.Node) -> bool:
+        """``loop.index`` or ``loop.index0 + 1``: the message after the current one."""
+        if isinstance(node, nodes.Getattr) and node.attr == "index":
+            base = self.expr(node.node)
+            return isinstance(base.const, LoopRef) and base.const.over_messages
+        if isinstance(node, nodes.Add):
+            return self.mentions_current_index(node)
+        return False
+
+    def expr_Call(self, node: nodes.Call) -> Value:
+        func = node.node
+        args = [self.expr(arg) for arg in node.args]
+        kwargs = {keyword.key: self.expr(keyword.value) for keyword in node.kwargs}
+        extra = [self.expr(part) for part in (node.dyn_args, node.dyn_kwargs) if part is not None]
+        if isinstance(func, nodes.Getattr):
+            base = self.expr(func.node)
+            if func.attr == "get" and args:
+                if isinstance(base.const, NamespaceRef) or isinstance(base.const, LoopRef):
+                    return NOTHING
+                key = args[0].const
+                if isinstance(key, str):
+                    return _merge_labels(self.member(base, key, node, func.node), *args[1:])
+            return _union(base, *args, *kwargs.values(), *extra)
+        if (
+            isinstance(func, nodes.Name)
+            and func.name in CLOCK_GLOBALS
+            and func.name not in self.declared
+            and func.name not in self.facts.assumptions
+        ):
+            site = self.facts.site(func, func.name)
+            return Value(frozenset({Label("clock", site, func.name)}) | _union(*args).labels)
+        callee = self.expr(func)
+        target = callee.const
+        if isinstance(target, MacroRef):
+            return self.call_macro(target.node, args, kwargs)
+        if isinstance(target, GlobalRef):
+            if target.name == "raise_exception":
+                return NOTHING
+            if target.name == "namespace":
+                namespace = NamespaceRef(id(node), tuple(loop.loop for loop in self.loops if loop.over_messages))
+                for key, value in kwargs.items():
+                    self.namespaces[(namespace.key, key)] = value
+                return Value(const=namespace)
+            if target.name == "lipsum":
+                return Value(frozenset({Label("random", self.facts.site(func, "lipsum"), "lipsum")}))
+        return _union(callee, *args, *kwargs.values(), *extra)
+
+    def call_macro(self, macro: nodes.Macro, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        key = (id(macro), tuple(value.labels for value in args), tuple(sorted((k, v.labels) for k, v in kwargs.items())))
+        if key in self.macro_cache:
+            return self.macro_cache[key]
+        if self.macro_depth >= self.MAX_MACRO_DEPTH:
+            return _union(*args, *kwargs.values())
+        self.macro_cache[key] = _union(*args, *kwargs.values())  # recursion sees the arguments only
+        outer_scope, outer_controls, outer_loops = self.scope, self.controls, self.loops
+        self.scope = _Scope(_root(outer_scope))
+        self.controls, self.loops = [], []
+        for index, parameter in enumerate(macro.args):
+            if index < len(args):
+                value = args[index]
+            elif parameter.name in kwargs:
+                value = kwargs[parameter.name]
+            else:
+                default_index = index - (len(macro.args) - len(macro.defaults))
+                value = self.expr(macro.defaults[default_index]) if default_index >= 0 else Value(const=UNDEFINED)
+            self.scope.vars[parameter.name] = value
+        self.macro_depth += 1
+        try:
+            result = self.capture(macro.body)
+        finally:
+            self.macro_depth -= 1
+            self.scope, self.controls, self.loops = outer_scope, outer_controls, outer_loops
+        self.macro_cache[key] = result
+        return result
+
+    def expr_Filter(self, node: nodes.Filter) -> Value:
+        if node.node is None:
+            return NOTHING
+        return self.apply_filter(node, self.expr(node.node))
+
+    def expr_filter_chain(self, node: nodes.Filter) -> Value:
+        return NOTHING if node.node is None else self.expr(node)
+
+    def apply_filter(self, node: nodes.Filter, value: Value) -> Value:
+        name = node.name
+        args = [self.expr(arg) for arg in node.args] + [self.expr(keyword.value) for keyword in node.kwargs]
+        if name in ("default", "d"):
+            fallback = args[0] if args else Value(const="")
+            if value.const is UNDEFINED:
+                return fallback
+            if value.known:
+                return value
+            return _either(value, fallback)
+        if name == "tojson":
+            self.facts.json_uses.append(JsonUse(node, value.labels, tuple(self.controls)))
+            return _union(value, *args)
+        if name in ("random", "shuffle"):
+            site = self.facts.site(node, f"|{name}")
+            return Value(value.data() | {Label("random", site, name)})
+        if value.has("messages"):
+            site = self.facts.site(node.node, f"{expression_text(node.node)}|{name}")
+            if name in ("length", "count"):
+                return Value(value.data() | {Label("count", site)})
+            if name == "last":
+                return Value(value.data() | {Label("last", site), Label("message")})
+            if name == "first":
+                return Value(value.data() | {Label("message"), Label("first_message")})
+            if name in LIST_FILTERS:
+                return Value(value.labels | _union(*args).labels)
+        if value.known and not args and name in _FOLDABLE_FILTERS:
+            try:
+                return Value(const=_FOLDABLE_FILTERS[name](value.const))
+            except Exception:
+                pass
+        return _union(value, *args)
+
+    def expr_Test(self, node: nodes.Test) -> Value:
+        value = self.expr(node.node)
+        args = [self.expr(arg) for arg in node.args]
+        name = node.name
+        if name in ("defined", "undefined"):
+            if value.known:
+                defined = value.const is not UNDEFINED
+                return Value(const=defined if name == "defined" else not defined)
+            return Value(value.data())
+        if value.known and value.const is not UNDEFINED and all(arg.known for arg in args):
+            folded = _fold_test(name, value.const, [arg.const for arg in args])
+            if folded is not None:
+                return Value(const=folded)
+        labels = set(_union(value, *args).labels)
+        if name == "string" and value.has("tool_args"):
+            labels.add(Label("string_guard"))
+        return Value(frozenset(labels))
+
+    def expr_And(self, node: nodes.And) -> Value:
+        left = self.expr(node.left)
+        truth = _truth(left)
+        if truth is False:
+            return left
+        right = self.expr(node.right)
+        if truth is True:
+            return right
+        if _truth(right) is False:
+            return Value(left.data() | right.data(), UNKNOWN)
+        return _union(left, right)
+
+    def expr_Or(self, node: nodes.Or) -> Value:
+        left = self.expr(node.left)
+        truth = _truth(left)
+        if truth is True:
+            return left
+        right = self.expr(node.right)
+        if truth is False:
+            return right
+        return _either(left, right)
+
+    def expr_Not(self, node: nodes.Not) -> Value:
+        value = self.expr(node.node)
+        truth = _truth(value)
+        return Value(const=not truth) if truth is not None else Value(value.data())
+
+    def expr_CondExpr(self, node: nodes.CondExpr) -> Value:
+        test = self.expr(node.test)
+        truth = _truth(test)
+        if truth is True:
+            return self.expr(node.expr1)
+        if truth is False:
+            return self.expr(node.expr2) if node.expr2 is not None else Value(const="")
+        self.controls.append(Control(node, test.data()))
+        try:
+            first = self.expr(node.expr1)
+            second = self.expr(node.expr2) if node.expr2 is not None else NOTHING
+        finally:
+            self.controls.pop()
+        return Value(_either(first, second).labels | test.data())
+
+    def expr_Compare(self, node: nodes.Compare) -> Value:
+        values = [self.expr(node.expr)] + [self.expr(operand.expr) for operand in node.ops]
+        if all(value.known and value.const is not UNDEFINED for value in values):
+            folded = _fold_compare(values[0].const, [(op.op, value.const) for op, value in zip(node.ops, values[1:])])
+            if folded is not None:
+                return Value(const=folded)
+        return _union(*values)
+
+    def expr_BinExpr(self, node: nodes.BinExpr) -> Value:
+        left, right = self.expr(node.left), self.expr(node.right)
+        if left.known and right.known and UNDEFINED not in (left.const, right.const):
+            try:
+                return Value(const=_BINARY[node.operator](left.const, right.const))
+            except Exception:
+                pass
+        return _union(left, right)
+
+    def expr_Neg(self, node: nodes.Neg) -> Value:
+        value = self.expr(node.node)
+        if isinstance(value.const, (int, float)) and not isinstance(value.const, bool):
+            return Value(const=-value.const)
+        return Value(value.data())
+
+    def expr_Concat(self, node: nodes.Concat) -> Value:
+        values = [self.expr(child) for child in node.nodes]
+        if all(value.known and isinstance(value.const, str) for value in values):
+            return Value(const="".join(value.const for value in values))
+        return _union(*values)
+
+
+def _merge_labels(value: Value, *others: Value) -> Value:
+    return Value(value.labels | _union(*others).labels)
+
+
+def _literal_strings(node: nodes.Node) -> list[str]:
+    """The string literals an expression concatenates into what it prints, in source order."""
+    if isinstance(node, nodes.Const):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, (nodes.Add, nodes.Concat, nodes.CondExpr, nodes.Filter)):
+        parts = []
+        for child in node.iter_child_nodes():
+            if isinstance(node, nodes.CondExpr) and child is node.test:
+                continue
+            if isinstance(node, nodes.Filter) and child is not node.node:
+                continue
+            parts.extend(_literal_strings(child))
+        return parts
+    return []
+
+
+def _is_range(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Call) and isinstance(node.node, nodes.Name) and node.node.name == "range"
+
+
+def _root(scope: _Scope) -> _Scope:
+    while scope.parent is not None:
+        scope = scope.parent
+    return scope
+
+
+def _declared_names(tree: nodes.Template) -> set[str]:
+    names = {node.name for node in tree.find_all(nodes.Name) if node.ctx in ("store", "param")}
+    names |= {node.name for node in tree.find_all(nodes.Macro)}
+    return names
+
+
+_BINARY = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "**": lambda a, b: a**b if abs(b) < 64 else _raise(),
+}
+
+_FOLDABLE_FILTERS = {
+    "string": str,
+    "lower": lambda v: v.lower(),
+    "upper": lambda v: v.upper(),
+    "trim": lambda v: v.strip(),
+    "length": len,
+    "bool": bool,
+    "int": int,
+}
+
+
+def _raise():
+    raise ValueError("too large")
+
+
+def _fold_test(name: str, value: object, args: list[object]) -> bool | None:
+    tests = {
+        "none": lambda: value is None,
+        "true": lambda: value is True,
+        "false": lambda: value is False,
+        "boolean": lambda: isinstance(value, bool),
+        "string": lambda: isinstance(value, str),
+        "number": lambda: isinstance(value, (int, float)) and not isinstance(value, bool),
+        "integer": lambda: isinstance(value, int) and not isinstance(value, bool),
+        "mapping": lambda: isinstance(value, dict),
+        "equalto": lambda: value == args[0],
+        "eq": lambda: value == args[0],
+        "sameas": lambda: value is args[0],
+    }
+    test = tests.get(name)
+    if test is None or isinstance(value, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
+        return None
+    try:
+        return bool(test())
+    except Exception:
+        return None
+
+
+def _fold_compare(first: object, ops: list[tuple[str, object]]) -> bool | None:
+    operators = {
+        "eq": lambda a, b: a == b,
+        "ne": lambda a, b: a != b,
+        "lt": lambda a, b: a < b,
+        "lteq": lambda a, b: a <= b,
+        "gt": lambda a, b: a > b,
+        "gteq": lambda a, b: a >= b,
+        "in": lambda a, b: a in b,
+        "notin": lambda a, b: a not in b,
+    }
+    left = first
+    try:
+        for op, right in ops:
+            if isinstance(left, (MacroRef, GlobalRef, NamespaceRef, LoopRef)) or op not in operators:
+                return None
+            if not operators[op](left, right):
+                return False
+            left = right
+    except Exception:
+        return None
+    return True

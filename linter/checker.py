@@ -1,0 +1,130 @@
+"""Linting one template: parse once, analyse once, run the selected rules, name the switches."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+
+from jinja2 import nodes
+
+from .analysis import UNDEFINED, Facts, analyze, parse
+from .findings import Finding, Switch
+from .jinja_env import PARSE_ENVIRONMENT
+from .locations import SourceMap
+from .rules import RULES
+from .sources import TemplateSource
+
+DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
+
+
+class SelectionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which codes run, by prefix, the most specific prefix winning (as in ruff)."""
+
+    select: tuple[str, ...] = ("PC",)
+    ignore: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, select: list[str] | None, ignore: list[str] | None) -> Selection:
+        chosen = tuple(_codes(select)) or ("PC",)
+        ignored = tuple(_codes(ignore))
+        known = [rule.RULE.code for rule in RULES] + ["PC100"]
+        for prefix in chosen + ignored:
+            if prefix != "ALL" and not any(code.startswith(prefix) for code in known):
+                raise SelectionError(f"unknown rule code or prefix: {prefix}")
+        return cls(tuple("PC" if prefix == "ALL" else prefix for prefix in chosen), ignored)
+
+    def includes(self, code: str) -> bool:
+        best_select = max((len(p) for p in self.select if code.startswith(p)), default=-1)
+        best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
+        return best_select > best_ignore
+
+
+def _codes(values: list[str] | None):
+    for value in values or ():
+        for part in value.split(","):
+            if part.strip():
+                yield part.strip().upper()
+
+
+def lint_source(source: TemplateSource, selection: Selection = Selection()) -> list[Finding]:
+    tree, error = parse(source.text)
+    source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree)
+    facts = analyze(source.text, tree, source_map)
+    if error is not None:
+        facts.syntax_error = error
+    active = [rule for rule in RULES if selection.includes(rule.RULE.code)]
+    findings = run_rules(facts, active)
+    name_switches(findings, facts, active)
+    for finding in findings:
+        finding.path = str(source.path)
+        finding.template = source.name
+        finding.source_line = source_map.line_text(finding.line)
+    findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
+    return findings
+
+
+def run_rules(facts: Facts, rules) -> list[Finding]:
+    findings: list[Finding] = []
+    seen: set[tuple[str, int, int]] = set()
+    for rule in rules:
+        for finding in rule.check(facts):
+            if finding.key not in seen:
+                seen.add(finding.key)
+                findings.append(finding)
+    return findings
+
+
+def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
+    """For each finding, a template variable whose value makes it disappear, if any.
+
+    The template is analysed again with the variable unset (the default), true, false, or
+    (for date-like names) a fixed string; a value under which the finding is gone is stable.
+    """
+    if facts.tree is None:
+        return
+    outcomes: dict[tuple[str, object], set[tuple[str, int, int]]] = {}
+
+    def keys_with(name: str, value: object) -> set[tuple[str, int, int]]:
+        key = (name, value)
+        if key not in outcomes:
+            assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value})
+            outcomes[key] = {finding.key for finding in run_rules(assumed, rules)}
+        return outcomes[key]
+
+    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(facts.tree))
+    for finding in findings:
+        for name in sorted(finding.candidates):
+            if DATE_LIKE.search(name):
+                trials = [UNDEFINED, date.today().isoformat()]
+            else:
+                trials = [UNDEFINED, *compared.get(name, ()), True, False]
+            stable = [value for value in trials if finding.key not in keys_with(name, value)]
+            if not stable or len(stable) == len(trials):
+                continue
+            default_is_stable = UNDEFINED in stable
+            chosen = [value for value in stable if value is not UNDEFINED]
+            unstable = [value for value in trials if value not in stable and value is not UNDEFINED]
+            finding.switch = Switch(
+                name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None
+            )
+            break
+
+
+def _compared_constants(tree) -> dict[str, list[object]]:
+    """Constants each variable is compared with (``mode == "all"``): the values worth trying."""
+    found: dict[str, list[object]] = {}
+    for compare in tree.find_all(nodes.Compare):
+        operands = [compare.expr] + [operand.expr for operand in compare.ops]
+        names = [operand.name for operand in operands if isinstance(operand, nodes.Name)]
+        constants = [operand.value for operand in operands if isinstance(operand, nodes.Const)]
+        for name in names:
+            for constant in constants:
+                if isinstance(constant, (str, int)) and not isinstance(constant, bool) and constant not in found.setdefault(name, []):
+                    found[name].append(constant)
+    return found

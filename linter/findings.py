@@ -1,0 +1,116 @@
+"""What a rule reports: a finding, the switch that avoids it, and later its proof and fix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .analysis import Label, Site
+from .jinja_env import REQUEST_VARIABLES
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A template variable whose value decides whether the pattern applies."""
+
+    name: str
+    stable_value: Any  # None when only leaving the variable unset is stable
+    default_is_stable: bool
+    unstable_value: Any = None  # a value that brings the pattern back, for the message
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "stable_value": self.stable_value, "default_is_stable": self.default_is_stable}
+
+    def advice(self) -> str:
+        if self.default_is_stable:
+            head = f"only when {self.name}={_jinja_literal(self.unstable_value)}: leave {self.name} unset"
+            if self.stable_value is None:
+                return head
+            head += f" or pass {_jinja_literal(self.stable_value)}"
+        else:
+            head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
+        kwargs = f'{{"{self.name}": {json.dumps(self.stable_value)}}}'
+        return (
+            f"{head} (per request: chat_template_kwargs={kwargs}; "
+            f"vLLM server-wide: --default-chat-template-kwargs '{kwargs}')"
+        )
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    severity: str
+    line: int
+    column: int
+    message: str
+    path: str = ""
+    template: str | None = None
+    source_line: str = ""
+    switch: Switch | None = None
+    # Template variables that may decide the pattern; the checker tries each.
+    candidates: frozenset[str] = frozenset()
+    proof: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.code, self.line, self.column)
+
+    def location(self) -> str:
+        where = f"{self.path}:{self.template}" if self.template else self.path
+        return f"{where}:{self.line}:{self.column}"
+
+    def full_message(self) -> str:
+        return f"{self.message}; {self.switch.advice()}" if self.switch else self.message
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity,
+            "path": self.path,
+            "template": self.template,
+            "line": self.line,
+            "column": self.column,
+            "message": self.full_message(),
+            "switch": self.switch.to_json() if self.switch else None,
+            "proof": self.proof,
+        }
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """The public identity of a rule: its code, name, default severity and one-line summary."""
+
+    code: str
+    name: str
+    severity: str
+    summary: str
+
+    def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
+        """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""
+        return Finding(
+            code=self.code,
+            name=self.name,
+            severity=severity or self.severity,
+            line=site.line,
+            column=site.column,
+            message=message,
+            candidates=switch_candidates(labels),
+        )
+
+
+def switch_candidates(labels) -> frozenset[str]:
+    names = {label.name for label in labels if isinstance(label, Label) and label.kind == "variable"}
+    return frozenset(name for name in names if name and name not in REQUEST_VARIABLES)
+
+
+def _jinja_literal(value: Any) -> str:
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return repr(value)

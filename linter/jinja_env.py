@@ -1,0 +1,122 @@
+"""The Jinja environment chat templates run in.
+
+It mirrors the one transformers builds in
+``transformers.utils.chat_template_utils._cached_compile_jinja_template`` (sandboxed,
+``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, the ``{% generation %}`` tag, and the
+globals ``raise_exception``, ``strftime_now``, ``dict``, ``namespace`` and the ``tojson``
+filter), so that every template transformers renders parses here and renders to the same
+bytes. Unlike transformers, the clock behind ``strftime_now`` is a parameter: the prover
+freezes it and steps it across midnight without touching the machine's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+Clock = Callable[[], datetime]
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: renders its body unchanged.
+
+    transformers uses the tag to find assistant tokens for training masks; for rendering a
+    prompt it is transparent.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+class TemplateNamespace(jinja2.utils.Namespace):
+    """``namespace()`` that refuses underscore attributes, as transformers' does."""
+
+    def __init__(*args, **kwargs):  # same signature trick as jinja2.utils.Namespace
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace: {name!r}"
+            )
+
+
+class TemplateDict:
+    """``dict(...)`` without the type object itself, so templates cannot reach its attributes."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' override: plain json.dumps, so default separators are ", " and ": ".
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def make_environment(clock: Clock = datetime.now) -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[GenerationTag, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: clock().strftime(fmt)
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env
+
+
+# Parsing does not depend on the clock, so one environment serves every parse.
+PARSE_ENVIRONMENT = make_environment()
+
+# Names a chat template receives from transformers' apply_chat_template and vLLM's renderer
+# that are request data, not switches a user sets.
+REQUEST_VARIABLES = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+    }
+)

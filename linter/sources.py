@@ -1,0 +1,233 @@
+"""Finding the chat templates in the paths a user names.
+
+Accepted inputs, as transformers reads them: ``tokenizer_config.json`` (``chat_template``
+a string or a list of ``{"name", "template"}``), ``chat_template.jinja``,
+``additional_chat_templates/*.jinja``, ``chat_template.json`` (``{"chat_template": ...}``),
+any ``*.jinja`` / ``*.j2`` file, a model directory (transformers' precedence: a
+``chat_template.jinja`` file overrides ``chat_template.json``, which overrides the
+tokenizer config's entry), and any directory, walked recursively.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_JINJA = "chat_template.jinja"
+CHAT_TEMPLATE_JSON = "chat_template.json"
+ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
+TEMPLATE_SUFFIXES = (".jinja", ".j2")
+MODEL_DIR_MARKERS = (CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG)
+
+# Real templates are under 100 kB; anything this large is not a template and would only
+# exhaust memory.
+MAX_FILE_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    path: Path
+    # The template's name inside a list of named templates, or an additional template's
+    # file stem; None for the single default template of a file.
+    name: str | None
+    text: str
+    # "jinja" (the file is the template), or "json" (the template is the value of the
+    # file's chat_template key).
+    container: str
+    # Which file is in force when a model directory holds several, or None.
+    note: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:{self.name}" if self.name else str(self.path)
+
+
+class SourceError(Exception):
+    """A file that should hold a template but cannot be read as one."""
+
+    def __init__(self, path: Path, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+def collect(paths: list[Path]) -> tuple[list[TemplateSource], list[SourceError]]:
+    """Every template under ``paths``, in a stable order, and the files that failed."""
+    sources: list[TemplateSource] = []
+    errors: list[SourceError] = []
+    for path in paths:
+        try:
+            if path.is_dir():
+                _collect_directory(path, sources, errors)
+            elif path.exists():
+                sources.extend(read_file(path))
+            elif path.is_symlink():
+                raise SourceError(path, "broken symbolic link")
+            else:
+                raise SourceError(path, "no such file or directory")
+        except SourceError as error:
+            errors.append(error)
+    return sources, errors
+
+
+def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
+    def on_error(error: OSError) -> None:
+        errors.append(SourceError(Path(error.filename or root), error.strerror or str(error)))
+
+    # os.walk does not follow symbolic links to directories, so a link loop cannot trap it.
+    for directory, subdirs, files in os.walk(root, onerror=on_error):
+        subdirs.sort()
+        here = Path(directory)
+        if is_model_directory(here):
+            try:
+                sources.extend(read_model_directory(here))
+            except SourceError as error:
+                errors.append(error)
+            if ADDITIONAL_TEMPLATES_DIR in subdirs:
+                subdirs.remove(ADDITIONAL_TEMPLATES_DIR)
+            claimed = set(MODEL_DIR_MARKERS)
+        else:
+            claimed = set()
+        for name in sorted(files):
+            if name in claimed or not name.endswith(TEMPLATE_SUFFIXES):
+                continue
+            try:
+                sources.extend(read_file(here / name))
+            except SourceError as error:
+                errors.append(error)
+
+
+def is_model_directory(path: Path) -> bool:
+    return any((path / marker).is_file() for marker in MODEL_DIR_MARKERS)
+
+
+def read_model_directory(path: Path) -> list[TemplateSource]:
+    """The templates transformers would load from a model directory, the default first."""
+    candidates = [
+        path / CHAT_TEMPLATE_JINJA,
+        path / CHAT_TEMPLATE_JSON,
+        path / TOKENIZER_CONFIG,
+    ]
+    present = [candidate for candidate in candidates if candidate.is_file()]
+    in_force: list[TemplateSource] = []
+    shadowed: list[str] = []
+    for candidate in present:
+        if not in_force:
+            in_force = _read_optional(candidate)
+            continue
+        try:
+            if _read_optional(candidate):
+                shadowed.append(candidate.name)
+        except SourceError:
+            pass  # a file that is not in force cannot break the lint of the one that is
+    if not in_force and not (path / ADDITIONAL_TEMPLATES_DIR).is_dir():
+        names = ", ".join(candidate.name for candidate in present)
+        raise SourceError(path, f"no chat template in {names}")
+    if shadowed:
+        note = f"{in_force[0].path.name} is in force; it overrides the template in {', '.join(shadowed)}"
+        in_force = [_with_note(source, note) for source in in_force]
+    additional = sorted((path / ADDITIONAL_TEMPLATES_DIR).glob("*.jinja"))
+    return in_force + [_read_jinja(file, name=file.stem) for file in additional]
+
+
+def _with_note(source: TemplateSource, note: str) -> TemplateSource:
+    return TemplateSource(source.path, source.name, source.text, source.container, note)
+
+
+def _read_optional(path: Path) -> list[TemplateSource]:
+    """Templates in a model directory's file; a JSON file without one is not an error there."""
+    if path.suffix == ".json":
+        return _read_json(path, required=False)
+    return [_read_jinja(path)]
+
+
+def read_file(path: Path) -> list[TemplateSource]:
+    if path.suffix == ".json":
+        return _read_json(path, required=True)
+    return [_read_jinja(path)]
+
+
+def read_text(path: Path) -> str:
+    """A file's text, exactly (line endings kept), or a SourceError saying why not."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SourceError(path, f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a template")
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise SourceError(path, "is a directory") from None
+    except PermissionError:
+        raise SourceError(path, "permission denied") from None
+    except FileNotFoundError:
+        raise SourceError(path, "no such file or directory") from None
+    except OSError as error:
+        raise SourceError(path, error.strerror or str(error)) from None
+    if b"\x00" in data:
+        raise SourceError(path, "binary file (contains NUL bytes), not a template")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SourceError(path, f"not valid UTF-8 (byte {error.start})") from None
+
+
+def _read_jinja(path: Path, name: str | None = None) -> TemplateSource:
+    text = read_text(path)
+    if not text.strip():
+        raise SourceError(path, "empty chat template")
+    return TemplateSource(path, name, text, "jinja")
+
+
+def load_json(path: Path) -> object:
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SourceError(path, f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+
+
+def _read_json(path: Path, required: bool) -> list[TemplateSource]:
+    document = load_json(path)
+    if not isinstance(document, dict):
+        raise SourceError(path, "expected a JSON object with a chat_template key")
+    if "chat_template" not in document or document["chat_template"] is None:
+        if required:
+            raise SourceError(path, "no chat_template key")
+        return []
+    return [TemplateSource(path, name, text, "json") for name, text in named_templates(path, document["chat_template"])]
+
+
+def named_templates(path: Path, value: object) -> list[tuple[str | None, str]]:
+    """``chat_template`` as (name, text) pairs: one unnamed string or a list of named ones."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise SourceError(path, "empty chat template")
+        return [(None, value)]
+    if not isinstance(value, list):
+        raise SourceError(path, f"chat_template is a {_json_type(value)}, expected a string or a list of named templates")
+    pairs: list[tuple[str | None, str]] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise SourceError(path, f"chat_template[{index}] is a {_json_type(entry)}, expected an object")
+        name, text = entry.get("name"), entry.get("template")
+        if not isinstance(name, str) or not name:
+            raise SourceError(path, f"chat_template[{index}] has no name")
+        if name in seen:
+            raise SourceError(path, f"chat_template names {name!r} twice")
+        if not isinstance(text, str):
+            raise SourceError(path, f"chat_template {name!r} is a {_json_type(text)}, expected a string")
+        if not text.strip():
+            raise SourceError(path, f"chat_template {name!r} is empty")
+        seen.add(name)
+        pairs.append((name, text))
+    if not pairs:
+        raise SourceError(path, "chat_template is an empty list")
+    return pairs
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -1,0 +1,41 @@
+"""## What it does
+Reports a template that does not parse in the Jinja environment transformers and vLLM
+render chat templates with (sandboxed, `trim_blocks`, `lstrip_blocks`, `loopcontrols`,
+the `{% generation %}` tag).
+
+## Why is this bad?
+A template that does not parse cannot serve a single request, cached or not. Every other
+rule needs the syntax tree, so none of them runs on this template.
+
+## Example
+```jinja
+{%- for message in messages %}
+    {{- message.content }}
+{%- endif %}
+```
+
+## Use instead
+```jinja
+{%- for message in messages %}
+    {{- message.content }}
+{%- endfor %}
+```
+
+## Fix safety
+No automatic fix: only the author knows what the template meant.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.analysis import Facts, Site
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC000", "syntax-error", "error", "the template does not parse")
+
+
+def check(facts: Facts) -> list[Finding]:
+    error = facts.syntax_error
+    if error is None:
+        return []
+    line = error.lineno or 1
+    return [RULE.at(Site(line, "", fixed_column=1), f"template does not parse: {error.message}")]

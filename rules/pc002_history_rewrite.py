@@ -1,0 +1,81 @@
+"""## What it does
+Finds an earlier message whose render depends on where the last user query is: a scan over
+all messages records a position (Qwen3's reverse scan into `ns.last_query_index`, GLM's
+`ns.last_user_index`, Nemotron's `last_user_idx`...), and the loop that renders the
+messages compares each message's index with it. The check follows data, not names: a
+renamed copy of the scan is found, a variable merely called `last_query_index` that
+changes no output is not.
+
+## Why is this bad?
+The next user message moves the recorded position. Every assistant turn before it then
+renders differently (typically without its reasoning), so the next prompt stops matching
+the previous one at the first rewritten assistant turn, a few dozen tokens in, and the
+serving engine recomputes everything after that point on every turn of the session.
+
+## Example
+```jinja
+{%- set ns = namespace(last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- if message.role == "user" %}{%- set ns.last_query_index = (messages|length - 1) - loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.role == "assistant" and loop.index0 > ns.last_query_index %}
+        {{- "<think>" + message.reasoning_content + "</think>" }}
+    {%- endif %}
+    {{- message.content }}
+{%- endfor %}
+```
+
+## Use instead
+```jinja
+{%- for message in messages %}
+    {%- if message.role == "assistant" and message.reasoning_content %}
+        {{- "<think>" + message.reasoning_content + "</think>" }}
+    {%- endif %}
+    {{- message.content }}
+{%- endfor %}
+```
+
+## Fix safety
+Where the template has a switch that keeps history (`clear_thinking`,
+`preserve_thinking`, `truncate_history_thinking`), the fix sets its default to the stable
+value. Otherwise it keeps reasoning for every assistant turn that has it. The model then
+sees its earlier reasoning in later turns, which some models were not trained on; the
+prompt grows by the kept reasoning.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.analysis import Facts
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC002", "history-rewrite", "warning", "an earlier message renders differently once a new user message arrives")
+
+
+def check(facts: Facts) -> list[Finding]:
+    # One finding per scanned position, at its first use while rendering messages.
+    findings: dict[tuple, Finding] = {}
+    for sink in facts.sinks:
+        if not sink.loops:
+            continue
+        labels = sink.all_labels()
+        for label in sorted(labels, key=_by_place):
+            if label.kind != "scan_position" or label.site is None or label.loop in sink.loops:
+                continue
+            key = (label.name, label.origin)
+            if key in findings and _by_place(findings[key]) <= _by_place(label):
+                continue
+            origin = f" (set at line {label.origin.line})" if label.origin else ""
+            message = (
+                f"how a message renders depends on `{label.name}`{origin}, a position found by scanning all "
+                "messages: the next user message moves it and rewrites earlier turns"
+            )
+            findings[key] = RULE.at(label.site, message, labels)
+    return list(findings.values())
+
+
+def _by_place(item) -> tuple[int, int]:
+    site = getattr(item, "site", None)
+    if site is not None:
+        return (site.line, site.column)
+    return (getattr(item, "line", 0), getattr(item, "column", 0))

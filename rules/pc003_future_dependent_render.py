@@ -1,0 +1,103 @@
+"""## What it does
+Finds a message whose render depends on the messages after it:
+- look-ahead scans, such as gpt-oss's `future_final_message` over `loop_messages[loop.index:]`;
+- content emitted only while a message is the last one (`loop.last`, `messages[-1]`,
+  `loop.revindex`, comparing the index with `messages|length`), other than the
+  generation prompt (a test that also reads `add_generation_prompt`);
+- blocks attached to the last user message, such as Mistral's `[AVAILABLE_TOOLS]` and
+  system prompt on `user_messages[-1]`;
+- facts about the whole list computed by an earlier scan and read while rendering.
+
+A test that pairs `loop.last` with the next message's role (`loop.last or
+messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
+not reported, because the group is closed the same way once the next message arrives.
+
+## Why is this bad?
+At turn N the message is last; at turn N+1 it is not, so it renders differently and the
+prompt of turn N+1 stops matching the prompt of turn N at that message. Every token after
+it is recomputed on every turn.
+
+## Example
+```jinja
+{%- for message in messages %}
+    {%- if message.role == "user" and loop.last and system_message is defined %}
+        {{- "[INST]" + system_message + "\n\n" + message.content + "[/INST]" }}
+    {%- elif message.role == "user" %}
+        {{- "[INST]" + message.content + "[/INST]" }}
+    {%- endif %}
+{%- endfor %}
+```
+
+## Use instead
+```jinja
+{%- for message in messages %}
+    {%- if message.role == "user" and loop.first and system_message is defined %}
+        {{- "[INST]" + system_message + "\n\n" + message.content + "[/INST]" }}
+    {%- elif message.role == "user" %}
+        {{- "[INST]" + message.content + "[/INST]" }}
+    {%- endif %}
+{%- endfor %}
+```
+
+## Fix safety
+Look-ahead that drops reasoning (gpt-oss analysis) is fixed by keeping it for every turn
+that has it; the model then sees its earlier analysis. Blocks a model was trained to see
+on the last user message (Mistral's tool list and system prompt) have no edit that keeps
+the trained format: no automatic fix, the finding says so.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.analysis import Facts, Label, Sink
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC003", "future-dependent-render", "warning", "a message renders differently once later messages exist")
+
+
+def check(facts: Facts) -> list[Finding]:
+    findings: dict[tuple[int, int], Finding] = {}
+    for sink in facts.sinks:
+        if not sink.loops:
+            continue
+        every_label = sink.all_labels()
+        for group in [sink.labels] + [control.labels for control in sink.controls]:
+            # One finding per decision, at its first look-ahead.
+            for label, message in _look_aheads(group, sink):
+                key = (label.site.line, label.site.column)
+                findings.setdefault(key, RULE.at(label.site, message, every_label))
+                break
+    return list(findings.values())
+
+
+def _look_aheads(group: frozenset[Label], sink: Sink):
+    """The labels of one decision that make it depend on later messages, with a message."""
+    kinds = {label.kind for label in group}
+    generation_prompt = any(label.kind == "variable" and label.name == "add_generation_prompt" for label in group)
+    closes_group = bool(kinds & {"last", "count"}) and "next" in kinds
+    history_rewrite = any(label.kind == "scan_position" and label.loop not in sink.loops for label in group)
+    active_index = any(label.kind == "loop_index" and label.loop in sink.loops for label in group)
+    for label in sorted(group, key=_order):
+        if label.site is None:
+            continue
+        if label.kind == "lookahead":
+            yield label, f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
+        elif label.kind in ("last", "count") and not (generation_prompt or closes_group or history_rewrite):
+            if label.kind == "count" and not active_index:
+                continue
+            yield label, (
+                f"`{label.site.text}` makes a message render differently while it is the last one: "
+                "the next turn renders it again without that"
+            )
+        elif label.kind == "next" and not closes_group:
+            yield label, f"`{label.site.text}` makes a message render differently once the next message exists"
+        elif label.kind == "scan_flag" and label.loop not in sink.loops and not history_rewrite:
+            origin = f" (set at line {label.origin.line})" if label.origin else ""
+            yield label, (
+                f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
+                "differently once later messages exist"
+            )
+
+
+def _order(label: Label):
+    site = label.site
+    return (site.line, site.column, label.kind) if site else (0, 0, label.kind)

@@ -1,0 +1,67 @@
+"""## What it does
+Finds tool-call arguments that pass through `tojson`: `tool_call.arguments|tojson`, or a
+whole tool call or `function` object serialised with its arguments inside. transformers'
+`tojson` is `json.dumps` with its default separators `", "` and `": "`. Without an
+`is string` pass-through the finding is a warning; with one it is informational.
+
+## Why is this bad?
+The model generated compact JSON such as `{"city":"Boston"}`. A framework that parsed it
+into a mapping and sends it back replays `{"city": "Boston"}`: two more spaces, different
+tokens, and the prompt of the next turn stops matching the previous prompt plus the reply
+at that tool call. vLLM parses every argument string into a mapping before rendering, so
+under vLLM the `is string` pass-through never fires and the re-serialisation always happens.
+
+## Example
+```jinja
+{{- '{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}' }}
+```
+
+## Use instead
+```jinja
+{%- if tool_call.arguments is string %}
+    {{- tool_call.arguments }}
+{%- else %}
+    {{- tool_call.arguments | tojson }}
+{%- endif %}
+```
+
+## Fix safety
+The fix adds the `is string` pass-through. Frameworks that keep the model's raw argument
+string then replay it byte for byte; mappings render as before.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.analysis import Facts
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC004", "tool-args-reserialized", "warning", "tool-call arguments are re-serialised with tojson")
+
+
+def check(facts: Facts) -> list[Finding]:
+    findings: dict[tuple[int, int], Finding] = {}
+    for use in facts.json_uses:
+        kinds = {label.kind for label in use.labels}
+        if not kinds & {"tool_args", "tool_call"}:
+            continue
+        guarded = any(label.kind == "string_guard" for control in use.controls for label in control.labels)
+        site = facts.site(use.node, "tojson")
+        what = "tool-call arguments" if "tool_args" in kinds else "a tool call (with its arguments)"
+        if guarded:
+            message = (
+                f"{what} pass through `tojson` when they are not a string: a mapping replays with "
+                '", " and ": " separators (vLLM always passes a mapping)'
+            )
+            severity = "info"
+        else:
+            message = (
+                f"{what} pass through `tojson`, which re-serialises them with \", \" and \": \" separators: "
+                "the replay differs from the JSON the model generated"
+            )
+            severity = None
+        key = (site.line, site.column)
+        previous = findings.get(key)
+        # The same filter seen through several macro calls: unguarded anywhere wins.
+        if previous is None or (previous.severity == "info" and severity is None):
+            findings[key] = RULE.at(site, message, use.labels, severity=severity)
+    return list(findings.values())

@@ -1,0 +1,41 @@
+"""## What it does
+Finds output that differs between two renders of the same request: the `random` and
+`shuffle` filters, `lipsum()`, and anything computed from them that reaches the prompt.
+
+## Why is this bad?
+A prefix cache hit needs the same tokens for the same history. A random pick in the
+system block or in a past turn changes the prompt on every request, so nothing after it is
+ever reused, not even between two identical requests.
+
+## Example
+```jinja
+{{- ["Be concise.", "Be helpful."] | random }}
+```
+
+## Use instead
+```jinja
+{{- "Be concise." }}
+```
+
+## Fix safety
+No automatic fix: choosing one of the alternatives changes what the model sees.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.analysis import Facts
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC005", "nondeterministic-render", "warning", "output differs between identical renders")
+
+
+def check(facts: Facts) -> list[Finding]:
+    findings: dict[tuple[int, int], Finding] = {}
+    for sink in facts.sinks:
+        labels = sink.all_labels()
+        for label in labels:
+            if label.kind == "random" and label.site is not None:
+                key = (label.site.line, label.site.column)
+                message = f"`{label.name}` makes two renders of the same request differ"
+                findings.setdefault(key, RULE.at(label.site, message, labels))
+    return list(findings.values())

@@ -1,0 +1,94 @@
+"""## What it does
+Finds a generation prompt that opens the reply with text (`<think>\n`, an empty
+`<think></think>`, a channel header) that the same assistant turn no longer starts with
+once it is history. The rule reads the literal text the template prints under
+`add_generation_prompt`; where it holds such an opener tag, it looks for the loop over
+messages printing that tag for every past assistant turn. A tag printed only for some
+turns (after the last user query, while the message is last) or not at all is reported.
+
+## Why is this bad?
+The engine cached the prompt and the reply it generated after the opener. On the next
+turn the history renders that reply without the opener, so the prompt diverges at the
+start of the last reply and the reply's tokens are recomputed every turn. Engines that
+cannot roll back a recurrent state (hybrid and recurrent models: Qwen3.5-class, Jamba,
+Nemotron-H) can only reuse a cache entry whose whole prompt matches, so there the whole
+context is recomputed every turn.
+
+## Example
+```jinja
+{%- for message in messages %}
+    {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' }}
+{%- endif %}
+```
+
+## Use instead
+```jinja
+{%- for message in messages %}
+    {%- if message.role == "assistant" %}
+        {{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message.content + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+```
+
+## Fix safety
+Where the template allows it, the fix makes the history render of an assistant turn start
+with the opener the generation prompt used. The model then sees its past turns exactly as
+it generated them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tmpl_lint.analysis import Facts, Sink
+from tmpl_lint.findings import Finding, RuleInfo
+
+RULE = RuleInfo("PC006", "generation-prompt-mismatch", "warning", "the generation prompt opens the reply with text history drops")
+
+# A tag a generation prompt can open the reply with beyond the role header.
+OPENER_TAG = re.compile(r"<[^<>\s]*(?:think|channel|reason)[^<>\s]*>", re.IGNORECASE)
+# Labels that make a past turn render one way now and another way later.
+POSITION_DEPENDENT = frozenset({"scan_position", "scan_flag", "last", "count", "lookahead", "next"})
+
+
+def check(facts: Facts) -> list[Finding]:
+    prompt_sinks = [sink for sink in facts.sinks if not sink.loops and _in_generation_prompt(sink)]
+    prompt_text = "".join(sink.text for sink in prompt_sinks)
+    opener = OPENER_TAG.search(prompt_text)
+    if opener is None:
+        return []
+    tag = opener.group(0)
+    history_sinks = [sink for sink in facts.sinks if sink.loops and tag in sink.text]
+    if any(_every_turn(sink) for sink in history_sinks):
+        return []
+    first = next(sink for sink in prompt_sinks if tag in sink.text)
+    opened_with = first.text[first.text.index(tag) :]
+    if history_sinks:
+        how = f"history prints {tag!r} only for some turns (it depends on later messages)"
+    else:
+        how = f"history never prints {tag!r}"
+    message = (
+        f"the generation prompt opens the reply with {opened_with!r} but {how}: the reply's cache is "
+        "lost every turn (the whole context on models that cannot roll back)"
+    )
+    labels = frozenset().union(*(sink.all_labels() for sink in prompt_sinks))
+    return [RULE.at(facts.site(first.node, tag), message, labels)]
+
+
+def _in_generation_prompt(sink: Sink) -> bool:
+    return any(
+        label.kind == "variable" and label.name == "add_generation_prompt"
+        for control in sink.controls
+        for label in control.labels
+    )
+
+
+def _every_turn(sink: Sink) -> bool:
+    return not any(
+        label.kind in POSITION_DEPENDENT and label.loop not in sink.loops for label in sink.all_labels() if label.kind.startswith("scan_")
+    ) and not any(label.kind in POSITION_DEPENDENT - {"scan_position", "scan_flag"} for label in sink.all_labels())

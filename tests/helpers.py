@@ -1,0 +1,39 @@
+"""Shared test helpers: paths to the bundled corpus and to ../shared (absent in a fresh clone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tmpl_lint.checker import lint_source
+from tmpl_lint.sources import TemplateSource
+
+PROJECT = Path(__file__).resolve().parents[1]
+CORPUS = PROJECT / "corpus"
+SHARED = PROJECT.parent / "shared"
+SHARED_TEMPLATES = SHARED / "corpus" / "templates"
+SHARED_TOKENIZERS = SHARED / "tokenizers"
+
+needs_shared = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason="../shared is not present (fresh clone)")
+
+
+def lint_text(text: str, name: str = "inline.jinja"):
+    """Findings for a template given as text, as (code, line, column) tuples and the findings."""
+    findings = lint_source(TemplateSource(Path(name), None, text, "jinja"))
+    return [(f.code, f.line, f.column) for f in findings], findings
+
+
+def lint_fixture(name: str):
+    path = CORPUS / name
+    return lint_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def at(code: str, source: str, anchor: str, nth: int = 0) -> tuple[str, int, int]:
+    """(code, line, column) of the nth occurrence of ``anchor`` in ``source``, counted by hand."""
+    offset = -1
+    for _ in range(nth + 1):
+        offset = source.index(anchor, offset + 1)
+    line = source.count("\n", 0, offset) + 1
+    column = offset - (source.rfind("\n", 0, offset) + 1) + 1
+    return (code, line, column)

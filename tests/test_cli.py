@@ -1,0 +1,100 @@
+import json
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from helpers import CORPUS
+from tmpl_lint.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_text_output_is_ruff_style_with_source_line():
+    code, out, _ = run(str(CORPUS / "PC001_live_clock.jinja"))
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"{CORPUS / 'PC001_live_clock.jinja'}:3:28: PC001 [live-clock] `strftime_now(...)` puts the current time "
+        "into the prompt: the prefix cache goes cold whenever the rendered date changes"
+    )
+    assert lines[1] == '    3 |     {{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}'
+    assert lines[2] == "      | " + " " * 27 + "^"
+    assert lines[-1] == "Found 1 finding (1 warning)."
+
+
+def test_clean_exit_zero():
+    code, out, _ = run(str(CORPUS / "clean_chatml.jinja"))
+    assert (code, out) == (0, "All checks passed!\n")
+
+
+def test_json_fields():
+    code, out, _ = run("--format", "json", str(CORPUS / "PC002_history_rewrite_switch.jinja"))
+    assert code == 1
+    (finding,) = json.loads(out)
+    assert finding["code"] == "PC002"
+    assert finding["name"] == "history-rewrite"
+    assert finding["severity"] == "warning"
+    assert finding["path"] == str(CORPUS / "PC002_history_rewrite_switch.jinja")
+    assert finding["template"] is None
+    assert (finding["line"], finding["column"]) == (11, 87)
+    assert finding["switch"] == {"name": "keep_history_reasoning", "stable_value": True, "default_is_stable": False}
+    assert finding["message"].startswith("how a message renders depends on `ns.last_user`")
+
+
+def test_named_templates_are_reported_under_their_name(tmp_path):
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "{{ strftime_now('%Y') }}"}]}))
+    code, out, _ = run(str(config), "-q")
+    assert code == 1
+    assert out == f"{config}:tool_use:1:4: PC001 [live-clock] `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
+
+
+def test_select_and_ignore_by_prefix():
+    target = str(CORPUS / "PC003_future_dependent_render.jinja")
+    assert run("--select", "PC001", target)[0] == 0
+    assert run("--ignore", "PC00", target)[0] == 0
+    code, out, _ = run("--ignore", "PC", "--select", "PC003", target, "--format", "json")
+    assert code == 1 and {f["code"] for f in json.loads(out)} == {"PC003"}
+
+
+def test_unknown_code_is_a_usage_error():
+    code, _, err = run("--select", "XY1", str(CORPUS))
+    assert code == 2
+    assert "unknown rule code or prefix: XY1" in err
+
+
+def test_input_errors_exit_2_and_the_rest_is_linted(tmp_path):
+    bad = tmp_path / "tokenizer_config.json"
+    bad.write_text("{oops")
+    code, out, err = run(str(bad), str(CORPUS / "PC001_live_clock.jinja"), "-q")
+    assert code == 2
+    assert "PC001" in out
+    assert err == f"tmpl-lint: error: {bad}: invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)\n"
+
+
+def test_statistics_and_exit_zero():
+    code, out, _ = run("--statistics", "--exit-zero", str(CORPUS))
+    assert code == 0
+    assert "    3\tPC003\t[future-dependent-render]\n" in out
+
+
+def test_explicit_check_subcommand_and_module_entry_point():
+    assert run("check", str(CORPUS / "clean_chatml.jinja"))[0] == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(CORPUS / "clean_chatml.jinja")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert (result.returncode, result.stdout) == (0, "All checks passed!\n")
+
+
+def test_missing_path_is_a_clear_error():
+    code, _, err = run("does/not/exist.jinja")
+    assert code == 2
+    assert err == "tmpl-lint: error: does/not/exist.jinja: no such file or directory\n"

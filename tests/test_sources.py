@@ -1,0 +1,116 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from tmpl_lint.sources import SourceError, collect
+
+TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_tokenizer_config_string_and_named_list(tmp_path):
+    single = write(tmp_path / "a" / "tokenizer_config.json", {"chat_template": TEMPLATE, "eos_token": "</s>"})
+    named = write(
+        tmp_path / "b" / "tokenizer_config.json",
+        {"chat_template": [{"name": "default", "template": TEMPLATE}, {"name": "tool_use", "template": TEMPLATE + "!"}]},
+    )
+    sources, errors = collect([single, named])
+    assert errors == []
+    assert [(s.path, s.name, s.container) for s in sources] == [
+        (single, None, "json"),
+        (named, "default", "json"),
+        (named, "tool_use", "json"),
+    ]
+    assert sources[2].text == TEMPLATE + "!"
+
+
+def test_model_directory_precedence_and_additional_templates(tmp_path):
+    write(tmp_path / "tokenizer_config.json", {"chat_template": "from config"})
+    write(tmp_path / "chat_template.json", {"chat_template": "from chat_template.json"})
+    write(tmp_path / "chat_template.jinja", "from jinja file")
+    write(tmp_path / "additional_chat_templates" / "rag.jinja", "rag template")
+    sources, errors = collect([tmp_path])
+    assert errors == []
+    assert [(s.path.name, s.name, s.text) for s in sources] == [
+        ("chat_template.jinja", None, "from jinja file"),
+        ("rag.jinja", "rag", "rag template"),
+    ]
+    assert sources[0].note == "chat_template.jinja is in force; it overrides the template in chat_template.json, tokenizer_config.json"
+
+
+def test_model_directory_without_jinja_uses_chat_template_json(tmp_path):
+    write(tmp_path / "tokenizer_config.json", {"chat_template": "from config"})
+    write(tmp_path / "chat_template.json", {"chat_template": "from chat_template.json"})
+    sources, errors = collect([tmp_path])
+    assert [s.text for s in sources] == ["from chat_template.json"]
+
+
+def test_directory_walk_finds_nested_models_and_loose_templates(tmp_path):
+    write(tmp_path / "org" / "model" / "tokenizer_config.json", {"chat_template": "m"})
+    write(tmp_path / "loose" / "x.j2", "j2")
+    write(tmp_path / "loose" / "y.jinja", "jinja")
+    write(tmp_path / "loose" / "notes.txt", "not a template")
+    sources, errors = collect([tmp_path])
+    assert errors == []
+    assert sorted(s.text for s in sources) == ["j2", "jinja", "m"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("tokenizer_config.json", b"{not json", "invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)"),
+        ("tokenizer_config.json", b"\xff\xfe{}", "not valid UTF-8 (byte 0)"),
+        ("tokenizer_config.json", b"{}", "no chat_template key"),
+        ("tokenizer_config.json", b'{"chat_template": 3}', "chat_template is a number, expected a string or a list of named templates"),
+        ("tokenizer_config.json", b'{"chat_template": ""}', "empty chat template"),
+        ("tokenizer_config.json", b'[1, 2]', "expected a JSON object with a chat_template key"),
+        ("tokenizer_config.json", b'{"chat_template": [{"template": "x"}]}', "chat_template[0] has no name"),
+        (
+            "tokenizer_config.json",
+            b'{"chat_template": [{"name": "a", "template": "x"}, {"name": "a", "template": "y"}]}',
+            "chat_template names 'a' twice",
+        ),
+        ("t.jinja", b"\x00\x01binary", "binary file (contains NUL bytes), not a template"),
+        ("t.jinja", b"   \n", "empty chat template"),
+    ],
+)
+def test_bad_files_are_one_line_errors(tmp_path, name, data, message):
+    path = write(tmp_path / name, data)
+    sources, errors = collect([path])
+    assert sources == []
+    assert [str(error) for error in errors] == [f"{path}: {message}"]
+
+
+def test_a_bad_file_does_not_stop_the_batch(tmp_path):
+    bad = write(tmp_path / "bad" / "tokenizer_config.json", b"{")
+    good = write(tmp_path / "good" / "chat_template.jinja", TEMPLATE)
+    sources, errors = collect([tmp_path / "bad", tmp_path / "good", tmp_path / "missing"])
+    assert [s.path for s in sources] == [good]
+    assert [e.path for e in errors] == [bad, tmp_path / "missing"]
+
+
+def test_symlink_loop_does_not_hang(tmp_path):
+    write(tmp_path / "d" / "t.jinja", TEMPLATE)
+    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d")
+    sources, errors = collect([tmp_path])
+    assert [s.path.name for s in sources] == ["t.jinja"]
+
+
+def test_crlf_is_kept_exactly(tmp_path):
+    path = write(tmp_path / "t.jinja", b"{{ messages[0].content }}\r\n")
+    (source,), _ = collect([path])
+    assert source.text == "{{ messages[0].content }}\r\n"
+
+
+def test_source_error_is_an_exception_with_path():
+    error = SourceError(Path("x.json"), "boom")
+    assert str(error) == "x.json: boom"
