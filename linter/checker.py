@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 
 from jinja2 import nodes
 
@@ -52,7 +53,15 @@ def _codes(values: list[str] | None):
                 yield part.strip().upper()
 
 
-def lint_source(source: TemplateSource, selection: Selection = Selection()) -> list[Finding]:
+@dataclass(frozen=True)
+class ProveOptions:
+    """Render and diff to prove findings; without a tokenizer, measure in characters."""
+
+    tokenizer: Path | None = None  # a directory; None looks beside the template
+    block_size: int = 16
+
+
+def lint_source(source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None) -> list[Finding]:
     tree, error = parse(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree)
     facts = analyze(source.text, tree, source_map)
@@ -61,6 +70,9 @@ def lint_source(source: TemplateSource, selection: Selection = Selection()) -> l
     active = [rule for rule in RULES if selection.includes(rule.RULE.code)]
     findings = run_rules(facts, active)
     name_switches(findings, facts, active)
+    if prove is not None:
+        extra = prove_findings(source, findings, facts.variables, prove)
+        findings.extend(finding for finding in extra if selection.includes(finding.code))
     for finding in findings:
         finding.path = str(source.path)
         finding.template = source.name
@@ -128,3 +140,23 @@ def _compared_constants(tree) -> dict[str, list[object]]:
                 if isinstance(constant, (str, int)) and not isinstance(constant, bool) and constant not in found.setdefault(name, []):
                     found[name].append(constant)
     return found
+
+
+def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
+    # Imported here: the static lint must not pay for rendering or tokenizers.
+    from .prover import Prover, attach_proofs, switch_values
+    from .sources import SourceError, load_json
+    from .tokenizer import find_tokenizer_directory, load_tokenizer, special_tokens_from_config
+
+    directory = options.tokenizer or find_tokenizer_directory(source.path)
+    tokenizer = load_tokenizer(directory) if directory is not None else None
+    special: dict = {}
+    if source.container == "json":
+        try:
+            document = load_json(source.path)
+            special = special_tokens_from_config(document) if isinstance(document, dict) else {}
+        except SourceError:
+            special = {}
+    prover = Prover(source.text, tokenizer, options.block_size, special)
+    report = prover.run(switch_values(findings, variables))
+    return attach_proofs(findings, report)

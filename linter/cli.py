@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import Selection, SelectionError, lint_source
+from .checker import ProveOptions, Selection, SelectionError, lint_source
 from .reporters import json_report, statistics_report, text_report
 from .sources import collect
+from .tokenizer import TokenizerError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -48,20 +49,27 @@ def use_colour() -> bool:
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines or summary.")
-def check(paths, output_format, select, ignore, statistics, exit_zero, quiet) -> None:
-    """Lint chat templates."""
+@click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
+@click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
+@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory for proofs (default: beside the template; else characters).")
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True, help="KV cache block size for reusable-token figures.")
+def check(paths, output_format, select, ignore, statistics, exit_zero, quiet, no_prove, tokenizer, block_size) -> None:
+    """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         selection = Selection.parse(list(select), list(ignore))
     except SelectionError as error:
         raise click.UsageError(str(error)) from None
+    prove = None if no_prove else ProveOptions(tokenizer, block_size)
     sources, errors = collect(list(paths))
     findings = []
     notes = []
     for source in sources:
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
-        findings.extend(lint_source(source, selection))
+        try:
+            findings.extend(lint_source(source, selection, prove))
+        except TokenizerError as error:
+            errors.append(error)
     for error in errors:
         click.echo(f"tmpl-lint: error: {error}", err=True)
     if statistics:
@@ -74,6 +82,38 @@ def check(paths, output_format, select, ignore, statistics, exit_zero, quiet) ->
     if errors:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+@main.command()
+@click.argument("turn1", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("turn2", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory (its template is used unless --template).")
+@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory to render with.")
+@click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
+@click.option("--model", help="Served model name for --server (default: the only one served).")
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format) -> None:
+    """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
+    from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
+    from .render import RenderError
+    from .server import ServerError, prompt_token_ids
+    from .tokenizer import load_tokenizer
+
+    try:
+        first, second = read_request(turn1), read_request(turn2)
+        template_source = template or tokenizer
+        text, special = read_template(template_source) if template_source is not None else (None, {})
+        if text is None and server is None:
+            raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
+        loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
+        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids)
+    except (RequestError, RenderError, ServerError, TokenizerError) as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
+    sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
 
 
 def run() -> None:

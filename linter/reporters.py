@@ -52,8 +52,50 @@ def _excerpt(line: str, column: int) -> tuple[str, int]:
 
 
 def proof_lines(proof: dict) -> list[str]:
-    """The proof under a finding; filled in by the prover."""
-    return [f"proof: {proof.get('status')}"] + list(proof.get("lines", ()))
+    """The proof under a finding: where the next turn stops matching, and both renders there."""
+    status = proof.get("status")
+    unit = proof.get("unit", "token")
+    if status == "not-provable":
+        return [f"proof: not provable: {proof.get('reason')}"]
+    if status != "proven":
+        return [f"proof: not reproduced ({proof.get('scenarios', 0)} scenarios rendered, unit: {unit})"]
+    if "first_divergence" not in proof:
+        return [f"proof: proven ({proof.get('scenario')})"]
+    first = proof["first_divergence"]
+    block = proof["block_size"]
+    cached, following = proof["prompt_tokens"]
+    check = "prompt N vs N+1" if proof["check"] == "a" else "prompt N + generated reply vs N+1"
+    pair = proof["pair"]
+    units = f"{unit}s"
+    lines = [
+        f"proof: proven in \"{proof['scenario']}\", calls {pair[0] + 1}->{pair[1] + 1} ({check}): "
+        f"first divergence at {unit} {first} (char {proof['first_divergence_char']}), message {proof['message_index']} "
+        f"({proof['role']}, {proof['field']}), cause {proof['cause']}",
+        f"       {proof['reusable_tokens']} of {cached} {units} reusable in {block}-{unit} blocks, "
+        f"{proof['lost_tokens']} recomputed every turn; without rollback (hybrid models) "
+        f"{proof['reusable_tokens_without_rollback']} reusable"
+        + (f"; scenario hit rate {proof['hit_rate']:.1%} (ideal {proof['ideal_hit_rate']:.1%})" if "hit_rate" in proof else ""),
+    ]
+    before, after = proof["renders"]["before"], proof["renders"]["after"]
+    common = _escaped(before[: _common_prefix(before, after)])
+    lines.append(f"  N   | {_escaped(before)}")
+    lines.append(f"  N+1 | {_escaped(after)}")
+    lines.append(f"      | {' ' * len(common)}^ {unit} {first}; its block starts at {unit} {first // block * block}")
+    return lines
+
+
+def _common_prefix(a: str, b: str) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+def _escaped(text: str) -> str:
+    """One line: control characters written as escapes, everything else as it is."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
 def summary(findings: Sequence[Finding]) -> str:

@@ -1,0 +1,146 @@
+"""``tmpl-lint diff TURN1.json TURN2.json``: where two real requests of a session diverge.
+
+Both request bodies (OpenAI chat format: ``messages``, ``tools``,
+``chat_template_kwargs``) are rendered with the generation prompt, as a server renders
+them, tokenized, and compared: the first diverging token, the tokens reusable in full
+blocks, and the message, field and cause. With ``--server`` a running vLLM supplies the
+token ids instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .prover import DEFAULT_SPECIAL_TOKENS, Divergence, Measure, compare_prompts
+from .render import FrozenClock, render
+from .sources import SourceError, collect, load_json
+from .tokenizer import Tokenizer
+
+
+class RequestError(Exception):
+    pass
+
+
+@dataclass
+class Request:
+    path: Path
+    body: dict[str, Any]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.body["messages"]
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self.body.get("tools")
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return self.body.get("chat_template_kwargs") or {}
+
+
+def read_request(path: Path) -> Request:
+    try:
+        body = load_json(path)
+    except SourceError as error:
+        raise RequestError(str(error)) from None
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise RequestError(f"{path}: expected a chat completion request with a non-empty messages list")
+    if not all(isinstance(message, dict) and "role" in message for message in body["messages"]):
+        raise RequestError(f"{path}: every message needs a role")
+    if body.get("tools") is not None and not isinstance(body["tools"], list):
+        raise RequestError(f"{path}: tools must be a list")
+    if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
+        raise RequestError(f"{path}: chat_template_kwargs must be an object")
+    return Request(path, body)
+
+
+def read_template(path: Path) -> tuple[str, dict[str, Any]]:
+    """The template in force at ``path`` (a file or model directory) and its special tokens."""
+    from .tokenizer import special_tokens_from_config
+
+    sources, errors = collect([path])
+    if errors:
+        raise RequestError(str(errors[0]))
+    if not sources:
+        raise RequestError(f"{path}: no chat template")
+    source = sources[0]
+    special: dict[str, Any] = {}
+    if source.container == "json":
+        document = load_json(source.path)
+        special = special_tokens_from_config(document) if isinstance(document, dict) else {}
+    return source.text, special
+
+
+def diff_requests(
+    first: Request,
+    second: Request,
+    template: str | None,
+    special_tokens: dict[str, Any],
+    tokenizer: Tokenizer | None,
+    block_size: int,
+    server_ids=None,
+) -> Divergence:
+    measure = Measure(tokenizer)
+    texts: list[str | None] = [None, None]
+    if template is not None:
+        clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now
+        tokens = {**DEFAULT_SPECIAL_TOKENS, **special_tokens, **(tokenizer.special_tokens if tokenizer else {})}
+        texts = [
+            render(template, request.messages, clock=clock, tools=request.tools, add_generation_prompt=True,
+                   special_tokens=tokens, template_kwargs=request.kwargs)
+            for request in (first, second)
+        ]
+    if server_ids is not None:
+        ids = [server_ids(request.body) for request in (first, second)]
+        unit = "token"
+    else:
+        ids = [measure.ids(text) for text in texts]
+        unit = measure.unit
+    return compare_prompts(
+        "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size
+    )
+
+
+def diff_json(divergence: Divergence) -> dict[str, Any]:
+    return {
+        "first_divergence_token": divergence.first_divergence,
+        "first_divergence_char": divergence.first_divergence_char,
+        "prompt_tokens": list(divergence.prompt_tokens),
+        "reusable_tokens": divergence.reusable_tokens,
+        "lost_tokens": divergence.lost_tokens,
+        "block_size": divergence.block_size,
+        "unit": divergence.unit,
+        "message_index": divergence.message_index,
+        "role": divergence.role,
+        "field": divergence.field,
+        "cause": divergence.cause,
+        "renders": {"before": divergence.before, "after": divergence.after},
+    }
+
+
+def diff_text(divergence: Divergence) -> str:
+    from .reporters import proof_lines
+
+    unit = divergence.unit
+    first, second = divergence.prompt_tokens
+    if divergence.first_divergence is None:
+        return (
+            f"clean extension: turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s); "
+            f"{divergence.reusable_tokens} {unit}s reusable in {divergence.block_size}-{unit} blocks\n"
+        )
+    proof = {"status": "proven", **divergence.to_json()}
+    lines = proof_lines(proof)
+    lines[0] = (
+        f"first divergence at {unit} {divergence.first_divergence} of {first} "
+        f"(message {divergence.message_index}, {divergence.role}, {divergence.field}); cause {divergence.cause}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def dumps(divergence: Divergence) -> str:
+    return json.dumps(diff_json(divergence), indent=2, ensure_ascii=False) + "\n"

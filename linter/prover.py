@@ -1,0 +1,388 @@
+"""Proving findings: render consecutive model calls of synthetic sessions and diff token ids.
+
+For each consecutive pair of calls N, N+1 of a scenario two checks run:
+
+- (a) prompt N against prompt N+1, both with the generation prompt: the classic check;
+- (b) prompt N plus the reply as the model generated it against prompt N+1: what a cache
+  that keeps generated tokens (vLLM does) can reuse.
+
+Each gives the first diverging token (and character), the message, role and field it falls
+in, a cause class, the tokens reusable in full blocks (vLLM hashes full blocks only, each
+chained on its parent) and the tokens recomputed beyond the ideal. A finding is proven when
+some pair diverges for the cause its rule describes; a divergence no finding explains is
+reported as PC100.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .analysis import Site
+from .findings import Finding, RuleInfo
+from .render import FrozenClock, RenderError, render
+from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
+from .tokenizer import Tokenizer
+
+UNSTABLE_RENDER = RuleInfo("PC100", "unstable-render", "warning", "the next turn does not extend the previous prompt")
+DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+
+# Which cause of divergence proves which rule.
+CAUSES_BY_CODE = {
+    "PC001": {"system"},
+    "PC002": {"history-rewrite"},
+    # A look-ahead can move text to the very start (Mistral's tool list before the first user
+    # message while it is the last one), which the divergence's position calls "system".
+    "PC003": {"history-rewrite", "system"},
+    "PC004": {"tool-arguments"},
+    "PC006": {"generation-prompt"},
+}
+SNIPPET = 48
+
+
+@dataclass
+class Measure:
+    """Token ids from the tokenizer, or characters when there is none (unit "char")."""
+
+    tokenizer: Tokenizer | None
+
+    @property
+    def unit(self) -> str:
+        return "token" if self.tokenizer else "char"
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text) if self.tokenizer else [ord(char) for char in text]
+
+
+@dataclass
+class Divergence:
+    scenario: str
+    call: int  # index of call N; the pair is N, N+1
+    check: str  # "a" or "b"
+    unit: str
+    block_size: int
+    first_divergence: int | None
+    first_divergence_char: int | None
+    prompt_tokens: tuple[int, int]
+    reusable_tokens: int
+    ideal_tokens: int
+    message_index: int | None
+    role: str | None
+    field: str | None
+    cause: str
+    before: str = ""
+    after: str = ""
+
+    @property
+    def lost_tokens(self) -> int:
+        return self.ideal_tokens - self.reusable_tokens
+
+    @property
+    def reusable_without_rollback(self) -> int:
+        """An engine that cannot roll back recurrent state reuses the whole prefix or nothing."""
+        return self.ideal_tokens if self.first_divergence is None else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "pair": [self.call, self.call + 1],
+            "check": self.check,
+            "unit": self.unit,
+            "block_size": self.block_size,
+            "first_divergence": self.first_divergence,
+            "first_divergence_char": self.first_divergence_char,
+            "prompt_tokens": list(self.prompt_tokens),
+            "reusable_tokens": self.reusable_tokens,
+            "lost_tokens": self.lost_tokens,
+            "reusable_tokens_without_rollback": self.reusable_without_rollback,
+            "message_index": self.message_index,
+            "role": self.role,
+            "field": self.field,
+            "cause": self.cause,
+            "renders": {"before": self.before, "after": self.after},
+        }
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    divergences: list[Divergence] = field(default_factory=list)
+    error: str | None = None
+
+    def hit_rate(self, check: str = "a") -> tuple[float, float]:
+        """Token-weighted projected hit rate and its clean-extension ideal over the scenario."""
+        pairs = [d for d in self.divergences if d.check == check]
+        total = sum(d.prompt_tokens[1] for d in pairs)
+        if not total:
+            return 0.0, 0.0
+        return sum(d.reusable_tokens for d in pairs) / total, sum(d.ideal_tokens for d in pairs) / total
+
+
+@dataclass
+class ProofReport:
+    unit: str
+    results: list[ScenarioResult]
+    deterministic: bool = True
+
+    @property
+    def rendered(self) -> list[ScenarioResult]:
+        return [result for result in self.results if result.error is None]
+
+    def divergences(self) -> list[Divergence]:
+        return [d for result in self.rendered for d in result.divergences if d.first_divergence is not None]
+
+
+def first_difference(a: list, b: list) -> int | None:
+    """Index of the first difference, or None when ``a`` is a prefix of ``b``."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) <= len(b) else len(b)
+
+
+def full_blocks(count: int, block_size: int) -> int:
+    return (count // block_size) * block_size
+
+
+def message_fields(message: dict[str, Any]) -> list[tuple[str, str]]:
+    """The texts of a message that a template prints, by field name."""
+    found: list[tuple[str, str]] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        found.append(("content", content))
+    elif isinstance(content, list):
+        found.extend(("content", part.get("text", "")) for part in content if isinstance(part, dict))
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or message.get("thinking")
+    if isinstance(reasoning, str):
+        found.append(("reasoning_content", reasoning))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call)
+        arguments = function.get("arguments")
+        found.append(("tool_calls.function.name", function.get("name") or ""))
+        if isinstance(arguments, str):
+            found.append(("tool_calls.function.arguments", arguments))
+        elif arguments is not None:
+            found.append(("tool_calls.function.arguments", json.dumps(arguments)))
+            found.append(("tool_calls.function.arguments", json.dumps(arguments, separators=(",", ":"))))
+    return [(name, text) for name, text in found if text]
+
+
+def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int | None, str | None, str | None]:
+    """Message index, role and field the character ``offset`` falls in."""
+    cursor = 0
+    for index, message in enumerate(messages):
+        spans = []
+        for name, value in message_fields(message):
+            position = text.find(value, cursor)
+            if position >= 0:
+                spans.append((position, position + len(value), name))
+        end = max((stop for _, stop, _ in spans), default=cursor)
+        if offset < end:
+            for start, stop, name in spans:
+                if start <= offset < stop:
+                    return index, message.get("role"), name
+            return index, message.get("role"), "markup"
+        cursor = end
+    return len(messages), "assistant", "generation-prompt"
+
+
+def classify(index: int | None, role: str | None, field_name: str | None, reply_index: int, offset: int, first_start: int) -> str:
+    if index is None:
+        return "clean-extension"
+    if offset < first_start or (index == 0 and role == "system"):
+        return "system"
+    if field_name and field_name.startswith("tool_calls.function.arguments"):
+        return "tool-arguments"
+    if index >= reply_index and field_name in ("markup", "generation-prompt"):
+        return "generation-prompt"
+    return "history-rewrite"
+
+
+def snippet(text: str, offset: int) -> str:
+    start = max(0, offset - SNIPPET)
+    return ("…" if start else "") + text[start : offset + SNIPPET]
+
+
+class Prover:
+    def __init__(self, template: str, tokenizer: Tokenizer | None, block_size: int = 16, special_tokens=None):
+        self.template = template
+        self.measure = Measure(tokenizer)
+        self.block_size = block_size
+        tokens = dict(DEFAULT_SPECIAL_TOKENS)
+        tokens.update(special_tokens or {})
+        if tokenizer is not None:
+            tokens.update(tokenizer.special_tokens)
+        self.special_tokens = tokens
+        self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
+
+    def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
+        self.clock.set(at)
+        return render(
+            self.template,
+            messages,
+            clock=self.clock,
+            tools=scenario.tools,
+            add_generation_prompt=generation_prompt,
+            special_tokens=self.special_tokens,
+            template_kwargs=scenario.kwargs,
+        )
+
+    def run(self, switches: dict[str, list[Any]]) -> ProofReport:
+        results = []
+        for arguments_as_string in (False, True):
+            results = [self.run_scenario(scenario) for scenario in scenarios(switches, arguments_as_string)]
+            if any(result.error is None for result in results if "agent" in result.scenario.name):
+                break
+        report = ProofReport(self.measure.unit, results)
+        report.deterministic = self.deterministic()
+        return report
+
+    def deterministic(self) -> bool:
+        chat = Scenario("determinism", [Call([{"role": "user", "content": "Hi"}], None)])
+        try:
+            first = self.render(chat, chat.calls[0].messages, chat.calls[0].clock, True)
+            return all(self.render(chat, chat.calls[0].messages, chat.calls[0].clock, True) == first for _ in range(3))
+        except RenderError:
+            return True
+
+    def run_scenario(self, scenario: Scenario) -> ScenarioResult:
+        result = ScenarioResult(scenario)
+        try:
+            prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
+            generated = [self.generated_text(scenario, call, prompt) for call, prompt in zip(scenario.calls, prompts)]
+        except RenderError as error:
+            result.error = str(error)
+            return result
+        ids = [self.measure.ids(prompt) for prompt in prompts]
+        for index in range(len(prompts) - 1):
+            call, following = scenario.calls[index], scenario.calls[index + 1]
+            reply_index = len(call.messages)
+            result.divergences.append(
+                self.compare(scenario, index, "a", prompts[index], ids[index], prompts[index + 1], ids[index + 1], following.messages, reply_index)
+            )
+            cached_text = prompts[index] + generated[index]
+            cached_ids = ids[index] + self.measure.ids(generated[index])
+            result.divergences.append(
+                self.compare(scenario, index, "b", cached_text, cached_ids, prompts[index + 1], ids[index + 1], following.messages, reply_index)
+            )
+        return result
+
+    def generated_text(self, scenario: Scenario, call: Call, prompt: str) -> str:
+        """What the model wrote after the generation prompt: its reply as the latest turn."""
+        if call.reply is None:
+            return ""
+        with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False)
+        common = 0
+        for x, y in zip(prompt, with_reply):
+            if x != y:
+                break
+            common += 1
+        text = with_reply[common:]
+        if scenario.compact_arguments:
+            for tool in call.reply.get("tool_calls") or ():
+                arguments = tool["function"]["arguments"]
+                if isinstance(arguments, str):
+                    arguments = json.loads(arguments)
+                text = text.replace(json.dumps(arguments), json.dumps(arguments, separators=(",", ":")))
+        return text
+
+    def compare(self, scenario, index, check, cached_text, cached_ids, next_text, next_ids, next_messages, reply_index) -> Divergence:
+        return compare_prompts(
+            scenario.name, index, check, cached_text, cached_ids, next_text, next_ids, next_messages, reply_index,
+            self.measure.unit, self.block_size,
+        )
+
+
+def compare_prompts(
+    scenario: str,
+    index: int,
+    check: str,
+    cached_text: str | None,
+    cached_ids: list[int],
+    next_text: str | None,
+    next_ids: list[int],
+    next_messages: list[dict[str, Any]],
+    reply_index: int,
+    unit: str,
+    block_size: int,
+) -> Divergence:
+    """Where ``next_ids`` stops extending ``cached_ids``, and why, from the rendered texts."""
+    position = first_difference(cached_ids, next_ids)
+    ideal = full_blocks(len(cached_ids), block_size)
+    lengths = (len(cached_ids), len(next_ids))
+    if position is None:
+        return Divergence(scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, "clean-extension")
+    reusable = full_blocks(position, block_size)
+    if cached_text is None or next_text is None:
+        return Divergence(scenario, index, check, unit, block_size, position, None, lengths, reusable, ideal, None, None, None, "unknown")
+    char = first_difference(list(cached_text), list(next_text))
+    char = char if char is not None else min(len(cached_text), len(next_text))
+    message_index, role, field_name = locate(next_text, next_messages, char)
+    first_fields = [next_text.find(text) for _, text in message_fields(next_messages[0])] if next_messages else []
+    first_start = min([found for found in first_fields if found >= 0], default=0)
+    cause = classify(message_index, role, field_name, reply_index, char, first_start)
+    if cause == "generation-prompt" and message_index < len(next_messages):
+        # The reply's own reasoning, cached as generated, is missing from its history render.
+        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
+        if reasoning and reasoning in cached_text[char:] and reasoning not in next_text[char:]:
+            cause = "history-rewrite"
+    return Divergence(
+        scenario, index, check, unit, block_size, position, char, lengths, reusable, ideal,
+        message_index, role, field_name, cause, snippet(cached_text, char), snippet(next_text, char),
+    )
+
+
+def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, list[Any]]:
+    """The template variables to render at each value: switches the lint named, and any
+    variable that looks like a reasoning switch, at true and false."""
+    values: dict[str, list[Any]] = {}
+    for finding in findings:
+        if finding.switch is not None:
+            chosen = [finding.switch.stable_value, finding.switch.unstable_value]
+            values[finding.switch.name] = [value for value in chosen if value is not None] or [True, False]
+    for name in variables:
+        if SWITCH_NAME.search(name) and name not in values:
+            values[name] = [True, False]
+    return values
+
+
+def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]:
+    """Give each finding its proof; return PC100 findings for divergences none explains."""
+    divergences = report.divergences()
+    explained: set[str] = set()
+    errors = [result.error for result in report.results if result.error]
+    for finding in findings:
+        if finding.code == "PC000" or not report.rendered:
+            reason = errors[0] if errors else "the template does not parse"
+            finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+            continue
+        if finding.code == "PC005":
+            finding.proof = {"status": "not-reproduced" if report.deterministic else "proven", "unit": report.unit,
+                             "scenario": "three renders of one request"}
+            continue
+        causes = CAUSES_BY_CODE.get(finding.code, set())
+        matching = [d for d in divergences if d.cause in causes and (finding.code != "PC001" or d.scenario == "midnight")]
+        explained |= causes
+        if not matching:
+            finding.proof = {"status": "not-reproduced", "unit": report.unit, "scenarios": len(report.rendered)}
+            continue
+        worst = max(matching, key=lambda d: (d.lost_tokens, -d.call))
+        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+    extra: list[Finding] = []
+    for cause in sorted({d.cause for d in divergences} - explained):
+        worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
+        site = Site(1, "", fixed_column=1)  # the cause is in the render, not at one place in the source
+        finding = UNSTABLE_RENDER.at(site, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why")
+        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+        extra.append(finding)
+    return extra
+
+
+def scenario_rates(report: ProofReport, name: str) -> dict[str, float]:
+    for result in report.rendered:
+        if result.scenario.name == name:
+            actual, ideal = result.hit_rate("a")
+            return {"hit_rate": round(actual, 4), "ideal_hit_rate": round(ideal, 4)}
+    return {}
