@@ -67,12 +67,12 @@ def lint_source(source: TemplateSource, selection: Selection = Selection(), prov
     facts = analyze(source.text, tree, source_map)
     if error is not None:
         facts.syntax_error = error
-    active = [rule for rule in RULES if selection.includes(rule.RULE.code)]
-    findings = run_rules(facts, active)
-    name_switches(findings, facts, active)
+    # Every rule runs: a divergence that an ignored rule explains is still explained, not PC100.
+    findings = run_rules(facts, RULES)
+    name_switches(findings, facts, RULES)
     if prove is not None:
-        extra = prove_findings(source, findings, facts.variables, prove)
-        findings.extend(finding for finding in extra if selection.includes(finding.code))
+        findings.extend(prove_findings(source, findings, facts.variables, prove))
+    findings = [finding for finding in findings if selection.includes(finding.code)]
     for finding in findings:
         finding.path = str(source.path)
         finding.template = source.name

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .prover import DEFAULT_SPECIAL_TOKENS, Divergence, Measure, compare_prompts
+from .prover import Divergence, Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock, render
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
@@ -89,7 +89,7 @@ def diff_requests(
     texts: list[str | None] = [None, None]
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now
-        tokens = {**DEFAULT_SPECIAL_TOKENS, **special_tokens, **(tokenizer.special_tokens if tokenizer else {})}
+        tokens = resolve_special_tokens(tokenizer, special_tokens)
         texts = [
             render(template, request.messages, clock=clock, tools=request.tools, add_generation_prompt=True,
                    special_tokens=tokens, template_kwargs=request.kwargs)

@@ -134,13 +134,13 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
         Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS),
         Scenario("agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS),
         Scenario("midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT])),
-        Scenario(
-            "compact tool arguments replayed as a mapping",
-            agent(system=False, arguments_as_string=arguments_as_string),
-            TOOLS,
-            compact_arguments=True,
-        ),
     ]
+    if not arguments_as_string:
+        # A template that takes arguments only as strings gets back the string the model
+        # wrote; the replay of a parsed mapping applies where mappings render.
+        found.append(
+            Scenario("compact tool arguments replayed as a mapping", agent(False, False), TOOLS, compact_arguments=True)
+        )
     for name, values in sorted(switches.items()):
         for value in values:
             label = json.dumps(value)

@@ -42,7 +42,8 @@ class Tokenizer:
 
 
 def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The tokenizer's special tokens as transformers hands them to the template."""
+    """The tokenizer's special tokens as transformers hands them to the template
+    (``special_tokens_map``: the named ones that are set, not the additional list)."""
     tokens: dict[str, Any] = {}
     for key in SPECIAL_TOKEN_KEYS:
         value = config.get(key)
@@ -50,9 +51,6 @@ def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
             value = value.get("content")
         if isinstance(value, str):
             tokens[key] = value
-    extra = config.get("additional_special_tokens") or config.get("extra_special_tokens")
-    if isinstance(extra, list):
-        tokens["additional_special_tokens"] = [item.get("content") if isinstance(item, dict) else item for item in extra]
     return tokens
 
 

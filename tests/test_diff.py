@@ -1,0 +1,206 @@
+"""`tmpl-lint diff`: two request bodies, rendered locally or through a vLLM render endpoint
+(a local HTTP server that speaks the documented request and response)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import CORPUS, SHARED_TOKENIZERS
+from tmpl_lint.cli import main
+from tmpl_lint.server import ServerError, prompt_token_ids
+
+USER_1 = {"role": "user", "content": "What is 2+2?"}
+REPLY = {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."}
+USER_2 = {"role": "user", "content": "And 3+3?"}
+
+
+def write_turns(tmp_path, first, second):
+    paths = []
+    for name, body in (("turn1.json", first), ("turn2.json", second)):
+        path = tmp_path / name
+        path.write_text(json.dumps(body))
+        paths.append(str(path))
+    return paths
+
+
+def run(*args):
+    result = CliRunner().invoke(main, ["diff", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_clean_extension_in_characters(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, _ = run(*turns, "--template", str(CORPUS / "clean_chatml.jinja"), "--format", "json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["first_divergence_token"] is None
+    assert result["unit"] == "char"
+    first_len, second_len = result["prompt_tokens"]
+    assert result["reusable_tokens"] == first_len // 16 * 16
+    assert result["cause"] == "clean-extension"
+
+
+def test_history_rewrite_in_characters(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, _ = run(*turns, "--template", str(CORPUS / "PC002_history_rewrite.jinja"), "--format", "json", "--block-size", "4")
+    assert code == 1
+    result = json.loads(out)
+    # the assistant turn rendered with its reasoning in turn 1, without it in turn 2
+    assert result["first_divergence_token"] == result["first_divergence_char"]
+    assert (result["message_index"], result["role"], result["cause"]) == (1, "assistant", "history-rewrite")
+    assert result["reusable_tokens"] == result["first_divergence_token"] // 4 * 4
+    assert result["block_size"] == 4
+
+
+@pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")
+def test_qwen3_tokens_against_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    first = {"messages": [USER_1, REPLY], "chat_template_kwargs": {"enable_thinking": True}}
+    second = {"messages": [USER_1, REPLY, USER_2]}
+    turns = write_turns(tmp_path, first, second)
+    code, out, _ = run(*turns, "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / "qwen3"))
+    ids = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False, **body.get("chat_template_kwargs", {})),
+            add_special_tokens=False,
+        )
+        for body in (first, second)
+    ]
+    expected = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    assert result["first_divergence_token"] == expected
+    assert result["prompt_tokens"] == [len(ids[0]), len(ids[1])]
+    assert result["unit"] == "token"
+    assert (result["message_index"], result["role"]) == (1, "assistant")
+
+
+def test_bad_request_file_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"messages": "nope"}')
+    code, _, err = run(str(bad), str(bad), "--template", str(CORPUS / "clean_chatml.jinja"))
+    assert code == 2
+    assert err == f"tmpl-lint: error: {bad}: expected a chat completion request with a non-empty messages list\n"
+
+
+def test_needs_a_template_or_server(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    code, _, err = run(*turns)
+    assert code == 2
+    assert "give --template or --tokenizer" in err
+
+
+# -- the vLLM client against a local server --------------------------------------------
+
+
+class FakeVLLM(BaseHTTPRequestHandler):
+    """Speaks /v1/models, /v1/chat/completions/render and /v1/chat/completions."""
+
+    models = ["served-model"]
+    render_enabled = True
+    render_status = 200
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, document):
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self.reply(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in self.models]})
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append((self.path, request))
+        ids = [100 + len(message["content"]) for message in request["messages"]]
+        if self.path == "/v1/chat/completions/render":
+            if not self.render_enabled:
+                self.reply(404, {"detail": "Not Found"})
+            elif self.render_status != 200:
+                self.reply(self.render_status, {"error": {"message": "model does not exist", "code": self.render_status}})
+            else:
+                self.reply(200, {"request_id": "r1", "token_ids": ids, "sampling_params": {}, "model": request["model"]})
+        elif self.path == "/v1/chat/completions":
+            assert request["max_tokens"] == 1 and request["return_token_ids"] is True
+            self.reply(200, {"choices": [{"index": 0, "message": {"content": "x"}, "token_ids": [7]}], "prompt_token_ids": ids})
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+
+@pytest.fixture
+def server():
+    handler = type("Handler", (FakeVLLM,), {"seen": [], "models": ["served-model"], "render_enabled": True, "render_status": 200})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield handler, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_render_endpoint_gives_token_ids_and_model_from_v1_models(server):
+    handler, url = server
+    assert prompt_token_ids(url, {"messages": [USER_1, USER_2]}) == [112, 108]
+    path, request = handler.seen[-1]
+    assert path == "/v1/chat/completions/render"
+    assert request["model"] == "served-model"
+
+
+def test_falls_back_to_return_token_ids_when_render_is_off(server):
+    handler, url = server
+    handler.render_enabled = False
+    assert prompt_token_ids(url, {"messages": [USER_1]}) == [112]
+    assert [path for path, _ in handler.seen] == ["/v1/chat/completions/render", "/v1/chat/completions"]
+
+
+def test_several_models_need_model(server):
+    handler, url = server
+    handler.models = ["a", "b"]
+    with pytest.raises(ServerError, match=r"serves several models \(a, b\): pass --model"):
+        prompt_token_ids(url, {"messages": [USER_1]})
+    assert prompt_token_ids(url, {"messages": [USER_1]}, model="b") == [112]
+
+
+def test_server_error_message_is_reported(server):
+    handler, url = server
+    handler.render_status = 400
+    with pytest.raises(ServerError, match="answered HTTP 400: model does not exist"):
+        prompt_token_ids(url, {"messages": [USER_1]}, model="x")
+
+
+def test_unreachable_server_is_a_clear_error():
+    with pytest.raises(ServerError, match="cannot reach http://127.0.0.1:9/v1/models"):
+        prompt_token_ids("http://127.0.0.1:9", {"messages": [USER_1]})
+
+
+def test_diff_through_the_server(server, tmp_path):
+    handler, url = server
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_2, USER_1]})
+    code, out, _ = run(*turns, "--server", url, "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["first_divergence_token"] == 0
+    assert result["prompt_tokens"] == [1, 2]
+    assert result["unit"] == "token"
+
+
+def test_diff_server_unreachable_exit_2(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    code, _, err = run(*turns, "--server", "http://127.0.0.1:9")
+    assert code == 2
+    assert err.startswith("tmpl-lint: error: cannot reach http://127.0.0.1:9/v1/models")

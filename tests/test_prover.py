@@ -1,0 +1,115 @@
+"""The prover on fixtures written here, measured in characters (no tokenizer needed)."""
+
+from pathlib import Path
+
+import pytest
+
+from helpers import CORPUS
+from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate
+from tmpl_lint.sources import TemplateSource
+
+
+def prove(name):
+    path = CORPUS / name
+    source = TemplateSource(path, None, path.read_text(encoding="utf-8"), "jinja")
+    return lint_source(source, prove=ProveOptions())
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [([1, 2, 3], [1, 2, 3, 4], None), ([1, 2, 3], [1, 9, 3], 1), ([1, 2, 3], [1, 2], 2), ([], [5], None)],
+)
+def test_first_difference(a, b, expected):
+    assert first_difference(a, b) == expected
+
+
+def test_full_blocks_only():
+    # the design doc's example: block size 4, 10 matching tokens reuse 2 blocks
+    assert full_blocks(10, 4) == 8
+    assert full_blocks(15, 16) == 0
+
+
+def test_compare_prompts_figures_and_location():
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi", "reasoning_content": "think"}]
+    cached = "<u>hello</u><a><r>think</r>hi</a>"
+    following = "<u>hello</u><a>hi</a><u>next</u>"
+    divergence = compare_prompts("t", 0, "a", cached, [ord(c) for c in cached], following, [ord(c) for c in following], messages, 1, "char", 4)
+    assert divergence.first_divergence == cached.index("<r>")
+    assert divergence.reusable_tokens == 12  # 15 matching chars, 3 full blocks of 4
+    assert divergence.ideal_tokens == 32
+    assert divergence.lost_tokens == 20
+    assert (divergence.message_index, divergence.role, divergence.field, divergence.cause) == (1, "assistant", "content", "history-rewrite")
+    assert divergence.reusable_without_rollback == 0
+
+
+def test_locate_fields():
+    text = "S<u>hello</u><a>hi</a>"
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    assert locate(text, messages, text.index("ello")) == (0, "user", "content")
+    assert locate(text, messages, text.index("</u>")) == (1, "assistant", "markup")
+    assert locate(text, messages, len(text)) == (2, "assistant", "generation-prompt")
+
+
+def test_history_rewrite_fixture_is_proven_in_characters():
+    (finding,) = prove("PC002_history_rewrite.jinja")
+    proof = finding.proof
+    assert proof["status"] == "proven"
+    assert proof["unit"] == "char"
+    assert proof["cause"] == "history-rewrite"
+    assert proof["role"] == "assistant"
+    assert proof["reusable_tokens"] == proof["first_divergence"] // 16 * 16
+    assert proof["lost_tokens"] == proof["prompt_tokens"][0] // 16 * 16 - proof["reusable_tokens"]
+
+
+def test_live_clock_fixture_is_proven_across_midnight():
+    (finding,) = prove("PC001_live_clock.jinja")
+    assert finding.proof["status"] == "proven"
+    assert finding.proof["scenario"] == "midnight"
+    assert finding.proof["cause"] == "system"
+    text_before = finding.proof["renders"]["before"]
+    assert "2026-03-01" in text_before and "2026-03-02" in finding.proof["renders"]["after"]
+
+
+def test_nondeterministic_fixture_is_proven():
+    (finding,) = prove("PC005_nondeterministic_render.jinja")
+    assert finding.proof["status"] == "proven"
+
+
+def test_syntax_error_is_not_provable():
+    (finding,) = prove("PC000_syntax_error.jinja")
+    assert finding.proof["status"] == "not-provable"
+
+
+def test_generation_prompt_mismatch_is_proven_with_the_unstable_switch_value():
+    (finding,) = prove("PC006_generation_prompt_mismatch.jinja")
+    assert finding.proof["status"] == "proven"
+    assert finding.proof["scenario"].endswith("enable_thinking=false")
+    assert finding.proof["cause"] == "generation-prompt"
+
+
+def test_clean_template_extends_every_turn():
+    text = (CORPUS / "clean_group_closure.jinja").read_text()
+    report = Prover(text, None).run({})
+    assert report.rendered
+    assert report.divergences() == []
+
+
+def test_template_that_rejects_everything_is_not_provable():
+    source = TemplateSource(Path("x.jinja"), None, "{{ raise_exception('only for training') }}{{ strftime_now('%Y') }}", "jinja")
+    (finding,) = lint_source(source, prove=ProveOptions())
+    assert finding.proof == {"status": "not-provable", "unit": "char", "reason": "only for training"}
+
+
+def test_unexplained_divergence_is_pc100():
+    # the system block prints the message count: no rule knows this pattern
+    source = TemplateSource(
+        Path("x.jinja"),
+        None,
+        "{{ 'turns: ' ~ (messages|length // 2) }}{% for m in messages %}{{ m.content }}{% endfor %}",
+        "jinja",
+    )
+    findings = lint_source(source, prove=ProveOptions())
+    assert [f.code for f in findings] == ["PC100"]
+    assert findings[0].proof["status"] == "proven"
+    assert findings[0].proof["cause"] == "system"

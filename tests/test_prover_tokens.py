@@ -1,0 +1,125 @@
+"""Exact token indices with the real tokenizers of ../shared, checked against an independent
+computation: transformers' own apply_chat_template and tokenizer, with the clock frozen."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS
+from tmpl_lint.prover import Prover, first_difference
+from tmpl_lint.scenarios import scenarios
+from tmpl_lint.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizers():
+    return {}
+
+
+def hf_tokenizer(cache, name):
+    if name not in cache:
+        cache[name] = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / name))
+    return cache[name]
+
+
+def freeze_transformers_clock(monkeypatch, instant):
+    from transformers.utils import chat_template_utils
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return instant
+
+    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
+
+
+def hf_ids(tokenizer, template, call, tools, monkeypatch):
+    freeze_transformers_clock(monkeypatch, call.clock)
+    text = tokenizer.apply_chat_template(call.messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def scenario_named(name):
+    return next(scenario for scenario in scenarios({}) if scenario.name == name)
+
+
+def check_a(template, tokenizer_name, scenario_name):
+    prover = Prover(template, load_tokenizer(SHARED_TOKENIZERS / tokenizer_name))
+    result = prover.run_scenario(scenario_named(scenario_name))
+    assert result.error is None
+    return [d for d in result.divergences if d.check == "a"]
+
+
+def independent_divergences(cache, tokenizer_name, template, scenario_name, monkeypatch):
+    scenario = scenario_named(scenario_name)
+    tokenizer = hf_tokenizer(cache, tokenizer_name)
+    ids = [hf_ids(tokenizer, template, call, scenario.tools, monkeypatch) for call in scenario.calls]
+    return [first_difference(a, b) for a, b in zip(ids, ids[1:])], ids
+
+
+def test_qwen3_agent_loop_diverges_at_the_first_assistant_turn_of_the_earlier_query(hf_tokenizers, monkeypatch):
+    template = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text()
+    expected, ids = independent_divergences(hf_tokenizers, "qwen3", template, "agent", monkeypatch)
+    divergences = check_a(template, "qwen3", "agent")
+    assert [d.first_divergence for d in divergences] == expected
+    # calls 2 -> 3: the second user query arrives and the first assistant turn loses its reasoning
+    second = divergences[1]
+    assert second.first_divergence is not None
+    assert (second.message_index, second.role, second.cause) == (1, "assistant", "history-rewrite")
+    assert second.prompt_tokens == (len(ids[1]), len(ids[2]))
+    assert second.reusable_tokens == second.first_divergence // 16 * 16
+
+
+def test_gpt_oss_drops_analysis_after_a_final_answer(hf_tokenizers, monkeypatch):
+    template = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text()
+    expected, _ = independent_divergences(hf_tokenizers, "gpt-oss", template, "agent", monkeypatch)
+    divergences = check_a(template, "gpt-oss", "agent")
+    assert [d.first_divergence for d in divergences] == expected
+    dropped = divergences[1]  # the final answer now exists: the tool call's analysis vanishes
+    assert dropped.first_divergence is not None
+    assert (dropped.message_index, dropped.role, dropped.cause) == (1, "assistant", "history-rewrite")
+    assert "analysis" in dropped.before and "analysis" not in dropped.after[len(dropped.before) - 60 :]
+
+
+def test_gpt_oss_date_stepped_across_midnight(hf_tokenizers, monkeypatch):
+    template = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text()
+    expected, ids = independent_divergences(hf_tokenizers, "gpt-oss", template, "midnight", monkeypatch)
+    divergences = check_a(template, "gpt-oss", "midnight")
+    assert [d.first_divergence for d in divergences] == expected
+    assert divergences[0].first_divergence is not None and divergences[0].first_divergence < 40
+    assert divergences[0].cause == "system"
+    assert divergences[1].first_divergence is None  # same date on both sides of the second pair
+
+
+def test_mistral_nemo_tool_list_moves_to_the_last_user_message(hf_tokenizers, monkeypatch):
+    template = (SHARED_TOKENIZERS / "mistral-nemo" / "chat_template.jinja").read_text()
+    expected, _ = independent_divergences(hf_tokenizers, "mistral-nemo", template, "agent", monkeypatch)
+    divergences = check_a(template, "mistral-nemo", "agent")
+    assert [d.first_divergence for d in divergences] == expected
+    moved = divergences[1]
+    assert moved.first_divergence == 1  # right after <s>: [AVAILABLE_TOOLS] now sits before the second query
+    assert "[AVAILABLE_TOOLS]" in moved.before
+
+
+@pytest.mark.parametrize("scenario_name", ["chat", "agent", "chat with system", "agent with system"])
+def test_qwen25_is_a_clean_extension(hf_tokenizers, monkeypatch, scenario_name):
+    template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
+    expected, _ = independent_divergences(hf_tokenizers, "qwen2.5", template, scenario_name, monkeypatch)
+    divergences = check_a(template, "qwen2.5", scenario_name)
+    assert expected == [None] * len(expected)
+    assert [d.first_divergence for d in divergences] == expected
+    assert all(d.cause == "clean-extension" and d.reusable_tokens == d.ideal_tokens for d in divergences)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2.5", "gpt-oss", "mistral-nemo", "mistral-7b-v0.3"])
+def test_tokenizers_backend_matches_transformers(hf_tokenizers, name):
+    ours = load_tokenizer(SHARED_TOKENIZERS / name)
+    theirs = hf_tokenizer(hf_tokenizers, name)
+    text = "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n[INST]Hi[/INST] 18 C, sunny\n\n{\"city\": \"Paris\"}"
+    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
+    assert ours.special_tokens == {k: v for k, v in theirs.special_tokens_map.items() if isinstance(v, str)}

@@ -1,0 +1,61 @@
+"""tmpl-lint's renderer against transformers' on every template of ../shared/corpus.
+
+Each call of every scenario is rendered both ways, with and without the generation prompt,
+the clock frozen in both; the bytes must be equal, and a conversation one refuses the other
+refuses too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import jinja2
+import pytest
+
+from helpers import SHARED_TEMPLATES, needs_shared
+from tmpl_lint.render import FrozenClock, RenderError, render
+from tmpl_lint.scenarios import scenarios
+
+pytestmark = needs_shared
+chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+
+SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
+TEMPLATES = sorted(SHARED_TEMPLATES.glob("*.jinja")) if SHARED_TEMPLATES.is_dir() else []
+
+
+def hf_render(text, messages, tools, generation_prompt, kwargs):
+    normalized = chat_template_utils._normalize_chat_messages(messages)  # as apply_chat_template does
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[normalized], tools=tools, chat_template=text, add_generation_prompt=generation_prompt, **SPECIAL, **kwargs
+    )
+    return rendered[0]
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda path: path.stem)
+def test_same_bytes_as_transformers(path, monkeypatch):
+    text = path.read_text(encoding="utf-8")
+    instant = datetime(2026, 3, 1, 12, 0, 0)
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return instant
+
+    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
+    clock = FrozenClock(instant)
+    compared = 0
+    for scenario in scenarios({"enable_thinking": [False]}):
+        for call in scenario.calls:
+            for generation_prompt in (True, False):
+                try:
+                    expected = hf_render(text, call.messages, scenario.tools, generation_prompt, scenario.kwargs)
+                except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError):
+                    with pytest.raises(RenderError):
+                        render(text, call.messages, clock=clock, tools=scenario.tools, add_generation_prompt=generation_prompt,
+                               special_tokens=SPECIAL, template_kwargs=scenario.kwargs)
+                    continue
+                ours = render(text, call.messages, clock=clock, tools=scenario.tools, add_generation_prompt=generation_prompt,
+                              special_tokens=SPECIAL, template_kwargs=scenario.kwargs)
+                assert ours == expected, f"{scenario.name}, {len(call.messages)} messages, generation prompt {generation_prompt}"
+                compared += 1
+    print(f"{path.stem}: {compared} renders identical")
