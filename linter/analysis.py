@@ -571,6 +571,7 @@ class _Interpreter:
         if isinstance(base.const, NamespaceRef):
             value = self.namespaces.get((base.const.key, node.attr), NOTHING)
             return self.read_scan(value, node)
+
         if isinstance(base.const, LoopRef):
             return self.loop_attribute(base.const, node.attr, node)
         return self.member(base, node.attr, node, node.node)
@@ -627,6 +628,10 @@ class _Interpreter:
         Read inside the loop that assigns it, a namespace value is running state (it
         depends on the messages so far), not a fact about the whole list.
         """
+        if any(label.kind in ("lookahead", "last", "next") for label in value.labels):
+            # Where a look-ahead fact is read is where a fix can replace it.
+            read = Label("namespace_read", self.facts.site(node, expression_text(node)), expression_text(node))
+            value = Value(value.labels | {read}, value.const)
         if not any(label.kind.startswith("scan_") for label in value.labels):
             return value
         active = {loop.loop for loop in self.loops}

@@ -62,6 +62,12 @@ class ProveOptions:
 
 
 def lint_source(source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None) -> list[Finding]:
+    return lint_with_facts(source, selection, prove)[1]
+
+
+def lint_with_facts(
+    source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None
+) -> tuple[Facts, list[Finding]]:
     tree, error = parse(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree)
     facts = analyze(source.text, tree, source_map)
@@ -78,7 +84,7 @@ def lint_source(source: TemplateSource, selection: Selection = Selection(), prov
         finding.template = source.name
         finding.source_line = source_map.line_text(finding.line)
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
-    return findings
+    return facts, findings
 
 
 def run_rules(facts: Facts, rules) -> list[Finding]:
@@ -125,6 +131,8 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
             finding.switch = Switch(
                 name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None
             )
+            if default_is_stable:
+                finding.severity = "info"  # only a caller who opts in meets it
             break
 
 

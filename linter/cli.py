@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import click
 
 from . import __version__
 from .checker import ProveOptions, Selection, SelectionError, lint_source
+from .fixer import FixOptions
 from .reporters import json_report, statistics_report, text_report
-from .sources import collect
+from .sources import SourceError, collect
 from .tokenizer import TokenizerError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -53,7 +56,10 @@ def use_colour() -> bool:
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
 @click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory for proofs (default: beside the template; else characters).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True, help="KV cache block size for reusable-token figures.")
-def check(paths, output_format, select, ignore, statistics, exit_zero, quiet, no_prove, tokenizer, block_size) -> None:
+@click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
+@click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
+@click.option("--frozen-date", type=click.DateTime(["%Y-%m-%d"]), help="Date a fixed template renders instead of the clock (default: today).")
+def check(paths, output_format, select, ignore, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         selection = Selection.parse(list(select), list(ignore))
@@ -61,6 +67,9 @@ def check(paths, output_format, select, ignore, statistics, exit_zero, quiet, no
         raise click.UsageError(str(error)) from None
     prove = None if no_prove else ProveOptions(tokenizer, block_size)
     sources, errors = collect(list(paths))
+    if apply_fixes or show_diff:
+        options = FixOptions((frozen_date or datetime.now()).date(), tokenizer, block_size)
+        sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []
     notes = []
     for source in sources:
@@ -114,6 +123,44 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         sys.exit(EXIT_ERROR)
     click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
+
+
+def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
+    """Fix every template, print what changed (or the diff), write files; return the
+    templates as they now are, for the lint that follows."""
+    from .fixer import WriteError, fix_template, patched_file, write_atomic
+    from .sources import TemplateSource
+
+    by_path: dict[Path, list] = {}
+    for source in sources:
+        try:
+            by_path.setdefault(source.path, []).append(fix_template(source, options, selection))
+        except TokenizerError as error:
+            errors.append(error)
+    now = []
+    for path, fixes in by_path.items():
+        for fix in fixes:
+            for finding, title in fix.applied:
+                click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: fixed {finding.code} [{finding.name}]: {title}")
+            for finding, reason in fix.skipped:
+                if not quiet:
+                    click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}")
+            if not write and fix.changed:
+                diff = difflib.unified_diff(
+                    fix.source.text.splitlines(keepends=True), fix.patched.splitlines(keepends=True),
+                    f"a/{fix.source.label}", f"b/{fix.source.label}",
+                )
+                click.echo("".join(line if line.endswith("\n") else line + "\n" for line in diff), nl=False)
+        try:
+            original, updated = patched_file(path, fixes)
+            if write and updated != original:
+                write_atomic(path, updated)
+        except (WriteError, SourceError) as error:
+            errors.append(error)
+            now.extend(fix.source for fix in fixes)
+            continue
+        now.extend(TemplateSource(path, fix.source.name, fix.patched, fix.source.container, fix.source.note) for fix in fixes)
+    return now
 
 
 def run() -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .analysis import Label, Site
 from .jinja_env import REQUEST_VARIABLES
 
 SEVERITIES = ("error", "warning", "info")
+# Labels whose site is an expression a decision reads, and a fix may replace.
+READS = frozenset({"scan_position", "scan_flag", "namespace_read", "last", "next"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,10 @@ class Finding:
     # Template variables that may decide the pattern; the checker tries each.
     candidates: frozenset[str] = frozenset()
     proof: dict[str, Any] | None = None
+    # Where in the template the finding is, and other places its decision reads: what a
+    # fix edits.
+    site: Site | None = field(default=None, repr=False, compare=False)
+    related: tuple[Site, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -100,6 +106,10 @@ class RuleInfo:
             column=site.column,
             message=message,
             candidates=switch_candidates(labels),
+            site=site,
+            related=tuple(
+                label.site for label in labels if isinstance(label, Label) and label.site is not None and label.kind in READS
+            ),
         )
 
 

@@ -74,6 +74,12 @@ class Divergence:
     cause: str
     before: str = ""
     after: str = ""
+    reply_index: int | None = None  # index of call N's reply in call N+1's messages
+
+    @property
+    def in_reply(self) -> bool:
+        """The divergence is inside the reply just generated, not in earlier history."""
+        return self.message_index is not None and self.reply_index is not None and self.message_index >= self.reply_index
 
     @property
     def lost_tokens(self) -> int:
@@ -355,7 +361,7 @@ def compare_prompts(
             cause = "history-rewrite"
     return Divergence(
         scenario, index, check, unit, block_size, position, char, lengths, reusable, ideal,
-        message_index, role, field_name, cause, snippet(cached_text, char), snippet(next_text, char),
+        message_index, role, field_name, cause, snippet(cached_text, char), snippet(next_text, char), reply_index,
     )
 
 

@@ -34,8 +34,8 @@ class TemplateSource:
     # file stem; None for the single default template of a file.
     name: str | None
     text: str
-    # "jinja" (the file is the template), or "json" (the template is the value of the
-    # file's chat_template key).
+    # "jinja" (the file is the template), "json" (the value of the file's chat_template
+    # key), "python" or "yaml" (a string assigned to chat_template in that file).
     container: str
     # Which file is in force when a model directory holds several, or None.
     note: str | None = None
@@ -144,10 +144,32 @@ def _read_optional(path: Path) -> list[TemplateSource]:
     return [_read_jinja(path)]
 
 
+EMBEDDING_SUFFIXES = (".py", ".yaml", ".yml")
+
+
 def read_file(path: Path) -> list[TemplateSource]:
     if path.suffix == ".json":
         return _read_json(path, required=True)
+    if path.suffix in EMBEDDING_SUFFIXES:
+        return _read_embedded(path)
     return [_read_jinja(path)]
+
+
+def _read_embedded(path: Path) -> list[TemplateSource]:
+    """Templates assigned to chat_template in Python source or YAML (given explicitly)."""
+    from .containers import ContainerError, read_container
+
+    text = read_text(path)
+    try:
+        found = read_container(path, text)
+    except ContainerError as error:
+        raise SourceError(path, str(error)) from None
+    except ImportError as error:
+        raise SourceError(path, f"reading templates from this file needs {error.name}: pip install 'tmpl-lint[fix]'") from None
+    if not found:
+        raise SourceError(path, "no string assigned to chat_template")
+    container = "python" if path.suffix == ".py" else "yaml"
+    return [TemplateSource(path, name, template, container) for name, template in found]
 
 
 def read_text(path: Path) -> str:

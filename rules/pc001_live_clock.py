@@ -31,7 +31,12 @@ caller passes one; nothing else in the prompt changes.
 
 from __future__ import annotations
 
+from datetime import datetime, time
+
+from jinja2 import nodes
+
 from tmpl_lint.analysis import Facts
+from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 
 RULE = RuleInfo("PC001", "live-clock", "warning", "the current time reaches the rendered prompt")
@@ -56,3 +61,42 @@ def check(facts: Facts) -> list[Finding]:
             )
             findings[key] = RULE.at(label.site, message, labels)
     return list(findings.values())
+
+
+def fix(facts: Facts, finding: Finding, options) -> Fix:
+    """Replace the clock call with the fix date in the call's own format, which callers can
+    override: through the variable the template already assigns it to or names as a switch,
+    else through a new ``date_string`` set once at the top."""
+    site = finding.site
+    call = next((call for call in facts.tree.find_all(nodes.Call) if call.node is site.node), None)
+    if call is None or len(call.args) != 1 or not isinstance(call.args[0], nodes.Const) or not isinstance(call.args[0].value, str):
+        return Fix.refuse("the clock's format is not a literal string")
+    span = expression_span(facts.source_map, call)
+    if span is None:
+        return Fix.refuse("cannot locate the clock call in the source")
+    frozen = datetime.combine(options.frozen_date, time()).strftime(call.args[0].value)
+    literal = jinja_literal(frozen)
+    assigned_to = next(
+        (
+            assign.target.name
+            for assign in facts.tree.find_all(nodes.Assign)
+            if assign.node is call and isinstance(assign.target, nodes.Name) and assign.target.name in facts.variables
+        ),
+        None,
+    )
+    caller_variable = assigned_to or (finding.switch.name if finding.switch else None)
+    if caller_variable:
+        title = f"the model sees the date {frozen} instead of today's unless the caller passes {caller_variable}"
+        return Fix(title, [[Edit(span[0], span[1], literal)]])
+    variable = _free_name(facts, "date_string")
+    title = f"the model sees the date {frozen} instead of today's unless the caller passes {variable}"
+    return Fix(title, [[default_header(variable, literal), Edit(span[0], span[1], variable)]])
+
+
+def _free_name(facts: Facts, wanted: str) -> str:
+    used = facts.variables | {node.name for node in facts.tree.find_all(nodes.Name)}
+    name, number = wanted, 1
+    while name in used:
+        number += 1
+        name = f"{wanted}_{number}"
+    return name

@@ -47,6 +47,7 @@ prompt grows by the kept reasoning.
 from __future__ import annotations
 
 from tmpl_lint.analysis import Facts
+from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
 
 RULE = RuleInfo("PC002", "history-rewrite", "warning", "an earlier message renders differently once a new user message arrives")
@@ -79,3 +80,25 @@ def _by_place(item) -> tuple[int, int]:
     if site is not None:
         return (site.line, site.column)
     return (getattr(item, "line", 0), getattr(item, "column", 0))
+
+
+def fix(facts: Facts, finding: Finding, options) -> Fix:
+    """Set the template's own switch to its stable default, or else read the scanned
+    position as "before every message", so every assistant turn keeps its reasoning."""
+    switch_fix = switch_default_fix(finding)
+    if switch_fix is not None:
+        return switch_fix
+    name = finding.site.text
+    reads = {}
+    for sink in facts.sinks:
+        for label in sink.all_labels():
+            if label.kind == "scan_position" and label.name == name and label.site is not None and label.site.node is not None:
+                reads[(label.site.line, label.site.column)] = label.site
+    title = f"every assistant turn keeps its reasoning in history, whatever follows it (`{name}` no longer decides)"
+    alternatives = []
+    for constant in ("-1", "(messages|length)"):
+        edits = [replace_at(facts, site, constant) for site in reads.values()]
+        if edits and all(edits):
+            alternatives.append(edits)
+    return Fix(title, alternatives) if alternatives else Fix.refuse(f"cannot locate the reads of `{name}`")
+

@@ -48,7 +48,10 @@ the trained format: no automatic fix, the finding says so.
 
 from __future__ import annotations
 
+import re
+
 from tmpl_lint.analysis import Facts, Label, Sink
+from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
 
 RULE = RuleInfo("PC003", "future-dependent-render", "warning", "a message renders differently once later messages exist")
@@ -101,3 +104,45 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
 def _order(label: Label):
     site = label.site
     return (site.line, site.column, label.kind) if site else (0, 0, label.kind)
+
+
+# What a past turn loses when a look-ahead drops it: reasoning, analysis, thoughts.
+REASONING_TEXT = re.compile(r"think|analysis|reason|thought", re.IGNORECASE)
+
+
+def fix(facts: Facts, finding: Finding, options) -> Fix:
+    """Where the look-ahead drops reasoning from past turns, read it as "no later message"
+    so the reasoning stays; blocks the model was trained to see on the last message
+    (Mistral's tool list and system prompt) have no edit that keeps its format."""
+    switch_fix = switch_default_fix(finding)
+    if switch_fix is not None:
+        return switch_fix
+    place = (finding.site.line, finding.site.column)
+    affected = [
+        sink
+        for sink in facts.sinks
+        if any(label.site is not None and (label.site.line, label.site.column) == place for label in sink.all_labels())
+    ]
+    if not any(REASONING_TEXT.search(sink.text) for sink in affected):
+        return Fix.refuse(
+            "no edit keeps the model's trained format: it was trained to see this on the last message only"
+        )
+    alternatives = []
+    for site in [finding.site, *finding.related]:
+        if site.node is None:
+            continue
+        for constant in _constants(site.text):
+            edit = replace_at(facts, site, constant)
+            if edit is not None and [edit] not in alternatives:
+                alternatives.append([edit])
+    title = "past turns keep their reasoning once later messages exist"
+    return Fix(title, alternatives) if alternatives else Fix.refuse("cannot locate the look-ahead in the source")
+
+
+def _constants(text: str) -> tuple[str, ...]:
+    """What to read a look-ahead as, in the order to try: no later messages first."""
+    if text.endswith(":]") or text.startswith("range("):
+        return ("[]",)
+    if text.endswith("[-1]"):
+        return ()
+    return ("true", "false")

@@ -33,6 +33,7 @@ string then replay it byte for byte; mappings render as before.
 from __future__ import annotations
 
 from tmpl_lint.analysis import Facts
+from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
 
 RULE = RuleInfo("PC004", "tool-args-reserialized", "warning", "tool-call arguments are re-serialised with tojson")
@@ -65,3 +66,21 @@ def check(facts: Facts) -> list[Finding]:
         if previous is None or (previous.severity == "info" and severity is None):
             findings[key] = RULE.at(site, message, use.labels, severity=severity)
     return list(findings.values())
+
+
+def fix(facts: Facts, finding: Finding, options) -> Fix:
+    """Wrap ``args | tojson`` as ``(args if args is string else args | tojson)``."""
+    if finding.severity == "info":
+        return Fix.refuse("already passes strings through")
+    use = next((use for use in facts.json_uses if use.node is finding.site.node), None)
+    if use is None or not any(label.kind == "tool_args" for label in use.labels):
+        return Fix.refuse("the whole tool call is serialised, so its arguments have no string pass-through")
+    spans = filter_span(facts.source_map, use.node)
+    if spans is None:
+        return Fix.refuse("cannot locate the tojson call in the source")
+    (start, end), (_, filter_end) = spans
+    argument = facts.text[start:end]
+    serialised = facts.text[start:filter_end]
+    replacement = f"({argument} if {argument} is string else {serialised})"
+    title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
+    return Fix(title, [[Edit(start, filter_end, replacement)]])

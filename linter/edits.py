@@ -1,0 +1,158 @@
+"""Minimal edits to a template source at exact spans, as rules propose them.
+
+A rule's ``fix`` returns a ``Fix``: a one-line description of what the model will now see
+differently and one or more alternative edit lists (the fixer keeps the first alternative
+that verifies), or the reason it cannot fix. Edits are offsets into the original text;
+insertions at one offset are kept in order, overlapping replacements are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jinja2 import nodes
+
+from .analysis import Facts, Site
+from .locations import SourceMap, Token, leftmost_name
+
+
+@dataclass(frozen=True)
+class Edit:
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class Fix:
+    title: str = ""
+    alternatives: list[list[Edit]] = field(default_factory=list)
+    unfixable: str | None = None
+
+    @classmethod
+    def refuse(cls, reason: str) -> Fix:
+        return cls(unfixable=reason)
+
+
+class OverlappingEdits(ValueError):
+    pass
+
+
+def apply_edits(text: str, edits: list[Edit]) -> str:
+    ordered = sorted(enumerate(edits), key=lambda item: (item[1].start, item[1].end, item[0]))
+    out: list[str] = []
+    position = 0
+    for _, edit in ordered:
+        if edit.start < position:
+            raise OverlappingEdits(f"edits overlap at offset {edit.start}")
+        out.append(text[position : edit.start])
+        out.append(edit.text)
+        position = edit.end
+    out.append(text[position:])
+    return "".join(out)
+
+
+def _postfix_depth(node: nodes.Node) -> int:
+    """How many `.attr`, `[...]` and `(...)` follow the leftmost name up to ``node``."""
+    depth = 0
+    while isinstance(node, (nodes.Getattr, nodes.Getitem, nodes.Call)):
+        depth += 1
+        node = node.node
+    return depth if isinstance(node, nodes.Name) else -1
+
+
+def _closing(tokens: list[Token], index: int) -> int:
+    """Index of the bracket closing the one at ``index``."""
+    opening = tokens[index].value
+    closing = {"(": ")", "[": "]", "{": "}"}[opening]
+    depth = 0
+    for position in range(index, len(tokens)):
+        value = tokens[position].value
+        if tokens[position].kind == "operator" and value == opening:
+            depth += 1
+        elif tokens[position].kind == "operator" and value == closing:
+            depth -= 1
+            if depth == 0:
+                return position
+    raise ValueError("unbalanced brackets")
+
+
+def expression_span(source_map: SourceMap, node: nodes.Node) -> tuple[int, int] | None:
+    """Source offsets of a name with its attribute, subscript and call chain (``ns.x``,
+    ``loop.last``, ``messages[-1]``, ``strftime_now("%Y")``), or None."""
+    depth = _postfix_depth(node)
+    anchor = leftmost_name(node)
+    if depth < 0 or anchor is None:
+        return None
+    token = source_map.name_token(anchor)
+    if token is None:
+        return None
+    tokens = [t for t in source_map.tokens if t.kind != "whitespace"]
+    index = tokens.index(token)
+    end = token.end
+    for _ in range(depth):
+        following = tokens[index + 1] if index + 1 < len(tokens) else None
+        if following is None or following.kind != "operator":
+            return None
+        if following.value == "." and index + 2 < len(tokens) and tokens[index + 2].kind == "name":
+            index += 2
+        elif following.value in ("[", "("):
+            index = _closing(tokens, index + 1)
+        else:
+            return None
+        end = tokens[index].end
+    return token.offset, end
+
+
+def filter_span(source_map: SourceMap, node: nodes.Filter) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(span of the filtered expression, span of ``| name(args)``) for ``expr | name``."""
+    if node.node is None:
+        return None
+    inner = expression_span(source_map, node.node)
+    name = source_map.name_token(node)
+    if inner is None or name is None:
+        return None
+    tokens = [t for t in source_map.tokens if t.kind != "whitespace"]
+    index = tokens.index(name)
+    pipe = tokens[index - 1]
+    if pipe.value != "|":
+        return None
+    end = name.end
+    if index + 1 < len(tokens) and tokens[index + 1].value == "(":
+        end = tokens[_closing(tokens, index + 1)].end
+    return inner, (pipe.offset, end)
+
+
+def replace_at(facts: Facts, site: Site, text: str) -> Edit | None:
+    span = expression_span(facts.source_map, site.node) if site.node is not None else None
+    return Edit(span[0], span[1], text) if span else None
+
+
+def default_header(name: str, literal: str) -> Edit:
+    """``name`` defaults to ``literal`` unless the caller passes it; prints nothing."""
+    return Edit(0, 0, f"{{%- if {name} is not defined %}}{{%- set {name} = {literal} %}}{{%- endif %}}\n")
+
+
+def jinja_literal(value) -> str:
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def switch_default_fix(finding) -> Fix | None:
+    """The fix that only changes the default of the switch the lint named, if there is one."""
+    switch = finding.switch
+    if switch is None:
+        return None
+    if switch.default_is_stable:
+        return Fix.refuse(f"stable by default; only callers passing {switch.name}={jinja_literal(switch.unstable_value)} see it")
+    if switch.stable_value is None:
+        return None
+    title = f"{switch.name} now defaults to {jinja_literal(switch.stable_value)}; callers can still pass it"
+    return Fix(title, [[default_header(switch.name, jinja_literal(switch.stable_value))]])

@@ -1,0 +1,228 @@
+"""``--fix`` and ``--diff``: apply the rules' edits, verify them, write only the template.
+
+A fix is kept only if the patched template parses, renders every scenario the original
+rendered, leaves the prover no divergence of the causes it fixed (check b, with the
+tokenizer when there is one), and renders a single-turn conversation exactly as the
+original does at the fix date. Otherwise nothing is written for that finding and the
+reason is printed. Files are replaced atomically, keeping their mode.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from pathlib import Path
+
+from .analysis import parse
+from .checker import ProveOptions, Selection, lint_source, lint_with_facts
+from .containers import ContainerError, replace_in_container
+from .edits import Edit, OverlappingEdits, apply_edits
+from .findings import Finding
+from .prover import CAUSES_BY_CODE, Prover, resolve_special_tokens
+from .render import FrozenClock, RenderError, render
+from .rules import BY_CODE
+from .sources import SourceError, TemplateSource, load_json, read_text
+from .tokenizer import find_tokenizer_directory, load_tokenizer, special_tokens_from_config
+
+COMPACT_ARGUMENTS = '{"city":"Paris"}'
+
+
+class WriteError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    frozen_date: date
+    tokenizer: Path | None = None
+    block_size: int = 16
+
+
+@dataclass
+class TemplateFix:
+    source: TemplateSource
+    patched: str
+    applied: list[tuple[Finding, str]] = field(default_factory=list)
+    skipped: list[tuple[Finding, str]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.patched != self.source.text
+
+
+class Verifier:
+    """Checks a patched template against the original."""
+
+    def __init__(self, source: TemplateSource, options: FixOptions):
+        self.source = source
+        directory = options.tokenizer or find_tokenizer_directory(source.path)
+        self.tokenizer = load_tokenizer(directory) if directory is not None else None
+        config = {}
+        if source.container == "json":
+            try:
+                document = load_json(source.path)
+                config = special_tokens_from_config(document) if isinstance(document, dict) else {}
+            except SourceError:
+                config = {}
+        self.special = resolve_special_tokens(self.tokenizer, config)
+        self.block_size = options.block_size
+        self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
+        self.original_report = self.prove(source.text)
+        self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
+        self.original_codes = self.severe_codes(source.text)
+
+    def prove(self, text: str):
+        return Prover(text, self.tokenizer, self.block_size, self.special).run({})
+
+    def severe_codes(self, text: str) -> Counter:
+        """Findings that apply by default: not informational, and not only when a caller
+        sets a switch to its unstable value."""
+        findings = lint_source(TemplateSource(self.source.path, self.source.name, text, self.source.container))
+        return Counter(
+            finding.code
+            for finding in findings
+            if finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
+        )
+
+    def single_turns(self, text: str) -> list[str | None]:
+        out = []
+        for messages in ([{"role": "user", "content": "Hello"}], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]):
+            try:
+                out.append(render(text, messages, clock=self.clock, add_generation_prompt=True, special_tokens=self.special))
+            except RenderError:
+                out.append(None)
+        return out
+
+    def check(self, patched: str, fixed: list[Finding]) -> str | None:
+        """None if ``patched`` verifies for the ``fixed`` findings, else the reason."""
+        tree, error = parse(patched)
+        if error is not None:
+            return f"the patched template does not parse: {error.message}"
+        codes = self.severe_codes(patched)
+        for code, count in Counter(finding.code for finding in fixed).items():
+            if codes[code] > self.original_codes[code] - count:
+                return f"{code} is still found in the patched template"
+        if self.single_turns(patched) != self.single_turns(self.source.text):
+            return "a single-turn conversation would render differently"
+        report = self.prove(patched)
+        missing = self.original_rendered - {result.scenario.name for result in report.rendered}
+        if missing:
+            return f"the patched template no longer renders: {', '.join(sorted(missing))}"
+        fixed_codes = {finding.code for finding in fixed}
+        # Causes another finding still claims cannot be asked to vanish; the clock is checked
+        # on its own scenario, and tool arguments below.
+        still_claimed = set().union(*(CAUSES_BY_CODE.get(code, set()) for code in codes if code not in fixed_codes))
+        required = set().union(*(CAUSES_BY_CODE.get(code, set()) for code in fixed_codes - {"PC001", "PC004"})) - still_claimed
+        for divergence in report.divergences():
+            if divergence.check != "b":
+                continue
+            midnight = "PC001" in fixed_codes and divergence.scenario == "midnight" and divergence.cause == "system"
+            # A reply that renders differently as history than as generated is the model's
+            # own format (gpt-oss drops a final answer's analysis by design): PC006's
+            # concern, not what a history fix changes.
+            own_format = divergence.cause == "history-rewrite" and divergence.in_reply and "PC006" not in fixed_codes
+            if midnight or (divergence.cause in required and not own_format):
+                return f"the prover still finds a {divergence.cause} divergence in \"{divergence.scenario}\""
+        if any(finding.code == "PC004" for finding in fixed) and not self.replays_compact_arguments(patched):
+            return "arguments given as a string are still re-serialised"
+        return None
+
+    def replays_compact_arguments(self, text: str) -> bool:
+        messages = [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
+            ]},
+            {"role": "tool", "tool_call_id": "Ab3dE6gH9", "name": "get_weather", "content": "sunny"},
+        ]
+        try:
+            return COMPACT_ARGUMENTS in render(text, messages, clock=self.clock, special_tokens=self.special)
+        except RenderError:
+            return False
+
+
+def fix_template(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
+    facts, findings = lint_with_facts(source, selection)
+    result = TemplateFix(source, source.text)
+    if facts.tree is None:
+        result.skipped = [(finding, "the template does not parse") for finding in findings]
+        return result
+    verifier = None
+    chosen: list[Edit] = []
+    for finding in sorted(findings, key=lambda f: (f.code, f.line, f.column)):
+        rule = BY_CODE.get(finding.code)
+        fix = rule.fix(facts, finding, options) if rule is not None and hasattr(rule, "fix") else None
+        if fix is None:
+            result.skipped.append((finding, "no automatic fix for this rule"))
+            continue
+        if fix.unfixable:
+            result.skipped.append((finding, fix.unfixable))
+            continue
+        if verifier is None:
+            verifier = Verifier(source, options)
+        reason = "no candidate edit"
+        for alternative in fix.alternatives:
+            edits = list(dict.fromkeys(chosen + alternative))
+            try:
+                patched = apply_edits(source.text, edits)
+            except OverlappingEdits as error:
+                reason = str(error)
+                continue
+            fixed = [f for f, _ in result.applied] + [finding]
+            reason = verifier.check(patched, fixed)
+            if reason is None:
+                chosen = edits
+                result.patched = patched
+                result.applied.append((finding, fix.title))
+                break
+        else:
+            result.skipped.append((finding, f"not fixed: {reason}"))
+    return result
+
+
+def write_atomic(path: Path, data: str) -> None:
+    """Replace ``path`` with ``data`` through a temporary file in the same folder."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        raise WriteError(f"{path}: the file vanished before it could be written") from None
+    if not status.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise WriteError(f"{path}: the file is read-only; nothing written")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError(f"{path}: cannot write beside it: {error.strerror}") from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def patched_file(path: Path, fixes: list[TemplateFix]) -> tuple[str, str]:
+    """(the file's text now, its text with every patched template put back)."""
+    original = read_text(path)
+    text = original
+    for fix in fixes:
+        if not fix.changed:
+            continue
+        if fix.source.container == "jinja":
+            text = fix.patched
+            continue
+        try:
+            text = replace_in_container(path, text, fix.source.name, fix.patched, fix.source.container)
+        except ContainerError as error:
+            raise WriteError(f"{path}: {error}") from None
+    return original, text

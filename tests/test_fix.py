@@ -1,0 +1,266 @@
+"""--fix and --diff: verified edits, only the template changes, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.cli import main
+from tmpl_lint.containers import json_template_span
+from tmpl_lint.fixer import Verifier, write_atomic
+from tmpl_lint.prover import Prover
+from tmpl_lint.render import FrozenClock, render
+from tmpl_lint.sources import collect
+
+FIXTURES = PROJECT / "tests" / "fixtures"
+FROZEN = "2026-01-15"
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def copy(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copyfile(source, target)
+    for path in [target, *target.rglob("*")] if target.is_dir() else [target]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return target
+
+
+def single_turn(text: str, at: datetime) -> str:
+    return render(text, [{"role": "user", "content": "Hello"}], clock=FrozenClock(at), add_generation_prompt=True,
+                  special_tokens={"bos_token": "<s>", "eos_token": "</s>"})
+
+
+# -- fixtures written here ----------------------------------------------------------------
+
+
+def test_live_clock_fix_on_a_jinja_file(tmp_path):
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    original = path.read_bytes()
+    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert code == 0
+    assert out.startswith(f"{path}:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string\n")
+    patched = path.read_text()
+    assert patched.startswith('{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n')
+    assert '"Current date: " + date_string + "\\n\\n"' in patched
+    # only the edits: the rest of the file is the original, line for line
+    assert patched.split("\n", 1)[1] == original.decode().replace('strftime_now("%Y-%m-%d")', "date_string")
+    # renders exactly as the original did on the frozen date
+    assert single_turn(patched, datetime(2026, 5, 5)) == single_turn(original.decode(), datetime(2026, 1, 15, 9))
+    # the caller can still pass the real date
+    assert "Current date: 2026-05-05" in render(patched, [{"role": "user", "content": "x"}], clock=FrozenClock(datetime.now()), template_kwargs={"date_string": "2026-05-05"})
+
+
+def test_diff_prints_and_writes_nothing(tmp_path):
+    path = copy(CORPUS / "PC004_tool_args_reserialized.jinja", tmp_path)
+    before = path.read_bytes()
+    code, out, _ = run(str(path), "--diff", "--no-prove")
+    assert path.read_bytes() == before
+    assert f"--- a/{path}\n+++ b/{path}\n" in out
+    assert "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n" in out
+    # what remains after the fix: the pass-through's own informational finding
+    assert code == 1
+    assert "PC004 [tool-args-reserialized] tool-call arguments pass through `tojson` when they are not a string" in out
+
+
+def test_second_fix_is_a_no_op(tmp_path):
+    path = copy(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path)
+    run(str(path), "--fix", "--no-prove")
+    once = path.read_bytes()
+    assert once.startswith(b"{%- if keep_history_reasoning is not defined %}{%- set keep_history_reasoning = true %}{%- endif %}\n")
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert path.read_bytes() == once
+    assert "fixed" not in out.replace("not fixed", "")
+    # what remains applies only to callers who pass keep_history_reasoning=false
+    assert "PC002 [history-rewrite]" in out and "only when keep_history_reasoning=false" in out
+    assert code == 1
+
+
+def test_history_rewrite_fix_without_switch_keeps_reasoning(tmp_path):
+    path = copy(CORPUS / "PC002_history_rewrite.jinja", tmp_path)
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert "fixed PC002 [history-rewrite]" in out
+    patched = path.read_text()
+    assert "loop.index0 > -1 and reasoning" in patched
+    assert code == 0
+
+
+def test_unfixable_look_ahead_is_explained_and_untouched(tmp_path):
+    path = copy(CORPUS / "PC003_future_dependent_render.jinja", tmp_path)
+    before = path.read_bytes()
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert path.read_bytes() == before
+    assert f"{path}:14:16: not fixed PC003 [future-dependent-render]: no edit keeps the model's trained format" in out
+    assert code == 1
+
+
+def test_failed_verification_leaves_the_file_untouched(tmp_path, monkeypatch):
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    before = path.read_bytes()
+    monkeypatch.setattr(Verifier, "check", lambda self, patched, fixed: "a single-turn conversation would render differently")
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert path.read_bytes() == before
+    assert "not fixed PC001 [live-clock]: not fixed: a single-turn conversation would render differently" in out
+    assert code == 1
+
+
+def test_read_only_file_is_an_error_and_untouched(tmp_path):
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    before = path.read_bytes()
+    path.chmod(0o444)
+    code, _, err = run(str(path), "--fix", "--no-prove")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {path}: the file is read-only; nothing written\n"
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_interrupted_write_leaves_the_original(tmp_path, monkeypatch):
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    path.chmod(0o640)
+    before = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # the process is stopped between writing and renaming
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, "new text")
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_write_keeps_the_file_mode(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text("old")
+    path.chmod(0o640)
+    write_atomic(path, "new")
+    assert path.read_text() == "new"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_vanished_file_is_an_error(tmp_path):
+    from tmpl_lint.fixer import WriteError
+
+    with pytest.raises(WriteError, match="vanished"):
+        write_atomic(tmp_path / "gone.jinja", "x")
+
+
+def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
+    path = copy(FIXTURES / "embedded_template.py", tmp_path)
+    before = path.read_text()
+    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert f"{path}:chat_template@6:1:17: fixed PC001 [live-clock]" in out
+    after = path.read_text()
+    old_literal = "\"{{- 'Today: ' + strftime_now('%Y-%m-%d') + '\\\\n' }}"
+    assert old_literal in before and old_literal not in after
+    prefix, suffix = before.split(old_literal)
+    assert after.startswith(prefix) and after.endswith(suffix.split("\n", 1)[1])
+    # the other two literals are untouched
+    assert after.count('chat_template = """{%- for m in messages %}') == 1
+    assert "chat_template='{{ messages[0].content }}'" in after
+    (source,) = [s for s in collect([path])[0] if s.name == "chat_template@6"]
+    assert source.text.startswith('{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n')
+
+
+def test_yaml_survives_byte_for_byte_outside_the_template(tmp_path):
+    path = copy(FIXTURES / "embedded_template.yaml", tmp_path)
+    before = path.read_text().splitlines(keepends=True)
+    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert f"{path}:model.chat_template:1:40: fixed PC001 [live-clock]" in out
+    after = path.read_text().splitlines(keepends=True)
+    # everything but the block scalar's lines is identical, comments and order included
+    assert after[:5] == before[:5]
+    assert after[-6:] == before[-6:]
+    assert after[5] == '    {%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    assert after[6] == '    {%- set date_line = "Current date: " + date_string %}\n'
+    assert after[7:-6] == before[6:-6]
+
+
+# -- real templates from ../shared ---------------------------------------------------------
+
+REAL = [
+    "Qwen--Qwen3-0.6B.jinja",
+    "Qwen--Qwen3-0.6B--rev-2025-05-19.jinja",
+    "openai--gpt-oss-120b.jinja",
+    "zai-org--GLM-5.2.jinja",
+    "mistralai--Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "ibm-granite--granite-3.3-2b-instruct.jinja",
+]
+
+
+@needs_shared
+@pytest.mark.parametrize("name", REAL)
+def test_real_templates_fixed_and_proven_stable(tmp_path, name):
+    path = copy(SHARED_TEMPLATES / name, tmp_path)
+    original = path.read_text()
+    code, out, err = run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert err == ""
+    patched = path.read_text()
+    trained_format = "no edit keeps the model's trained format" in out
+    # what still applies by default: no live clock, no history rewrite, and no look-ahead
+    # but the ones the fix declared it must leave (Mistral's last-message blocks)
+    (source,), _ = collect([path])
+    remaining = [f for f in lint_source(source) if not (f.switch and f.switch.default_is_stable)]
+    assert not {f.code for f in remaining} & {"PC001", "PC002"}
+    assert trained_format or "PC003" not in {f.code for f in remaining}
+    # and the prover, rendering every scenario, sees no earlier message change
+    report = Prover(patched, None).run({})
+    rewrites = [d for d in report.divergences() if d.cause in ("system", "history-rewrite") and not d.in_reply]
+    assert trained_format or rewrites == []
+    # a single turn renders as the original did on the fix date
+    assert single_turn(patched, datetime(2027, 7, 7)) == single_turn(original, datetime(2026, 1, 15, 12))
+    # a second run changes nothing
+    run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert path.read_text() == patched
+
+
+@needs_shared
+def test_mistral_small_keeps_its_trained_last_message_blocks(tmp_path):
+    path = copy(SHARED_TEMPLATES / "mistralai--Mistral-Small-3.2-24B-Instruct-2506.jinja", tmp_path)
+    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert "fixed PC001 [live-clock]" in out
+    assert "not fixed PC003 [future-dependent-render]: no edit keeps the model's trained format" in out
+
+
+@needs_shared
+@pytest.mark.parametrize("directory", [SHARED_TOKENIZERS / "qwen3", SHARED / "corpus" / "configs" / "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B"])
+def test_tokenizer_config_changes_only_the_template(tmp_path, directory):
+    target = copy(directory, tmp_path)
+    config = target / "tokenizer_config.json"
+    before = config.read_text()
+    run(str(target), "--fix", "--frozen-date", FROZEN, "-q")
+    after = config.read_text()
+    old, new = json_template_span(before, None), json_template_span(after, None)
+    assert before[: old.start] == after[: new.start]
+    assert before[old.end :] == after[new.end :]
+    document = json.loads(after)
+    assert {k for k in document if document[k] != json.loads(before)[k]} <= {"chat_template"}
+    run(str(target), "--fix", "--frozen-date", FROZEN, "-q")
+    assert config.read_text() == after
+
+
+@needs_shared
+def test_fixed_tokenizer_config_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    target = copy(SHARED_TOKENIZERS / "qwen3", tmp_path)
+    run(str(target), "--fix", "-q")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(target))
+    (source,), _ = collect([target])
+    assert tokenizer.chat_template == source.text
+    assert "loop.index0 > -1" in tokenizer.chat_template
