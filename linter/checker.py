@@ -9,11 +9,11 @@ from pathlib import Path
 
 from jinja2 import nodes
 
-from .analysis import UNDEFINED, Facts, analyze, parse
+from .analysis import UNDEFINED, Facts, Site, analyze, parse
 from .findings import Finding, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
-from .rules import RULES
+from .rules import RULES, STATIC
 from .sources import TemplateSource
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
@@ -34,7 +34,7 @@ class Selection:
     def parse(cls, select: list[str] | None, ignore: list[str] | None) -> Selection:
         chosen = tuple(_codes(select)) or ("PC",)
         ignored = tuple(_codes(ignore))
-        known = [rule.RULE.code for rule in RULES] + ["PC100"]
+        known = [rule.RULE.code for rule in RULES]
         for prefix in chosen + ignored:
             if prefix != "ALL" and not any(code.startswith(prefix) for code in known):
                 raise SelectionError(f"unknown rule code or prefix: {prefix}")
@@ -74,11 +74,12 @@ def lint_with_facts(
     if error is not None:
         facts.syntax_error = error
     # Every rule runs: a divergence that an ignored rule explains is still explained, not PC100.
-    findings = run_rules(facts, RULES)
-    name_switches(findings, facts, RULES)
+    findings = run_rules(facts, STATIC)
+    name_switches(findings, facts, STATIC)
     if prove is not None:
         findings.extend(prove_findings(source, findings, facts.variables, prove))
     findings = [finding for finding in findings if selection.includes(finding.code)]
+    findings = apply_suppressions(findings, source.text, selection)
     for finding in findings:
         finding.path = str(source.path)
         finding.template = source.name
@@ -154,10 +155,17 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     # Imported here: the static lint must not pay for rendering or tokenizers.
     from .prover import Prover, attach_proofs, switch_values
     from .sources import SourceError, load_json
-    from .tokenizer import find_tokenizer_directory, load_tokenizer, special_tokens_from_config
+    from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
-    directory = options.tokenizer or find_tokenizer_directory(source.path)
-    tokenizer = load_tokenizer(directory) if directory is not None else None
+    tokenizer = None
+    if options.tokenizer is not None:
+        tokenizer = load_tokenizer(options.tokenizer)
+    elif (beside := find_tokenizer_directory(source.path)) is not None:
+        try:
+            tokenizer = load_tokenizer(beside)
+        except TokenizerError:
+            tokenizer = None  # a tokenizer found beside the template is optional: measure characters
+
     special: dict = {}
     if source.container == "json":
         try:
@@ -168,3 +176,39 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     prover = Prover(source.text, tokenizer, options.block_size, special)
     report = prover.run(switch_values(findings, variables))
     return attach_proofs(findings, report)
+
+
+SUPPRESSION = re.compile(r"\{#-?\s*tmpl-lint:\s*(ignore-file|ignore)(?:\[([A-Za-z0-9,\s]*)\])?\s*-?#\}")
+
+
+def apply_suppressions(findings: list[Finding], text: str, selection: Selection) -> list[Finding]:
+    """Drop findings a ``{# tmpl-lint: ignore[CODE] #}`` on their line, or an
+    ``ignore-file`` anywhere, suppresses; report suppressions that suppress nothing."""
+    from .rules.pc900_unused_suppression import RULE as UNUSED
+
+    suppressions = []
+    for match in SUPPRESSION.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+        codes = tuple(part.strip().upper() for part in (match.group(2) or "").split(",") if part.strip())
+        suppressions.append({"file": match.group(1) == "ignore-file", "codes": codes, "line": line, "column": column, "used": False})
+    if not suppressions:
+        return findings
+    kept = []
+    for finding in findings:
+        matched = [
+            s for s in suppressions
+            if (s["file"] or s["line"] == finding.line) and (not s["codes"] or any(finding.code.startswith(c) for c in s["codes"]))
+        ]
+        for suppression in matched:
+            suppression["used"] = True
+        if not matched:
+            kept.append(finding)
+    if selection.includes(UNUSED.code):
+        for s in suppressions:
+            if not s["used"]:
+                what = ", ".join(s["codes"]) or "all codes"
+                scope = "this template" if s["file"] else "this line"
+                site = Site(s["line"], "", fixed_column=s["column"])
+                kept.append(UNUSED.at(site, f"the suppression of {what} suppresses nothing on {scope}"))
+    return kept

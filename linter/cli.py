@@ -13,7 +13,9 @@ import click
 from . import __version__
 from .checker import ProveOptions, Selection, SelectionError, lint_source
 from .fixer import FixOptions
-from .reporters import json_report, statistics_report, text_report
+from .config import Config, ConfigError, find_config, load_config
+from .containers import file_line as container_file_line
+from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
 from .sources import SourceError, collect
 from .tokenizer import TokenizerError
 
@@ -47,50 +49,111 @@ def use_colour() -> bool:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report to FILE instead of standard output.")
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
 @click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory for proofs (default: beside the template; else characters).")
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True, help="KV cache block size for reusable-token figures.")
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="KV cache block size for reusable-token figures [default: 16].")
 @click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
 @click.option("--frozen-date", type=click.DateTime(["%Y-%m-%d"]), help="Date a fixed template renders instead of the clock (default: today).")
-def check(paths, output_format, select, ignore, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date) -> None:
+def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
-        selection = Selection.parse(list(select), list(ignore))
+        config = load_config(config_path) if config_path else None
+        if config is None:
+            found = find_config(Path.cwd())
+            config = load_config(found) if found else Config()
+    except ConfigError as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    try:
+        selection = Selection.parse(list(select) or config.select, list(ignore) or config.ignore)
+        for codes in config.per_file_ignores.values():
+            Selection.parse(codes, None)
     except SelectionError as error:
         raise click.UsageError(str(error)) from None
+    tokenizer = tokenizer or config.tokenizer
+    block_size = block_size or config.block_size or 16
+    frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
     prove = None if no_prove else ProveOptions(tokenizer, block_size)
     sources, errors = collect(list(paths))
     if apply_fixes or show_diff:
-        options = FixOptions((frozen_date or datetime.now()).date(), tokenizer, block_size)
+        options = FixOptions(frozen, tokenizer, block_size)
         sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []
     notes = []
+    by_template = {}
     for source in sources:
+        by_template[(str(source.path), source.name)] = source
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
         try:
-            findings.extend(lint_source(source, selection, prove))
+            found = lint_source(source, selection, prove)
         except TokenizerError as error:
             errors.append(error)
+            continue
+        ignored = config.ignored_for(str(source.path))
+        findings.extend(f for f in found if not any(f.code.startswith(code.upper()) for code in ignored))
     for error in errors:
         click.echo(f"tmpl-lint: error: {error}", err=True)
+
+    def file_line(finding):
+        source = by_template[(finding.path, finding.template)]
+        return container_file_line(source.path, source.container, source.name, finding.line)
+
+    colour = use_colour() and output is None
     if statistics:
-        click.echo(statistics_report(findings), nl=False)
+        report = statistics_report(findings)
     elif output_format == "json":
-        click.echo(json_report(findings), nl=False)
+        report = json_report(findings)
+    elif output_format == "sarif":
+        report = sarif_report(findings, file_line)
+    elif output_format == "github":
+        report = github_report(findings, file_line)
     else:
-        colour = use_colour()
-        click.echo(text_report(findings, notes, colour, quiet), nl=False, color=colour)
+        report = text_report(findings, notes, colour, quiet)
+    if output is not None:
+        try:
+            write_report(output, report)
+        except OSError as error:
+            click.echo(f"tmpl-lint: error: {output}: cannot write the report: {error.strerror}", err=True)
+            sys.exit(EXIT_ERROR)
+    else:
+        click.echo(report, nl=False, color=colour)
     if errors:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+@main.command()
+@click.argument("code")
+def rule(code) -> None:
+    """Print a rule's page: what it does, why it breaks the cache, examples, the fix."""
+    from .rules import lookup, page
+
+    found = lookup(code)
+    if found is None:
+        click.echo(f"tmpl-lint: error: unknown rule {code!r} (see `tmpl-lint rules`)", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(page(found), nl=False)
+
+
+@main.command()
+def rules() -> None:
+    """List every rule: code, name, default severity and summary."""
+    from .rules import RULES
+
+    for module in RULES:
+        info = module.RULE
+        fix = "fix" if hasattr(module, "fix") else "   "
+        click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix}  {info.summary}")
 
 
 @main.command()

@@ -306,3 +306,28 @@ def replace_in_container(path: Path, text: str, name: str | None, template: str,
     if container == "yaml":
         return replace_yaml_template(text, name, template)
     return template
+
+
+def file_line(path: Path, container: str, name: str | None, template_line: int) -> int:
+    """The line in the file on disk for a template line (for a template inside JSON, the
+    line of its ``chat_template`` key or list entry)."""
+    if container == "jinja":
+        return template_line
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return template_line
+    if container == "json":
+        return json_template_line(text, name)
+    if container == "python" and name and "@" in name:
+        start = int(name.rsplit("@", 1)[1])
+        literal_line = text.splitlines()[start - 1] if start <= len(text.splitlines()) else ""
+        return start + template_line - 1 if ('"""' in literal_line or "'''" in literal_line) else start
+    if container == "yaml" and name:
+        key = name.rsplit(".", 1)[-1]
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            if stripped.startswith(f"{key}:"):
+                block = stripped[len(key) + 1 :].strip()[:1] in ("|", ">")
+                return number + template_line if block else number
+    return template_line

@@ -21,12 +21,12 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .findings import Finding, RuleInfo
+from .findings import Finding
+from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .render import FrozenClock, RenderError, render
 from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
 from .tokenizer import Tokenizer
 
-UNSTABLE_RENDER = RuleInfo("PC100", "unstable-render", "warning", "the next turn does not extend the previous prompt")
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 # Which cause of divergence proves which rule.

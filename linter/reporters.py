@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import click
 
@@ -69,7 +73,8 @@ def proof_lines(proof: dict) -> list[str]:
     units = f"{unit}s"
     lines = [
         f"proof: proven in \"{proof['scenario']}\", calls {pair[0] + 1}->{pair[1] + 1} ({check}): "
-        f"first divergence at {unit} {first} (char {proof['first_divergence_char']}), message {proof['message_index']} "
+        f"first divergence at {unit} {first}" + (f" (char {proof['first_divergence_char']})" if unit != "char" else "")
+        + f", message {proof['message_index']} "
         f"({proof['role']}, {proof['field']}), cause {proof['cause']}",
         f"       {proof['reusable_tokens']} of {cached} {units} reusable in {block}-{unit} blocks, "
         f"{proof['lost_tokens']} recomputed every turn; without rollback (hybrid models) "
@@ -114,3 +119,112 @@ def statistics_report(findings: Sequence[Finding]) -> str:
 
 def json_report(findings: Sequence[Finding]) -> str:
     return json.dumps([finding.to_json() for finding in findings], indent=2, ensure_ascii=False) + "\n"
+
+
+# -- SARIF and GitHub annotations --------------------------------------------------------
+
+SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+
+
+def _uri(path: str) -> str:
+    """A repository-relative URI when the file is under the working directory."""
+    candidate = Path(path).resolve()
+    try:
+        return candidate.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return candidate.as_uri()
+
+
+def _first_paragraph(doc: str) -> str:
+    body = doc.split("## What it does", 1)[-1].split("##", 1)[0]
+    return " ".join(body.split())
+
+
+def sarif_report(findings: Sequence[Finding], file_line) -> str:
+    """SARIF 2.1.0 with what GitHub code scanning reads; ``file_line(finding)`` maps a
+    template line to the line in the file on disk."""
+    from . import __version__
+    from .rules import RULES
+
+    rules = [
+        {
+            "id": rule.RULE.code,
+            "name": rule.RULE.name,
+            "shortDescription": {"text": rule.RULE.summary},
+            "fullDescription": {"text": _first_paragraph(rule.__doc__)},
+            "help": {"text": rule.__doc__.strip(), "markdown": rule.__doc__.strip()},
+            "defaultConfiguration": {"level": SARIF_LEVELS[rule.RULE.severity]},
+        }
+        for rule in RULES
+    ]
+    index = {rule["id"]: position for position, rule in enumerate(rules)}
+    results = []
+    seen: Counter = Counter()
+    for finding in findings:
+        uri = _uri(finding.path)
+        key = f"{finding.code}:{uri}:{finding.template or ''}:{finding.source_line.strip()}"
+        seen[key] += 1
+        fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] + f":{seen[key]}"
+        result = {
+            "ruleId": finding.code,
+            "ruleIndex": index[finding.code],
+            "level": SARIF_LEVELS[finding.severity],
+            "message": {"text": finding.full_message()},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"} if not uri.startswith("file:") else {"uri": uri},
+                        "region": {"startLine": file_line(finding), "startColumn": finding.column},
+                    }
+                }
+            ],
+            "partialFingerprints": {"primaryLocationLineHash": fingerprint},
+            "properties": {"template": finding.template, "templateLine": finding.line, "proof": finding.proof},
+        }
+        results.append(result)
+    document = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{"tool": {"driver": {"name": "tmpl-lint", "version": __version__, "rules": rules}}, "results": results}],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_report(findings: Sequence[Finding], file_line) -> str:
+    """GitHub Actions workflow commands: one annotation per finding."""
+    levels = {"error": "error", "warning": "warning", "info": "notice"}
+    lines = []
+    for finding in findings:
+        properties = ",".join(
+            [
+                f"file={_escape_property(finding.path)}",
+                f"line={file_line(finding)}",
+                f"col={finding.column}",
+                f"title={_escape_property(f'{finding.code} [{finding.name}]')}",
+            ]
+        )
+        where = f"{finding.template}:{finding.line}: " if finding.template else ""
+        lines.append(f"::{levels[finding.severity]} {properties}::{_escape_data(where + finding.full_message())}")
+    return "".join(line + "\n" for line in lines)
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a report file whole or not at all."""
+    directory = path.parent if str(path.parent) else Path(".")
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

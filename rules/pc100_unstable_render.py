@@ -1,0 +1,36 @@
+"""## What it does
+Reports a template whose next turn does not extend the previous prompt when no static rule
+explains why. The prover renders synthetic sessions (chat with reasoning, an agent loop
+with tool calls across two user queries, the clock across midnight, compact tool
+arguments replayed as a mapping, each reasoning switch at both values) and diffs the token
+ids of consecutive calls; a divergence whose cause no finding claims becomes this finding,
+with its proof.
+
+## Why is this bad?
+Whatever the mechanism, the prompt of turn N+1 stops matching the prompt of turn N (or the
+prompt plus the reply the model generated) at the reported token, so every block after it
+is recomputed on every turn. On engines that cannot roll back a recurrent state, the whole
+prompt is recomputed.
+
+## Example
+```jinja
+{{- "Turns so far: " ~ (messages | length) }}
+{%- for message in messages %}{{ message.content }}{% endfor %}
+```
+
+## Use instead
+```jinja
+{%- for message in messages %}{{ message.content }}{% endfor %}
+```
+
+## Fix safety
+No automatic fix: the divergence is measured, not explained. The proof shows both renders
+at the first diverging token.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.findings import RuleInfo
+
+# Produced by the prover (tmpl_lint.prover.attach_proofs), not by a static check.
+RULE = RuleInfo("PC100", "unstable-render", "warning", "the next turn does not extend the previous prompt")

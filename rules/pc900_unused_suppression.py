@@ -1,0 +1,29 @@
+"""## What it does
+Reports a suppression comment that suppresses nothing: `{# tmpl-lint: ignore[PC004] #}` on
+a line with no PC004 finding, or `{# tmpl-lint: ignore-file[PC001] #}` in a template with
+no PC001 finding.
+
+## Why is this bad?
+A stale suppression hides the next real finding of that code on its line, and tells the
+reader that a problem exists where there is none.
+
+## Example
+```jinja
+{{- message.content }}  {# tmpl-lint: ignore[PC004] #}
+```
+
+## Use instead
+```jinja
+{{- message.content }}
+```
+
+## Fix safety
+No automatic fix: remove the comment by hand.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.findings import RuleInfo
+
+# Produced by the checker after suppressions apply (tmpl_lint.checker.apply_suppressions).
+RULE = RuleInfo("PC900", "unused-suppression", "warning", "a suppression comment suppresses nothing")

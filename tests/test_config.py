@@ -1,0 +1,79 @@
+"""[tool.tmpl-lint] in pyproject.toml and .tmpl-lint.yaml; flags override them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from helpers import CORPUS
+from tmpl_lint.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def codes(out):
+    return sorted(f["code"] for f in json.loads(out))
+
+
+def setup(tmp_path, monkeypatch, config_name, config_text):
+    shutil.copyfile(CORPUS / "PC003_future_dependent_render.jinja", tmp_path / "a.jinja")
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "b.jinja")
+    (tmp_path / config_name).write_text(config_text)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_pyproject_select_and_per_file_ignores(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nselect = ["PC001", "PC003"]\nper-file-ignores = { "a.jinja" = ["PC003"] }\n')
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove")
+    assert codes(out) == ["PC001"]
+
+
+def test_flags_override_the_file(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nselect = ["PC001"]\n')
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove", "--select", "PC003")
+    assert codes(out) == ["PC003", "PC003"]
+
+
+def test_yaml_config_with_block_size(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "# project settings\nignore: [PC003]\nblock-size: 4\n")
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json")
+    findings = json.loads(out)
+    assert [f["code"] for f in findings] == ["PC001"]
+    assert findings[0]["proof"]["block_size"] == 4
+
+
+def test_frozen_date_from_config(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "frozen-date: 2025-12-24\n")
+    run("b.jinja", "--fix", "--no-prove")
+    assert '{%- set date_string = "2025-12-24" %}' in (tmp_path / "b.jinja").read_text()
+
+
+def test_unknown_key_is_an_error_naming_it(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nselekt = ["PC001"]\n')
+    code, _, err = run("a.jinja")
+    assert code == 2
+    assert err.startswith(f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unknown key 'selekt'")
+
+
+def test_bad_value_is_an_error(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "block-size: -3\n")
+    code, _, err = run("a.jinja")
+    assert code == 2
+    assert "block-size must be a positive integer" in err
+
+
+def test_explicit_config_file(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "elsewhere.yaml", "select: PC001\n")
+    (tmp_path / "elsewhere.yaml").rename(tmp_path / ".tmpl-lint.yaml")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    code, out, _ = run(str(tmp_path / "a.jinja"), str(tmp_path / "b.jinja"), "--format", "json", "--no-prove")
+    assert codes(out) == ["PC001"]  # found by walking up from the working directory
+    code, out, _ = run(str(tmp_path / "a.jinja"), "--format", "json", "--no-prove", "--config", str(tmp_path / ".tmpl-lint.yaml"))
+    assert codes(out) == []

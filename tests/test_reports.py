@@ -1,0 +1,89 @@
+"""SARIF (validated against the official schema), GitHub annotations, -o FILE."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
+from tmpl_lint.cli import main
+
+SCHEMA = SHARED / "schemas" / "sarif-schema-2.1.0.json"
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def validate(document):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator(schema).validate(document)
+
+
+@needs_shared
+def test_sarif_for_the_whole_shared_corpus_validates(tmp_path):
+    out = tmp_path / "report.sarif"
+    code, stdout, _ = run(str(SHARED_TEMPLATES), "--format", "sarif", "--no-prove", "-o", str(out))
+    assert code == 1 and stdout == ""
+    document = json.loads(out.read_text())
+    validate(document)
+    run_ = document["runs"][0]
+    rules = run_["tool"]["driver"]["rules"]
+    assert {rule["id"] for rule in rules} >= {"PC000", "PC001", "PC002", "PC003", "PC004", "PC005", "PC006", "PC100", "PC900"}
+    assert all(rule["shortDescription"]["text"] and rule["fullDescription"]["text"] and rule["help"]["markdown"] for rule in rules)
+    results = run_["results"]
+    assert len(results) > 50
+    for result in results:
+        assert result["level"] in ("error", "warning", "note")
+        assert result["partialFingerprints"]["primaryLocationLineHash"]
+        location = result["locations"][0]["physicalLocation"]
+        assert location["region"]["startLine"] >= 1
+
+
+@needs_shared
+def test_sarif_region_for_a_tokenizer_config_points_at_the_chat_template_key(tmp_path, monkeypatch):
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text((SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("tokenizer_config.json", "--format", "sarif", "--no-prove")
+    document = json.loads(out)
+    validate(document)
+    lines = config.read_text().splitlines()
+    key_line = next(number for number, line in enumerate(lines, 1) if '"chat_template"' in line)
+    for result in document["runs"][0]["results"]:
+        location = result["locations"][0]["physicalLocation"]
+        assert location["artifactLocation"] == {"uri": "tokenizer_config.json", "uriBaseId": "%SRCROOT%"}
+        assert location["region"]["startLine"] == key_line
+        assert result["properties"]["templateLine"] >= 1
+
+
+def test_github_annotations(tmp_path, monkeypatch):
+    target = tmp_path / "chat_template.jinja"
+    target.write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("chat_template.jinja", "--format", "github", "--no-prove")
+    assert code == 1
+    assert out == (
+        "::warning file=chat_template.jinja,line=3,col=28,title=PC001 [live-clock]::`strftime_now(...)` puts the current "
+        "time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
+    )
+
+
+def test_output_file_is_written_whole(tmp_path):
+    out = tmp_path / "findings.json"
+    code, stdout, _ = run(str(CORPUS / "PC005_nondeterministic_render.jinja"), "--format", "json", "--no-prove", "-o", str(out))
+    assert code == 1 and stdout == ""
+    assert [f["code"] for f in json.loads(out.read_text())] == ["PC005"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["findings.json"]
+
+
+def test_output_into_a_missing_folder_is_an_error(tmp_path):
+    code, _, err = run(str(CORPUS / "clean_chatml.jinja"), "-o", str(tmp_path / "no" / "such" / "dir" / "r.txt"))
+    assert code == 2
+    assert "cannot write the report" in err

@@ -1,0 +1,37 @@
+import pytest
+from click.testing import CliRunner
+
+from tmpl_lint.cli import main
+from tmpl_lint.rules import RULES, SECTIONS, page
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
+def test_every_rule_page_has_every_section_with_content(rule):
+    text = page(rule)
+    positions = []
+    for section in SECTIONS:
+        heading = f"## {section}\n"
+        assert heading in text, f"{rule.RULE.code} has no {section!r}"
+        positions.append(text.index(heading))
+        body = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        assert body.strip(), f"{rule.RULE.code}: {section!r} is empty"
+    assert positions == sorted(positions)
+    assert "```jinja" in text.split("## Example", 1)[1].split("## Use instead", 1)[0]
+
+
+def test_rule_command_prints_the_page_by_code_or_name():
+    result = CliRunner().invoke(main, ["rule", "PC002"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("# history-rewrite (PC002)\n")
+    assert CliRunner().invoke(main, ["rule", "history-rewrite"]).stdout == result.stdout
+
+
+def test_unknown_rule_is_an_error():
+    result = CliRunner().invoke(main, ["rule", "PC777"])
+    assert result.exit_code == 2
+    assert result.stderr == "tmpl-lint: error: unknown rule 'PC777' (see `tmpl-lint rules`)\n"
+
+
+def test_rules_lists_every_code():
+    result = CliRunner().invoke(main, ["rules"])
+    assert [line.split()[0] for line in result.stdout.splitlines()] == [rule.RULE.code for rule in RULES]

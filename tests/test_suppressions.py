@@ -1,0 +1,25 @@
+from helpers import at, lint_text
+
+
+def test_line_suppression():
+    source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC001] #}\n{{ strftime_now("%d") }}\n'
+    assert lint_text(source)[0] == [("PC001", 2, 4)]
+
+
+def test_file_suppression_and_all_codes():
+    source = '{# tmpl-lint: ignore-file[PC001] #}\n{{ strftime_now("%Y") }}\n{{ strftime_now("%d") }}\n'
+    assert lint_text(source)[0] == []
+    source = '{{ strftime_now("%Y") }}{# tmpl-lint: ignore #}\n'
+    assert lint_text(source)[0] == []
+
+
+def test_unused_suppression_is_reported():
+    source = "{{ messages[0].content }} {#- tmpl-lint: ignore[PC004] -#}\n"
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#-")]
+    assert findings[0].message == "the suppression of PC004 suppresses nothing on this line"
+
+
+def test_suppression_of_another_code_does_not_hide():
+    source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC004] #}\n'
+    assert [code for code, _, _ in lint_text(source)[0]] == ["PC001", "PC900"]
