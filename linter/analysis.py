@@ -176,6 +176,7 @@ class Facts:
     json_uses: list[JsonUse] = field(default_factory=list)
     variables: set[str] = field(default_factory=set)  # undeclared names the template reads
     assumptions: Mapping[str, object] = field(default_factory=dict)
+    too_deep: bool = False  # the analysis stopped at Python's recursion limit
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
@@ -186,6 +187,8 @@ def parse(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError 
         return PARSE_ENVIRONMENT.parse(text), None
     except jinja2.TemplateSyntaxError as error:
         return None, error
+    except RecursionError:
+        return None, jinja2.TemplateSyntaxError("the template is nested too deeply to parse", 1)
 
 
 def analyze(
@@ -201,7 +204,10 @@ def analyze(
         source_map = SourceMap(text, PARSE_ENVIRONMENT, tree)
     facts = Facts(text, tree, source_map, error, assumptions=dict(assumptions or {}))
     if tree is not None:
-        _Interpreter(facts).run(tree)
+        try:
+            _Interpreter(facts).run(tree)
+        except RecursionError:
+            facts.too_deep = True  # what was recorded before stands; the rest is not analysed
     return facts
 
 

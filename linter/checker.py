@@ -13,6 +13,7 @@ from .analysis import UNDEFINED, Facts, Site, analyze, parse
 from .findings import Finding, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
+from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import RULES, STATIC
 from .sources import TemplateSource
 
@@ -59,6 +60,28 @@ class ProveOptions:
 
     tokenizer: Path | None = None  # a directory; None looks beside the template
     block_size: int = 16
+    limits: RenderLimits = DEFAULT_LIMITS
+
+
+def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
+    """``lint_source`` in a child process with time and memory limits (see isolation.py);
+    a template that exceeds them is reported as PC101."""
+    from .isolation import IsolationError, run_isolated
+    from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
+
+    try:
+        return run_isolated(_lint_for_parent, (source, selection, prove))
+    except IsolationError as error:
+        finding = LIMIT_EXCEEDED.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
+        finding.path, finding.template = str(source.path), source.name
+        return [finding] if selection.includes(finding.code) else []
+
+
+def _lint_for_parent(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
+    findings = lint_source(source, selection, prove)
+    for finding in findings:  # places hold parse trees, which need not cross processes
+        finding.site, finding.related = None, ()
+    return findings
 
 
 def lint_source(source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None) -> list[Finding]:
@@ -76,8 +99,11 @@ def lint_with_facts(
     # Every rule runs: a divergence that an ignored rule explains is still explained, not PC100.
     findings = run_rules(facts, STATIC)
     name_switches(findings, facts, STATIC)
-    if prove is not None:
+    if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts.variables, prove))
+    elif prove is not None:
+        for finding in findings:
+            finding.proof = {"status": "not-provable", "unit": "char", "reason": "the template does not parse"}
     findings = [finding for finding in findings if selection.includes(finding.code)]
     findings = apply_suppressions(findings, source.text, selection)
     for finding in findings:
@@ -173,7 +199,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
             special = special_tokens_from_config(document) if isinstance(document, dict) else {}
         except SourceError:
             special = {}
-    prover = Prover(source.text, tokenizer, options.block_size, special)
+    prover = Prover(source.text, tokenizer, options.block_size, special, options.limits)
     report = prover.run(switch_values(findings, variables))
     return attach_proofs(findings, report)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import ProveOptions, Selection, SelectionError, lint_source
+from .checker import ProveOptions, Selection, SelectionError, lint_isolated, lint_source
+from .render import RenderLimits
 from .fixer import FixOptions
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
@@ -63,7 +64,9 @@ def use_colour() -> bool:
 @click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
 @click.option("--frozen-date", type=click.DateTime(["%Y-%m-%d"]), help="Date a fixed template renders instead of the clock (default: today).")
-def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date) -> None:
+@click.option("--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take.")
+@click.option("--render-max-bytes", type=click.IntRange(1, 1 << 32), default=1_000_000, show_default=True, help="Characters one render may print.")
+def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         config = load_config(config_path) if config_path else None
@@ -82,7 +85,7 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     tokenizer = tokenizer or config.tokenizer
     block_size = block_size or config.block_size or 16
     frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
-    prove = None if no_prove else ProveOptions(tokenizer, block_size)
+    prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes))
     sources, errors = collect(list(paths))
     if apply_fixes or show_diff:
         options = FixOptions(frozen, tokenizer, block_size)
@@ -95,7 +98,8 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
         try:
-            found = lint_source(source, selection, prove)
+            # Proving renders untrusted code: each template in its own limited process.
+            found = lint_isolated(source, selection, prove) if prove else lint_source(source, selection)
         except TokenizerError as error:
             errors.append(error)
             continue

@@ -23,7 +23,9 @@ from typing import Any
 from .analysis import Site
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
-from .render import FrozenClock, RenderError, render
+from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
+from .rules.pc102_render_error import RULE as RENDER_ERROR
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render
 from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
 from .tokenizer import Tokenizer
 
@@ -116,6 +118,7 @@ class ScenarioResult:
     scenario: Scenario
     divergences: list[Divergence] = field(default_factory=list)
     error: str | None = None
+    limit_exceeded: bool = False
 
     def hit_rate(self, check: str = "a") -> tuple[float, float]:
         """Token-weighted projected hit rate and its clean-extension ideal over the scenario."""
@@ -240,8 +243,9 @@ def snippet(text: str, offset: int) -> str:
 
 
 class Prover:
-    def __init__(self, template: str, tokenizer: Tokenizer | None, block_size: int = 16, special_tokens=None):
+    def __init__(self, template: str, tokenizer: Tokenizer | None, block_size: int = 16, special_tokens=None, limits: RenderLimits = DEFAULT_LIMITS):
         self.template = template
+        self.limits = limits
         self.measure = Measure(tokenizer)
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
@@ -257,12 +261,17 @@ class Prover:
             add_generation_prompt=generation_prompt,
             special_tokens=self.special_tokens,
             template_kwargs=scenario.kwargs,
+            limits=self.limits,
         )
 
     def run(self, switches: dict[str, list[Any]]) -> ProofReport:
-        results = []
+        results: list[ScenarioResult] = []
         for arguments_as_string in (False, True):
-            results = [self.run_scenario(scenario) for scenario in scenarios(switches, arguments_as_string)]
+            results = []
+            for scenario in scenarios(switches, arguments_as_string):
+                results.append(self.run_scenario(scenario))
+                if results[-1].limit_exceeded:
+                    return ProofReport(self.measure.unit, results)  # no more seconds spent on it
             if any(result.error is None for result in results if "agent" in result.scenario.name):
                 break
         report = ProofReport(self.measure.unit, results)
@@ -276,7 +285,7 @@ class Prover:
             # Enough renders that a two-way random choice shows itself (all equal: 2**-19).
             return all(self.render(chat, chat.calls[0].messages, chat.calls[0].clock, True) == first for _ in range(19))
         except RenderError:
-            return True
+            return True  # a template that fails here fails the scenarios too, and says why there
 
     def run_scenario(self, scenario: Scenario) -> ScenarioResult:
         result = ScenarioResult(scenario)
@@ -286,6 +295,7 @@ class Prover:
             generated = [self.generated_text(scenario, call, prompt) for call, prompt in zip(scenario.calls, prompts)]
         except RenderError as error:
             result.error = str(error)
+            result.limit_exceeded = isinstance(error, RenderLimitExceeded)
             return result
         ids = [self.measure.ids(prompt) for prompt in prompts]
         for index in range(len(prompts) - 1):
@@ -381,9 +391,22 @@ def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, lis
 
 def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]:
     """Give each finding its proof; return PC100 findings for divergences none explains."""
+    limited = [result for result in report.results if result.limit_exceeded]
+    if limited:
+        reason = f"render limit exceeded in \"{limited[0].scenario.name}\": {limited[0].error}"
+        for finding in findings:
+            finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+        extra = LIMIT_EXCEEDED.at(Site(1, "", fixed_column=1), reason)
+        extra.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+        return [extra]
     divergences = report.divergences()
     explained: set[str] = set()
     errors = [result.error for result in report.results if result.error]
+    extra: list[Finding] = []
+    if not report.rendered and errors:
+        failure = RENDER_ERROR.at(Site(1, "", fixed_column=1), f"the template fails on every conversation tried: {errors[0]}")
+        failure.proof = {"status": "not-provable", "unit": report.unit, "reason": errors[0]}
+        extra.append(failure)
     if not report.deterministic:
         # Random output diverges anywhere; PC005 accounts for all of it.
         explained |= {d.cause for d in divergences}
@@ -404,7 +427,6 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
             continue
         worst = max(matching, key=lambda d: (d.lost_tokens, -d.call))
         finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
-    extra: list[Finding] = []
     for cause in sorted({d.cause for d in divergences} - explained):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
         site = Site(1, "", fixed_column=1)  # the cause is in the render, not at one place in the source

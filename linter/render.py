@@ -14,9 +14,13 @@ What differs is the clock: ``strftime_now`` reads the ``clock`` given here.
 from __future__ import annotations
 
 import copy
+import signal
+import threading
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import jinja2
@@ -28,6 +32,21 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 class RenderError(Exception):
     """The template refused the conversation (``raise_exception``) or failed while rendering."""
+
+
+class RenderLimitExceeded(RenderError):
+    """A render ran longer, or printed more, than the limits allow."""
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """Per render. Real templates render in milliseconds and a few kilobytes."""
+
+    seconds: float = 2.0
+    max_bytes: int = 1_000_000
+
+
+DEFAULT_LIMITS = RenderLimits()
 
 
 class FrozenClock:
@@ -44,15 +63,50 @@ class FrozenClock:
 
 
 @lru_cache(maxsize=256)
-def _compile(text: str, clock: Clock) -> jinja2.Template:
-    return make_environment(clock).from_string(text)
+def _compile(text: str, clock: Clock, limits: RenderLimits) -> jinja2.Template:
+    environment = make_environment(clock)
+    environment.intercepted_binops = frozenset({"*", "**"})
+    environment.call_binop = partial(_bounded_binop, environment, limits)
+    return environment.from_string(text)
 
 
-def compile_template(text: str, clock: Clock) -> jinja2.Template:
+def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):
+    """``*`` and ``**`` as usual, unless the result would be larger than a render may print."""
+    if operator == "*":
+        for sequence, count in ((left, right), (right, left)):
+            if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) and len(sequence) * count > limits.max_bytes:
+                raise RenderLimitExceeded(f"a repetition would make {len(sequence) * count} items, over the {limits.max_bytes} limit")
+    if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 256:
+        raise RenderLimitExceeded(f"{left} ** {right} is too large to compute")
+    return environment.binop_table[operator](left, right)
+
+
+@contextmanager
+def _deadline(seconds: float):
+    """Interrupt the render after ``seconds`` (where signals can: the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RenderLimitExceeded(f"rendering took over {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return _compile(text, clock)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def compile_template(text: str, clock: Clock, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2.Template:
+    try:
+        return _compile(text, clock, limits)
     except jinja2.TemplateSyntaxError as error:
         raise RenderError(f"template does not parse: {error.message} (line {error.lineno})") from None
+    except RecursionError:
+        raise RenderLimitExceeded("the template is nested too deeply to compile") from None
 
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -76,20 +130,33 @@ def render(
     add_generation_prompt: bool = False,
     special_tokens: Mapping[str, Any] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    limits: RenderLimits = DEFAULT_LIMITS,
 ) -> str:
-    template = compile_template(text, clock)
+    template = compile_template(text, clock, limits)
     variables = {**(special_tokens or {}), **(template_kwargs or {})}
     try:
-        return template.render(
-            messages=prepare_messages(messages),
-            tools=copy.deepcopy(list(tools)) if tools is not None else None,
-            documents=copy.deepcopy(list(documents)) if documents is not None else None,
-            add_generation_prompt=add_generation_prompt,
-            **variables,
-        )
+        with _deadline(limits.seconds):
+            chunks: list[str] = []
+            size = 0
+            for chunk in template.generate(
+                messages=prepare_messages(messages),
+                tools=copy.deepcopy(list(tools)) if tools is not None else None,
+                documents=copy.deepcopy(list(documents)) if documents is not None else None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            ):
+                size += len(chunk)
+                if size > limits.max_bytes:
+                    raise RenderLimitExceeded(f"the render printed over {limits.max_bytes} characters")
+                chunks.append(chunk)
+            return "".join(chunks)
+    except RenderLimitExceeded:
+        raise
+    except MemoryError:
+        raise RenderLimitExceeded("the render ran out of memory") from None
     except jinja2.TemplateError as error:
         raise RenderError(str(error) or type(error).__name__) from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as error:
         raise RenderError(f"{type(error).__name__}: {error}") from None
     except RecursionError:
-        raise RenderError("recursion too deep") from None
+        raise RenderLimitExceeded("recursion too deep") from None

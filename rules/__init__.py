@@ -17,6 +17,8 @@ from . import (
     pc005_nondeterministic_render,
     pc006_generation_prompt_mismatch,
     pc100_unstable_render,
+    pc101_render_limit_exceeded,
+    pc102_render_error,
     pc900_unused_suppression,
 )
 
@@ -29,6 +31,8 @@ RULES = (
     pc005_nondeterministic_render,
     pc006_generation_prompt_mismatch,
     pc100_unstable_render,
+    pc101_render_limit_exceeded,
+    pc102_render_error,
     pc900_unused_suppression,
 )
 # The rules that read the analysis' facts; PC100 comes from the prover, PC900 from the

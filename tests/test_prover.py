@@ -97,8 +97,10 @@ def test_clean_template_extends_every_turn():
 
 def test_template_that_rejects_everything_is_not_provable():
     source = TemplateSource(Path("x.jinja"), None, "{{ raise_exception('only for training') }}{{ strftime_now('%Y') }}", "jinja")
-    (finding,) = lint_source(source, prove=ProveOptions())
-    assert finding.proof == {"status": "not-provable", "unit": "char", "reason": "only for training"}
+    findings = lint_source(source, prove=ProveOptions())
+    assert [f.code for f in findings] == ["PC102", "PC001"]
+    assert findings[0].message == "the template fails on every conversation tried: only for training"
+    assert findings[1].proof == {"status": "not-provable", "unit": "char", "reason": "only for training"}
 
 
 def test_unexplained_divergence_is_pc100():
