@@ -61,6 +61,7 @@ class ProveOptions:
     tokenizer: Path | None = None  # a directory; None looks beside the template
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
+    engine: str = "vllm"  # whose request preprocessing to apply (see engines.py)
 
 
 def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
@@ -199,7 +200,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
             special = special_tokens_from_config(document) if isinstance(document, dict) else {}
         except SourceError:
             special = {}
-    prover = Prover(source.text, tokenizer, options.block_size, special, options.limits)
+    prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
     report = prover.run(switch_values(findings, variables))
     return attach_proofs(findings, report)
 

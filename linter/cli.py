@@ -66,7 +66,9 @@ def use_colour() -> bool:
 @click.option("--frozen-date", type=click.DateTime(["%Y-%m-%d"]), help="Date a fixed template renders instead of the clock (default: today).")
 @click.option("--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take.")
 @click.option("--render-max-bytes", type=click.IntRange(1, 1 << 32), default=1_000_000, show_default=True, help="Characters one render may print.")
-def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes) -> None:
+@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True, help="Whose request preprocessing proofs apply before rendering.")
+@click.option("--tool-args-style", type=click.Choice(["compact", "spaced"]), help="With --fix: render tool-call argument mappings with the separators the model generates.")
+def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes, engine, tool_args_style) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         config = load_config(config_path) if config_path else None
@@ -85,10 +87,10 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     tokenizer = tokenizer or config.tokenizer
     block_size = block_size or config.block_size or 16
     frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
-    prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes))
+    prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes), engine)
     sources, errors = collect(list(paths))
     if apply_fixes or show_diff:
-        options = FixOptions(frozen, tokenizer, block_size)
+        options = FixOptions(frozen, tokenizer, block_size, tool_args_style)
         sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []
     notes = []
@@ -169,9 +171,11 @@ def rules() -> None:
 @click.option("--model", help="Served model name for --server (default: the only one served).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format) -> None:
+@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True, help="Whose request preprocessing to apply before rendering.")
+def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
+    from .engines import EngineError
     from .render import RenderError
     from .server import ServerError, prompt_token_ids
     from .tokenizer import load_tokenizer
@@ -184,8 +188,8 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
-        divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids)
-    except (RequestError, RenderError, ServerError, TokenizerError) as error:
+        divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids, engine)
+    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .engines import prepare
 from .prover import Divergence, Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock, render
 from .sources import SourceError, collect, load_json
@@ -84,17 +85,18 @@ def diff_requests(
     tokenizer: Tokenizer | None,
     block_size: int,
     server_ids=None,
+    engine: str = "vllm",
 ) -> Divergence:
     measure = Measure(tokenizer)
     texts: list[str | None] = [None, None]
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now
         tokens = resolve_special_tokens(tokenizer, special_tokens)
-        texts = [
-            render(template, request.messages, clock=clock, tools=request.tools, add_generation_prompt=True,
-                   special_tokens=tokens, template_kwargs=request.kwargs)
-            for request in (first, second)
-        ]
+        texts = []
+        for request in (first, second):
+            messages, kwargs = prepare(engine, template, request.messages, request.kwargs)
+            texts.append(render(template, messages, clock=clock, tools=request.tools, add_generation_prompt=True,
+                                special_tokens=tokens, template_kwargs=kwargs))
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"

@@ -40,6 +40,9 @@ class FixOptions:
     frozen_date: date
     tokenizer: Path | None = None
     block_size: int = 16
+    # "compact" or "spaced": render tool-call argument mappings with the separators the
+    # model generates (PC004); None only adds the string pass-through.
+    tool_args_style: str | None = None
 
 
 @dataclass

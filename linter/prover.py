@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
+from .engines import EngineError, prepare
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
@@ -243,9 +244,18 @@ def snippet(text: str, offset: int) -> str:
 
 
 class Prover:
-    def __init__(self, template: str, tokenizer: Tokenizer | None, block_size: int = 16, special_tokens=None, limits: RenderLimits = DEFAULT_LIMITS):
+    def __init__(
+        self,
+        template: str,
+        tokenizer: Tokenizer | None,
+        block_size: int = 16,
+        special_tokens=None,
+        limits: RenderLimits = DEFAULT_LIMITS,
+        engine: str = "hf",
+    ):
         self.template = template
         self.limits = limits
+        self.engine = engine
         self.measure = Measure(tokenizer)
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
@@ -253,6 +263,10 @@ class Prover:
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
         self.clock.set(at)
+        try:
+            messages, kwargs = prepare(self.engine, self.template, messages, scenario.kwargs)
+        except EngineError as error:
+            raise RenderError(f"{self.engine} rejects the request: {error}") from None
         return render(
             self.template,
             messages,
@@ -260,7 +274,7 @@ class Prover:
             tools=scenario.tools,
             add_generation_prompt=generation_prompt,
             special_tokens=self.special_tokens,
-            template_kwargs=scenario.kwargs,
+            template_kwargs=kwargs,
             limits=self.limits,
         )
 

@@ -81,6 +81,13 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     (start, end), (_, filter_end) = spans
     argument = facts.text[start:end]
     serialised = facts.text[start:filter_end]
+    style = getattr(options, "tool_args_style", None)
+    if style == "compact":
+        # vLLM parses every argument string into a mapping, so the pass-through never
+        # fires there: write mappings the way the model wrote them.
+        serialised = f'{argument} | tojson(separators=(",", ":"))'
+        title = 'arguments render as compact JSON ({"city":"Paris"}), as the model generates them; strings pass through'
+    else:
+        title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
     replacement = f"({argument} if {argument} is string else {serialised})"
-    title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
     return Fix(title, [[Edit(start, filter_end, replacement)]])

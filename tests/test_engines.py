@@ -1,0 +1,87 @@
+"""vLLM's request preprocessing, mirrored without vLLM installed (tmpl_lint.engines)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import CORPUS
+from tmpl_lint.cli import main
+from tmpl_lint.engines import EngineError, content_format, parse_arguments, prepare
+from tmpl_lint.prover import Prover
+
+PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
+PARTS = "{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}"
+
+
+def assistant(arguments):
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ('{"city":"Paris"}', {"city": "Paris"}),  # a string is parsed
+        ({"city": "Paris"}, {"city": "Paris"}),  # a mapping stays
+        ("", {}),  # empty
+        (None, {}),  # null
+        ("{not json", {}),  # malformed: coerced so the conversation can go on
+        ("[1, 2]", {}),  # JSON, but not an object
+        ("42", {}),
+    ],
+)
+def test_tool_call_arguments_become_mappings(arguments, expected):
+    messages, _ = prepare("vllm", PLAIN, [assistant(arguments)])
+    assert messages[0]["tool_calls"][0]["function"]["arguments"] == expected
+    assert parse_arguments(arguments) == expected
+
+
+def test_empty_tool_calls_are_dropped_and_input_untouched():
+    original = [{"role": "assistant", "content": "hi", "tool_calls": []}]
+    messages, _ = prepare("vllm", PLAIN, original)
+    assert messages == [{"role": "assistant", "content": "hi"}]
+    assert original[0]["tool_calls"] == []
+
+
+def test_bad_tool_calls_are_rejected_like_vllm():
+    with pytest.raises(EngineError, match="must be objects"):
+        prepare("vllm", PLAIN, [{"role": "assistant", "content": "", "tool_calls": ["x"]}])
+    with pytest.raises(EngineError, match="type 'function'"):
+        prepare("vllm", PLAIN, [{"role": "assistant", "content": "", "tool_calls": [{"type": "code", "function": {}}]}])
+
+
+def test_content_parts_flatten_unless_the_template_reads_them():
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "b"}]}]
+    assert content_format(PLAIN) == "string"
+    assert prepare("vllm", PLAIN, parts)[0][0]["content"] == "a\nb"
+    assert content_format(PARTS) == "openai"
+    assert prepare("vllm", PARTS, parts)[0][0]["content"] == parts[0]["content"]
+
+
+def test_hf_changes_nothing_and_kwargs_merge_over_server_defaults():
+    message = assistant('{"a":1}')
+    messages, kwargs = prepare("hf", PLAIN, [message], {"enable_thinking": False}, {"enable_thinking": True, "x": 1})
+    assert messages == [message]
+    assert kwargs == {"enable_thinking": False, "x": 1}
+
+
+def test_under_vllm_the_string_pass_through_never_fires():
+    template = (CORPUS / "PC004_tool_args_guarded.jinja").read_text()
+    hf = Prover(template, None, engine="hf").run({})
+    vllm = Prover(template, None, engine="vllm").run({})
+    # the agent scenario with string arguments: hf keeps the string, vLLM re-serialises a mapping
+    assert any(d.cause == "tool-arguments" for d in vllm.divergences())
+    assert any(d.cause == "tool-arguments" for d in hf.divergences())  # the mapping replay, both
+
+
+def test_compact_tool_args_style_fix_makes_the_replay_match(tmp_path):
+    path = tmp_path / "t.jinja"
+    shutil.copyfile(CORPUS / "PC004_tool_args_reserialized.jinja", path)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--tool-args-style", "compact"])
+    assert "arguments render as compact JSON" in result.stdout
+    patched = path.read_text()
+    assert '(call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":")))' in patched
+    report = Prover(patched, None, engine="vllm").run({})
+    assert [d for d in report.divergences() if d.cause == "tool-arguments"] == []
