@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import sys
 from datetime import datetime
@@ -194,6 +195,93 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         sys.exit(EXIT_ERROR)
     click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
+
+
+@main.command()
+@click.argument("specs", nargs=-1)
+@click.option("--from-file", type=click.Path(path_type=Path, dir_okay=False), help="Repo ids, one a line.")
+@click.option("--search", help="Hub search query (huggingface_hub list_models).")
+@click.option("--author", help="Every model of this organisation or user.")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True, help="How many models --search/--author lists.")
+@click.option("--from-cache", is_flag=True, help="Every model in the local Hugging Face cache.")
+@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Templates analysed at once.")
+@click.option("--tokens", is_flag=True, help="Also fetch tokenizer.json and measure in tokens.")
+@click.option("--no-prove", is_flag=True, help="Static lint only.")
+@click.option("--no-dedupe", is_flag=True, help="Analyse identical templates again for every repo (for benchmarks).")
+@click.option("--cache-file", type=click.Path(path_type=Path, dir_okay=False), help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).")
+@click.option("--no-cache", is_flag=True, help="Do not read or write the results cache.")
+@click.option("--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True)
+@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report.")
+@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_prove, no_dedupe, cache_file, no_cache, output_format, html_file, engine) -> None:
+    """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
+    from . import audit as auditing
+
+    repo_ids, local = [], []
+    for spec in specs:
+        (local if Path(spec).is_dir() else repo_ids).append(spec if not Path(spec).is_dir() else Path(spec))
+    try:
+        if from_file:
+            repo_ids += auditing.read_repo_list(from_file)
+        if search or author:
+            from huggingface_hub import list_models
+
+            repo_ids += [model.id for model in list_models(search=search, author=author, limit=limit)]
+    except SourceError as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    except Exception as error:  # noqa: BLE001 - a hub listing failure is one line
+        click.echo(f"tmpl-lint: error: cannot list models: {auditing.describe_error(error)}", err=True)
+        sys.exit(EXIT_ERROR)
+    if not (repo_ids or local or from_cache):
+        raise click.UsageError("name repos, --from-file, --search/--author, --from-cache or local model folders")
+    prove = None if no_prove else ProveOptions(None, 16, RenderLimits(), engine)
+    cache = auditing.ResultsCache(None if no_cache else (cache_file or auditing.default_cache_path()))
+    progress_bar = None
+    if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
+        from rich.progress import Progress
+
+        progress_bar = Progress(transient=True)
+    task = None
+
+    def advance():
+        if progress_bar is not None:
+            progress_bar.advance(task)
+
+    if progress_bar is not None:
+        progress_bar.start()
+        task = progress_bar.add_task("analysing templates", total=None)
+    try:
+        result = auditing.run_audit(repo_ids, local, from_cache, Selection(), prove, jobs, cache, tokens, not no_dedupe, advance)
+    finally:
+        if progress_bar is not None:
+            progress_bar.stop()
+    table = auditing.rows(result)
+    if output_format == "json":
+        click.echo(json.dumps({"analysed_templates": result.analysed_now, "distinct_templates": len(result.analyses), "rows": table}, indent=2))
+    elif output_format == "jsonl":
+        for row in table:
+            click.echo(json.dumps(row))
+    elif output_format == "markdown":
+        click.echo(auditing.markdown(table), nl=False)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        view = Table("repo", "template", "findings", "first divergence", "projected hit rate")
+        for row in table:
+            codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
+            divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
+            rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+            view.add_row(row["repo"], row["template"] or "", codes, divergence, rate)
+        Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
+        click.echo(f"{len(result.repos)} repos, {len(result.analyses)} distinct templates, {result.analysed_now} analysed now")
+    if html_file:
+        write_report(html_file, auditing.html_page(table))
+    failed = [repo for repo in result.repos if repo.error]
+    if failed and len(failed) == len(result.repos):
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_FINDINGS if failed or any(row["codes"] for row in table) else EXIT_CLEAN)
 
 
 def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):

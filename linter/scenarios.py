@@ -112,15 +112,26 @@ def chat(system: bool, clocks=None) -> list[Call]:
     )
 
 
-def agent(system: bool, arguments_as_string: bool) -> list[Call]:
+def agent(system: bool, arguments_as_string: bool, narrated: bool = False) -> list[Call]:
+    """Tool calls across two user queries. ``narrated``: the tool-call replies say something
+    ("Checking the weather.") instead of reasoning, as many models do."""
     first, second = CALL_IDS
     head = ([SYSTEM] if system else []) + [user("What is the weather in Paris?")]
+
+    def calling(call_id: str, city: str, reasoning: str) -> dict[str, Any]:
+        message = tool_call(call_id, city, reasoning, arguments_as_string)
+        if narrated:
+            message["content"] = f"Checking the weather in {city}."
+            for key in ("reasoning_content", "reasoning"):
+                message.pop(key)
+        return message
+
     return session(
         head,
         [
-            (tool_call(first, "Paris", "I need the weather tool for Paris.", arguments_as_string), [tool_result(first, "18 C, sunny")]),
+            (calling(first, "Paris", "I need the weather tool for Paris."), [tool_result(first, "18 C, sunny")]),
             (answer("It is 18 C and sunny in Paris.", "The tool says 18 C and sunny."), [user("And in Rome?")]),
-            (tool_call(second, "Rome", "Same tool, for Rome.", arguments_as_string), [tool_result(second, "24 C, clear")]),
+            (calling(second, "Rome", "Same tool, for Rome."), [tool_result(second, "24 C, clear")]),
             (answer("It is 24 C and clear in Rome.", "The tool says 24 C and clear."), [user("Thanks!")]),
         ],
     )
@@ -133,6 +144,7 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
         Scenario("chat with system", chat(system=True)),
         Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS),
         Scenario("agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS),
+        Scenario("agent, narrated tool calls", agent(False, arguments_as_string, narrated=True), TOOLS),
         Scenario("midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT])),
     ]
     if not arguments_as_string:

@@ -1,0 +1,278 @@
+"""``tmpl-lint audit``: which models of a fleet will break their prefix cache, and what it costs.
+
+Only the files a template needs are fetched (through huggingface_hub, so ``HF_TOKEN``,
+``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). Identical
+templates are analysed once: a fleet of fine-tunes costs its number of distinct
+templates. Analyses run in parallel, each in its own limited process, and land in a
+results cache keyed by the template's hash and the options, so an interrupted audit
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checker import ProveOptions, Selection, lint_isolated
+from .sources import SourceError, TemplateSource, collect
+
+TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
+TOKENIZER_FILES = ["tokenizer.json"]
+
+
+@dataclass
+class TemplateResult:
+    """The analysis of one distinct template, shared by every repo that has it."""
+
+    key: str
+    findings: list[dict[str, Any]]
+
+    @property
+    def codes(self) -> list[str]:
+        return sorted({finding["code"] for finding in self.findings})
+
+    def worst_proof(self) -> dict[str, Any] | None:
+        proofs = [f["proof"] for f in self.findings if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]]
+        return min(proofs, key=lambda proof: proof.get("hit_rate", 1.0), default=None)
+
+
+@dataclass
+class RepoResult:
+    repo: str
+    revision: str | None = None
+    templates: list[tuple[str | None, str]] = field(default_factory=list)  # (template name, analysis key)
+    error: str | None = None
+
+
+@dataclass
+class Audit:
+    repos: list[RepoResult]
+    analyses: dict[str, TemplateResult]
+    analysed_now: int = 0  # distinct templates analysed in this run (not from the cache)
+
+
+def parse_repo(spec: str) -> tuple[str, str | None]:
+    repo, _, revision = spec.partition("@")
+    return repo, revision or None
+
+
+def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
+    """The snapshot folder holding a repo's template files, and its commit."""
+    from huggingface_hub import snapshot_download
+
+    repo, revision = parse_repo(spec)
+    patterns = TEMPLATE_FILES + (TOKENIZER_FILES if with_tokenizer else [])
+    folder = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns))
+    return folder, folder.name if len(folder.name) == 40 else revision
+
+
+def describe_error(error: Exception) -> str:
+    """One line for a per-repo failure: gated, missing, offline and not cached..."""
+    name = type(error).__name__
+    messages = {
+        "GatedRepoError": "gated: accept the license on the Hub and set HF_TOKEN",
+        "RepositoryNotFoundError": "not found (or private: set HF_TOKEN)",
+        "RevisionNotFoundError": "revision not found",
+        "LocalEntryNotFoundError": "not in the local cache, and offline (HF_HUB_OFFLINE=1) or unreachable",
+        "OfflineModeIsEnabled": "offline (HF_HUB_OFFLINE=1) and not cached",
+        "HFValidationError": "not a valid repo id",
+    }
+    if name in messages:
+        return messages[name]
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{name}: {first_line}"[:300]
+
+
+def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
+    """Every model in the local Hugging Face cache: (repo id, snapshot folder, commit)."""
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(cache_dir) if cache_dir else scan_cache_dir()
+    found = []
+    for repo in sorted(info.repos, key=lambda repo: repo.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        revisions = sorted(repo.revisions, key=lambda revision: ("main" not in revision.refs, -revision.last_modified))
+        found.append((repo.repo_id, Path(revisions[0].snapshot_path), revisions[0].commit_hash))
+    return found
+
+
+def template_key(text: str, options: ProveOptions | None, selection: Selection) -> str:
+    material = json.dumps(
+        {"template": text, "prove": asdict(options) if options else None, "select": selection.select, "ignore": selection.ignore},
+        default=str,
+        sort_keys=True,
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+class ResultsCache:
+    """Analyses on disk, one JSON line each, appended as they finish."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.entries: dict[str, list[dict[str, Any]]] = {}
+        if path and path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                    self.entries[entry["key"]] = entry["findings"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut short by an interruption
+
+    def add(self, key: str, findings: list[dict[str, Any]]) -> None:
+        self.entries[key] = findings
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as stream:
+                stream.write(json.dumps({"key": key, "findings": findings}) + "\n")
+
+
+def run_audit(
+    specs: list[str],
+    local_dirs: list[Path],
+    from_cache: bool,
+    selection: Selection,
+    prove: ProveOptions | None,
+    jobs: int,
+    cache: ResultsCache,
+    with_tokenizer: bool = False,
+    dedupe: bool = True,
+    progress=None,
+) -> Audit:
+    repos: list[RepoResult] = []
+    places: list[tuple[RepoResult, Path]] = []
+    if from_cache:
+        for repo_id, folder, commit in cached_repos():
+            result = RepoResult(repo_id, commit)
+            repos.append(result)
+            places.append((result, folder))
+    for spec in specs:
+        result = RepoResult(spec)
+        repos.append(result)
+        try:
+            folder, result.revision = fetch(spec, with_tokenizer)
+            places.append((result, folder))
+        except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
+            result.error = describe_error(error)
+    for directory in local_dirs:
+        result = RepoResult(str(directory))
+        repos.append(result)
+        places.append((result, directory))
+
+    pending: dict[str, TemplateSource] = {}
+    for result, folder in places:
+        sources, errors = collect([folder])
+        if errors and not sources:
+            result.error = "; ".join(error.message for error in errors)
+            continue
+        for source in sources:
+            key = template_key(source.text, prove, selection)
+            if not dedupe:
+                key = f"{key}:{result.repo}"
+            result.templates.append((source.name, key))
+            if key not in cache.entries and key not in pending:
+                pending[key] = source
+
+    def analyse(item: tuple[str, TemplateSource]) -> tuple[str, list[dict[str, Any]]]:
+        key, source = item
+        findings = lint_isolated(source, selection, prove)
+        return key, [finding.to_json() | {"path": None} for finding in findings]
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for key, findings in pool.map(analyse, pending.items()):
+            cache.add(key, findings)
+            if progress:
+                progress()
+    analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
+    return Audit(repos, analyses, len(pending))
+
+
+# -- reports -----------------------------------------------------------------------------
+
+
+def rows(audit: Audit) -> list[dict[str, Any]]:
+    out = []
+    for repo in audit.repos:
+        if repo.error or not repo.templates:
+            out.append({"repo": repo.repo, "revision": repo.revision, "template": None, "codes": [], "error": repo.error or "no chat template",
+                        "first_divergence": None, "hit_rate": None, "ideal_hit_rate": None, "findings": []})
+            continue
+        for name, key in repo.templates:
+            analysis = audit.analyses[key]
+            proof = analysis.worst_proof()
+            out.append({
+                "repo": repo.repo,
+                "revision": repo.revision,
+                "template": name,
+                "codes": analysis.codes,
+                "error": None,
+                "first_divergence": proof["first_divergence"] if proof else None,
+                "unit": proof["unit"] if proof else None,
+                "hit_rate": proof.get("hit_rate") if proof else None,
+                "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
+                "findings": analysis.findings,
+            })
+    return out
+
+
+def markdown(table: list[dict[str, Any]]) -> str:
+    lines = ["| repo | template | findings | first divergence | projected hit rate |", "| --- | --- | --- | --- | --- |"]
+    for row in table:
+        divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
+        rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+        codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
+        lines.append(f"| {row['repo']} | {row['template'] or ''} | {codes} | {divergence} | {rate} |")
+    return "\n".join(lines) + "\n"
+
+
+def html_page(table: list[dict[str, Any]]) -> str:
+    """One self-contained page: the table and an inline SVG chart of hit rate per model."""
+    body = []
+    for row in table:
+        codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
+        rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%}"
+        divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
+        body.append(
+            "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in (row["repo"], row["template"] or "", codes, divergence, rate)) + "</tr>"
+        )
+    charted = [row for row in table if row["hit_rate"] is not None]
+    bar_height, width = 18, 640
+    bars = []
+    for index, row in enumerate(charted):
+        y = index * (bar_height + 4)
+        label = html.escape(f"{row['repo']}{':' + row['template'] if row['template'] else ''}")
+        bars.append(
+            f'<text x="0" y="{y + 13}" font-size="11">{label}</text>'
+            f'<rect x="260" y="{y}" width="{row["ideal_hit_rate"] * (width - 300):.1f}" height="{bar_height}" fill="#ddd"/>'
+            f'<rect x="260" y="{y}" width="{row["hit_rate"] * (width - 300):.1f}" height="{bar_height}" fill="#3a7"/>'
+            f'<text x="{262 + row["hit_rate"] * (width - 300):.1f}" y="{y + 13}" font-size="11">{row["hit_rate"]:.0%}</text>'
+        )
+    chart = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{max(1, len(charted)) * (bar_height + 4)}">{"".join(bars)}</svg>'
+    return (
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>tmpl-lint audit</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}</style>"
+        "</head><body><h1>tmpl-lint audit</h1>"
+        "<h2>Projected prefix-cache hit rate per model (green; grey: clean-extension ideal)</h2>"
+        f"{chart}<h2>Templates</h2><table id=\"audit\"><thead><tr><th>repo</th><th>template</th><th>findings</th>"
+        f"<th>first divergence</th><th>projected hit rate</th></tr></thead><tbody>{''.join(body)}</tbody></table></body></html>\n"
+    )
+
+
+def default_cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "tmpl-lint" / "audit.jsonl"
+
+
+def read_repo_list(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SourceError(path, f"cannot read the repo list: {error}") from None
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]

@@ -1,0 +1,126 @@
+"""`tmpl-lint audit` over a real Hugging Face cache layout built on disk, offline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import SHARED, SHARED_TEMPLATES, needs_shared
+from tmpl_lint.checker import lint_source
+from tmpl_lint.sources import collect
+
+pytestmark = needs_shared
+pytest.importorskip("huggingface_hub")
+
+REPOS = {
+    # repo id: {file in the repo: source of its bytes}
+    "qwen/qwen3-chat": {"tokenizer_config.json": SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json"},
+    "someone/qwen3-finetune": {"tokenizer_config.json": SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json"},
+    "openai/oss-like": {"chat_template.jinja": SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja"},
+    "qwen/qwen25-chat": {"chat_template.jinja": SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"},
+    "sakura/qwen25-finetune": {"tokenizer_config.json": SHARED / "corpus" / "configs" / "SakuraLLM--Sakura-14B-Qwen2.5-v1.0" / "tokenizer_config.json"},
+    "mistral/nemo-like": {"chat_template.jinja": SHARED_TEMPLATES / "mistralai--Mistral-Nemo-Instruct-2407.jinja"},
+}
+
+
+def build_cache(home: Path) -> Path:
+    """The models--org--name/{blobs,refs,snapshots} layout huggingface_hub writes."""
+    hub = home / "hub"
+    for index, (repo, files) in enumerate(REPOS.items()):
+        root = hub / ("models--" + repo.replace("/", "--"))
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text(commit)
+        snapshot = root / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        (root / "blobs").mkdir(exist_ok=True)
+        for name, origin in files.items():
+            data = origin.read_bytes()
+            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.write_bytes(data)
+            (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    return hub
+
+
+def audit(home, *args):
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    result = subprocess.run([sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def direct_codes(path: Path) -> set[str]:
+    sources, _ = collect([path])
+    return {finding.code for finding in lint_source(sources[0])}
+
+
+def test_from_cache_reports_every_repo_and_analyses_duplicates_once(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    report = json.loads(result.stdout)
+    rows = {row["repo"]: row for row in report["rows"]}
+    assert sorted(rows) == sorted(REPOS)
+    # two Qwen3 copies and a Qwen2.5 template shared with a fine-tune: 4 distinct of 6
+    assert report["distinct_templates"] == 4
+    assert report["analysed_templates"] == 4
+    for repo, files in REPOS.items():
+        ((name, origin),) = files.items()
+        assert set(rows[repo]["codes"]) == direct_codes(origin), repo
+    assert result.returncode == 1
+
+
+def test_named_repos_offline_and_a_missing_one_does_not_stop_the_batch(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "qwen/qwen3-chat", "nobody/missing-model", "mistral/nemo-like", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
+    assert rows["nobody/missing-model"]["error"] == "not in the local cache, and offline (HF_HUB_OFFLINE=1) or unreachable"
+    assert set(rows["qwen/qwen3-chat"]["codes"]) == direct_codes(SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json")
+    assert "PC003" in rows["mistral/nemo-like"]["codes"]
+    assert result.returncode == 1
+
+
+def test_results_cache_resumes(tmp_path):
+    build_cache(tmp_path)
+    cache_file = tmp_path / "results.jsonl"
+    first = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file)).stdout)
+    assert first["analysed_templates"] == 4
+    # an interruption leaves a cut line: it is ignored, the rest is reused
+    with cache_file.open("a") as stream:
+        stream.write('{"key": "abc", "findi')
+    second = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file)).stdout)
+    assert second["analysed_templates"] == 0
+    assert [row["codes"] for row in second["rows"]] == [row["codes"] for row in first["rows"]]
+
+
+def test_markdown_and_proven_hit_rates(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "qwen/qwen3-chat", "qwen/qwen25-chat", "--format", "markdown", "--no-cache")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "| repo | template | findings | first divergence | projected hit rate |"
+    qwen3 = next(line for line in lines if line.startswith("| qwen/qwen3-chat"))
+    assert "PC002" in qwen3 and "char " in qwen3 and "ideal" in qwen3
+
+
+def test_html_report_opens_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no chromium on this machine")
+    build_cache(tmp_path)
+    page = tmp_path / "audit.html"
+    audit(tmp_path, "--from-cache", "--no-cache", "--no-prove", "--html", str(page), "--format", "json")
+    assert page.is_file()
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    ).stdout
+    body = dom.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    assert body.count("<tr>") == len(REPOS)
+    assert "<svg" in dom
