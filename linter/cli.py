@@ -284,6 +284,54 @@ def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_
     sys.exit(EXIT_FINDINGS if failed or any(row["codes"] for row in table) else EXIT_CLEAN)
 
 
+@main.command()
+@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory (its template is used unless --template).")
+@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory.")
+@click.option("--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed side by side.")
+@click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
+@click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
+@click.option("--model", help="Served model name for --server.")
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
+@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Chart of cumulative tokens recomputed per turn, worst sessions.")
+def replay(log, tokenizer, template, compare, session_key, server, model, block_size, engine, output_format, html_file) -> None:
+    """Projected prefix-cache hit rate of logged traffic, before and after a fix."""
+    from . import replay as replaying
+    from .diff import RequestError, read_template
+    from .server import ServerError, prompt_token_ids
+    from .tokenizer import load_tokenizer
+
+    try:
+        calls = replaying.read_log(log)
+        loaded = load_tokenizer(tokenizer) if tokenizer else None
+        if (template or tokenizer) is None:
+            raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
+        templates = [("template", *read_template(template or tokenizer))]
+        if compare:
+            templates.append(("compare", *read_template(compare)))
+        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        results = []
+        for label, text, special in templates:
+            from .prover import resolve_special_tokens
+
+            replayer = replaying.Replayer(text, loaded, resolve_special_tokens(loaded, special), block_size, engine, server_ids)
+            groups = replaying.sessions(calls, session_key)
+            for group in groups:
+                replayer.replay(group)
+            results.append((label, replaying.summary(groups)))
+    except (replaying.ReplayError, RequestError, ServerError, TokenizerError) as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    if output_format == "json":
+        click.echo(json.dumps({label: figures for label, figures in results}, indent=2))
+    else:
+        click.echo(replaying.text_report(results), nl=False)
+    if html_file:
+        write_report(html_file, replaying.html_chart(results))
+
+
 def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
     """Fix every template, print what changed (or the diff), write files; return the
     templates as they now are, for the lint that follows."""
