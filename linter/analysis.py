@@ -21,6 +21,8 @@ from functools import cached_property
 
 import jinja2
 from jinja2 import nodes
+from jinja2.lexer import TokenStream
+from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT, REQUEST_VARIABLES
 from .locations import SourceMap
@@ -183,12 +185,24 @@ class Facts:
 
 
 def parse(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None]:
+    tree, error, _ = parse_with_tokens(text)
+    return tree, error
+
+
+def parse_with_tokens(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None, list | None]:
+    """Parse from one lexing pass whose raw tokens are kept: the source map reuses them
+    for exact columns instead of lexing the template a second time."""
+    environment = PARSE_ENVIRONMENT
+    raw: list | None = None
     try:
-        return PARSE_ENVIRONMENT.parse(text), None
+        raw = list(environment.lexer.tokeniter(text, None))
+        parser = Parser(environment, text)  # lexes lazily: only its first token
+        parser.stream = TokenStream(environment.lexer.wrap(iter(raw)), None, None)
+        return parser.parse(), None, raw
     except jinja2.TemplateSyntaxError as error:
-        return None, error
+        return None, error, raw
     except RecursionError:
-        return None, jinja2.TemplateSyntaxError("the template is nested too deeply to parse", 1)
+        return None, jinja2.TemplateSyntaxError("the template is nested too deeply to parse", 1), raw
 
 
 def analyze(

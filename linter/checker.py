@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jinja2 import nodes
 
-from .analysis import UNDEFINED, Facts, Site, analyze, parse
+from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens
 from .findings import Finding, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
@@ -92,8 +92,8 @@ def lint_source(source: TemplateSource, selection: Selection = Selection(), prov
 def lint_with_facts(
     source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None
 ) -> tuple[Facts, list[Finding]]:
-    tree, error = parse(source.text)
-    source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree)
+    tree, error, raw_tokens = parse_with_tokens(source.text)
+    source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
     facts = analyze(source.text, tree, source_map)
     if error is not None:
         facts.syntax_error = error

@@ -14,7 +14,6 @@ import click
 from . import __version__
 from .checker import ProveOptions, Selection, SelectionError, lint_isolated, lint_source
 from .render import RenderLimits
-from .fixer import FixOptions
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
@@ -91,6 +90,8 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes), engine)
     sources, errors = collect(list(paths))
     if apply_fixes or show_diff:
+        from .fixer import FixOptions
+
         options = FixOptions(frozen, tokenizer, block_size, tool_args_style)
         sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import lru_cache
 from typing import Any
 
 from jinja2 import nodes
@@ -33,6 +34,7 @@ class EngineError(ValueError):
     """The engine would reject the request (vLLM answers 400)."""
 
 
+@lru_cache(maxsize=64)
 def content_format(template: str) -> str:
     """"openai" when the template loops over a message's content parts, else "string"."""
     from .analysis import parse

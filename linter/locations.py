@@ -33,10 +33,11 @@ class Token:
 
 
 class SourceMap:
-    def __init__(self, text: str, environment: jinja2.Environment, tree: nodes.Template | None = None):
+    def __init__(self, text: str, environment: jinja2.Environment, tree: nodes.Template | None = None, raw_tokens: list | None = None):
         self.text = text
         self._environment = environment
         self._tree = tree
+        self._raw_tokens = raw_tokens  # (line, kind, value) from the parse's own lexing pass
         self._line_starts: list[int] | None = None
         self._tokens: list[Token] | None = None
         self._by_line: dict[int, list[Token]] = {}
@@ -67,7 +68,8 @@ class SourceMap:
             self._tokens = []
             try:
                 position = 0
-                for line, kind, value in self._environment.lexer.tokeniter(self.text, None):
+                raw = self._raw_tokens if self._raw_tokens is not None else self._environment.lexer.tokeniter(self.text, None)
+                for line, kind, value in raw:
                     offset = self.text.find(value, position)
                     if offset < 0:
                         continue
