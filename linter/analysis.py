@@ -24,7 +24,7 @@ from jinja2 import nodes
 from jinja2.lexer import TokenStream
 from jinja2.parser import Parser
 
-from .jinja_env import PARSE_ENVIRONMENT, REQUEST_VARIABLES
+from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
 
 

@@ -178,21 +178,20 @@ def _compared_constants(tree) -> dict[str, list[object]]:
     return found
 
 
-def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
-    # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .prover import Prover, attach_proofs, switch_values
+def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
+    """The tokenizer to measure with (the one given, else one beside the template when it
+    loads, else none: characters) and the special tokens the template's config names."""
     from .sources import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
     tokenizer = None
-    if options.tokenizer is not None:
-        tokenizer = load_tokenizer(options.tokenizer)
+    if tokenizer_directory is not None:
+        tokenizer = load_tokenizer(tokenizer_directory)
     elif (beside := find_tokenizer_directory(source.path)) is not None:
         try:
             tokenizer = load_tokenizer(beside)
         except TokenizerError:
             tokenizer = None  # a tokenizer found beside the template is optional: measure characters
-
     special: dict = {}
     if source.container == "json":
         try:
@@ -200,6 +199,14 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
             special = special_tokens_from_config(document) if isinstance(document, dict) else {}
         except SourceError:
             special = {}
+    return tokenizer, special
+
+
+def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
+    # Imported here: the static lint must not pay for rendering or tokenizers.
+    from .prover import Prover, attach_proofs, switch_values
+
+    tokenizer, special = prover_inputs(source, options.tokenizer)
     prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
     report = prover.run(switch_values(findings, variables))
     return attach_proofs(findings, report)

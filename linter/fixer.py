@@ -18,15 +18,14 @@ from datetime import date, datetime, time
 from pathlib import Path
 
 from .analysis import parse
-from .checker import ProveOptions, Selection, lint_source, lint_with_facts
+from .checker import Selection, lint_source, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .findings import Finding
 from .prover import CAUSES_BY_CODE, Prover, resolve_special_tokens
 from .render import FrozenClock, RenderError, render
 from .rules import BY_CODE
-from .sources import SourceError, TemplateSource, load_json, read_text
-from .tokenizer import find_tokenizer_directory, load_tokenizer, special_tokens_from_config
+from .sources import TemplateSource, read_text
 
 COMPACT_ARGUMENTS = '{"city":"Paris"}'
 
@@ -62,15 +61,7 @@ class Verifier:
 
     def __init__(self, source: TemplateSource, options: FixOptions):
         self.source = source
-        directory = options.tokenizer or find_tokenizer_directory(source.path)
-        self.tokenizer = load_tokenizer(directory) if directory is not None else None
-        config = {}
-        if source.container == "json":
-            try:
-                document = load_json(source.path)
-                config = special_tokens_from_config(document) if isinstance(document, dict) else {}
-            except SourceError:
-                config = {}
+        self.tokenizer, config = prover_inputs(source, options.tokenizer)
         self.special = resolve_special_tokens(self.tokenizer, config)
         self.block_size = options.block_size
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))

@@ -81,21 +81,14 @@ def proof_lines(proof: dict) -> list[str]:
         f"{proof['reusable_tokens_without_rollback']} reusable"
         + (f"; scenario hit rate {proof['hit_rate']:.1%} (ideal {proof['ideal_hit_rate']:.1%})" if "hit_rate" in proof else ""),
     ]
+    from .prover import common_prefix  # only reports with proofs come here
+
     before, after = proof["renders"]["before"], proof["renders"]["after"]
-    common = _escaped(before[: _common_prefix(before, after)])
+    common = _escaped(before[: common_prefix(before, after)])
     lines.append(f"  N   | {_escaped(before)}")
     lines.append(f"  N+1 | {_escaped(after)}")
     lines.append(f"      | {' ' * len(common)}^ {unit} {first}; its block starts at {unit} {first // block * block}")
     return lines
-
-
-def _common_prefix(a: str, b: str) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def _escaped(text: str) -> str:

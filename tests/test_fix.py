@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
-from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
 from tmpl_lint.fixer import Verifier, write_atomic
