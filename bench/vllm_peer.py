@@ -1,9 +1,10 @@
 """Offline proofs against a real vLLM: token ids for every prover scenario, both ways.
 
-For each template of ../shared/corpus whose tokenizer is in ../shared/tokenizers, every
-call of every prover scenario is rendered through a running vLLM render server
-(POST /v1/chat/completions/render) and through tmpl-lint's offline path with --engine
-vllm, and the script prints how many requests give identical token ids.
+For the model a running vLLM render server serves (one of ../shared/tokenizers, whose
+template is that model's template of ../shared/corpus), every call of every prover
+scenario is rendered through the server (POST /v1/chat/completions/render) and through
+tmpl-lint's offline path with --engine vllm, and the script prints how many requests give
+identical token ids.
 
     TMPL_LINT_VLLM_URL=http://127.0.0.1:8100 python bench/vllm_peer.py qwen3
 
@@ -13,11 +14,13 @@ started with. How to start one is in the README, "Verifying against vLLM".
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from tmpl_lint.diff import read_template
 from tmpl_lint.engines import prepare
 from tmpl_lint.render import FrozenClock, render
 from tmpl_lint.scenarios import scenarios
@@ -25,38 +28,54 @@ from tmpl_lint.server import ServerError, prompt_token_ids
 from tmpl_lint.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-TEMPLATES = {
-    "qwen3": ["Qwen--Qwen3-0.6B.jinja"],
-    "qwen2.5": ["Qwen--Qwen2.5-7B-Instruct.jinja"],
-    "gpt-oss": ["openai--gpt-oss-120b.jinja"],
-    "mistral-nemo": ["mistralai--Mistral-Nemo-Instruct-2407.jinja"],
-}
+# The template each tokenizer directory carries is the one the server renders with; it is
+# the corpus template of that model (Qwen3-0.6B, Qwen2.5-7B-Instruct, gpt-oss-120b, Nemo).
+TOKENIZERS = ("qwen3", "qwen2.5", "gpt-oss", "mistral-nemo")
+
+
+def wire_format(messages):
+    """Messages as the OpenAI API carries them: tool-call arguments are JSON strings."""
+    out = json.loads(json.dumps(messages))
+    for message in out:
+        for call in message.get("tool_calls") or ():
+            if not isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    return out
 
 
 def main() -> None:
     url = os.environ.get("TMPL_LINT_VLLM_URL")
-    if not url or len(sys.argv) != 2 or sys.argv[1] not in TEMPLATES:
-        sys.exit(f"usage: TMPL_LINT_VLLM_URL=URL python bench/vllm_peer.py {{{'|'.join(TEMPLATES)}}}")
+    if not url or len(sys.argv) != 2 or sys.argv[1] not in TOKENIZERS:
+        sys.exit(f"usage: TMPL_LINT_VLLM_URL=URL python bench/vllm_peer.py {{{'|'.join(TOKENIZERS)}}}")
     name = sys.argv[1]
-    tokenizer = load_tokenizer(SHARED / "tokenizers" / name)
-    for template_name in TEMPLATES[name]:
-        template = (SHARED / "corpus" / "templates" / template_name).read_text()
-        same = total = 0
-        for scenario in scenarios({}):
-            for call in scenario.calls:
-                clock = FrozenClock(datetime.now())  # the server reads its own clock
-                messages, kwargs = prepare("vllm", template, call.messages, scenario.kwargs)
-                text = render(template, messages, clock=clock, tools=scenario.tools, add_generation_prompt=True,
-                              special_tokens=tokenizer.special_tokens, template_kwargs=kwargs)
-                body = {"messages": call.messages, "tools": scenario.tools, "chat_template_kwargs": scenario.kwargs,
-                        "chat_template": template}
-                try:
-                    served = prompt_token_ids(url, body)
-                except ServerError as error:
-                    sys.exit(f"{template_name}: {error}")
-                total += 1
-                same += served == tokenizer.encode(text)
-        print(f"{template_name}: {same} of {total} requests give identical token ids")
+    directory = SHARED / "tokenizers" / name
+    tokenizer = load_tokenizer(directory)
+    template, _ = read_template(directory)
+    same = total = 0
+    mismatches = []
+    for scenario in scenarios({}):
+        for index, call in enumerate(scenario.calls):
+            clock = FrozenClock(datetime.now())  # the server reads its own clock
+            request_messages = wire_format(call.messages)
+            messages, kwargs = prepare("vllm", template, request_messages, scenario.kwargs)
+            text = render(template, messages, clock=clock, tools=scenario.tools, add_generation_prompt=True,
+                          special_tokens=tokenizer.special_tokens, template_kwargs=kwargs)
+            body = {"messages": request_messages, "chat_template_kwargs": scenario.kwargs}
+            if scenario.tools:
+                body["tools"] = scenario.tools
+            try:
+                served = prompt_token_ids(url, body)
+            except ServerError as error:
+                mismatches.append(f"{scenario.name} call {index + 1}: server refused: {error}")
+                continue
+            total += 1
+            if served == tokenizer.encode(text):
+                same += 1
+            else:
+                mismatches.append(f"{scenario.name} call {index + 1}: {len(served)} served vs {len(tokenizer.encode(text))} offline")
+    print(f"{name}: {same} of {total} requests give identical token ids (engine vllm, offline vs server)")
+    for line in mismatches[:10]:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ called directly. ``vllm`` mirrors vLLM 0.33's chat preprocessing:
   messages, tool-call ``arguments`` strings are parsed into mappings (empty or null
   arguments, malformed JSON and JSON that is not an object all become ``{}``), and an
   empty ``tool_calls`` list is dropped;
+- request validation against the OpenAI types, which leaves a tool call's ``function`` as
+  ``{"arguments", "name"}`` in that order (visible to templates that print
+  ``function|tojson``, such as Mistral Nemo's);
 - ``parse_chat_message_content``: a list of content parts is flattened to one string
   (text parts joined with newlines) unless the template iterates over the parts itself
   (vLLM's "openai" content format, detected from the template);
@@ -15,7 +18,10 @@ called directly. ``vllm`` mirrors vLLM 0.33's chat preprocessing:
   ``--default-chat-template-kwargs``.
 
 vLLM then calls transformers' ``apply_chat_template``, so rendering itself is unchanged.
-When vLLM changes these steps, this module is the one to update.
+When vLLM changes these steps, this module is the one to update. Not mirrored: vLLM renders
+gpt-oss through openai-harmony rather than the Jinja template, so gpt-oss requests with a
+system or developer message, or with analysis in history, tokenize differently there
+(bench/vllm_peer.py measures it).
 """
 
 from __future__ import annotations
@@ -68,6 +74,11 @@ def parse_arguments(arguments: Any) -> dict[str, Any]:
     return {}
 
 
+def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    first = {key: mapping[key] for key in order if key in mapping}
+    return {**first, **{key: value for key, value in mapping.items() if key not in first}}
+
+
 def _flatten(content: Any, form: str) -> Any:
     if not isinstance(content, list):
         return content
@@ -96,12 +107,16 @@ def prepare(engine: str, template: str, messages: list[dict[str, Any]], kwargs: 
             if isinstance(calls, list) and not calls:
                 message.pop("tool_calls")
             elif isinstance(calls, list):
-                for call in calls:
+                for position, call in enumerate(calls):
                     if not isinstance(call, dict):
                         raise EngineError("assistant tool_calls entries must be objects")
                     function = call.get("function")
                     if call.get("type", "function") != "function" or not isinstance(function, dict):
                         raise EngineError("chat completions only support assistant tool_calls of type 'function'")
                     function["arguments"] = parse_arguments(function.get("arguments"))
+                    # vLLM validates the request against the OpenAI types, whose fields come
+                    # in this order; a template that prints `function|tojson` shows it.
+                    call["function"] = _ordered(function, ("arguments", "name"))
+                    calls[position] = _ordered(call, ("id", "function", "type"))
         prepared.append(message)
     return prepared, merged

@@ -85,3 +85,12 @@ def test_compact_tool_args_style_fix_makes_the_replay_match(tmp_path):
     assert '(call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":")))' in patched
     report = Prover(patched, None, engine="vllm").run({})
     assert [d for d in report.divergences() if d.cause == "tool-arguments"] == []
+
+
+def test_tool_call_fields_in_the_order_vllm_validates_them():
+    message = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}, "id": "x"}]}
+    (prepared,), _ = prepare("vllm", PLAIN, [message])
+    call = prepared["tool_calls"][0]
+    assert list(call) == ["id", "function", "type"]
+    assert list(call["function"]) == ["arguments", "name"]
+    assert list(message["tool_calls"][0]["function"]) == ["name", "arguments"]  # the caller's request is untouched
