@@ -16,6 +16,7 @@ reported as PC100.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -334,7 +335,7 @@ class Prover:
         if call.reply is None:
             return ""
         with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False)
-        text = with_reply[common_prefix(prompt, with_reply) :]
+        text = stop_after_reply(with_reply[common_prefix(prompt, with_reply) :], call.reply)
         if scenario.compact_arguments:
             for tool in call.reply.get("tool_calls") or ():
                 arguments = tool["function"]["arguments"]
@@ -342,6 +343,27 @@ class Prover:
                     arguments = json.loads(arguments)
                 text = text.replace(json.dumps(arguments), json.dumps(arguments, separators=(",", ":")))
         return text
+
+
+# An end-of-turn marker: <|im_end|>, <|end|>, <|eot_id|>, </s>, [/TOOL_CALLS], <｜end▁of▁sentence｜>...
+STOP_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|</s>|<[a-z_]{1,20}\|>|<\|[a-z_]{1,20}>|\[/?[A-Z_]{2,20}\]")
+
+
+def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
+    """The reply as generated: what the template prints after the reply's last text, up to
+    and including one end-of-turn marker. The model stops there; whatever the template adds
+    after it (a newline, an end-of-conversation token) was not generated."""
+    end = -1
+    for _, value in message_fields(reply):
+        for variant in {value, value.strip()}:
+            found = text.rfind(variant)
+            if found >= 0 and variant:
+                end = max(end, found + len(variant))
+    if end < 0:  # the template printed none of the reply (a tool call it cannot show)
+        first = STOP_MARKER.search(text)
+        return text[: first.end()] if first else text
+    marker = STOP_MARKER.match(text, end)
+    return text[: marker.end()] if marker else text[:end]
 
 
 def compare_prompts(
