@@ -222,26 +222,23 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
     return out
 
 
+def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """One report row as text: repo, template, findings, first divergence, hit rate."""
+    findings = f"error: {row['error']}" if row["error"] else ", ".join(row["codes"]) or "clean"
+    divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
+    rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+    return row["repo"], row["template"] or "", findings, divergence, rate
+
+
 def markdown(table: list[dict[str, Any]]) -> str:
     lines = ["| repo | template | findings | first divergence | projected hit rate |", "| --- | --- | --- | --- | --- |"]
-    for row in table:
-        divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
-        rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
-        codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
-        lines.append(f"| {row['repo']} | {row['template'] or ''} | {codes} | {divergence} | {rate} |")
+    lines += ["| " + " | ".join(cells(row)) + " |" for row in table]
     return "\n".join(lines) + "\n"
 
 
 def html_page(table: list[dict[str, Any]]) -> str:
     """One self-contained page: the table and an inline SVG chart of hit rate per model."""
-    body = []
-    for row in table:
-        codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
-        rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%}"
-        divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
-        body.append(
-            "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in (row["repo"], row["template"] or "", codes, divergence, rate)) + "</tr>"
-        )
+    body = ["<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells(row)) + "</tr>" for row in table]
     charted = [row for row in table if row["hit_rate"] is not None]
     bar_height, width = 18, 640
     bars = []

@@ -271,10 +271,7 @@ def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_
 
         view = Table("repo", "template", "findings", "first divergence", "projected hit rate")
         for row in table:
-            codes = row["error"] and f"error: {row['error']}" or ", ".join(row["codes"]) or "clean"
-            divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
-            rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
-            view.add_row(row["repo"], row["template"] or "", codes, divergence, rate)
+            view.add_row(*auditing.cells(row))
         Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
         click.echo(f"{len(result.repos)} repos, {len(result.analyses)} distinct templates, {result.analysed_now} analysed now")
     if html_file:

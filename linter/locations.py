@@ -94,9 +94,6 @@ class SourceMap:
         line_index = bisect.bisect_right(self.line_starts, offset) - 1
         return offset - self.line_starts[line_index] + 1
 
-    def offset_of(self, line: int, column: int) -> int:
-        return self.line_starts[line - 1] + column - 1
-
     def name_token(self, node: nodes.Name | nodes.Filter) -> Token | None:
         """The lexer token of a Name node or a filter's name (the n-th such name on its line)."""
         self.tokens  # noqa: B018 - lexes on first use
@@ -123,26 +120,6 @@ class SourceMap:
             if token.kind not in ("data", "whitespace", "block_begin", "variable_begin"):
                 return line, self.column_of_offset(token.offset)
         return line, 1
-
-    def call_span(self, name: nodes.Name) -> tuple[int, int] | None:
-        """Offsets of ``name(...)`` in the source, from the name to its closing parenthesis."""
-        token = self.name_token(name)
-        if token is None:
-            return None
-        index = self.tokens.index(token)
-        depth = 0
-        for following in self.tokens[index + 1 :]:
-            if following.kind == "whitespace":
-                continue
-            if following.value == "(":
-                depth += 1
-            elif following.value == ")":
-                depth -= 1
-                if depth == 0:
-                    return token.offset, following.end
-            elif depth == 0:
-                return None
-        return None
 
     def _number_names(self, tree: nodes.Node) -> None:
         counters: dict[tuple[int, str], int] = {}
