@@ -20,11 +20,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.diff import read_template
-from tmpl_lint.engines import prepare
-from tmpl_lint.render import FrozenClock, render
+from tmpl_lint.engines import render_prompt
+from tmpl_lint.prover import switch_values
+from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.server import ServerError, prompt_token_ids
+from tmpl_lint.sources import TemplateSource
 from tmpl_lint.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -53,13 +56,14 @@ def main() -> None:
     template, _ = read_template(directory)
     same = total = 0
     mismatches = []
-    for scenario in scenarios({}):
+    # The scenarios the prover renders for this template: its reasoning switches included.
+    facts, findings = lint_with_facts(TemplateSource(directory, None, template, "jinja"))
+    for scenario in scenarios(switch_values(findings, facts.variables)):
         for index, call in enumerate(scenario.calls):
             clock = FrozenClock(datetime.now())  # the server reads its own clock
             request_messages = wire_format(call.messages)
-            messages, kwargs = prepare("vllm", template, request_messages, scenario.kwargs)
-            text = render(template, messages, clock=clock, tools=scenario.tools, add_generation_prompt=True,
-                          special_tokens=tokenizer.special_tokens, template_kwargs=kwargs)
+            text = render_prompt("vllm", template, request_messages, clock=clock, tools=scenario.tools,
+                                 kwargs=scenario.kwargs, special_tokens=tokenizer.special_tokens)
             body = {"messages": request_messages, "chat_template_kwargs": scenario.kwargs}
             if scenario.tools:
                 body["tools"] = scenario.tools

@@ -204,12 +204,21 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 
 def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .prover import Prover, attach_proofs, switch_values
+    from .engines import renders_with_harmony
+    from .prover import Prover, attach_proofs, engine_findings, switch_values
 
     tokenizer, special = prover_inputs(source, options.tokenizer)
-    prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
-    report = prover.run(switch_values(findings, variables))
-    return attach_proofs(findings, report)
+    if not renders_with_harmony(options.engine, source.text):
+        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
+        return attach_proofs(findings, prover.run(switch_values(findings, variables)))
+    # vLLM renders this model without the template: the template's findings are proven as
+    # the engines that do read it render it, and vLLM's own render gets its own findings.
+    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
+    report = on_template.run(switch_values(findings, variables))
+    report.note = "rendered as transformers renders the template; vLLM renders this model with openai-harmony instead (PC103)"
+    extra = attach_proofs(findings, report)
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
+    return extra + engine_findings(on_engine.run({}))
 
 
 SUPPRESSION = re.compile(r"\{#-?\s*tmpl-lint:\s*(ignore-file|ignore)(?:\[([A-Za-z0-9,\s]*)\])?\s*-?#\}")

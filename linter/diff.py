@@ -15,9 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .engines import prepare
+from .engines import render_prompt
 from .prover import Divergence, Measure, compare_prompts, resolve_special_tokens
-from .render import FrozenClock, render
+from .render import FrozenClock
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
 
@@ -94,9 +94,8 @@ def diff_requests(
         tokens = resolve_special_tokens(tokenizer, special_tokens)
         texts = []
         for request in (first, second):
-            messages, kwargs = prepare(engine, template, request.messages, request.kwargs)
-            texts.append(render(template, messages, clock=clock, tools=request.tools, add_generation_prompt=True,
-                                special_tokens=tokens, template_kwargs=kwargs))
+            texts.append(render_prompt(engine, template, request.messages, clock=clock, tools=request.tools,
+                                       kwargs=request.kwargs, special_tokens=tokens))
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"

@@ -22,12 +22,14 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .engines import EngineError, prepare
+from .engines import EngineError, engine_tokenizer, render_prompt
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
 from .rules.pc102_render_error import RULE as RENDER_ERROR
-from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render
+from .rules.pc103_engine_render_unstable import ADVICE as ENGINE_ADVICE
+from .rules.pc103_engine_render_unstable import RULE as ENGINE_RENDER
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
 from .tokenizer import Tokenizer
 
@@ -136,6 +138,7 @@ class ProofReport:
     unit: str
     results: list[ScenarioResult]
     deterministic: bool = True
+    note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
 
     @property
     def rendered(self) -> list[ScenarioResult]:
@@ -257,7 +260,7 @@ class Prover:
         self.template = template
         self.limits = limits
         self.engine = engine
-        self.measure = Measure(tokenizer)
+        self.measure = Measure(tokenizer or engine_tokenizer(engine, template))
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
@@ -265,19 +268,11 @@ class Prover:
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
         self.clock.set(at)
         try:
-            messages, kwargs = prepare(self.engine, self.template, messages, scenario.kwargs)
+            return render_prompt(self.engine, self.template, messages, clock=self.clock, tools=scenario.tools,
+                                 kwargs=scenario.kwargs, add_generation_prompt=generation_prompt,
+                                 special_tokens=self.special_tokens, limits=self.limits)
         except EngineError as error:
             raise RenderError(f"{self.engine} rejects the request: {error}") from None
-        return render(
-            self.template,
-            messages,
-            clock=self.clock,
-            tools=scenario.tools,
-            add_generation_prompt=generation_prompt,
-            special_tokens=self.special_tokens,
-            template_kwargs=kwargs,
-            limits=self.limits,
-        )
 
     def run(self, switches: dict[str, list[Any]]) -> ProofReport:
         results: list[ScenarioResult] = []
@@ -463,6 +458,9 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
             continue
         worst = max(matching, key=lambda d: (d.lost_tokens, -d.call))
         finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+    if report.note:
+        for finding in findings:
+            finding.proof["note"] = report.note
     for cause in sorted({d.cause for d in divergences} - explained):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
         site = Site(1, "", fixed_column=1)  # the cause is in the render, not at one place in the source
@@ -478,3 +476,16 @@ def scenario_rates(report: ProofReport, name: str) -> dict[str, float]:
             actual, ideal = result.hit_rate("a")
             return {"hit_rate": round(actual, 4), "ideal_hit_rate": round(ideal, 4)}
     return {}
+
+
+def engine_findings(report: ProofReport) -> list[Finding]:
+    """PC103 for each cause of divergence in a render the engine makes without the template."""
+    found = []
+    divergences = report.divergences()
+    for cause in sorted({d.cause for d in divergences}):
+        worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
+        what = ENGINE_ADVICE.get(cause, "the engine renders this model without the template")
+        finding = ENGINE_RENDER.at(Site(1, "", fixed_column=1), f"the engine's own render does not extend the previous prompt ({cause}): {what}")
+        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+        found.append(finding)
+    return found

@@ -22,9 +22,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .engines import EngineError, prepare
+from .engines import EngineError, render_prompt
 from .prover import Divergence, Measure, common_prefix, compare_prompts
-from .render import FrozenClock, RenderError, render
+from .render import FrozenClock, RenderError
 
 
 class ReplayError(Exception):
@@ -146,11 +146,11 @@ class Replayer:
     def render(self, call: Call, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         self.clock.set(call.timestamp or datetime.now())
         try:
-            prepared, kwargs = prepare(self.engine, self.template, messages, call.body.get("chat_template_kwargs"))
+            return render_prompt(self.engine, self.template, messages, clock=self.clock, tools=call.body.get("tools"),
+                                 kwargs=call.body.get("chat_template_kwargs"), add_generation_prompt=generation_prompt,
+                                 special_tokens=self.special)
         except EngineError as error:
             raise RenderError(str(error)) from None
-        return render(self.template, prepared, clock=self.clock, tools=call.body.get("tools"),
-                      add_generation_prompt=generation_prompt, special_tokens=self.special, template_kwargs=kwargs)
 
     def prompt(self, call: Call) -> tuple[str, list[int]]:
         text = self.render(call, call.messages, True)

@@ -57,6 +57,13 @@ def _excerpt(line: str, column: int) -> tuple[str, int]:
 
 def proof_lines(proof: dict) -> list[str]:
     """The proof under a finding: where the next turn stops matching, and both renders there."""
+    lines = _proof_lines(proof)
+    if proof.get("note"):
+        lines.append(f"       note: {proof['note']}")
+    return lines
+
+
+def _proof_lines(proof: dict) -> list[str]:
     status = proof.get("status")
     unit = proof.get("unit", "token")
     if status == "not-provable":

@@ -19,6 +19,7 @@ from . import (
     pc100_unstable_render,
     pc101_render_limit_exceeded,
     pc102_render_error,
+    pc103_engine_render_unstable,
     pc900_unused_suppression,
 )
 
@@ -33,6 +34,7 @@ RULES = (
     pc100_unstable_render,
     pc101_render_limit_exceeded,
     pc102_render_error,
+    pc103_engine_render_unstable,
     pc900_unused_suppression,
 )
 # The rules that read the analysis' facts; PC100 comes from the prover, PC900 from the

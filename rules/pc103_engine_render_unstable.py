@@ -1,0 +1,54 @@
+"""## What it does
+Reports a model that the serving engine renders with its own code instead of the chat
+template, when that render does not extend the previous prompt. vLLM serves gpt-oss this
+way: its server builds the prompt with openai-harmony and never reads the Jinja template.
+Under `--engine vllm` the prover renders its sessions as vLLM's server does and diffs the
+token ids; one finding per cause, with the proof. The template's own findings are then
+proven on the template (as transformers, llama.cpp and others render it), because editing
+the template changes nothing on vLLM.
+
+## Why is this bad?
+Same cost as any unstable render: every block after the first diverging token is
+recomputed on every turn. vLLM 0.33 writes the server's date into the harmony system
+message of every request (`Current date: ...`), so every cached session goes cold at
+midnight, and it drops the analysis of turns answered since, so the tokens the model
+generated as reasoning are never reused.
+
+## Example
+A template in openai-harmony's markup, as gpt-oss ships it:
+```jinja
+{%- for message in messages %}
+    {{- "<|start|>" + message.role + "<|channel|>final<|message|>" + message.content + "<|end|>" }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- "<|start|>assistant" }}{%- endif %}
+```
+served as vLLM serves it by default:
+```console
+$ vllm serve openai/gpt-oss-120b
+```
+
+## Use instead
+```console
+$ VLLM_SYSTEM_START_DATE=2026-01-01 vllm serve openai/gpt-oss-120b
+```
+The dropped analysis is harmony's format (the model is trained to see no reasoning of
+answered turns); expect those tokens to be recomputed.
+
+## Fix safety
+No automatic fix: the cause is in the engine, not in the file. tmpl-lint reads
+`VLLM_SYSTEM_START_DATE` and `VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS` from its own
+environment, as the server does, to check a server started with them.
+"""
+
+from __future__ import annotations
+
+from tmpl_lint.findings import RuleInfo
+
+# Produced by the prover (tmpl_lint.prover.engine_findings), not by a static check.
+RULE = RuleInfo("PC103", "engine-render-unstable", "warning", "the engine's own render does not extend the previous prompt")
+
+# What the engine does for each cause of divergence, where it is known.
+ADVICE = {
+    "system": "vLLM writes the server's date into the system message of every request (pin it with VLLM_SYSTEM_START_DATE)",
+    "history-rewrite": "vLLM drops the analysis of turns answered since (openai-harmony's format)",
+}

@@ -1,0 +1,181 @@
+"""gpt-oss as vLLM's server renders it: openai-harmony, not the template (tmpl_lint.engines).
+
+The expected renders were checked against a vLLM 0.33.0 render server (bench/vllm_peer.py
+does it for every prover scenario); these tests need neither vLLM nor ../shared.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
+from tmpl_lint.checker import ProveOptions, Selection, lint_source
+from tmpl_lint.engines import (
+    EngineError,
+    HarmonyTokenizer,
+    engine_tokenizer,
+    harmony_encoding,
+    harmony_prompt_ids,
+    render_prompt,
+    renders_with_harmony,
+)
+from tmpl_lint.render import FrozenClock
+from tmpl_lint.scenarios import scenarios
+from tmpl_lint.sources import collect
+
+FIXTURE = CORPUS / "PC103_engine_render_unstable.jinja"
+HARMONY_TEMPLATE = FIXTURE.read_text()
+NOON = datetime(2026, 3, 1, 12, 0)
+SYSTEM = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\nCurrent date: {date}\n\nReasoning: medium\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.{tools}<|end|>"
+)
+TOOLS_NOTE = "\nCalls to these tools must go to the commentary channel: 'functions'."
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def text(messages, tools=None, at=NOON, add_generation_prompt=True):
+    return render_prompt("vllm", HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools,
+                         add_generation_prompt=add_generation_prompt)
+
+
+def call(arguments, reasoning=None):
+    message = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def test_only_vllm_renders_harmony_markup_with_harmony():
+    assert renders_with_harmony("vllm", HARMONY_TEMPLATE)
+    assert not renders_with_harmony("hf", HARMONY_TEMPLATE)
+    assert not renders_with_harmony("vllm", (CORPUS / "clean_chatml.jinja").read_text())
+    assert isinstance(engine_tokenizer("vllm", HARMONY_TEMPLATE), HarmonyTokenizer)
+    assert engine_tokenizer("hf", HARMONY_TEMPLATE) is None
+
+
+def test_system_message_becomes_developer_instructions_and_the_date_is_the_servers():
+    rendered = text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert rendered == (
+        SYSTEM.format(date="2026-03-01", tools="")
+        # no "\n\n" after the instructions, unlike the gpt-oss template
+        + "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
+        + "<|start|>user<|message|>Hi<|end|><|start|>assistant"
+    )
+
+
+def test_the_date_moves_at_midnight_unless_the_server_pins_it(monkeypatch):
+    chat = [{"role": "user", "content": "Hi"}]
+    assert "Current date: 2026-03-02" in text(chat, at=datetime(2026, 3, 2, 0, 0, 10))
+    monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
+    assert text(chat, at=NOON) == text(chat, at=datetime(2026, 3, 2, 0, 0, 10))
+    assert "Current date: 2026-01-01" in text(chat)
+
+
+def test_tool_calls_replay_their_argument_bytes_under_the_legacy_header():
+    rendered = text([{"role": "user", "content": "Paris?"}, call('{"city":"Paris"}'),
+                     {"role": "tool", "tool_call_id": "c1", "content": "18 C"}], tools=TOOLS)
+    assert rendered.endswith(
+        "<|start|>user<|message|>Paris?<|end|>"
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|>'
+        "<|start|>functions.get_weather<|channel|>commentary to=assistant<|message|>18 C<|end|><|start|>assistant"
+    )
+    assert rendered.startswith(SYSTEM.format(date="2026-03-01", tools=TOOLS_NOTE))
+
+
+def test_analysis_before_the_last_final_answer_is_dropped():
+    answered = {"role": "assistant", "content": "Paris.", "reasoning_content": "Capital of France."}
+    history = [{"role": "user", "content": "Capital?"}, answered, {"role": "user", "content": "Weather?"}]
+    assert "Capital of France." not in text(history)
+    # analysis after the last final answer (the tool call being worked on) stays
+    ongoing = history + [call('{"city":"Paris"}', reasoning="Use the tool."),
+                         {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    assert "<|start|>assistant<|channel|>analysis<|message|>Use the tool.<|end|>" in text(ongoing, tools=TOOLS)
+
+
+def test_the_reply_as_generated_keeps_its_own_analysis():
+    reply = {"role": "assistant", "content": "Paris.", "reasoning_content": "Capital of France."}
+    conversation = [{"role": "user", "content": "Capital?"}, reply]
+    assert text(conversation, add_generation_prompt=False).endswith(
+        "<|start|>assistant<|channel|>analysis<|message|>Capital of France.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Paris.<|end|>"
+    )
+    assert "Capital of France." not in text(conversation + [{"role": "user", "content": "Sure?"}])
+
+
+@pytest.mark.parametrize("arguments", [{"city": "Paris"}, None])
+def test_arguments_that_are_not_strings_are_rejected_like_vllms_server(arguments):
+    with pytest.raises(EngineError, match="JSON string"):
+        text([{"role": "user", "content": "Paris?"}, call(arguments)])
+
+
+def test_decoded_text_encodes_back_to_the_same_ids():
+    """The prover measures the decoded render; it must give harmony's own ids back."""
+    tokens = HarmonyTokenizer()
+    checked = 0
+    for scenario in scenarios({}, arguments_as_string=True):
+        for model_call in scenario.calls:
+            for generation_prompt in (True, False):
+                ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock, generation_prompt)
+                assert tokens.encode(harmony_encoding().decode_utf8(ids)) == ids
+                checked += 1
+    assert checked == 48  # every call of the six scenarios, both ways
+
+
+@needs_shared
+def test_gpt_oss_tokenizer_file_encodes_harmony_renders_identically():
+    from tmpl_lint.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(SHARED_TOKENIZERS / "gpt-oss")
+    scenario = next(s for s in scenarios({}, arguments_as_string=True) if s.name == "agent with system")
+    for model_call in scenario.calls:
+        ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock)
+        assert tokenizer.encode(harmony_encoding().decode_utf8(ids)) == ids
+
+
+def proven(engine, monkeypatch=None):
+    (source,), _ = collect([FIXTURE])
+    return lint_source(source, Selection(), ProveOptions(engine=engine))
+
+
+def test_vllm_proves_its_own_render_and_not_the_template(monkeypatch):
+    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    findings = proven("vllm")
+    assert [(f.code, f.line) for f in findings] == [("PC103", 1), ("PC103", 1)]
+    by_cause = {f.proof["cause"]: f.proof for f in findings}
+    assert sorted(by_cause) == ["history-rewrite", "system"]
+    # "Current date: " is tokens 0-34 of the harmony system message, measured in harmony's tokens
+    midnight = by_cause["system"]
+    assert (midnight["scenario"], midnight["unit"], midnight["first_divergence"], midnight["reusable_tokens"]) == ("midnight", "token", 35, 32)
+    dropped = by_cause["history-rewrite"]
+    assert (dropped["message_index"], dropped["role"], dropped["pair"]) == (2, "assistant", [1, 2])
+    assert "VLLM_SYSTEM_START_DATE" in next(f.message for f in findings if f.proof["cause"] == "system")
+
+
+def test_a_pinned_server_date_leaves_only_the_dropped_analysis(monkeypatch):
+    monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
+    findings = proven("vllm")
+    assert [(f.code, f.proof["cause"]) for f in findings] == [("PC103", "history-rewrite")]
+
+
+def test_the_template_itself_is_clean_where_it_is_rendered():
+    assert proven("hf") == []
+
+
+@needs_shared
+def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkeypatch):
+    from helpers import SHARED_TEMPLATES
+
+    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    (source,), _ = collect([SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja"])
+    findings = lint_source(source, Selection(), ProveOptions(engine="vllm"))
+    assert [f.code for f in findings] == ["PC103", "PC103", "PC001", "PC003", "PC004"]
+    template_proofs = [f.proof for f in findings if f.code != "PC103"]
+    assert all(proof["status"] == "proven" and "openai-harmony" in proof["note"] for proof in template_proofs)
+    # PC004 is proven on the template: vLLM itself replays the argument string as sent
+    assert json.dumps(template_proofs[2]["renders"]).count('{\\"city\\":') >= 1
