@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .engines import render_prompt
+from .engines import engine_tokenizer, render_prompt
 from .prover import Divergence, Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock
 from .sources import SourceError, collect, load_json
@@ -87,7 +87,7 @@ def diff_requests(
     server_ids=None,
     engine: str = "vllm",
 ) -> Divergence:
-    measure = Measure(tokenizer)
+    measure = Measure(tokenizer or (engine_tokenizer(engine, template) if template is not None else None))
     texts: list[str | None] = [None, None]
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .engines import EngineError, render_prompt
+from .engines import EngineError, engine_tokenizer, render_prompt
 from .prover import Divergence, Measure, common_prefix, compare_prompts
 from .render import FrozenClock, RenderError
 
@@ -136,7 +136,7 @@ def reply_message(response: Any) -> dict[str, Any] | None:
 class Replayer:
     def __init__(self, template: str, tokenizer, special_tokens: dict[str, Any], block_size: int, engine: str, server_ids=None):
         self.template = template
-        self.measure = Measure(tokenizer)
+        self.measure = Measure(tokenizer or engine_tokenizer(engine, template))
         self.special = special_tokens
         self.block_size = block_size
         self.engine = engine

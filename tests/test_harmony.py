@@ -179,3 +179,26 @@ def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkey
     assert all(proof["status"] == "proven" and "openai-harmony" in proof["note"] for proof in template_proofs)
     # PC004 is proven on the template: vLLM itself replays the argument string as sent
     assert json.dumps(template_proofs[2]["renders"]).count('{\\"city\\":') >= 1
+
+
+def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
+    from click.testing import CliRunner
+
+    from tmpl_lint.cli import main
+
+    first = [{"role": "user", "content": "Paris?"}, call('{"city":"Paris"}', reasoning="Use the tool."),
+             {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    second = first + [{"role": "assistant", "content": "18 C."}, {"role": "user", "content": "Thanks"}]
+    for name, messages in (("t1.json", first), ("t2.json", second)):
+        (tmp_path / name).write_text(json.dumps({"messages": messages, "tools": TOOLS}))
+    result = CliRunner().invoke(main, ["diff", str(tmp_path / "t1.json"), str(tmp_path / "t2.json"),
+                                       "--template", str(FIXTURE), "--format", "json"])
+    assert result.exit_code == 1, result.output  # a divergence, as `diff` exits
+    divergence = json.loads(result.output)
+    # The tool call's analysis is dropped once a final answer follows: the turn diverges
+    # right after "<|start|>assistant" of that analysis.
+    before = text(first, tools=TOOLS, at=datetime.now())
+    cut = before.index("<|start|>assistant<|channel|>analysis")
+    expected = len(HarmonyTokenizer().encode(before[:cut])) + 2
+    assert (divergence["unit"], divergence["first_divergence_token"]) == ("token", expected)
+    assert (divergence["message_index"], divergence["role"], divergence["cause"]) == (1, "assistant", "history-rewrite")
