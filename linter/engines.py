@@ -7,7 +7,8 @@ called directly. ``vllm`` mirrors vLLM 0.33's chat preprocessing:
 - ``vllm/renderers/chat_utils/chat_message.py`` ``_postprocess_messages``: in assistant
   messages, tool-call ``arguments`` strings are parsed into mappings (empty or null
   arguments, malformed JSON and JSON that is not an object all become ``{}``), and an
-  empty ``tool_calls`` list is dropped;
+  empty ``tool_calls`` list is dropped (the server's request validation answers 400 to
+  arguments that are not strings, measured; ``LLM.chat`` takes them, and so does this);
 - request validation against the OpenAI types, which leaves a tool call's ``function`` as
   ``{"arguments", "name"}`` in that order (visible to templates that print
   ``function|tojson``, such as Mistral Nemo's);
