@@ -12,7 +12,6 @@ from datetime import datetime
 import pytest
 
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
-from tmpl_lint.checker import ProveOptions, Selection, lint_source
 from tmpl_lint.engines import (
     EngineError,
     HarmonyTokenizer,
@@ -24,7 +23,6 @@ from tmpl_lint.engines import (
 )
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
-from tmpl_lint.sources import collect
 
 FIXTURE = CORPUS / "PC103_engine_render_unstable.jinja"
 HARMONY_TEMPLATE = FIXTURE.read_text()
@@ -136,49 +134,6 @@ def test_gpt_oss_tokenizer_file_encodes_harmony_renders_identically():
     for model_call in scenario.calls:
         ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock)
         assert tokenizer.encode(harmony_encoding().decode_utf8(ids)) == ids
-
-
-def proven(engine, monkeypatch=None):
-    (source,), _ = collect([FIXTURE])
-    return lint_source(source, Selection(), ProveOptions(engine=engine))
-
-
-def test_vllm_proves_its_own_render_and_not_the_template(monkeypatch):
-    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
-    findings = proven("vllm")
-    assert [(f.code, f.line) for f in findings] == [("PC103", 1), ("PC103", 1)]
-    by_cause = {f.proof["cause"]: f.proof for f in findings}
-    assert sorted(by_cause) == ["history-rewrite", "system"]
-    # "Current date: " is tokens 0-34 of the harmony system message, measured in harmony's tokens
-    midnight = by_cause["system"]
-    assert (midnight["scenario"], midnight["unit"], midnight["first_divergence"], midnight["reusable_tokens"]) == ("midnight", "token", 35, 32)
-    dropped = by_cause["history-rewrite"]
-    assert (dropped["message_index"], dropped["role"], dropped["pair"]) == (2, "assistant", [1, 2])
-    assert "VLLM_SYSTEM_START_DATE" in next(f.message for f in findings if f.proof["cause"] == "system")
-
-
-def test_a_pinned_server_date_leaves_only_the_dropped_analysis(monkeypatch):
-    monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
-    findings = proven("vllm")
-    assert [(f.code, f.proof["cause"]) for f in findings] == [("PC103", "history-rewrite")]
-
-
-def test_the_template_itself_is_clean_where_it_is_rendered():
-    assert proven("hf") == []
-
-
-@needs_shared
-def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkeypatch):
-    from helpers import SHARED_TEMPLATES
-
-    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
-    (source,), _ = collect([SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja"])
-    findings = lint_source(source, Selection(), ProveOptions(engine="vllm"))
-    assert [f.code for f in findings] == ["PC103", "PC103", "PC001", "PC003", "PC004"]
-    template_proofs = [f.proof for f in findings if f.code != "PC103"]
-    assert all(proof["status"] == "proven" and "openai-harmony" in proof["note"] for proof in template_proofs)
-    # PC004 is proven on the template: vLLM itself replays the argument string as sent
-    assert json.dumps(template_proofs[2]["renders"]).count('{\\"city\\":') >= 1
 
 
 def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
