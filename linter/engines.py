@@ -184,7 +184,12 @@ class HarmonyTokenizer:
     harmony renders measure in tokens without a tokenizer file."""
 
     def encode(self, text: str) -> list[int]:
-        return harmony_encoding().encode(text, allowed_special="all")
+        return harmony_encoding().encode(text, allowed_special=_special_tokens(), disallowed_special=())
+
+
+@lru_cache(maxsize=1)
+def _special_tokens() -> frozenset[str]:
+    return frozenset(harmony_encoding().special_tokens_set)
 
 
 def engine_tokenizer(engine: str, template: str) -> HarmonyTokenizer | None:
@@ -292,33 +297,41 @@ def _drop_old_analysis(messages: list) -> list:
     return [message for index, message in enumerate(messages) if not (index < last and message.channel == "analysis")]
 
 
+@lru_cache(maxsize=1)
+def _marker_ids() -> tuple[int, int, int, int]:
+    """``<|start|>``, ``<|channel|>``, ``<|constrain|>``, ``<|message|>``."""
+    encoding = harmony_encoding()
+    return tuple(encoding.encode(marker, allowed_special="all")[0] for marker in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))
+
+
 def _legacy_tool_call_headers(ids: list[int]) -> list[int]:
     """``<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>``
     becomes ``<|start|>assistant to=functions.f<|channel|>commentary json<|message|>``: vLLM
     writes earlier tool calls in the header gpt-oss was trained on."""
     encoding = harmony_encoding()
-    start, channel, constrain, body = (encoding.encode(token, allowed_special="all")[0]
-                                       for token in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))
+    start, channel, constrain, body = _marker_ids()
     out: list[int] = []
     index = 0
     while index < len(ids):
-        if ids[index] != start or body not in ids[index + 1 :]:
+        try:
+            if ids[index] != start:
+                raise ValueError
+            end = ids.index(body, index + 1)
+            at_channel = ids.index(channel, index + 1, end)
+            at_constrain = ids.index(constrain, at_channel + 1, end)
+        except ValueError:
             out.append(ids[index])
             index += 1
             continue
-        end = ids.index(body, index + 1)
         header = ids[index + 1 : end]
-        if channel in header and constrain in header[header.index(channel) :]:
-            at_channel = header.index(channel)
-            at_constrain = header.index(constrain, at_channel)
-            author = encoding.decode(header[:at_channel])
-            channel_and_recipient = encoding.decode(header[at_channel + 1 : at_constrain])
-            content_type = encoding.decode(header[at_constrain + 1 :])
-            if author == "assistant" and " to=" in channel_and_recipient and channel_and_recipient.endswith(" "):
-                channel_name, recipient = channel_and_recipient[:-1].split(" to=", 1)
-                if channel_name and recipient and content_type:
-                    header = (encoding.encode(f"assistant to={recipient}") + [channel]
-                              + encoding.encode(f"{channel_name} {content_type}"))
+        author = encoding.decode(ids[index + 1 : at_channel])
+        channel_and_recipient = encoding.decode(ids[at_channel + 1 : at_constrain])
+        content_type = encoding.decode(ids[at_constrain + 1 : end])
+        if author == "assistant" and " to=" in channel_and_recipient and channel_and_recipient.endswith(" "):
+            channel_name, recipient = channel_and_recipient[:-1].split(" to=", 1)
+            if channel_name and recipient and content_type:
+                header = (encoding.encode(f"assistant to={recipient}", disallowed_special=()) + [channel]
+                          + encoding.encode(f"{channel_name} {content_type}", disallowed_special=()))
         out += [start, *header, body]
         index = end + 1
     return out

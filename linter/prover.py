@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .engines import EngineError, engine_tokenizer, render_prompt
+from .engines import EngineError, engine_tokenizer, render_prompt, renders_with_harmony
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
@@ -276,7 +276,9 @@ class Prover:
 
     def run(self, switches: dict[str, list[Any]]) -> ProofReport:
         results: list[ScenarioResult] = []
-        for arguments_as_string in (False, True):
+        # Harmony takes arguments only as the JSON strings of the OpenAI API.
+        shapes = (True,) if renders_with_harmony(self.engine, self.template) else (False, True)
+        for arguments_as_string in shapes:
             results = []
             for scenario in scenarios(switches, arguments_as_string):
                 results.append(self.run_scenario(scenario))
