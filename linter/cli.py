@@ -190,6 +190,8 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        if text is not None:
+            note_engine_ignores_template(engine, text)
         divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids, engine)
     except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
@@ -314,6 +316,8 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
         for label, text, special in templates:
             from .prover import resolve_special_tokens
 
+            note_engine_ignores_template(engine, text)
+
             replayer = replaying.Replayer(text, loaded, resolve_special_tokens(loaded, special), block_size, engine, server_ids)
             groups = replaying.sessions(calls, session_key)
             for group in groups:
@@ -328,6 +332,14 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
         click.echo(replaying.text_report(results), nl=False)
     if html_file:
         write_report(html_file, replaying.html_chart(results))
+
+
+def note_engine_ignores_template(engine: str, template: str) -> None:
+    from .engines import renders_with_harmony
+
+    if renders_with_harmony(engine, template):
+        click.echo("tmpl-lint: note: vLLM renders this model (gpt-oss) with openai-harmony, not this template; "
+                   "--engine hf renders the template", err=True)
 
 
 def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):

@@ -149,7 +149,8 @@ def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
     result = CliRunner().invoke(main, ["diff", str(tmp_path / "t1.json"), str(tmp_path / "t2.json"),
                                        "--template", str(FIXTURE), "--format", "json"])
     assert result.exit_code == 1, result.output  # a divergence, as `diff` exits
-    divergence = json.loads(result.output)
+    divergence = json.loads(result.stdout)
+    assert "not this template" in result.stderr  # the template does not decide what vLLM renders
     # The tool call's analysis is dropped once a final answer follows: the turn diverges
     # right after "<|start|>assistant" of that analysis.
     before = text(first, tools=TOOLS, at=datetime.now())
