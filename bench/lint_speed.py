@@ -2,10 +2,15 @@
 
 Goals (issue 2): under 15 ms per template in-process, under 0.3 s for a cold `tmpl-lint`
 on one file. Run: python bench/lint_speed.py [TEMPLATES_DIR]
+
+A cold start is timed as a user meets it: with the modules' bytecode cached (pip writes it
+at install; one untimed run writes it for an editable install), and also without, as in an
+environment that sets PYTHONDONTWRITEBYTECODE (each start then compiles every module).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -40,13 +45,19 @@ def main() -> None:
     for ms, name in sorted(per_template, reverse=True)[:5]:
         print(f"  slowest: {ms:6.1f} ms  {name}")
     one = sources[0].path
-    for label, flags in (("static lint", ["--no-prove"]), ("with proof, in characters", [])):
+    cached = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    uncached = {**cached, "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "tmpl_lint", str(one), "-q"]
+    subprocess.run(command, capture_output=True, env=cached)  # writes the bytecode once
+    runs = (("static lint", ["--no-prove"], cached), ("static lint, no bytecode cache", ["--no-prove"], uncached),
+            ("with proof, in characters", [], cached))
+    for label, flags, env in runs:
         walls = []
         for _ in range(5):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "tmpl_lint", str(one), "-q", *flags], capture_output=True)
+            subprocess.run(command + flags, capture_output=True, env=env)
             walls.append(time.perf_counter() - start)
-        goal = "  (goal < 0.3)" if flags else ""
+        goal = "  (goal < 0.3)" if label == "static lint" else ""
         print(f"cold CLI on one file ({one.name}), {label}: median {statistics.median(walls):.3f} s{goal}")
 
 
