@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -205,18 +204,14 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 
 def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import harmony_encoding, renders_with_harmony
+    from .engines import renders_with_harmony
     from .prover import Prover, attach_proofs, engine_findings, switch_values
 
     if not renders_with_harmony(options.engine, source.text):
         tokenizer, special = prover_inputs(source, options.tokenizer)
         prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
         return attach_proofs(findings, prover.run(switch_values(findings, variables)))
-    # openai-harmony builds its vocabulary (most of a second) while the tokenizer loads.
-    preload = threading.Thread(target=harmony_encoding)
-    preload.start()
     tokenizer, special = prover_inputs(source, options.tokenizer)
-    preload.join()
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
