@@ -397,6 +397,11 @@ def compare_prompts(
     cause = classify(message_index, role, field_name, reply_index, char, first_start)
     if generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1]:
         cause = "generation-prompt"  # the opener the reply was generated after is not in its history
+    elif generation_prompt is not None and char < generation_prompt[0] and message_index is not None and message_index >= reply_index > 0:
+        # Before prompt N's opener, so still inside its last message: the markup that closes
+        # it changed once a message came after it (a `loop.last` test, say).
+        message_index, field_name, cause = reply_index - 1, "markup", "history-rewrite"
+        role = next_messages[message_index].get("role")
     elif cause == "generation-prompt" and message_index < len(next_messages):
         # The reply's own reasoning, cached as generated, is missing from its history render.
         reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")

@@ -7,6 +7,7 @@ import pytest
 from helpers import CORPUS
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate
+from tmpl_lint.scenarios import scenarios
 from tmpl_lint.sources import TemplateSource
 
 
@@ -115,3 +116,27 @@ def test_unexplained_divergence_is_pc100():
     assert [f.code for f in findings] == ["PC100"]
     assert findings[0].proof["status"] == "proven"
     assert findings[0].proof["cause"] == "system"
+
+
+CLOSES_DIFFERENTLY_WHEN_LAST = (
+    "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if not loop.last %}<|sep|>{% endif %}<|end|>{% endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_markup_closing_the_last_message_is_history_not_the_generation_prompt():
+    # The divergence sits after the user's text and before prompt N's opener: the user
+    # message closes differently once it is no longer last (Hermes 3's tool responses).
+    prover = Prover(CLOSES_DIFFERENTLY_WHEN_LAST, None)
+    chat = next(s for s in scenarios({}) if s.name == "chat")
+    result = prover.run_scenario(chat)
+    first = next(d for d in result.divergences if d.check == "a")
+    # "<|end|>" against "<|sep|>": the first two characters still match
+    assert first.first_divergence == len("<|user|>What is the capital of France?<|")
+    assert (first.message_index, first.role, first.field, first.cause) == (0, "user", "markup", "history-rewrite")
+
+
+def test_a_loop_last_closing_is_proven_as_pc003():
+    source = TemplateSource(Path("closing.jinja"), None, CLOSES_DIFFERENTLY_WHEN_LAST, "jinja")
+    findings = lint_source(source, prove=ProveOptions())
+    assert [(f.code, f.proof["status"], f.proof["cause"]) for f in findings] == [("PC003", "proven", "history-rewrite")]
