@@ -1,10 +1,12 @@
-"""## What it does
+r"""## What it does
 Finds a generation prompt that opens the reply with text (`<think>\n`, an empty
 `<think></think>`, a channel header) that the same assistant turn no longer starts with
 once it is history. The rule reads the literal text the template prints under
 `add_generation_prompt`; where it holds such an opener tag, it looks for the loop over
 messages printing that tag for every past assistant turn. A tag printed only for some
-turns (after the last user query, while the message is last) or not at all is reported.
+turns (after the last user query, while the message is last) or not at all is reported,
+and so is a tag history prints with other text after it (Nemotron 3 writes `<think></think>`
+for a turn without reasoning where the reply was opened with `<think>\n`).
 
 ## Why is this bad?
 The engine cached the prompt and the reply it generated after the opener. On the next
@@ -63,12 +65,15 @@ def check(facts: Facts) -> list[Finding]:
     if opener is None:
         return []
     tag = opener.group(0)
-    history_sinks = [sink for sink in facts.sinks if sink.loops and tag in sink.text]
-    if any(_every_turn(sink) for sink in history_sinks):
-        return []
     first = next(sink for sink in prompt_sinks if tag in sink.text)
     opened_with = first.text[first.text.index(tag) :]
-    if history_sinks:
+    history_sinks = [sink for sink in facts.sinks if sink.loops and tag in sink.text]
+    other = _other_opener(history_sinks, tag, opened_with)
+    if other is not None:
+        how = f"history prints {other!r} for some turns (a turn without reasoning, say)"
+    elif any(_every_turn(sink) for sink in history_sinks):
+        return []
+    elif history_sinks:
         how = f"history prints {tag!r} only for some turns (it depends on later messages)"
     else:
         how = f"history never prints {tag!r}"
@@ -78,6 +83,18 @@ def check(facts: Facts) -> list[Finding]:
     )
     labels = frozenset().union(*(sink.all_labels() for sink in prompt_sinks))
     return [RULE.at(facts.site(first.node, tag), message, labels)]
+
+
+def _other_opener(history_sinks: list[Sink], tag: str, opened_with: str) -> str | None:
+    """A literal opener history prints instead of the generation prompt's: its tag followed
+    by other text, such as `<think></think>` where the reply was opened with `<think>\n`."""
+    for sink in history_sinks:
+        start = sink.text.index(tag)
+        printed = sink.text[start : start + len(opened_with)]
+        if not opened_with.startswith(printed) and not printed.startswith(opened_with):
+            closing = sink.text.find(">", start + len(tag))  # shown up to the tag after it
+            return sink.text[start : closing + 1] if 0 <= closing < start + 40 else printed
+    return None
 
 
 def _in_generation_prompt(sink: Sink) -> bool:

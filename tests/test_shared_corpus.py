@@ -77,9 +77,9 @@ EXPECTED = {
     "moonshotai--Kimi-K2-Instruct": {'PC004'},
     "moonshotai--Kimi-K2-Thinking": {'PC002', 'PC004'},
     "muse--Glimmer": {'PC001', 'PC003'},
-    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {'PC002'},
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {'PC002', 'PC006'},  # opened with <think>\n; history prints <think></think> for turns without reasoning
     "nvidia--NVIDIA-Nemotron-Nano-9B-v2": {'PC003', 'PC004', 'PC006'},
-    "nvidia--Nemotron-3.5": {'PC002'},
+    "nvidia--Nemotron-3.5": {'PC002', 'PC006'},  # opened with <think>\n; history prints <think></think> for turns without reasoning
     "openai--gpt-oss-120b": {'PC001', 'PC003', 'PC004'},
     "poolside--Laguna": set(),
     "speakleash--Bielik-11B-v3.0-Instruct": {'PC004'},
