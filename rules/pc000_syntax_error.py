@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a template that does not parse in the Jinja environment transformers and vLLM
 render chat templates with (sandboxed, `trim_blocks`, `lstrip_blocks`, `loopcontrols`,
 the `{% generation %}` tag).

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Finds the current time reaching the rendered prompt: `strftime_now(...)` (or another
 clock global) whose value is printed, directly or through `{% set %}`, a macro, a
 namespace, or a default system prompt used only when the request has no system message.

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Finds an earlier message whose render depends on where the last user query is: a scan over
 all messages records a position (Qwen3's reverse scan into `ns.last_query_index`, GLM's
 `ns.last_user_index`, Nemotron's `last_user_idx`...), and the loop that renders the

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Finds a message whose render depends on the messages after it:
 - look-ahead scans, such as gpt-oss's `future_final_message` over `loop_messages[loop.index:]`;
 - content emitted only while a message is the last one (`loop.last`, `messages[-1]`,

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Finds tool-call arguments that pass through `tojson`: `tool_call.arguments|tojson`, or a
 whole tool call or `function` object serialised with its arguments inside. transformers'
 `tojson` is `json.dumps` with its default separators `", "` and `": "`. Without an

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Finds output that differs between two renders of the same request: the `random` and
 `shuffle` filters, `lipsum()`, and anything computed from them that reaches the prompt.
 

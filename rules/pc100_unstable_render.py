@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a template whose next turn does not extend the previous prompt when no static rule
 explains why. The prover renders synthetic sessions (chat with reasoning, an agent loop
 with tool calls across two user queries, the clock across midnight, compact tool

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a template whose render ran longer or printed more than the render limits allow
 (`--render-timeout`, default 2 s per render; `--render-max-bytes`, default 1,000,000
 characters), or that could not be analysed (nesting too deep). Nested `range` loops,

@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a template that fails on every conversation the prover renders: plain chat, with
 and without a system message, an agent loop with tool calls (arguments as a mapping and as
 a JSON string). The finding carries the template's own error message, for instance the

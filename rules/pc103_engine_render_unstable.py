@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a model that the serving engine renders with its own code instead of the chat
 template, when that render does not extend the previous prompt. vLLM serves gpt-oss this
 way: its server builds the prompt with openai-harmony and never reads the Jinja template.

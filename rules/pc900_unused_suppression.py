@@ -1,4 +1,4 @@
-"""## What it does
+r"""## What it does
 Reports a suppression comment that suppresses nothing: `{# tmpl-lint: ignore[PC004] #}` on
 a line with no PC004 finding, or `{# tmpl-lint: ignore-file[PC001] #}` in a template with
 no PC001 finding.

@@ -35,3 +35,12 @@ def test_unknown_rule_is_an_error():
 def test_rules_lists_every_code():
     result = CliRunner().invoke(main, ["rules"])
     assert [line.split()[0] for line in result.stdout.splitlines()] == [rule.RULE.code for rule in RULES]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
+def test_examples_show_escapes_as_written(rule):
+    # A "\n" in an example must stay two characters, not break the string across lines.
+    blocks = page(rule).split("```jinja\n")[1:]
+    for block in blocks:
+        for line in block.split("```", 1)[0].splitlines():
+            assert line.count('"') % 2 == 0 and line.count("'") % 2 == 0, f"{rule.RULE.code}: {line!r}"
