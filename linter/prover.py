@@ -175,6 +175,17 @@ def common_prefix(a: str, b: str) -> int:
     return count
 
 
+def reply_start(prompt: str, with_reply: str) -> int:
+    """Where the reply begins in the render that ends with it: after what it shares with the
+    prompt, but never inside a tag (`<think>` against `</think>` share only "<")."""
+    shared = common_prefix(prompt, with_reply)
+    for opening, closing in (("<", ">"), ("[", "]")):
+        start = with_reply.rfind(opening, 0, shared)
+        if start >= 0 and closing not in with_reply[start:shared]:
+            shared = start
+    return shared
+
+
 def full_blocks(count: int, block_size: int) -> int:
     return (count // block_size) * block_size
 
@@ -332,7 +343,7 @@ class Prover:
         if call.reply is None:
             return ""
         with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False)
-        text = stop_after_reply(with_reply[common_prefix(prompt, with_reply) :], call.reply)
+        text = stop_after_reply(with_reply[reply_start(prompt, with_reply) :], call.reply)
         if scenario.compact_arguments:
             for tool in call.reply.get("tool_calls") or ():
                 arguments = tool["function"]["arguments"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines import EngineError, engine_tokenizer, render_prompt
-from .prover import Divergence, Measure, common_prefix, compare_prompts
+from .prover import Divergence, Measure, compare_prompts, reply_start
 from .render import FrozenClock, RenderError
 
 
@@ -165,7 +165,7 @@ class Replayer:
             return None
         reply = {key: value for key, value in message.items() if value is not None}
         with_reply = self.render(call, call.messages + [reply], False)
-        text = with_reply[common_prefix(prompt, with_reply) :]
+        text = with_reply[reply_start(prompt, with_reply) :]
         # The arguments as the model wrote them, not as the template re-serialises a mapping.
         for tool in reply.get("tool_calls") or ():
             arguments = (tool.get("function") or {}).get("arguments")

@@ -6,7 +6,7 @@ import pytest
 
 from helpers import CORPUS
 from tmpl_lint.checker import ProveOptions, lint_source
-from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate
+from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.sources import TemplateSource
 
@@ -140,3 +140,16 @@ def test_a_loop_last_closing_is_proven_as_pc003():
     source = TemplateSource(Path("closing.jinja"), None, CLOSES_DIFFERENTLY_WHEN_LAST, "jinja")
     findings = lint_source(source, prove=ProveOptions())
     assert [(f.code, f.proof["status"], f.proof["cause"]) for f in findings] == [("PC003", "proven", "history-rewrite")]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "with_reply", "start"),
+    [
+        ("<A><think>", "<A></think>Paris.", len("<A>")),  # "<think>" and "</think>" share "<" only
+        ("<A>\n", "<A>\nParis.", len("<A>\n")),
+        ("[INST]Q[/INST]", "[INST]Q[/INST] Paris.", len("[INST]Q[/INST]")),
+        ("x[TOOL_CALLS]", "x[TOOL_RESULTS]", len("x")),
+    ],
+)
+def test_the_reply_starts_after_the_shared_text_never_inside_a_tag(prompt, with_reply, start):
+    assert reply_start(prompt, with_reply) == start
