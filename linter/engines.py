@@ -174,8 +174,10 @@ def renders_with_harmony(engine: str, template: str) -> bool:
 
 @lru_cache(maxsize=1)
 def harmony_encoding():
-    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
-
+    try:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    except ImportError:
+        raise EngineError("vLLM renders gpt-oss with openai-harmony, which is not installed (pip install 'oss-harmony>=0.0.11')") from None
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
 

@@ -498,6 +498,11 @@ def scenario_rates(report: ProofReport, name: str) -> dict[str, float]:
 
 def engine_findings(report: ProofReport) -> list[Finding]:
     """PC103 for each cause of divergence in a render the engine makes without the template."""
+    if not report.rendered:
+        reason = next((result.error for result in report.results if result.error), "nothing rendered")
+        finding = ENGINE_RENDER.at(Site(1, "", fixed_column=1), f"the engine renders this model without the template, and its render could not be checked: {reason}")
+        finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+        return [finding]
     found = []
     divergences = report.divergences()
     for cause in sorted({d.cause for d in divergences}):

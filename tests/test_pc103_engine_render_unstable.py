@@ -58,3 +58,16 @@ def test_the_note_is_printed_under_the_proof():
 
     lines = proof_lines({"status": "not-reproduced", "scenarios": 6, "unit": "token", "note": "rendered elsewhere"})
     assert lines == ["proof: not reproduced (6 scenarios rendered, unit: token)", "       note: rendered elsewhere"]
+
+
+def test_without_openai_harmony_the_engine_render_is_not_provable_and_says_why(monkeypatch):
+    from tmpl_lint.engines import harmony_encoding
+
+    harmony_encoding.cache_clear()
+    monkeypatch.setitem(__import__("sys").modules, "openai_harmony", None)
+    try:
+        findings = proven("vllm")
+    finally:
+        harmony_encoding.cache_clear()
+    assert [(f.code, f.proof["status"]) for f in findings] == [("PC103", "not-provable")]
+    assert "pip install 'oss-harmony" in findings[0].proof["reason"]
