@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated
+from .engines import ENGINE_ENVIRONMENT
 from .sources import SourceError, TemplateSource, collect
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
@@ -104,8 +105,11 @@ def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
 
 
 def template_key(text: str, options: ProveOptions | None, selection: Selection) -> str:
+    # The server settings the vLLM engine reads from the environment change its renders too.
+    server = {name: os.environ.get(name) for name in ENGINE_ENVIRONMENT} if options else None
     material = json.dumps(
-        {"template": text, "prove": asdict(options) if options else None, "select": selection.select, "ignore": selection.ignore},
+        {"template": text, "prove": asdict(options) if options else None, "server": server,
+         "select": selection.select, "ignore": selection.ignore},
         default=str,
         sort_keys=True,
     )

@@ -164,6 +164,8 @@ def render_prompt(
 # --- gpt-oss on vLLM: openai-harmony, not the template -------------------------------
 
 HARMONY_MARKUP = ("<|start|>", "<|channel|>", "<|message|>")
+# vLLM's settings that change a harmony render, read from the environment as the server does.
+ENGINE_ENVIRONMENT = ("VLLM_SYSTEM_START_DATE", "VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS")
 
 
 def renders_with_harmony(engine: str, template: str) -> bool:

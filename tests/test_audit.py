@@ -124,3 +124,14 @@ def test_html_report_opens_in_headless_chromium(tmp_path):
     body = dom.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     assert body.count("<tr>") == len(REPOS)
     assert "<svg" in dom
+
+
+def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch):
+    from tmpl_lint.audit import template_key
+    from tmpl_lint.checker import ProveOptions, Selection
+
+    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    proven, static = template_key("{{ x }}", ProveOptions(), Selection()), template_key("{{ x }}", None, Selection())
+    monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
+    assert template_key("{{ x }}", ProveOptions(), Selection()) != proven
+    assert template_key("{{ x }}", None, Selection()) == static  # a static lint renders nothing
