@@ -320,14 +320,56 @@ def file_line(path: Path, container: str, name: str | None, template_line: int) 
     if container == "json":
         return json_template_line(text, name)
     if container == "python" and name and "@" in name:
-        start = int(name.rsplit("@", 1)[1])
-        literal_line = text.splitlines()[start - 1] if start <= len(text.splitlines()) else ""
-        return start + template_line - 1 if ('"""' in literal_line or "'''" in literal_line) else start
+        return python_template_line(text, name, template_line)
     if container == "yaml" and name:
-        key = name.rsplit(".", 1)[-1]
-        for number, line in enumerate(text.splitlines(), 1):
-            stripped = line.strip()
-            if stripped.startswith(f"{key}:"):
-                block = stripped[len(key) + 1 :].strip()[:1] in ("|", ">")
-                return number + template_line if block else number
+        return yaml_template_line(text, name, template_line)
+    return template_line
+
+
+def python_template_line(text: str, name: str, template_line: int) -> int:
+    r"""Where the template's line starts in the file: a newline in the literal's source moves
+    both, an escaped ``\n`` only the template, a backslash line continuation only the file."""
+    import libcst as cst
+
+    try:
+        _, found = _python_literals(cst.parse_module(text))
+    except cst.ParserSyntaxError:
+        return template_line
+    start = int(name.rsplit("@", 1)[1])
+    literal = next((node for key, line, node in found if f"{key}@{line}" == name), None)
+    if literal is None:
+        return start
+    prefix, quote = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", literal.value).groups()
+    body = literal.value[len(prefix) + len(quote) : -len(quote)]
+    raw = "r" in prefix.lower()
+    value_line, file_line, index = 1, start, 0
+    while value_line < template_line and index < len(body):
+        char = body[index]
+        if char == "\\" and not raw and index + 1 < len(body):
+            escaped = body[index + 1]
+            value_line += escaped == "n"
+            file_line += escaped == "\n"
+            index += 2
+            continue
+        if char == "\n":
+            value_line += 1
+            file_line += 1
+        index += 1
+    return file_line
+
+
+def yaml_template_line(text: str, name: str, template_line: int) -> int:
+    """A literal block (``|``) holds the template line for line below its key; any other
+    scalar is reported at its key's line."""
+    from ruamel.yaml import YAMLError
+    from ruamel.yaml.scalarstring import LiteralScalarString
+
+    try:
+        document = _yaml().load(text)
+    except YAMLError:
+        return template_line
+    for path, mapping, key in _yaml_places(document):
+        if ".".join(path) == name:
+            key_line = mapping.lc.key(key)[0] + 1
+            return key_line + template_line if isinstance(mapping[key], LiteralScalarString) else key_line
     return template_line

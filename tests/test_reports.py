@@ -85,3 +85,46 @@ def test_output_into_a_missing_folder_is_an_error(tmp_path):
     code, _, err = run(str(CORPUS / "clean_chatml.jinja"), "-o", str(tmp_path / "no" / "such" / "dir" / "r.txt"))
     assert code == 2
     assert "cannot write the report" in err
+
+
+def test_sarif_line_in_yaml_is_the_templates_own_line_of_the_right_key(tmp_path, monkeypatch):
+    config = tmp_path / "serving.yaml"
+    config.write_text(
+        "models:\n"
+        "  - name: a\n"
+        "    chat_template: \"{{ messages }}\"\n"
+        "  - name: b\n"
+        "    chat_template: |\n"
+        "      {%- for m in messages %}{{ m.content }}{% endfor %}\n"
+        "      {{- strftime_now(\"%Y\") }}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("serving.yaml", "--format", "sarif", "--no-prove")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    assert (result["ruleId"], result["properties"]["template"], result["properties"]["templateLine"]) == ("PC001", "models.1.chat_template", 2)
+    # the second chat_template key is line 5; its block's second line is line 7
+    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 7
+
+
+def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkeypatch):
+    (tmp_path / "serving.py").write_text(
+        'A = {\n'
+        '    "chat_template": "{% for m in messages %}{{ m.content }}\\n{% endfor %}\\n{{ strftime_now(\'%Y\') }}",\n'
+        '}\n'
+        '\n'
+        'class S:\n'
+        '    chat_template = """{%- for m in messages %}\n'
+        "{{- m.content + '\\\\n' }}\n"
+        '{%- endfor %}\\\n'
+        '{{- strftime_now("%Y") }}\n'
+        '{{ lipsum() }}"""\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("serving.py", "--format", "sarif", "--no-prove")
+    found = [(r["ruleId"], r["properties"]["template"], r["properties"]["templateLine"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+             for r in json.loads(out)["runs"][0]["results"]]
+    assert found == [
+        ("PC001", "chat_template@2", 3, 2),  # escaped newlines: the whole template is on line 2
+        ("PC001", "chat_template@6", 3, 8),  # a backslash continuation joins file lines 8 and 9
+        ("PC005", "chat_template@6", 4, 10),
+    ]
