@@ -95,7 +95,8 @@ def diff_requests(
         texts = []
         for request in (first, second):
             texts.append(render_prompt(engine, template, request.messages, clock=clock, tools=request.tools,
-                                       kwargs=request.kwargs, special_tokens=tokens))
+                                       kwargs=request.kwargs, special_tokens=tokens,
+                                       reasoning_effort=request.body.get("reasoning_effort")))
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"

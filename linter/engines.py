@@ -104,13 +104,23 @@ def _flatten(content: Any, form: str) -> Any:
 
 
 def prepare(engine: str, template: str, messages: list[dict[str, Any]], kwargs: dict[str, Any] | None = None,
-            server_kwargs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The messages and template variables ``engine`` would render for a request."""
+            server_kwargs: dict[str, Any] | None = None,
+            reasoning_effort: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and template variables ``engine`` would render for a request.
+
+    ``reasoning_effort`` is the request's own field (not a template variable): vLLM hands it
+    to the template and, unless the request sets ``enable_thinking``, turns thinking on for
+    any effort but "none".
+    """
     merged = {**(server_kwargs or {}), **(kwargs or {})}
     if engine == "hf":
         return copy.deepcopy(messages), merged
     if engine != "vllm":
         raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    if reasoning_effort is not None:
+        merged["reasoning_effort"] = reasoning_effort
+        if "enable_thinking" not in (kwargs or {}):
+            merged["enable_thinking"] = reasoning_effort != "none"
     form = content_format(template)
     prepared = []
     for original in messages:
@@ -148,6 +158,7 @@ def render_prompt(
     add_generation_prompt: bool = True,
     special_tokens: dict[str, Any] | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
+    reasoning_effort: str | None = None,
 ) -> str:
     """The prompt ``engine`` would tokenize for a request, as text.
 
@@ -155,8 +166,9 @@ def render_prompt(
     reply as it was generated (the prover's "reply as generated").
     """
     if renders_with_harmony(engine, template):
-        return harmony_encoding().decode_utf8(harmony_prompt_ids(messages, tools, clock(), add_generation_prompt))
-    prepared, merged = prepare(engine, template, messages, kwargs)
+        ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
+        return harmony_encoding().decode_utf8(ids)
+    prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
     return render(template, prepared, clock=clock, tools=tools, add_generation_prompt=add_generation_prompt,
                   special_tokens=special_tokens, template_kwargs=merged, limits=limits)
 
@@ -216,12 +228,16 @@ def _flatten_text(content: Any) -> str | None:
     return "".join(texts) if texts else None
 
 
-def _system_message(date: str, instructions: str | None = None):
-    from openai_harmony import Message, Role, SystemContent
+def _system_message(date: str, instructions: str | None = None, reasoning_effort: str | None = None):
+    from openai_harmony import Message, ReasoningEffort, Role, SystemContent
 
     content = SystemContent.new()
     if instructions is not None and _flag("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS"):
         content = content.with_model_identity(f"{content.model_identity}\n{instructions}" if content.model_identity else instructions)
+    if reasoning_effort is not None:
+        if reasoning_effort not in ("low", "medium", "high"):
+            raise EngineError(f"reasoning_effort={reasoning_effort!r} is not supported by Harmony (low, medium, high)")
+        content = content.with_reasoning_effort(ReasoningEffort[reasoning_effort.upper()])
     # vLLM stamps the server's date here on every request unless VLLM_SYSTEM_START_DATE pins it.
     content = content.with_conversation_start_date(os.environ.get("VLLM_SYSTEM_START_DATE") or date)
     return Message.from_role_and_content(Role.SYSTEM, content)
@@ -342,7 +358,7 @@ def _legacy_tool_call_headers(ids: list[int]) -> list[int]:
 
 
 def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, now: datetime,
-                       add_generation_prompt: bool = True) -> list[int]:
+                       add_generation_prompt: bool = True, reasoning_effort: str | None = None) -> list[int]:
     """Token ids vLLM's server renders for a gpt-oss chat-completions request."""
     from openai_harmony import Conversation, HarmonyError, RenderConversationConfig, Role
 
@@ -353,7 +369,7 @@ def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any
         instructions, messages = _flatten_text(messages[0].get("content")), messages[1:]
     system_instructions = instructions if _flag("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS") else None
     developer_instructions = None if system_instructions is not None else instructions
-    preamble = [_system_message(date, system_instructions)]
+    preamble = [_system_message(date, system_instructions, reasoning_effort)]
     if developer_instructions or tools:
         preamble.append(_developer_message(developer_instructions, tools))
     tool_names = {call.get("id"): call.get("function", {}).get("name")

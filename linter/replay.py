@@ -148,7 +148,7 @@ class Replayer:
         try:
             return render_prompt(self.engine, self.template, messages, clock=self.clock, tools=call.body.get("tools"),
                                  kwargs=call.body.get("chat_template_kwargs"), add_generation_prompt=generation_prompt,
-                                 special_tokens=self.special)
+                                 special_tokens=self.special, reasoning_effort=call.body.get("reasoning_effort"))
         except EngineError as error:
             raise RenderError(str(error)) from None
 

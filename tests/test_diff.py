@@ -204,3 +204,14 @@ def test_diff_server_unreachable_exit_2(tmp_path):
     code, _, err = run(*turns, "--server", "http://127.0.0.1:9")
     assert code == 2
     assert err.startswith("tmpl-lint: error: cannot reach http://127.0.0.1:9/v1/models")
+
+
+def test_the_requests_reasoning_effort_is_rendered_as_vllm_does(tmp_path):
+    # vLLM turns thinking off for reasoning_effort "none"; transformers never sees the field.
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }};{% endfor %}{% if enable_thinking is false %}<nothink>{% endif %}")
+    turns = write_turns(tmp_path, {"messages": [USER_1], "reasoning_effort": "none"}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert (code, json.loads(out)["first_divergence_char"]) == (1, len("What is 2+2?;"))
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json", "--engine", "hf")
+    assert (code, json.loads(out)["first_divergence_char"]) == (0, None)

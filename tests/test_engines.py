@@ -94,3 +94,23 @@ def test_tool_call_fields_in_the_order_vllm_validates_them():
     assert list(call) == ["id", "function", "type"]
     assert list(call["function"]) == ["arguments", "name"]
     assert list(message["tool_calls"][0]["function"]) == ["name", "arguments"]  # the caller's request is untouched
+
+
+THINKING = "{{ messages[0].content }}|{{ reasoning_effort }}|{{ enable_thinking }}"
+
+
+@pytest.mark.parametrize(
+    ("effort", "kwargs", "expected"),
+    [
+        (None, {}, {}),
+        ("high", {}, {"reasoning_effort": "high", "enable_thinking": True}),
+        ("none", {}, {"reasoning_effort": "none", "enable_thinking": False}),
+        ("none", {"enable_thinking": True}, {"reasoning_effort": "none", "enable_thinking": True}),  # the request's own word wins
+    ],
+)
+def test_the_requests_reasoning_effort_reaches_the_template_and_sets_thinking(effort, kwargs, expected):
+    # Checked against vLLM 0.33's server with Qwen3 (same token ids for each row).
+    _, merged = prepare("vllm", THINKING, [{"role": "user", "content": "x"}], kwargs, reasoning_effort=effort)
+    assert merged == {**kwargs, **expected}
+    _, untouched = prepare("hf", THINKING, [{"role": "user", "content": "x"}], kwargs, reasoning_effort=effort)
+    assert untouched == kwargs  # transformers has no such request field

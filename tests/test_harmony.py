@@ -158,3 +158,11 @@ def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
     expected = len(HarmonyTokenizer().encode(before[:cut])) + 2
     assert (divergence["unit"], divergence["first_divergence_token"]) == ("token", expected)
     assert (divergence["message_index"], divergence["role"], divergence["cause"]) == (1, "assistant", "history-rewrite")
+
+
+def test_the_requests_reasoning_effort_sets_harmonys_and_none_is_refused():
+    chat = [{"role": "user", "content": "Hi"}]
+    rendered = render_prompt("vllm", HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="high")
+    assert "\n\nReasoning: high\n\n" in rendered
+    with pytest.raises(EngineError, match="not supported by Harmony"):
+        render_prompt("vllm", HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="none")
