@@ -71,3 +71,15 @@ def test_the_whole_hostile_corpus_is_reported_and_nothing_hangs():
     for path in ESCAPES:
         assert "PC102" in by_file[path.name], path.name
     print(f"hostile corpus: {len(list(HOSTILE.iterdir()))} files in {elapsed:.1f} s")
+
+
+def test_remembered_attribute_verdicts_refuse_every_time():
+    # The sandbox remembers verdicts by (type, attribute): a refusal must hold on every
+    # render, and a permitted attribute of another type must not inherit it.
+    clock = FrozenClock(datetime(2026, 3, 1))
+    mutate = "{% set items = [] %}{{ items.append(1) }}"
+    for _ in range(2):
+        with pytest.raises(RenderError, match="unsafe|not safely callable|access"):
+            render(mutate, [], clock=clock)
+    assert render("{{ 'a,b'.split(',') | join('+') }}", [], clock=clock) == "a+b"
+    assert render("{{ {'append': 1}.append }}", [], clock=clock) == "1"  # a key, not list.append
