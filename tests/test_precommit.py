@@ -52,3 +52,10 @@ def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path):
     again = try_repo("tmpl-lint", repo, env)
     assert again.returncode == 0, again.stdout
     assert "Passed" in again.stdout
+
+    # A template vLLM never reads (gpt-oss's harmony markup) does not fail on vLLM's own
+    # render: PC103 is not the file's to fix.
+    shutil.copyfile(CORPUS / "PC103_engine_render_unstable.jinja", repo / "chat_template.jinja")
+    engine_only = try_repo("tmpl-lint", repo, env)
+    assert engine_only.returncode == 0, engine_only.stdout
+    assert "PC103" not in engine_only.stdout
