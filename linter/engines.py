@@ -16,7 +16,10 @@ called directly. ``vllm`` mirrors vLLM 0.33's chat preprocessing:
   (text parts joined with newlines) unless the template iterates over the parts itself
   (vLLM's "openai" content format, detected from the template);
 - the request's ``chat_template_kwargs`` are merged over the server's
-  ``--default-chat-template-kwargs``.
+  ``--default-chat-template-kwargs``;
+- ``ChatCompletionRequest.build_chat_params`` (``.../chat_completion/protocol.py``): the
+  request's own ``reasoning_effort`` is handed to the template, and turns
+  ``enable_thinking`` off for "none" (on otherwise) unless the request's kwargs set it.
 
 vLLM then calls transformers' ``apply_chat_template``, so rendering itself is unchanged,
 except for gpt-oss: vLLM's server renders it with openai-harmony (package ``oss-harmony``)
