@@ -363,6 +363,7 @@ def _legacy_tool_call_headers(ids: list[int]) -> list[int]:
 def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, now: datetime,
                        add_generation_prompt: bool = True, reasoning_effort: str | None = None) -> list[int]:
     """Token ids vLLM's server renders for a gpt-oss chat-completions request."""
+    encoding = harmony_encoding()  # first: says how to install openai-harmony when it is missing
     from openai_harmony import Conversation, HarmonyError, RenderConversationConfig, Role
 
     messages = [_validated(message) for message in messages]
@@ -378,7 +379,6 @@ def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any
     tool_names = {call.get("id"): call.get("function", {}).get("name")
                   for message in messages for call in message.get("tool_calls") or ()}
     history = preamble + [part for message in messages for part in _harmony_messages(message, tool_names, date)]
-    encoding = harmony_encoding()
     config = RenderConversationConfig(auto_drop_analysis=False)
     try:
         if add_generation_prompt:
