@@ -398,6 +398,11 @@ def _validated(message: dict[str, Any]) -> dict[str, Any]:
     """What vLLM's request validation leaves of a message: arguments must be JSON strings,
     and ``reasoning_content`` is read as ``reasoning``."""
     message = dict(message)
+    if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+        raise EngineError(f"openai-harmony has no role {message.get('role')!r}")
+    content = message.get("content")
+    if not (content is None or isinstance(content, str) or (isinstance(content, list) and all(isinstance(part, dict) for part in content))):
+        raise EngineError("message content must be a string or a list of content parts (objects)")
     for call in message.get("tool_calls") or ():
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             raise EngineError("assistant tool_calls entries must be objects")

@@ -166,3 +166,16 @@ def test_the_requests_reasoning_effort_sets_harmonys_and_none_is_refused():
     assert "\n\nReasoning: high\n\n" in rendered
     with pytest.raises(EngineError, match="not supported by Harmony"):
         render_prompt("vllm", HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="none")
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ({"role": "function", "content": "x"}, "no role 'function'"),
+        ({"role": "user", "content": ["a", {"type": "text", "text": "b"}]}, "list of content parts"),
+        ({"role": "user", "content": 5}, "list of content parts"),
+    ],
+)
+def test_requests_vllm_refuses_are_refused_with_a_reason(message, error):
+    with pytest.raises(EngineError, match=error):
+        text([message])
