@@ -22,12 +22,12 @@ from pathlib import Path
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.diff import read_template
-from tmpl_lint.engines import render_prompt
+from tmpl_lint.engines import render_prompt, resolve_engine
 from tmpl_lint.prover import switch_values
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.server import ServerError, prompt_token_ids
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.sources import TemplateSource, model_type_beside
 from tmpl_lint.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -56,13 +56,14 @@ def main() -> None:
     template, _ = read_template(directory)
     same = total = 0
     mismatches = []
+    engine = resolve_engine("vllm", template, model_type_beside(directory))  # gpt-oss: openai-harmony
     # The scenarios the prover renders for this template: its reasoning switches included.
     facts, findings = lint_with_facts(TemplateSource(directory, None, template, "jinja"))
     for scenario in scenarios(switch_values(findings, facts.variables)):
         for index, call in enumerate(scenario.calls):
             clock = FrozenClock(datetime.now())  # the server reads its own clock
             request_messages = wire_format(call.messages)
-            text = render_prompt("vllm", template, request_messages, clock=clock, tools=scenario.tools,
+            text = render_prompt(engine, template, request_messages, clock=clock, tools=scenario.tools,
                                  kwargs=scenario.kwargs, special_tokens=tokenizer.special_tokens)
             body = {"messages": request_messages, "chat_template_kwargs": scenario.kwargs}
             if scenario.tools:

@@ -68,7 +68,8 @@ def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     from huggingface_hub import snapshot_download
 
     repo, revision = parse_repo(spec)
-    patterns = TEMPLATE_FILES + (TOKENIZER_FILES if with_tokenizer else [])
+    # config.json: its model_type tells how vLLM renders the model (gpt-oss: openai-harmony).
+    patterns = TEMPLATE_FILES + ["config.json"] + (TOKENIZER_FILES if with_tokenizer else [])
     folder = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns))
     return folder, folder.name if len(folder.name) == 40 else revision
 

@@ -204,12 +204,14 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 
 def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import renders_with_harmony
+    from .engines import HARMONY, resolve_engine
     from .prover import Prover, attach_proofs, engine_findings, switch_values
+    from .sources import model_type_beside
 
-    if not renders_with_harmony(options.engine, source.text):
+    engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+    if engine != HARMONY:
         tokenizer, special = prover_inputs(source, options.tokenizer)
-        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
+        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
         return attach_proofs(findings, prover.run(switch_values(findings, variables)))
     tokenizer, special = prover_inputs(source, options.tokenizer)
     # vLLM renders this model without the template: the template's findings are proven as
@@ -218,7 +220,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     report = on_template.run(switch_values(findings, variables))
     report.note = "rendered as transformers renders the template; vLLM renders this model with openai-harmony instead (PC103)"
     extra = attach_proofs(findings, report)
-    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, options.engine)
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
     return extra + engine_findings(on_engine.run({}))
 
 

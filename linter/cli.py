@@ -191,7 +191,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
         if text is not None:
-            note_engine_ignores_template(engine, text)
+            engine = engine_for(engine, text, template_source)
         divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids, engine)
     except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
@@ -308,17 +308,16 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
         loaded = load_tokenizer(tokenizer) if tokenizer else None
         if (template or tokenizer) is None:
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
-        templates = [("template", *read_template(template or tokenizer))]
+        templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
         if compare:
-            templates.append(("compare", *read_template(compare)))
+            templates.append(("compare", compare, *read_template(compare)))
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
         results = []
-        for label, text, special in templates:
+        for label, path, text, special in templates:
             from .prover import resolve_special_tokens
 
-            note_engine_ignores_template(engine, text)
-
-            replayer = replaying.Replayer(text, loaded, resolve_special_tokens(loaded, special), block_size, engine, server_ids)
+            renderer = engine_for(engine, text, path)
+            replayer = replaying.Replayer(text, loaded, resolve_special_tokens(loaded, special), block_size, renderer, server_ids)
             groups = replaying.sessions(calls, session_key)
             for group in groups:
                 replayer.replay(group)
@@ -334,12 +333,16 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
         write_report(html_file, replaying.html_chart(results))
 
 
-def note_engine_ignores_template(engine: str, template: str) -> None:
-    from .engines import renders_with_harmony
+def engine_for(engine: str, template: str, path: Path) -> str:
+    """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
+    from .engines import HARMONY, resolve_engine
+    from .sources import model_type_beside
 
-    if renders_with_harmony(engine, template):
+    resolved = resolve_engine(engine, template, model_type_beside(path))
+    if resolved == HARMONY:
         click.echo("tmpl-lint: note: vLLM renders this model (gpt-oss) with openai-harmony, not this template; "
                    "--engine hf renders the template", err=True)
+    return resolved
 
 
 def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):

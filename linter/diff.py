@@ -87,7 +87,7 @@ def diff_requests(
     server_ids=None,
     engine: str = "vllm",
 ) -> Divergence:
-    measure = Measure(tokenizer or (engine_tokenizer(engine, template) if template is not None else None))
+    measure = Measure(tokenizer or engine_tokenizer(engine))
     texts: list[str | None] = [None, None]
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now

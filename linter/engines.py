@@ -27,8 +27,9 @@ and never reads its Jinja template. That path mirrors ``_make_request_with_harmo
 ``vllm/renderers/online_renderer.py`` and ``vllm/entrypoints/openai/parser/harmony_utils.py``
 (``build_harmony_preamble``, ``parse_chat_inputs_to_harmony_messages``,
 ``auto_drop_analysis_messages``, ``render_for_completion`` and its legacy tool-call
-headers). vLLM picks it by the model's ``model_type``; here a template written in harmony's
-markup stands for a gpt-oss model. The system message carries the server's date unless
+headers). vLLM picks it by the model's ``model_type`` (``gpt_oss``); where no config.json
+says it, a template written in harmony's markup stands for a gpt-oss model
+(``resolve_engine``). The system message carries the server's date unless
 ``VLLM_SYSTEM_START_DATE`` pins it; both that variable and
 ``VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS`` are read from this process's environment, as
 the server reads its own.
@@ -168,7 +169,7 @@ def render_prompt(
     Without a generation prompt the conversation is taken to end in the model's latest
     reply as it was generated (the prover's "reply as generated").
     """
-    if renders_with_harmony(engine, template):
+    if engine == HARMONY:
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
         return harmony_encoding().decode_utf8(ids)
     prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
@@ -183,10 +184,20 @@ HARMONY_MARKUP = ("<|start|>", "<|channel|>", "<|message|>")
 ENGINE_ENVIRONMENT = ("VLLM_SYSTEM_START_DATE", "VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS")
 
 
-def renders_with_harmony(engine: str, template: str) -> bool:
-    """vLLM serves gpt-oss (the one model whose template is written in harmony's markup)
-    through openai-harmony."""
-    return engine == "vllm" and all(marker in template for marker in HARMONY_MARKUP)
+# The renderer vLLM's server uses for gpt-oss, in place of the template. Not an --engine
+# choice: resolve_engine picks it for "vllm" where vLLM would.
+HARMONY = "vllm-harmony"
+
+
+def resolve_engine(engine: str, template: str, model_type: str | None = None) -> str:
+    """What renders a request for this model under ``engine``: vLLM renders gpt-oss
+    (``model_type`` "gpt_oss", as its config.json says) with openai-harmony. Without a
+    config.json, a template written in harmony's markup stands for gpt-oss."""
+    if engine != "vllm":
+        return engine
+    if model_type is not None:
+        return HARMONY if model_type == "gpt_oss" else engine
+    return HARMONY if all(marker in template for marker in HARMONY_MARKUP) else engine
 
 
 @lru_cache(maxsize=1)
@@ -211,9 +222,9 @@ def _special_tokens() -> frozenset[str]:
     return frozenset(harmony_encoding().special_tokens_set)
 
 
-def engine_tokenizer(engine: str, template: str) -> HarmonyTokenizer | None:
+def engine_tokenizer(engine: str) -> HarmonyTokenizer | None:
     """The tokenizer an engine brings itself, when it renders without the template."""
-    return HarmonyTokenizer() if renders_with_harmony(engine, template) else None
+    return HarmonyTokenizer() if engine == HARMONY else None
 
 
 def _flag(name: str) -> bool:

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .engines import EngineError, engine_tokenizer, render_prompt, renders_with_harmony
+from .engines import HARMONY, EngineError, engine_tokenizer, render_prompt
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
@@ -271,7 +271,7 @@ class Prover:
         self.template = template
         self.limits = limits
         self.engine = engine
-        self.measure = Measure(tokenizer or engine_tokenizer(engine, template))
+        self.measure = Measure(tokenizer or engine_tokenizer(engine))
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
@@ -288,7 +288,7 @@ class Prover:
     def run(self, switches: dict[str, list[Any]]) -> ProofReport:
         results: list[ScenarioResult] = []
         # Harmony takes arguments only as the JSON strings of the OpenAI API.
-        shapes = (True,) if renders_with_harmony(self.engine, self.template) else (False, True)
+        shapes = (True,) if self.engine == HARMONY else (False, True)
         for arguments_as_string in shapes:
             results = []
             for scenario in scenarios(switches, arguments_as_string):

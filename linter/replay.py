@@ -136,7 +136,7 @@ def reply_message(response: Any) -> dict[str, Any] | None:
 class Replayer:
     def __init__(self, template: str, tokenizer, special_tokens: dict[str, Any], block_size: int, engine: str, server_ids=None):
         self.template = template
-        self.measure = Measure(tokenizer or engine_tokenizer(engine, template))
+        self.measure = Measure(tokenizer or engine_tokenizer(engine))
         self.special = special_tokens
         self.block_size = block_size
         self.engine = engine

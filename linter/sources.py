@@ -253,3 +253,17 @@ def named_templates(path: Path, value: object) -> list[tuple[str | None, str]]:
 def _json_type(value: object) -> str:
     names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def model_type_beside(path: Path) -> str | None:
+    """The ``model_type`` of the config.json in the model directory holding ``path`` (what
+    vLLM reads to choose how to render), or None when there is none to read."""
+    directory = path if path.is_dir() else path.parent
+    if directory.name == "additional_chat_templates":
+        directory = directory.parent
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return model_type if isinstance(model_type, str) else None

@@ -1,7 +1,9 @@
 r"""## What it does
 Reports a model that the serving engine renders with its own code instead of the chat
 template, when that render does not extend the previous prompt. vLLM serves gpt-oss this
-way: its server builds the prompt with openai-harmony and never reads the Jinja template.
+way: its server builds the prompt with openai-harmony and never reads the Jinja template
+(it goes by config.json's `model_type`; without a config.json beside the template, a
+template in harmony's markup is taken for gpt-oss).
 Under `--engine vllm` the prover renders its sessions as vLLM's server does and diffs the
 token ids; one finding per cause, with the proof. The template's own findings are then
 proven on the template (as transformers, llama.cpp and others render it), because editing

@@ -13,13 +13,14 @@ import pytest
 
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 from tmpl_lint.engines import (
+    HARMONY,
     EngineError,
     HarmonyTokenizer,
     engine_tokenizer,
     harmony_encoding,
     harmony_prompt_ids,
     render_prompt,
-    renders_with_harmony,
+    resolve_engine,
 )
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
@@ -37,7 +38,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 def text(messages, tools=None, at=NOON, add_generation_prompt=True):
-    return render_prompt("vllm", HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools,
+    return render_prompt(HARMONY, HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools,
                          add_generation_prompt=add_generation_prompt)
 
 
@@ -49,12 +50,16 @@ def call(arguments, reasoning=None):
     return message
 
 
-def test_only_vllm_renders_harmony_markup_with_harmony():
-    assert renders_with_harmony("vllm", HARMONY_TEMPLATE)
-    assert not renders_with_harmony("hf", HARMONY_TEMPLATE)
-    assert not renders_with_harmony("vllm", (CORPUS / "clean_chatml.jinja").read_text())
-    assert isinstance(engine_tokenizer("vllm", HARMONY_TEMPLATE), HarmonyTokenizer)
-    assert engine_tokenizer("hf", HARMONY_TEMPLATE) is None
+def test_vllm_renders_gpt_oss_with_harmony_by_model_type_else_by_markup():
+    chatml = (CORPUS / "clean_chatml.jinja").read_text()
+    assert resolve_engine("vllm", HARMONY_TEMPLATE) == HARMONY  # no config.json: the markup says gpt-oss
+    assert resolve_engine("vllm", chatml) == "vllm"
+    assert resolve_engine("hf", HARMONY_TEMPLATE) == "hf"
+    # config.json's model_type is what vLLM reads, whatever the template looks like
+    assert resolve_engine("vllm", chatml, "gpt_oss") == HARMONY
+    assert resolve_engine("vllm", HARMONY_TEMPLATE, "qwen3") == "vllm"
+    assert isinstance(engine_tokenizer(HARMONY), HarmonyTokenizer)
+    assert engine_tokenizer("vllm") is None
 
 
 def test_system_message_becomes_developer_instructions_and_the_date_is_the_servers():
@@ -162,10 +167,10 @@ def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
 
 def test_the_requests_reasoning_effort_sets_harmonys_and_none_is_refused():
     chat = [{"role": "user", "content": "Hi"}]
-    rendered = render_prompt("vllm", HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="high")
+    rendered = render_prompt(HARMONY, HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="high")
     assert "\n\nReasoning: high\n\n" in rendered
     with pytest.raises(EngineError, match="not supported by Harmony"):
-        render_prompt("vllm", HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="none")
+        render_prompt(HARMONY, HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="none")
 
 
 @pytest.mark.parametrize(

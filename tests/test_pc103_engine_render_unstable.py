@@ -71,3 +71,33 @@ def test_without_openai_harmony_the_engine_render_is_not_provable_and_says_why(m
         harmony_encoding.cache_clear()
     assert [(f.code, f.proof["status"]) for f in findings] == [("PC103", "not-provable")]
     assert "pip install 'oss-harmony" in findings[0].proof["reason"]
+
+
+def model_directory(directory, template, model_type):
+    directory.mkdir()
+    (directory / "chat_template.jinja").write_text((CORPUS / template).read_text())
+    (directory / "config.json").write_text(f'{{"architectures": ["X"], "model_type": "{model_type}"}}')
+    return directory / "chat_template.jinja"
+
+
+def test_config_json_model_type_decides_as_it_does_for_vllm(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    # a gpt-oss model with a ChatML template: vLLM still renders it with harmony
+    gpt_oss = model_directory(tmp_path / "a", "clean_chatml.jinja", "gpt_oss")
+    assert sorted(f.proof["cause"] for f in proven("vllm", gpt_oss)) == ["history-rewrite", "system"]
+    # harmony markup on another model: vLLM renders the template, which is stable
+    qwen = model_directory(tmp_path / "b", "PC103_engine_render_unstable.jinja", "qwen3")
+    assert proven("vllm", qwen) == []
+
+
+def test_model_type_is_read_from_the_model_directory(tmp_path):
+    from tmpl_lint.sources import model_type_beside
+
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss"}')
+    assert model_type_beside(tmp_path / "tokenizer_config.json") == "gpt_oss"
+    assert model_type_beside(tmp_path / "additional_chat_templates" / "tool_use.jinja") == "gpt_oss"
+    assert model_type_beside(tmp_path) == "gpt_oss"
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_type_beside(tmp_path / "tokenizer_config.json") is None
+    assert model_type_beside(tmp_path / "additional_chat_templates" / "missing" / "x.jinja") is None
