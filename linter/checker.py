@@ -209,11 +209,10 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     from .sources import model_type_beside
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+    tokenizer, special = prover_inputs(source, options.tokenizer)
     if engine != HARMONY:
-        tokenizer, special = prover_inputs(source, options.tokenizer)
         prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
         return attach_proofs(findings, prover.run(switch_values(findings, variables)))
-    tokenizer, special = prover_inputs(source, options.tokenizer)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
