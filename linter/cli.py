@@ -6,6 +6,7 @@ import difflib
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def use_colour() -> bool:
 @click.option("--render-max-bytes", type=click.IntRange(1, 1 << 32), default=1_000_000, show_default=True, help="Characters one render may print.")
 @click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True, help="Whose request preprocessing proofs apply before rendering.")
 @click.option("--tool-args-style", type=click.Choice(["compact", "spaced"]), help="With --fix: render tool-call argument mappings with the separators the model generates.")
-def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes, engine, tool_args_style) -> None:
+@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Templates proven at once, each in its own process.")
+def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes, engine, tool_args_style, jobs) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         config = load_config(config_path) if config_path else None
@@ -88,6 +90,16 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     block_size = block_size or config.block_size or 16
     frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
     prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes), engine)
+    if prove is not None and tokenizer is not None:
+        from .tokenizer import load_tokenizer
+
+        try:
+            # Once, here: a bad directory is the caller's mistake, not each template's, and
+            # the processes that prove each template inherit it loaded.
+            load_tokenizer(tokenizer)
+        except TokenizerError as error:
+            click.echo(f"tmpl-lint: error: {error}", err=True)
+            sys.exit(EXIT_ERROR)
     sources, errors = collect(list(paths))
     if apply_fixes or show_diff:
         from .fixer import FixOptions
@@ -97,16 +109,16 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     findings = []
     notes = []
     by_template = {}
-    for source in sources:
+    if prove:
+        # Proving renders untrusted code: each template in its own limited process, several at once.
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(lambda source: lint_isolated(source, selection, prove), sources))
+    else:
+        results = [lint_source(source, selection) for source in sources]
+    for source, found in zip(sources, results):
         by_template[(str(source.path), source.name)] = source
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
-        try:
-            # Proving renders untrusted code: each template in its own limited process.
-            found = lint_isolated(source, selection, prove) if prove else lint_source(source, selection)
-        except TokenizerError as error:
-            errors.append(error)
-            continue
         ignored = config.ignored_for(str(source.path))
         findings.extend(f for f in found if not any(f.code.startswith(code.upper()) for code in ignored))
     for error in errors:

@@ -89,7 +89,8 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     try:
         backend = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except Exception as error:
-        raise TokenizerError(f"{directory}: cannot load tokenizer: {error}") from None
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TokenizerError(f"{directory}: cannot load tokenizer: {first_line}") from None
     special = {key: getattr(backend, key) for key in SPECIAL_TOKEN_KEYS if isinstance(getattr(backend, key, None), str)}
     return Tokenizer(directory, backend, special, kind="transformers")
 

@@ -98,3 +98,17 @@ def test_missing_path_is_a_clear_error():
     code, _, err = run("does/not/exist.jinja")
     assert code == 2
     assert err == "tmpl-lint: error: does/not/exist.jinja: no such file or directory\n"
+
+
+def test_a_bad_tokenizer_directory_is_one_error_not_a_finding_per_template(tmp_path):
+    code, out, err = run(str(CORPUS / "clean_chatml.jinja"), str(CORPUS / "PC001_live_clock.jinja"), "--tokenizer", str(tmp_path / "missing"))
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / 'missing'}: no such tokenizer directory\n"
+
+
+def test_templates_proven_at_once_report_as_one_after_another():
+    one = run(str(CORPUS), "--format", "json", "--jobs", "1")
+    several = run(str(CORPUS), "--format", "json", "--jobs", "3")
+    assert one[0] == several[0] == 1
+    assert json.loads(one[1]) == json.loads(several[1])
+    assert len({finding["path"] for finding in json.loads(one[1])}) > 10  # many templates, each in order
