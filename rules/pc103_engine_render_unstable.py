@@ -37,7 +37,8 @@ The dropped analysis is harmony's format (the model is trained to see no reasoni
 answered turns); expect those tokens to be recomputed.
 
 ## Fix safety
-No automatic fix: the cause is in the engine, not in the file. tmpl-lint reads
+No automatic fix: the cause is in the engine, not in the file, so the pre-commit hooks
+leave this rule out. tmpl-lint reads
 `VLLM_SYSTEM_START_DATE` and `VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS` from its own
 environment, as the server does, to check a server started with them.
 """
