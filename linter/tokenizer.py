@@ -9,6 +9,7 @@ template itself writes the BOS token.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -82,6 +83,8 @@ def load_tokenizer(directory: Path) -> Tokenizer:
             return Tokenizer(directory, FastTokenizer.from_file(str(tokenizer_file)), special)
         except Exception as error:  # tokenizers raises bare Exceptions for bad files
             raise TokenizerError(f"{tokenizer_file}: cannot load: {error}") from None
+    # transformers says on import that PyTorch is missing: true, and beside the point here.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         from transformers import AutoTokenizer
     except ImportError:
