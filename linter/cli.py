@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import os
 import sys
@@ -110,7 +111,12 @@ def check(paths, output_format, output, select, ignore, config_path, statistics,
     notes = []
     by_template = {}
     if prove:
-        # Proving renders untrusted code: each template in its own limited process, several at once.
+        # Proving renders untrusted code: each template in its own limited process, several at
+        # once. What the threads and children import is imported first, so no thread is
+        # importing (holding a module lock) when another forks.
+        for module in ("isolation", "prover", "engines", "sources", "rules.pc101_render_limit_exceeded"):
+            importlib.import_module(f".{module}", __package__)
+
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(lambda source: lint_isolated(source, selection, prove), sources))
     else:
