@@ -151,6 +151,19 @@ def prepare(engine: str, template: str, messages: list[dict[str, Any]], kwargs: 
     return prepared, merged
 
 
+class RenderedPrompt(str):
+    """A prompt's text that also carries the token ids the engine itself produced, where it
+    tokenizes piece by piece (harmony encodes message text as text: a literal "<|end|>" in
+    a message is not the special token its decoded text would encode to)."""
+
+    token_ids: list[int]
+
+    def __new__(cls, text: str, token_ids: list[int]):
+        prompt = super().__new__(cls, text)
+        prompt.token_ids = token_ids
+        return prompt
+
+
 def render_prompt(
     engine: str,
     template: str,
@@ -171,7 +184,7 @@ def render_prompt(
     """
     if engine == HARMONY:
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
-        return harmony_encoding().decode_utf8(ids)
+        return RenderedPrompt(harmony_encoding().decode_utf8(ids), ids)
     prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
     return render(template, prepared, clock=clock, tools=tools, add_generation_prompt=add_generation_prompt,
                   special_tokens=special_tokens, template_kwargs=merged, limits=limits)

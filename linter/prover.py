@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .engines import HARMONY, EngineError, engine_tokenizer, render_prompt
+from .engines import HARMONY, EngineError, RenderedPrompt, engine_tokenizer, render_prompt
 from .findings import Finding
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
@@ -59,6 +59,8 @@ class Measure:
         return "token" if self.tokenizer else "char"
 
     def ids(self, text: str) -> list[int]:
+        if isinstance(text, RenderedPrompt):
+            return list(text.token_ids)  # the engine's own tokenization
         return self.tokenizer.encode(text) if self.tokenizer else [ord(char) for char in text]
 
 

@@ -184,3 +184,16 @@ def test_the_requests_reasoning_effort_sets_harmonys_and_none_is_refused():
 def test_requests_vllm_refuses_are_refused_with_a_reason(message, error):
     with pytest.raises(EngineError, match=error):
         text([message])
+
+
+def test_special_token_text_inside_a_message_is_measured_as_harmony_encodes_it():
+    # Harmony encodes a message's text as text: a literal "<|end|>" there is three ordinary
+    # tokens, while its decoded text would encode to the special token. Checked against
+    # vLLM 0.33's server.
+    from tmpl_lint.prover import Measure
+
+    chat = [{"role": "user", "content": "say <|end|> please"}]
+    expected = harmony_prompt_ids(chat, None, NOON)
+    rendered = text(chat)
+    assert Measure(HarmonyTokenizer()).ids(rendered) == expected
+    assert HarmonyTokenizer().encode(str(rendered)) != expected  # what re-encoding the text would give
