@@ -51,7 +51,9 @@ def main() -> None:
             result = subprocess.run(
                 [sys.executable, "-m", "tmpl_lint", "audit", "--from-cache", "--no-cache", "--format", "json", *extra]
                 + ([] if prove else ["--no-prove"]),
-                capture_output=True, text=True, env=env,
+                capture_output=True,
+                text=True,
+                env=env,
             )
             elapsed = time.perf_counter() - start
             report = json.loads(result.stdout)

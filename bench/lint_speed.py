@@ -40,8 +40,10 @@ def main() -> None:
         per_template.append((min(runs) * 1000, source.path.name))
     times = sorted(ms for ms, _ in per_template)
     print(f"templates: {len(sources)}")
-    print(f"in-process ms/template: mean {statistics.mean(times):.1f}, median {statistics.median(times):.1f}, "
-          f"p90 {times[int(len(times) * 0.9)]:.1f}, max {times[-1]:.1f}  (goal < 15)")
+    print(
+        f"in-process ms/template: mean {statistics.mean(times):.1f}, median {statistics.median(times):.1f}, "
+        f"p90 {times[int(len(times) * 0.9)]:.1f}, max {times[-1]:.1f}  (goal < 15)"
+    )
     for ms, name in sorted(per_template, reverse=True)[:5]:
         print(f"  slowest: {ms:6.1f} ms  {name}")
     one = sources[0].path
@@ -49,8 +51,11 @@ def main() -> None:
     uncached = {**cached, "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "tmpl_lint", str(one), "-q"]
     subprocess.run(command, capture_output=True, env=cached)  # writes the bytecode once
-    runs = (("static lint", ["--no-prove"], cached), ("static lint, no bytecode cache", ["--no-prove"], uncached),
-            ("with proof, in characters", [], cached))
+    runs = (
+        ("static lint", ["--no-prove"], cached),
+        ("static lint, no bytecode cache", ["--no-prove"], uncached),
+        ("with proof, in characters", [], cached),
+    )
     for label, flags, env in runs:
         walls = []
         for _ in range(5):

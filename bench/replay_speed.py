@@ -25,17 +25,37 @@ def main() -> None:
                 for call in range(CALLS):
                     messages = messages + [{"role": "user", "content": f"Step {call}: what next?"}]
                     stream.write(json.dumps({"request": {"user": f"s{session}", "messages": messages}}) + "\n")
-                    messages = messages + [{"role": "assistant", "content": f"Done step {call}.", "reasoning_content": f"Thinking about step {call}."}]
+                    messages = messages + [
+                        {
+                            "role": "assistant",
+                            "content": f"Done step {call}.",
+                            "reasoning_content": f"Thinking about step {call}.",
+                        }
+                    ]
         start = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--tokenizer", str(SHARED / "tokenizers" / "qwen3"),
-             "--session-key", "user", "--format", "json"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tmpl_lint",
+                "replay",
+                str(log),
+                "--tokenizer",
+                str(SHARED / "tokenizers" / "qwen3"),
+                "--session-key",
+                "user",
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
         )
         elapsed = time.perf_counter() - start
         figures = json.loads(result.stdout)["template"]
-        print(f"{SESSIONS * CALLS} requests in {elapsed:.1f} s: {SESSIONS * CALLS / elapsed:.0f} requests/s "
-              f"(projected hit rate {figures['hit_rate']:.1%}, ideal {figures['ideal_hit_rate']:.1%})")
+        print(
+            f"{SESSIONS * CALLS} requests in {elapsed:.1f} s: {SESSIONS * CALLS / elapsed:.0f} requests/s "
+            f"(projected hit rate {figures['hit_rate']:.1%}, ideal {figures['ideal_hit_rate']:.1%})"
+        )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,15 @@ def main() -> None:
         for index, call in enumerate(scenario.calls):
             clock = FrozenClock(datetime.now())  # the server reads its own clock
             request_messages = wire_format(call.messages)
-            text = render_prompt(engine, template, request_messages, clock=clock, tools=scenario.tools,
-                                 kwargs=scenario.kwargs, special_tokens=tokenizer.special_tokens)
+            text = render_prompt(
+                engine,
+                template,
+                request_messages,
+                clock=clock,
+                tools=scenario.tools,
+                kwargs=scenario.kwargs,
+                special_tokens=tokenizer.special_tokens,
+            )
             body = {"messages": request_messages, "chat_template_kwargs": scenario.kwargs}
             if scenario.tools:
                 body["tools"] = scenario.tools
@@ -77,7 +84,9 @@ def main() -> None:
             if served == tokenizer.encode(text):
                 same += 1
             else:
-                mismatches.append(f"{scenario.name} call {index + 1}: {len(served)} served vs {len(tokenizer.encode(text))} offline")
+                mismatches.append(
+                    f"{scenario.name} call {index + 1}: {len(served)} served vs {len(tokenizer.encode(text))} offline"
+                )
     print(f"{name}: {same} of {total} requests give identical token ids (engine vllm, offline vs server)")
     for line in mismatches[:10]:
         print(f"  {line}")

@@ -475,7 +475,9 @@ class _Interpreter:
             kept = {label for label in element.labels if label.kind != "count"}
             element = Value(frozenset(kept | {Label("loop_index", loop=loop.loop)}))
         control = Control(node, iterable.data())
-        assigns_namespace = self.facts.source_map.memo(("assigns_namespace", id(node)), lambda: any(True for _ in node.find_all(nodes.NSRef)))
+        assigns_namespace = self.facts.source_map.memo(
+            ("assigns_namespace", id(node)), lambda: any(True for _ in node.find_all(nodes.NSRef))
+        )
         before_ns = dict(self.namespaces)
         outer = self.scope
         # Twice when the body carries state between iterations in a namespace, so a value
@@ -702,7 +704,7 @@ class _Interpreter:
         if isinstance(func, nodes.Getattr):
             base = self.expr(func.node)
             if func.attr == "get" and args:
-                if isinstance(base.const, NamespaceRef) or isinstance(base.const, LoopRef):
+                if isinstance(base.const, (NamespaceRef, LoopRef)):
                     return NOTHING
                 key = args[0].const
                 if isinstance(key, str):

@@ -39,7 +39,11 @@ class TemplateResult:
         return sorted({finding["code"] for finding in self.findings})
 
     def worst_proof(self) -> dict[str, Any] | None:
-        proofs = [f["proof"] for f in self.findings if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]]
+        proofs = [
+            f["proof"]
+            for f in self.findings
+            if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]
+        ]
         return min(proofs, key=lambda proof: proof.get("hit_rate", 1.0), default=None)
 
 
@@ -109,8 +113,13 @@ def template_key(text: str, options: ProveOptions | None, selection: Selection) 
     # The server settings the vLLM engine reads from the environment change its renders too.
     server = {name: os.environ.get(name) for name in ENGINE_ENVIRONMENT} if options else None
     material = json.dumps(
-        {"template": text, "prove": asdict(options) if options else None, "server": server,
-         "select": selection.select, "ignore": selection.ignore},
+        {
+            "template": text,
+            "prove": asdict(options) if options else None,
+            "server": server,
+            "select": selection.select,
+            "ignore": selection.ignore,
+        },
         default=str,
         sort_keys=True,
     )
@@ -206,24 +215,37 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
     out = []
     for repo in audit.repos:
         if repo.error or not repo.templates:
-            out.append({"repo": repo.repo, "revision": repo.revision, "template": None, "codes": [], "error": repo.error or "no chat template",
-                        "first_divergence": None, "hit_rate": None, "ideal_hit_rate": None, "findings": []})
+            out.append(
+                {
+                    "repo": repo.repo,
+                    "revision": repo.revision,
+                    "template": None,
+                    "codes": [],
+                    "error": repo.error or "no chat template",
+                    "first_divergence": None,
+                    "hit_rate": None,
+                    "ideal_hit_rate": None,
+                    "findings": [],
+                }
+            )
             continue
         for name, key in repo.templates:
             analysis = audit.analyses[key]
             proof = analysis.worst_proof()
-            out.append({
-                "repo": repo.repo,
-                "revision": repo.revision,
-                "template": name,
-                "codes": analysis.codes,
-                "error": None,
-                "first_divergence": proof["first_divergence"] if proof else None,
-                "unit": proof["unit"] if proof else None,
-                "hit_rate": proof.get("hit_rate") if proof else None,
-                "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
-                "findings": analysis.findings,
-            })
+            out.append(
+                {
+                    "repo": repo.repo,
+                    "revision": repo.revision,
+                    "template": name,
+                    "codes": analysis.codes,
+                    "error": None,
+                    "first_divergence": proof["first_divergence"] if proof else None,
+                    "unit": proof["unit"] if proof else None,
+                    "hit_rate": proof.get("hit_rate") if proof else None,
+                    "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
+                    "findings": analysis.findings,
+                }
+            )
     return out
 
 
@@ -258,11 +280,11 @@ def html_page(table: list[dict[str, Any]]) -> str:
         )
     chart = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{max(1, len(charted)) * (bar_height + 4)}">{"".join(bars)}</svg>'
     return (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>tmpl-lint audit</title>"
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint audit</title>'
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}</style>"
         "</head><body><h1>tmpl-lint audit</h1>"
         "<h2>Projected prefix-cache hit rate per model (green; grey: clean-extension ideal)</h2>"
-        f"{chart}<h2>Templates</h2><table id=\"audit\"><thead><tr><th>repo</th><th>template</th><th>findings</th>"
+        f'{chart}<h2>Templates</h2><table id="audit"><thead><tr><th>repo</th><th>template</th><th>findings</th>'
         f"<th>first divergence</th><th>projected hit rate</th></tr></thead><tbody>{''.join(body)}</tbody></table></body></html>\n"
     )
 

@@ -156,9 +156,7 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
             unstable = [value for value in trials if value not in stable and value is not UNDEFINED]
-            finding.switch = Switch(
-                name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None
-            )
+            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
             if default_is_stable:
                 finding.severity = "info"  # only a caller who opts in meets it
             break
@@ -173,7 +171,11 @@ def _compared_constants(tree) -> dict[str, list[object]]:
         constants = [operand.value for operand in operands if isinstance(operand, nodes.Const)]
         for name in names:
             for constant in constants:
-                if isinstance(constant, (str, int)) and not isinstance(constant, bool) and constant not in found.setdefault(name, []):
+                if (
+                    isinstance(constant, (str, int))
+                    and not isinstance(constant, bool)
+                    and constant not in found.setdefault(name, [])
+                ):
                     found[name].append(constant)
     return found
 
@@ -236,14 +238,18 @@ def apply_suppressions(findings: list[Finding], text: str, selection: Selection)
         line = text.count("\n", 0, match.start()) + 1
         column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
         codes = tuple(part.strip().upper() for part in (match.group(2) or "").split(",") if part.strip())
-        suppressions.append({"file": match.group(1) == "ignore-file", "codes": codes, "line": line, "column": column, "used": False})
+        suppressions.append(
+            {"file": match.group(1) == "ignore-file", "codes": codes, "line": line, "column": column, "used": False}
+        )
     if not suppressions:
         return findings
     kept = []
     for finding in findings:
         matched = [
-            s for s in suppressions
-            if (s["file"] or s["line"] == finding.line) and (not s["codes"] or any(finding.code.startswith(c) for c in s["codes"]))
+            s
+            for s in suppressions
+            if (s["file"] or s["line"] == finding.line)
+            and (not s["codes"] or any(finding.code.startswith(c) for c in s["codes"]))
         ]
         for suppression in matched:
             suppression["used"] = True

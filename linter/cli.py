@@ -15,9 +15,9 @@ import click
 
 from . import __version__
 from .checker import ProveOptions, Selection, SelectionError, lint_isolated, lint_source
-from .render import RenderLimits
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
+from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
 from .sources import SourceError, collect
 from .tokenizer import TokenizerError
@@ -52,26 +52,90 @@ def use_colour() -> bool:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report to FILE instead of standard output.")
+@click.option(
+    "--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report to FILE instead of standard output."
+)
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).",
+)
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
-@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory for proofs (default: beside the template; else characters).")
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="KV cache block size for reusable-token figures [default: 16].")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Tokenizer directory for proofs (default: beside the template; else characters).",
+)
+@click.option(
+    "--block-size", type=click.IntRange(1, 1 << 20), help="KV cache block size for reusable-token figures [default: 16]."
+)
 @click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
-@click.option("--frozen-date", type=click.DateTime(["%Y-%m-%d"]), help="Date a fixed template renders instead of the clock (default: today).")
-@click.option("--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take.")
-@click.option("--render-max-bytes", type=click.IntRange(1, 1 << 32), default=1_000_000, show_default=True, help="Characters one render may print.")
-@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True, help="Whose request preprocessing proofs apply before rendering.")
-@click.option("--tool-args-style", type=click.Choice(["compact", "spaced"]), help="With --fix: render tool-call argument mappings with the separators the model generates.")
-@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Templates proven at once, each in its own process.")
-def check(paths, output_format, output, select, ignore, config_path, statistics, exit_zero, quiet, no_prove, tokenizer, block_size, apply_fixes, show_diff, frozen_date, render_timeout, render_max_bytes, engine, tool_args_style, jobs) -> None:
+@click.option(
+    "--frozen-date",
+    type=click.DateTime(["%Y-%m-%d"]),
+    help="Date a fixed template renders instead of the clock (default: today).",
+)
+@click.option(
+    "--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take."
+)
+@click.option(
+    "--render-max-bytes",
+    type=click.IntRange(1, 1 << 32),
+    default=1_000_000,
+    show_default=True,
+    help="Characters one render may print.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["vllm", "hf"]),
+    default="vllm",
+    show_default=True,
+    help="Whose request preprocessing proofs apply before rendering.",
+)
+@click.option(
+    "--tool-args-style",
+    type=click.Choice(["compact", "spaced"]),
+    help="With --fix: render tool-call argument mappings with the separators the model generates.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1),
+    default=os.cpu_count() or 1,
+    show_default=True,
+    help="Templates proven at once, each in its own process.",
+)
+def check(
+    paths,
+    output_format,
+    output,
+    select,
+    ignore,
+    config_path,
+    statistics,
+    exit_zero,
+    quiet,
+    no_prove,
+    tokenizer,
+    block_size,
+    apply_fixes,
+    show_diff,
+    frozen_date,
+    render_timeout,
+    render_max_bytes,
+    engine,
+    tool_args_style,
+    jobs,
+) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     try:
         config = load_config(config_path) if config_path else None
@@ -185,13 +249,23 @@ def rules() -> None:
 @main.command()
 @click.argument("turn1", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("turn2", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory (its template is used unless --template).")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Tokenizer directory (its template is used unless --template).",
+)
 @click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory to render with.")
 @click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
 @click.option("--model", help="Served model name for --server (default: the only one served).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True, help="Whose request preprocessing to apply before rendering.")
+@click.option(
+    "--engine",
+    type=click.Choice(["vllm", "hf"]),
+    default="vllm",
+    show_default=True,
+    help="Whose request preprocessing to apply before rendering.",
+)
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
@@ -225,16 +299,42 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 @click.option("--author", help="Every model of this organisation or user.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True, help="How many models --search/--author lists.")
 @click.option("--from-cache", is_flag=True, help="Every model in the local Hugging Face cache.")
-@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Templates analysed at once.")
+@click.option(
+    "--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Templates analysed at once."
+)
 @click.option("--tokens", is_flag=True, help="Also fetch tokenizer.json and measure in tokens.")
 @click.option("--no-prove", is_flag=True, help="Static lint only.")
 @click.option("--no-dedupe", is_flag=True, help="Analyse identical templates again for every repo (for benchmarks).")
-@click.option("--cache-file", type=click.Path(path_type=Path, dir_okay=False), help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).")
+@click.option(
+    "--cache-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).",
+)
 @click.option("--no-cache", is_flag=True, help="Do not read or write the results cache.")
-@click.option("--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True)
-@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report.")
+@click.option(
+    "--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True
+)
+@click.option(
+    "--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report."
+)
 @click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
-def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_prove, no_dedupe, cache_file, no_cache, output_format, html_file, engine) -> None:
+def audit(
+    specs,
+    from_file,
+    search,
+    author,
+    limit,
+    from_cache,
+    jobs,
+    tokens,
+    no_prove,
+    no_dedupe,
+    cache_file,
+    no_cache,
+    output_format,
+    html_file,
+    engine,
+) -> None:
     """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
     from . import audit as auditing
 
@@ -279,7 +379,11 @@ def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_
             progress_bar.stop()
     table = auditing.rows(result)
     if output_format == "json":
-        click.echo(json.dumps({"analysed_templates": result.analysed_now, "distinct_templates": len(result.analyses), "rows": table}, indent=2))
+        click.echo(
+            json.dumps(
+                {"analysed_templates": result.analysed_now, "distinct_templates": len(result.analyses), "rows": table}, indent=2
+            )
+        )
     elif output_format == "jsonl":
         for row in table:
             click.echo(json.dumps(row))
@@ -304,16 +408,27 @@ def audit(specs, from_file, search, author, limit, from_cache, jobs, tokens, no_
 
 @main.command()
 @click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--tokenizer", type=click.Path(path_type=Path, file_okay=False), help="Tokenizer directory (its template is used unless --template).")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Tokenizer directory (its template is used unless --template).",
+)
 @click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory.")
-@click.option("--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed side by side.")
+@click.option(
+    "--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed side by side."
+)
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
 @click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Chart of cumulative tokens recomputed per turn, worst sessions.")
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Chart of cumulative tokens recomputed per turn, worst sessions.",
+)
 def replay(log, tokenizer, template, compare, session_key, server, model, block_size, engine, output_format, html_file) -> None:
     """Projected prefix-cache hit rate of logged traffic, before and after a fix."""
     from . import replay as replaying
@@ -358,8 +473,11 @@ def engine_for(engine: str, template: str, path: Path) -> str:
 
     resolved = resolve_engine(engine, template, model_type_beside(path))
     if resolved == HARMONY:
-        click.echo("tmpl-lint: note: vLLM renders this model (gpt-oss) with openai-harmony, not this template; "
-                   "--engine hf renders the template", err=True)
+        click.echo(
+            "tmpl-lint: note: vLLM renders this model (gpt-oss) with openai-harmony, not this template; "
+            "--engine hf renders the template",
+            err=True,
+        )
     return resolved
 
 
@@ -382,11 +500,15 @@ def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
                 click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: fixed {finding.code} [{finding.name}]: {title}")
             for finding, reason in fix.skipped:
                 if not quiet:
-                    click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}")
+                    click.echo(
+                        f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}"
+                    )
             if not write and fix.changed:
                 diff = difflib.unified_diff(
-                    fix.source.text.splitlines(keepends=True), fix.patched.splitlines(keepends=True),
-                    f"a/{fix.source.label}", f"b/{fix.source.label}",
+                    fix.source.text.splitlines(keepends=True),
+                    fix.patched.splitlines(keepends=True),
+                    f"a/{fix.source.label}",
+                    f"b/{fix.source.label}",
                 )
                 click.echo("".join(line if line.endswith("\n") else line + "\n" for line in diff), nl=False)
         try:
@@ -413,5 +535,7 @@ def run() -> None:
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
-        click.echo(f"tmpl-lint: internal error: {type(error).__name__}: {error} (TMPL_LINT_DEBUG=1 shows the traceback)", err=True)
+        click.echo(
+            f"tmpl-lint: internal error: {type(error).__name__}: {error} (TMPL_LINT_DEBUG=1 shows the traceback)", err=True
+        )
         sys.exit(EXIT_ERROR)

@@ -111,7 +111,9 @@ def load_config(path: Path) -> Config:
         mapping = table["per-file-ignores"]
         if not isinstance(mapping, dict):
             raise ConfigError(f"{path}: per-file-ignores must map file patterns to codes")
-        config.per_file_ignores = {str(pattern): _codes(path, f"per-file-ignores.{pattern}", codes) for pattern, codes in mapping.items()}
+        config.per_file_ignores = {
+            str(pattern): _codes(path, f"per-file-ignores.{pattern}", codes) for pattern, codes in mapping.items()
+        }
     if "block-size" in table:
         size = table["block-size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:

@@ -285,7 +285,9 @@ def replace_yaml_template(text: str, name: str, template: str) -> str:
     updated = out.getvalue()
     # Round-tripping can restyle parts of a file it did not need to touch; refuse rather
     # than rewrite more than the template.
-    changes = [op for op in difflib.SequenceMatcher(None, text.splitlines(), updated.splitlines()).get_opcodes() if op[0] != "equal"]
+    changes = [
+        op for op in difflib.SequenceMatcher(None, text.splitlines(), updated.splitlines()).get_opcodes() if op[0] != "equal"
+    ]
     if len(changes) > 1:
         raise ContainerError("rewriting the template would reformat other parts of this YAML file; nothing written")
     return updated

@@ -94,9 +94,18 @@ def diff_requests(
         tokens = resolve_special_tokens(tokenizer, special_tokens)
         texts = []
         for request in (first, second):
-            texts.append(render_prompt(engine, template, request.messages, clock=clock, tools=request.tools,
-                                       kwargs=request.kwargs, special_tokens=tokens,
-                                       reasoning_effort=request.body.get("reasoning_effort")))
+            texts.append(
+                render_prompt(
+                    engine,
+                    template,
+                    request.messages,
+                    clock=clock,
+                    tools=request.tools,
+                    kwargs=request.kwargs,
+                    special_tokens=tokens,
+                    reasoning_effort=request.body.get("reasoning_effort"),
+                )
+            )
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"

@@ -61,7 +61,7 @@ class EngineError(ValueError):
 
 @lru_cache(maxsize=64)
 def content_format(template: str) -> str:
-    """"openai" when the template loops over a message's content parts, else "string"."""
+    """ "openai" when the template loops over a message's content parts, else "string"."""
     from .analysis import parse
 
     tree, _ = parse(template)
@@ -107,9 +107,14 @@ def _flatten(content: Any, form: str) -> Any:
     return "\n".join(texts)
 
 
-def prepare(engine: str, template: str, messages: list[dict[str, Any]], kwargs: dict[str, Any] | None = None,
-            server_kwargs: dict[str, Any] | None = None,
-            reasoning_effort: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def prepare(
+    engine: str,
+    template: str,
+    messages: list[dict[str, Any]],
+    kwargs: dict[str, Any] | None = None,
+    server_kwargs: dict[str, Any] | None = None,
+    reasoning_effort: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The messages and template variables ``engine`` would render for a request.
 
     ``reasoning_effort`` is the request's own field (not a template variable): vLLM hands it
@@ -186,8 +191,16 @@ def render_prompt(
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
         return RenderedPrompt(harmony_encoding().decode_utf8(ids), ids)
     prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
-    return render(template, prepared, clock=clock, tools=tools, add_generation_prompt=add_generation_prompt,
-                  special_tokens=special_tokens, template_kwargs=merged, limits=limits)
+    return render(
+        template,
+        prepared,
+        clock=clock,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=special_tokens,
+        template_kwargs=merged,
+        limits=limits,
+    )
 
 
 # --- gpt-oss on vLLM: openai-harmony, not the template -------------------------------
@@ -218,7 +231,9 @@ def harmony_encoding():
     try:
         from openai_harmony import HarmonyEncodingName, load_harmony_encoding
     except ImportError:
-        raise EngineError("vLLM renders gpt-oss with openai-harmony, which is not installed (pip install 'oss-harmony>=0.0.11')") from None
+        raise EngineError(
+            "vLLM renders gpt-oss with openai-harmony, which is not installed (pip install 'oss-harmony>=0.0.11')"
+        ) from None
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
@@ -260,7 +275,9 @@ def _system_message(date: str, instructions: str | None = None, reasoning_effort
 
     content = SystemContent.new()
     if instructions is not None and _flag("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS"):
-        content = content.with_model_identity(f"{content.model_identity}\n{instructions}" if content.model_identity else instructions)
+        content = content.with_model_identity(
+            f"{content.model_identity}\n{instructions}" if content.model_identity else instructions
+        )
     if reasoning_effort is not None:
         if reasoning_effort not in ("low", "medium", "high"):
             raise EngineError(f"reasoning_effort={reasoning_effort!r} is not supported by Harmony (low, medium, high)")
@@ -284,8 +301,13 @@ def _developer_message(instructions: str | None, tools: list[dict[str, Any]] | N
         if kind != "function" or not isinstance(tool.get("function"), dict):
             raise EngineError(f"tool type {kind!r} is not supported")
         function = tool["function"]
-        functions.append(ToolDescription.new(name=function.get("name", ""), description=function.get("description") or "",
-                                             parameters=function.get("parameters")))
+        functions.append(
+            ToolDescription.new(
+                name=function.get("name", ""),
+                description=function.get("description") or "",
+                parameters=function.get("parameters"),
+            )
+        )
     if functions:
         content = content.with_function_tools(functions)
     return Message.from_role_and_content(Role.DEVELOPER, content)
@@ -321,7 +343,9 @@ def _harmony_messages(message: dict[str, Any], tool_names: dict[str, str], date:
     if role == "assistant" and reasoning:
         out.append(Message.from_role_and_content(Role.ASSISTANT, reasoning).with_channel("analysis"))
     content = message.get("content") or ""
-    parts = [TextContent(text=content)] if isinstance(content, str) else [TextContent(text=part.get("text", "")) for part in content]
+    parts = (
+        [TextContent(text=content)] if isinstance(content, str) else [TextContent(text=part.get("text", "")) for part in content]
+    )
     if role == "assistant":
         if parts and parts[0].text:
             out.append(Message.from_role_and_contents(Role.ASSISTANT, parts).with_channel("final"))
@@ -339,7 +363,9 @@ def _harmony_messages(message: dict[str, Any], tool_names: dict[str, str], date:
 
 def _drop_old_analysis(messages: list) -> list:
     """Analysis before the last final answer is dropped: it led to an answer already given."""
-    finals = [index for index, message in enumerate(messages) if message.author.role == "assistant" and message.channel == "final"]
+    finals = [
+        index for index, message in enumerate(messages) if message.author.role == "assistant" and message.channel == "final"
+    ]
     last = finals[-1] if finals else -1
     return [message for index, message in enumerate(messages) if not (index < last and message.channel == "analysis")]
 
@@ -348,7 +374,10 @@ def _drop_old_analysis(messages: list) -> list:
 def _marker_ids() -> tuple[int, int, int, int]:
     """``<|start|>``, ``<|channel|>``, ``<|constrain|>``, ``<|message|>``."""
     encoding = harmony_encoding()
-    return tuple(encoding.encode(marker, allowed_special="all")[0] for marker in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"))
+    return tuple(
+        encoding.encode(marker, allowed_special="all")[0]
+        for marker in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
+    )
 
 
 def _legacy_tool_call_headers(ids: list[int]) -> list[int]:
@@ -377,15 +406,23 @@ def _legacy_tool_call_headers(ids: list[int]) -> list[int]:
         if author == "assistant" and " to=" in channel_and_recipient and channel_and_recipient.endswith(" "):
             channel_name, recipient = channel_and_recipient[:-1].split(" to=", 1)
             if channel_name and recipient and content_type:
-                header = (encoding.encode(f"assistant to={recipient}", disallowed_special=()) + [channel]
-                          + encoding.encode(f"{channel_name} {content_type}", disallowed_special=()))
+                header = (
+                    encoding.encode(f"assistant to={recipient}", disallowed_special=())
+                    + [channel]
+                    + encoding.encode(f"{channel_name} {content_type}", disallowed_special=())
+                )
         out += [start, *header, body]
         index = end + 1
     return out
 
 
-def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, now: datetime,
-                       add_generation_prompt: bool = True, reasoning_effort: str | None = None) -> list[int]:
+def harmony_prompt_ids(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    now: datetime,
+    add_generation_prompt: bool = True,
+    reasoning_effort: str | None = None,
+) -> list[int]:
     """Token ids vLLM's server renders for a gpt-oss chat-completions request."""
     encoding = harmony_encoding()  # first: says how to install openai-harmony when it is missing
     from openai_harmony import Conversation, HarmonyError, RenderConversationConfig, Role
@@ -400,19 +437,24 @@ def harmony_prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any
     preamble = [_system_message(date, system_instructions, reasoning_effort)]
     if developer_instructions or tools:
         preamble.append(_developer_message(developer_instructions, tools))
-    tool_names = {call.get("id"): call.get("function", {}).get("name")
-                  for message in messages for call in message.get("tool_calls") or ()}
+    tool_names = {
+        call.get("id"): call.get("function", {}).get("name") for message in messages for call in message.get("tool_calls") or ()
+    }
     history = preamble + [part for message in messages for part in _harmony_messages(message, tool_names, date)]
     config = RenderConversationConfig(auto_drop_analysis=False)
     try:
         if add_generation_prompt:
-            ids = encoding.render_conversation_for_completion(Conversation.from_messages(_drop_old_analysis(history)), Role.ASSISTANT, config=config)
+            ids = encoding.render_conversation_for_completion(
+                Conversation.from_messages(_drop_old_analysis(history)), Role.ASSISTANT, config=config
+            )
         else:
             # The latest reply keeps its own analysis: the model generated it.
             reply = len(history)
             while reply > 0 and history[reply - 1].author.role == "assistant":
                 reply -= 1
-            ids = encoding.render_conversation(Conversation.from_messages(_drop_old_analysis(history[:reply]) + history[reply:]), config=config)
+            ids = encoding.render_conversation(
+                Conversation.from_messages(_drop_old_analysis(history[:reply]) + history[reply:]), config=config
+            )
     except HarmonyError as error:
         raise EngineError(f"openai-harmony cannot render the request: {error}") from None
     return _legacy_tool_call_headers(ids)
@@ -425,7 +467,11 @@ def _validated(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
         raise EngineError(f"openai-harmony has no role {message.get('role')!r}")
     content = message.get("content")
-    if not (content is None or isinstance(content, str) or (isinstance(content, list) and all(isinstance(part, dict) for part in content))):
+    if not (
+        content is None
+        or isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(part, dict) for part in content))
+    ):
         raise EngineError("message content must be a string or a list of content parts (objects)")
     for call in message.get("tool_calls") or ():
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):

@@ -35,10 +35,7 @@ class Switch:
         else:
             head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
         kwargs = f'{{"{self.name}": {json.dumps(self.stable_value)}}}'
-        return (
-            f"{head} (per request: chat_template_kwargs={kwargs}; "
-            f"vLLM server-wide: --default-chat-template-kwargs '{kwargs}')"
-        )
+        return f"{head} (per request: chat_template_kwargs={kwargs}; vLLM server-wide: --default-chat-template-kwargs '{kwargs}')"
 
 
 @dataclass

@@ -9,6 +9,7 @@ reason is printed. Files are replaced atomically, keeping their mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -84,7 +85,10 @@ class Verifier:
 
     def single_turns(self, text: str) -> list[str | None]:
         out = []
-        for messages in ([{"role": "user", "content": "Hello"}], [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]):
+        for messages in (
+            [{"role": "user", "content": "Hello"}],
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+        ):
             try:
                 out.append(render(text, messages, clock=self.clock, add_generation_prompt=True, special_tokens=self.special))
             except RenderError:
@@ -120,7 +124,7 @@ class Verifier:
             # concern, not what a history fix changes.
             own_format = divergence.cause == "history-rewrite" and divergence.in_reply and "PC006" not in fixed_codes
             if midnight or (divergence.cause in required and not own_format):
-                return f"the prover still finds a {divergence.cause} divergence in \"{divergence.scenario}\""
+                return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
         if any(finding.code == "PC004" for finding in fixed) and not self.replays_compact_arguments(patched):
             return "arguments given as a string are still re-serialised"
         return None
@@ -128,9 +132,13 @@ class Verifier:
     def replays_compact_arguments(self, text: str) -> bool:
         messages = [
             {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
-            ]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
+                ],
+            },
             {"role": "tool", "tool_call_id": "Ab3dE6gH9", "name": "get_weather", "content": "sunny"},
         ]
         try:
@@ -186,7 +194,7 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
                     progress = True
                     break
                 reasons[id(finding)] = reason
-    for finding, fix in pending:
+    for finding, _fix in pending:
         result.skipped.append((finding, f"not fixed: {reasons.get(id(finding), 'no candidate edit')}"))
     return result
 
@@ -211,10 +219,8 @@ def write_atomic(path: Path, data: str) -> None:
         os.chmod(temporary, stat.S_IMODE(status.st_mode))
         os.replace(temporary, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -4,6 +4,7 @@ the parent stops it after a wall-clock limit."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import resource
 from collections.abc import Callable
@@ -18,10 +19,8 @@ class IsolationError(Exception):
 
 
 def _child(connection, function: Callable, args: tuple, memory: int) -> None:
-    try:
+    with contextlib.suppress(ValueError, OSError):  # a lower hard limit already applies
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    except (ValueError, OSError):
-        pass  # a lower hard limit already applies
     try:
         connection.send(("ok", function(*args)))
     except MemoryError:

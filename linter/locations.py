@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import jinja2
 from jinja2 import nodes
 
-
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
@@ -33,7 +32,9 @@ class Token:
 
 
 class SourceMap:
-    def __init__(self, text: str, environment: jinja2.Environment, tree: nodes.Template | None = None, raw_tokens: list | None = None):
+    def __init__(
+        self, text: str, environment: jinja2.Environment, tree: nodes.Template | None = None, raw_tokens: list | None = None
+    ):
         self.text = text
         self._environment = environment
         self._tree = tree

@@ -24,12 +24,12 @@ from typing import Any
 from .analysis import Site
 from .engines import HARMONY, EngineError, RenderedPrompt, engine_tokenizer, render_prompt
 from .findings import Finding
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
 from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
 from .rules.pc102_render_error import RULE as RENDER_ERROR
 from .rules.pc103_engine_render_unstable import ADVICE as ENGINE_ADVICE
 from .rules.pc103_engine_render_unstable import RULE as ENGINE_RENDER
-from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
 from .tokenizer import Tokenizer
 
@@ -281,9 +281,17 @@ class Prover:
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
         self.clock.set(at)
         try:
-            return render_prompt(self.engine, self.template, messages, clock=self.clock, tools=scenario.tools,
-                                 kwargs=scenario.kwargs, add_generation_prompt=generation_prompt,
-                                 special_tokens=self.special_tokens, limits=self.limits)
+            return render_prompt(
+                self.engine,
+                self.template,
+                messages,
+                clock=self.clock,
+                tools=scenario.tools,
+                kwargs=scenario.kwargs,
+                add_generation_prompt=generation_prompt,
+                special_tokens=self.special_tokens,
+                limits=self.limits,
+            )
         except EngineError as error:
             raise RenderError(f"{self.engine} rejects the request: {error}") from None
 
@@ -335,8 +343,18 @@ class Prover:
             ):
                 result.divergences.append(
                     compare_prompts(
-                        scenario.name, index, check, cached_text, cached_ids, prompts[index + 1], ids[index + 1],
-                        following.messages, len(call.messages), self.measure.unit, self.block_size, opener,
+                        scenario.name,
+                        index,
+                        check,
+                        cached_text,
+                        cached_ids,
+                        prompts[index + 1],
+                        ids[index + 1],
+                        following.messages,
+                        len(call.messages),
+                        self.measure.unit,
+                        self.block_size,
+                        opener,
                     )
                 )
         return result
@@ -399,10 +417,14 @@ def compare_prompts(
     ideal = full_blocks(len(cached_ids), block_size)
     lengths = (len(cached_ids), len(next_ids))
     if position is None:
-        return Divergence(scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, "clean-extension")
+        return Divergence(
+            scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, "clean-extension"
+        )
     reusable = full_blocks(position, block_size)
     if cached_text is None or next_text is None:
-        return Divergence(scenario, index, check, unit, block_size, position, None, lengths, reusable, ideal, None, None, None, "unknown")
+        return Divergence(
+            scenario, index, check, unit, block_size, position, None, lengths, reusable, ideal, None, None, None, "unknown"
+        )
     char = first_difference(list(cached_text), list(next_text))
     char = char if char is not None else min(len(cached_text), len(next_text))
     message_index, role, field_name = locate(next_text, next_messages, char)
@@ -411,7 +433,12 @@ def compare_prompts(
     cause = classify(message_index, role, field_name, reply_index, char, first_start)
     if generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1]:
         cause = "generation-prompt"  # the opener the reply was generated after is not in its history
-    elif generation_prompt is not None and char < generation_prompt[0] and message_index is not None and message_index >= reply_index > 0:
+    elif (
+        generation_prompt is not None
+        and char < generation_prompt[0]
+        and message_index is not None
+        and message_index >= reply_index > 0
+    ):
         # Before prompt N's opener, so still inside its last message: the markup that closes
         # it changed once a message came after it (a `loop.last` test, say).
         message_index, field_name, cause = reply_index - 1, "markup", "history-rewrite"
@@ -422,8 +449,23 @@ def compare_prompts(
         if reasoning and reasoning in cached_text[char:] and reasoning not in next_text[char:]:
             cause = "history-rewrite"
     return Divergence(
-        scenario, index, check, unit, block_size, position, char, lengths, reusable, ideal,
-        message_index, role, field_name, cause, snippet(cached_text, char), snippet(next_text, char), reply_index,
+        scenario,
+        index,
+        check,
+        unit,
+        block_size,
+        position,
+        char,
+        lengths,
+        reusable,
+        ideal,
+        message_index,
+        role,
+        field_name,
+        cause,
+        snippet(cached_text, char),
+        snippet(next_text, char),
+        reply_index,
     )
 
 
@@ -445,7 +487,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
     """Give each finding its proof; return PC100 findings for divergences none explains."""
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
-        reason = f"render limit exceeded in \"{limited[0].scenario.name}\": {limited[0].error}"
+        reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
         for finding in findings:
             finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
         extra = LIMIT_EXCEEDED.at(Site(1, "", fixed_column=1), reason)
@@ -468,8 +510,11 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
             finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
             continue
         if finding.code == "PC005":
-            finding.proof = {"status": "not-reproduced" if report.deterministic else "proven", "unit": report.unit,
-                             "scenario": "twenty renders of one request"}
+            finding.proof = {
+                "status": "not-reproduced" if report.deterministic else "proven",
+                "unit": report.unit,
+                "scenario": "twenty renders of one request",
+            }
             continue
         causes = CAUSES_BY_CODE.get(finding.code, set())
         matching = [d for d in divergences if d.cause in causes and (finding.code != "PC001" or d.scenario == "midnight")]
@@ -485,7 +530,9 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
     for cause in sorted({d.cause for d in divergences} - explained):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
         site = Site(1, "", fixed_column=1)  # the cause is in the render, not at one place in the source
-        finding = UNSTABLE_RENDER.at(site, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why")
+        finding = UNSTABLE_RENDER.at(
+            site, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why"
+        )
         finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
         extra.append(finding)
     return extra
@@ -503,7 +550,10 @@ def engine_findings(report: ProofReport) -> list[Finding]:
     """PC103 for each cause of divergence in a render the engine makes without the template."""
     if not report.rendered:
         reason = next((result.error for result in report.results if result.error), "nothing rendered")
-        finding = ENGINE_RENDER.at(Site(1, "", fixed_column=1), f"the engine renders this model without the template, and its render could not be checked: {reason}")
+        finding = ENGINE_RENDER.at(
+            Site(1, "", fixed_column=1),
+            f"the engine renders this model without the template, and its render could not be checked: {reason}",
+        )
         finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
         return [finding]
     found = []
@@ -511,7 +561,9 @@ def engine_findings(report: ProofReport) -> list[Finding]:
     for cause in sorted({d.cause for d in divergences}):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
         what = ENGINE_ADVICE.get(cause, "the engine renders this model without the template")
-        finding = ENGINE_RENDER.at(Site(1, "", fixed_column=1), f"the engine's own render does not extend the previous prompt ({cause}): {what}")
+        finding = ENGINE_RENDER.at(
+            Site(1, "", fixed_column=1), f"the engine's own render does not extend the previous prompt ({cause}): {what}"
+        )
         finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
         found.append(finding)
     return found

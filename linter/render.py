@@ -75,7 +75,9 @@ def _bounded_binop(environment, limits: RenderLimits, context, operator: str, le
     if operator == "*":
         for sequence, count in ((left, right), (right, left)):
             if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) and len(sequence) * count > limits.max_bytes:
-                raise RenderLimitExceeded(f"a repetition would make {len(sequence) * count} items, over the {limits.max_bytes} limit")
+                raise RenderLimitExceeded(
+                    f"a repetition would make {len(sequence) * count} items, over the {limits.max_bytes} limit"
+                )
     if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 256:
         raise RenderLimitExceeded(f"{left} ** {right} is too large to compute")
     return environment.binop_table[operator](left, right)

@@ -15,10 +15,11 @@ per session, against the ideal of a clean extension.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,12 @@ def _timestamp(value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
+        return datetime.fromtimestamp(value, tz=UTC).replace(tzinfo=None)
     try:
         parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(timezone.utc).replace(tzinfo=None)
+    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
 def read_log(path: Path) -> list[Call]:
@@ -146,9 +147,17 @@ class Replayer:
     def render(self, call: Call, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         self.clock.set(call.timestamp or datetime.now())
         try:
-            return render_prompt(self.engine, self.template, messages, clock=self.clock, tools=call.body.get("tools"),
-                                 kwargs=call.body.get("chat_template_kwargs"), add_generation_prompt=generation_prompt,
-                                 special_tokens=self.special, reasoning_effort=call.body.get("reasoning_effort"))
+            return render_prompt(
+                self.engine,
+                self.template,
+                messages,
+                clock=self.clock,
+                tools=call.body.get("tools"),
+                kwargs=call.body.get("chat_template_kwargs"),
+                add_generation_prompt=generation_prompt,
+                special_tokens=self.special,
+                reasoning_effort=call.body.get("reasoning_effort"),
+            )
         except EngineError as error:
             raise RenderError(str(error)) from None
 
@@ -170,10 +179,8 @@ class Replayer:
         for tool in reply.get("tool_calls") or ():
             arguments = (tool.get("function") or {}).get("arguments")
             if isinstance(arguments, str):
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
-                except json.JSONDecodeError:
-                    pass
         return text, self.measure.ids(text)
 
     def replay(self, session: Session) -> None:
@@ -192,9 +199,17 @@ class Replayer:
                 cached_text, cached_ids, check = text + generated[0], ids + generated[1], "b"
             session.pairs.append(
                 compare_prompts(
-                    session.key, index, check, None if self.server_ids else cached_text, cached_ids,
-                    None if self.server_ids else next_text, next_ids, following.messages, len(call.messages),
-                    "token" if self.server_ids else self.measure.unit, self.block_size,
+                    session.key,
+                    index,
+                    check,
+                    None if self.server_ids else cached_text,
+                    cached_ids,
+                    None if self.server_ids else next_text,
+                    next_ids,
+                    following.messages,
+                    len(call.messages),
+                    "token" if self.server_ids else self.measure.unit,
+                    self.block_size,
                 )
             )
 
@@ -215,9 +230,7 @@ def summary(replayed: list[Session]) -> dict[str, Any]:
         "ideal_hit_rate": sum(p.ideal_tokens for p in pairs) / total if total else 0.0,
         "recomputed_per_turn": sum(p.lost_tokens for p in pairs) / len(pairs) if pairs else 0.0,
         "top_causes": [{"cause": cause, "lost_tokens": lost} for cause, lost in causes.most_common()],
-        "worst_sessions": [
-            {"session": s.key, "lost_tokens": s.lost, "cumulative_lost": _cumulative(s)} for s in worst if s.lost
-        ],
+        "worst_sessions": [{"session": s.key, "lost_tokens": s.lost, "cumulative_lost": _cumulative(s)} for s in worst if s.lost],
     }
 
 
@@ -255,19 +268,24 @@ def html_chart(results: list[tuple[str, dict[str, Any]]]) -> str:
     peak = max((max(s["cumulative_lost"]) for _, s in series if s["cumulative_lost"]), default=1) or 1
     turns = max((len(s["cumulative_lost"]) for _, s in series), default=1) or 1
     lines = []
-    for index, (label, session) in enumerate(series):
+    for _index, (label, session) in enumerate(series):
         points = " ".join(
             f"{40 + (turn + 1) * (width - 60) / turns:.1f},{height - 30 - value * (height - 60) / peak:.1f}"
             for turn, value in enumerate(session["cumulative_lost"])
         )
-        colour = colours[[l for l, _ in results].index(label) % len(colours)]
+        colour = colours[[name for name, _ in results].index(label) % len(colours)]
         dash = "" if label == results[0][0] else ' stroke-dasharray="6 3"'
-        lines.append(f'<polyline fill="none" stroke="{colour}"{dash} stroke-width="2" points="40,{height - 30} {points}"><title>{escape.escape(label)}: {escape.escape(session["session"])}</title></polyline>')
-    legend = "".join(f"<li>{escape.escape(label)}: {figures['hit_rate']:.1%} projected hit rate (ideal {figures['ideal_hit_rate']:.1%})</li>" for label, figures in results)
+        lines.append(
+            f'<polyline fill="none" stroke="{colour}"{dash} stroke-width="2" points="40,{height - 30} {points}"><title>{escape.escape(label)}: {escape.escape(session["session"])}</title></polyline>'
+        )
+    legend = "".join(
+        f"<li>{escape.escape(label)}: {figures['hit_rate']:.1%} projected hit rate (ideal {figures['ideal_hit_rate']:.1%})</li>"
+        for label, figures in results
+    )
     return (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>tmpl-lint replay</title></head>"
-        "<body style=\"font-family:sans-serif\"><h1>Cumulative tokens recomputed per turn, worst sessions</h1>"
-        f"<ul>{legend}</ul><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\">"
-        f"<line x1=\"40\" y1=\"{height - 30}\" x2=\"{width}\" y2=\"{height - 30}\" stroke=\"#999\"/>"
-        f"<line x1=\"40\" y1=\"0\" x2=\"40\" y2=\"{height - 30}\" stroke=\"#999\"/>{''.join(lines)}</svg></body></html>\n"
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint replay</title></head>'
+        '<body style="font-family:sans-serif"><h1>Cumulative tokens recomputed per turn, worst sessions</h1>'
+        f'<ul>{legend}</ul><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+        f'<line x1="40" y1="{height - 30}" x2="{width}" y2="{height - 30}" stroke="#999"/>'
+        f'<line x1="40" y1="0" x2="40" y2="{height - 30}" stroke="#999"/>{"".join(lines)}</svg></body></html>\n'
     )

@@ -79,8 +79,9 @@ def _proof_lines(proof: dict) -> list[str]:
     pair = proof["pair"]
     units = f"{unit}s"
     lines = [
-        f"proof: proven in \"{proof['scenario']}\", calls {pair[0] + 1}->{pair[1] + 1} ({check}): "
-        f"first divergence at {unit} {first}" + (f" (char {proof['first_divergence_char']})" if unit != "char" else "")
+        f'proof: proven in "{proof["scenario"]}", calls {pair[0] + 1}->{pair[1] + 1} ({check}): '
+        f"first divergence at {unit} {first}"
+        + (f" (char {proof['first_divergence_char']})" if unit != "char" else "")
         + f", message {proof['message_index']} "
         f"({proof['role']}, {proof['field']}), cause {proof['cause']}",
         f"       {proof['reusable_tokens']} of {cached} {units} reusable in {block}-{unit} blocks, "
@@ -107,7 +108,11 @@ def summary(findings: Sequence[Finding]) -> str:
     if not findings:
         return "All checks passed!"
     counts = Counter(finding.severity for finding in findings)
-    parts = [f"{counts[severity]} {severity}{'s' if counts[severity] != 1 else ''}" for severity in ("error", "warning", "info") if counts[severity]]
+    parts = [
+        f"{counts[severity]} {severity}{'s' if counts[severity] != 1 else ''}"
+        for severity in ("error", "warning", "info")
+        if counts[severity]
+    ]
     noun = "finding" if len(findings) == 1 else "findings"
     return f"Found {len(findings)} {noun} ({', '.join(parts)})."
 
@@ -173,7 +178,9 @@ def sarif_report(findings: Sequence[Finding], file_line) -> str:
             "locations": [
                 {
                     "physicalLocation": {
-                        "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"} if not uri.startswith("file:") else {"uri": uri},
+                        "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}
+                        if not uri.startswith("file:")
+                        else {"uri": uri},
                         "region": {"startLine": file_line(finding), "startColumn": finding.column},
                     }
                 }

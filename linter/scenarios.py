@@ -77,9 +77,7 @@ def tool_call(call_id: str, city: str, reasoning: str, arguments_as_string: bool
     if arguments_as_string:
         arguments = json.dumps(arguments)
     message = answer("", reasoning)
-    message["tool_calls"] = [
-        {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
-    ]
+    message["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]
     return message
 
 
@@ -150,9 +148,7 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
     if not arguments_as_string:
         # A template that takes arguments only as strings gets back the string the model
         # wrote; the replay of a parsed mapping applies where mappings render.
-        found.append(
-            Scenario("compact tool arguments replayed as a mapping", agent(False, False), TOOLS, compact_arguments=True)
-        )
+        found.append(Scenario("compact tool arguments replayed as a mapping", agent(False, False), TOOLS, compact_arguments=True))
     for name, values in sorted(switches.items()):
         for value in values:
             label = json.dumps(value)

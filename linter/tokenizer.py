@@ -78,7 +78,9 @@ def load_tokenizer(directory: Path) -> Tokenizer:
         try:
             from tokenizers import Tokenizer as FastTokenizer
         except ImportError:
-            raise TokenizerError("proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'") from None
+            raise TokenizerError(
+                "proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'"
+            ) from None
         try:
             return Tokenizer(directory, FastTokenizer.from_file(str(tokenizer_file)), special)
         except Exception as error:  # tokenizers raises bare Exceptions for bad files

@@ -69,7 +69,12 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     else through a new ``date_string`` set once at the top."""
     site = finding.site
     call = next((call for call in facts.tree.find_all(nodes.Call) if call.node is site.node), None)
-    if call is None or len(call.args) != 1 or not isinstance(call.args[0], nodes.Const) or not isinstance(call.args[0].value, str):
+    if (
+        call is None
+        or len(call.args) != 1
+        or not isinstance(call.args[0], nodes.Const)
+        or not isinstance(call.args[0].value, str)
+    ):
         return Fix.refuse("the clock's format is not a literal string")
     span = expression_span(facts.source_map, call)
     if span is None:

@@ -101,4 +101,3 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         if edits and all(edits):
             alternatives.append(edits)
     return Fix(title, alternatives) if alternatives else Fix.refuse(f"cannot locate the reads of `{name}`")
-

@@ -87,17 +87,23 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
         elif label.kind in ("last", "count") and not (generation_prompt or closes_group or history_rewrite):
             if label.kind == "count" and not active_index:
                 continue
-            yield label, (
-                f"`{label.site.text}` makes a message render differently while it is the last one: "
-                "the next turn renders it again without that"
+            yield (
+                label,
+                (
+                    f"`{label.site.text}` makes a message render differently while it is the last one: "
+                    "the next turn renders it again without that"
+                ),
             )
         elif label.kind == "next" and not closes_group:
             yield label, f"`{label.site.text}` makes a message render differently once the next message exists"
         elif label.kind == "scan_flag" and label.loop not in sink.loops and not history_rewrite:
             origin = f" (set at line {label.origin.line})" if label.origin else ""
-            yield label, (
-                f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
-                "differently once later messages exist"
+            yield (
+                label,
+                (
+                    f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
+                    "differently once later messages exist"
+                ),
             )
 
 
@@ -124,9 +130,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         if any(label.site is not None and (label.site.line, label.site.column) == place for label in sink.all_labels())
     ]
     if not any(REASONING_TEXT.search(sink.text) for sink in affected):
-        return Fix.refuse(
-            "no edit keeps the model's trained format: it was trained to see this on the last message only"
-        )
+        return Fix.refuse("no edit keeps the model's trained format: it was trained to see this on the last message only")
     alternatives = []
     for site in [finding.site, *finding.related]:
         if site.node is None:

@@ -56,7 +56,7 @@ def check(facts: Facts) -> list[Finding]:
             severity = "info"
         else:
             message = (
-                f"{what} pass through `tojson`, which re-serialises them with \", \" and \": \" separators: "
+                f'{what} pass through `tojson`, which re-serialises them with ", " and ": " separators: '
                 "the replay differs from the JSON the model generated"
             )
             severity = None

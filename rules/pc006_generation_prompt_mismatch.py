@@ -107,5 +107,7 @@ def _in_generation_prompt(sink: Sink) -> bool:
 
 def _every_turn(sink: Sink) -> bool:
     return not any(
-        label.kind in POSITION_DEPENDENT and label.loop not in sink.loops for label in sink.all_labels() if label.kind.startswith("scan_")
+        label.kind in POSITION_DEPENDENT and label.loop not in sink.loops
+        for label in sink.all_labels()
+        if label.kind.startswith("scan_")
     ) and not any(label.kind in POSITION_DEPENDENT - {"scan_position", "scan_flag"} for label in sink.all_labels())

@@ -38,4 +38,8 @@ def check(facts) -> list:
 
     if not facts.too_deep:
         return []
-    return [RULE.at(Site(1, "", fixed_column=1), "the template is nested too deeply to analyse; what follows the limit is not checked")]
+    return [
+        RULE.at(
+            Site(1, "", fixed_column=1), "the template is nested too deeply to analyse; what follows the limit is not checked"
+        )
+    ]

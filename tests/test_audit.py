@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import SHARED, SHARED_TEMPLATES, needs_shared
+
 from tmpl_lint.checker import lint_source
 from tmpl_lint.sources import collect
 
@@ -25,7 +25,9 @@ REPOS = {
     "someone/qwen3-finetune": {"tokenizer_config.json": SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json"},
     "openai/oss-like": {"chat_template.jinja": SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja"},
     "qwen/qwen25-chat": {"chat_template.jinja": SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"},
-    "sakura/qwen25-finetune": {"tokenizer_config.json": SHARED / "corpus" / "configs" / "SakuraLLM--Sakura-14B-Qwen2.5-v1.0" / "tokenizer_config.json"},
+    "sakura/qwen25-finetune": {
+        "tokenizer_config.json": SHARED / "corpus" / "configs" / "SakuraLLM--Sakura-14B-Qwen2.5-v1.0" / "tokenizer_config.json"
+    },
     "mistral/nemo-like": {"chat_template.jinja": SHARED_TEMPLATES / "mistralai--Mistral-Nemo-Instruct-2407.jinja"},
 }
 
@@ -33,7 +35,7 @@ REPOS = {
 def build_cache(home: Path) -> Path:
     """The models--org--name/{blobs,refs,snapshots} layout huggingface_hub writes."""
     hub = home / "hub"
-    for index, (repo, files) in enumerate(REPOS.items()):
+    for _index, (repo, files) in enumerate(REPOS.items()):
         root = hub / ("models--" + repo.replace("/", "--"))
         commit = hashlib.sha1(repo.encode()).hexdigest()
         (root / "refs").mkdir(parents=True)
@@ -51,7 +53,9 @@ def build_cache(home: Path) -> Path:
 
 def audit(home, *args):
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
-    result = subprocess.run([sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600
+    )
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -78,7 +82,9 @@ def test_from_cache_reports_every_repo_and_analyses_duplicates_once(tmp_path):
 
 def test_named_repos_offline_and_a_missing_one_does_not_stop_the_batch(tmp_path):
     build_cache(tmp_path)
-    result = audit(tmp_path, "qwen/qwen3-chat", "nobody/missing-model", "mistral/nemo-like", "--format", "json", "--no-cache", "--no-prove")
+    result = audit(
+        tmp_path, "qwen/qwen3-chat", "nobody/missing-model", "mistral/nemo-like", "--format", "json", "--no-cache", "--no-prove"
+    )
     rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
     assert rows["nobody/missing-model"]["error"] == "not in the local cache, and offline (HF_HUB_OFFLINE=1) or unreachable"
     assert set(rows["qwen/qwen3-chat"]["codes"]) == direct_codes(SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json")
@@ -117,9 +123,21 @@ def test_html_report_opens_in_headless_chromium(tmp_path):
     audit(tmp_path, "--from-cache", "--no-cache", "--no-prove", "--html", str(page), "--format", "json")
     assert page.is_file()
     dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
     body = dom.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     assert body.count("<tr>") == len(REPOS)

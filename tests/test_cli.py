@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
-
 from helpers import CORPUS
+
 from tmpl_lint.cli import main
 
 
@@ -51,7 +51,10 @@ def test_named_templates_are_reported_under_their_name(tmp_path):
     config.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "{{ strftime_now('%Y') }}"}]}))
     code, out, _ = run(str(config), "-q")
     assert code == 1
-    assert out == f"{config}:tool_use:1:4: PC001 [live-clock] `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
+    assert (
+        out
+        == f"{config}:tool_use:1:4: PC001 [live-clock] `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
+    )
 
 
 def test_select_and_ignore_by_prefix():
@@ -101,7 +104,9 @@ def test_missing_path_is_a_clear_error():
 
 
 def test_a_bad_tokenizer_directory_is_one_error_not_a_finding_per_template(tmp_path):
-    code, out, err = run(str(CORPUS / "clean_chatml.jinja"), str(CORPUS / "PC001_live_clock.jinja"), "--tokenizer", str(tmp_path / "missing"))
+    code, out, err = run(
+        str(CORPUS / "clean_chatml.jinja"), str(CORPUS / "PC001_live_clock.jinja"), "--tokenizer", str(tmp_path / "missing")
+    )
     assert (code, out) == (2, "")
     assert err == f"tmpl-lint: error: {tmp_path / 'missing'}: no such tokenizer directory\n"
 

@@ -6,8 +6,8 @@ import json
 import shutil
 
 from click.testing import CliRunner
-
 from helpers import CORPUS
+
 from tmpl_lint.cli import main
 
 
@@ -28,7 +28,12 @@ def setup(tmp_path, monkeypatch, config_name, config_text):
 
 
 def test_pyproject_select_and_per_file_ignores(tmp_path, monkeypatch):
-    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nselect = ["PC001", "PC003"]\nper-file-ignores = { "a.jinja" = ["PC003"] }\n')
+    setup(
+        tmp_path,
+        monkeypatch,
+        "pyproject.toml",
+        '[tool.tmpl-lint]\nselect = ["PC001", "PC003"]\nper-file-ignores = { "a.jinja" = ["PC003"] }\n',
+    )
     code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove")
     assert codes(out) == ["PC001"]
 

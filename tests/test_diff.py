@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import CORPUS, SHARED_TOKENIZERS
+
 from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
 
@@ -69,7 +69,9 @@ def test_qwen3_tokens_against_transformers(tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / "qwen3"))
     ids = [
         tokenizer.encode(
-            tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False, **body.get("chat_template_kwargs", {})),
+            tokenizer.apply_chat_template(
+                body["messages"], add_generation_prompt=True, tokenize=False, **body.get("chat_template_kwargs", {})
+            ),
             add_special_tokens=False,
         )
         for body in (first, second)
@@ -209,7 +211,9 @@ def test_diff_server_unreachable_exit_2(tmp_path):
 def test_the_requests_reasoning_effort_is_rendered_as_vllm_does(tmp_path):
     # vLLM turns thinking off for reasoning_effort "none"; transformers never sees the field.
     template = tmp_path / "t.jinja"
-    template.write_text("{% for m in messages %}{{ m.content }};{% endfor %}{% if enable_thinking is false %}<nothink>{% endif %}")
+    template.write_text(
+        "{% for m in messages %}{{ m.content }};{% endfor %}{% if enable_thinking is false %}<nothink>{% endif %}"
+    )
     turns = write_turns(tmp_path, {"messages": [USER_1], "reasoning_effort": "none"}, {"messages": [USER_1, REPLY, USER_2]})
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     assert (code, json.loads(out)["first_divergence_char"]) == (1, len("What is 2+2?;"))

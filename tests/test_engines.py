@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import CORPUS
+
 from tmpl_lint.cli import main
 from tmpl_lint.engines import EngineError, content_format, parse_arguments, prepare
 from tmpl_lint.prover import Prover
@@ -17,7 +17,11 @@ PARTS = "{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% 
 
 
 def assistant(arguments):
-    return {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": arguments}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": arguments}}],
+    }
 
 
 @pytest.mark.parametrize(
@@ -53,7 +57,16 @@ def test_bad_tool_calls_are_rejected_like_vllm():
 
 
 def test_content_parts_flatten_unless_the_template_reads_them():
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "b"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+                {"type": "text", "text": "b"},
+            ],
+        }
+    ]
     assert content_format(PLAIN) == "string"
     assert prepare("vllm", PLAIN, parts)[0][0]["content"] == "a\nb"
     assert content_format(PARTS) == "openai"
@@ -88,7 +101,11 @@ def test_compact_tool_args_style_fix_makes_the_replay_match(tmp_path):
 
 
 def test_tool_call_fields_in_the_order_vllm_validates_them():
-    message = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}, "id": "x"}]}
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}, "id": "x"}],
+    }
     (prepared,), _ = prepare("vllm", PLAIN, [message])
     call = prepared["tool_calls"][0]
     assert list(call) == ["id", "function", "type"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
@@ -42,8 +42,13 @@ def copy(source: Path, tmp_path: Path) -> Path:
 
 
 def single_turn(text: str, at: datetime) -> str:
-    return render(text, [{"role": "user", "content": "Hello"}], clock=FrozenClock(at), add_generation_prompt=True,
-                  special_tokens={"bos_token": "<s>", "eos_token": "</s>"})
+    return render(
+        text,
+        [{"role": "user", "content": "Hello"}],
+        clock=FrozenClock(at),
+        add_generation_prompt=True,
+        special_tokens={"bos_token": "<s>", "eos_token": "</s>"},
+    )
 
 
 # -- fixtures written here ----------------------------------------------------------------
@@ -54,7 +59,9 @@ def test_live_clock_fix_on_a_jinja_file(tmp_path):
     original = path.read_bytes()
     code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
     assert code == 0
-    assert out.startswith(f"{path}:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string\n")
+    assert out.startswith(
+        f"{path}:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string\n"
+    )
     patched = path.read_text()
     assert patched.startswith('{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n')
     assert '"Current date: " + date_string + "\\n\\n"' in patched
@@ -63,7 +70,12 @@ def test_live_clock_fix_on_a_jinja_file(tmp_path):
     # renders exactly as the original did on the frozen date
     assert single_turn(patched, datetime(2026, 5, 5)) == single_turn(original.decode(), datetime(2026, 1, 15, 9))
     # the caller can still pass the real date
-    assert "Current date: 2026-05-05" in render(patched, [{"role": "user", "content": "x"}], clock=FrozenClock(datetime.now()), template_kwargs={"date_string": "2026-05-05"})
+    assert "Current date: 2026-05-05" in render(
+        patched,
+        [{"role": "user", "content": "x"}],
+        clock=FrozenClock(datetime.now()),
+        template_kwargs={"date_string": "2026-05-05"},
+    )
 
 
 def test_diff_prints_and_writes_nothing(tmp_path):
@@ -72,7 +84,10 @@ def test_diff_prints_and_writes_nothing(tmp_path):
     code, out, _ = run(str(path), "--diff", "--no-prove")
     assert path.read_bytes() == before
     assert f"--- a/{path}\n+++ b/{path}\n" in out
-    assert "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n" in out
+    assert (
+        "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n"
+        in out
+    )
     # what remains after the fix: the pass-through's own informational finding
     assert code == 1
     assert "PC004 [tool-args-reserialized] tool-call arguments pass through `tojson` when they are not a string" in out
@@ -82,7 +97,9 @@ def test_second_fix_is_a_no_op(tmp_path):
     path = copy(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path)
     run(str(path), "--fix", "--no-prove")
     once = path.read_bytes()
-    assert once.startswith(b"{%- if keep_history_reasoning is not defined %}{%- set keep_history_reasoning = true %}{%- endif %}\n")
+    assert once.startswith(
+        b"{%- if keep_history_reasoning is not defined %}{%- set keep_history_reasoning = true %}{%- endif %}\n"
+    )
     code, out, _ = run(str(path), "--fix", "--no-prove")
     assert path.read_bytes() == once
     assert "fixed" not in out.replace("not fixed", "")
@@ -239,7 +256,9 @@ def test_mistral_small_keeps_its_trained_last_message_blocks(tmp_path):
 
 
 @needs_shared
-@pytest.mark.parametrize("directory", [SHARED_TOKENIZERS / "qwen3", SHARED / "corpus" / "configs" / "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B"])
+@pytest.mark.parametrize(
+    "directory", [SHARED_TOKENIZERS / "qwen3", SHARED / "corpus" / "configs" / "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B"]
+)
 def test_tokenizer_config_changes_only_the_template(tmp_path, directory):
     target = copy(directory, tmp_path)
     config = target / "tokenizer_config.json"

@@ -64,7 +64,14 @@ def body(draw, depth=0):
         elif depth < 2:
             inner = draw(body(depth + 1))
             other = draw(st.one_of(st.just(""), body(depth + 1)))
-            parts.append("{%- if " + draw(st.sampled_from(CONDITIONS)) + " %}" + inner + ("{%- else %}" + other if other else "") + "{%- endif %}")
+            parts.append(
+                "{%- if "
+                + draw(st.sampled_from(CONDITIONS))
+                + " %}"
+                + inner
+                + ("{%- else %}" + other if other else "")
+                + "{%- endif %}"
+            )
     return "".join(parts)
 
 
@@ -129,11 +136,19 @@ def test_prover_never_raises_and_stable_means_stable(text):
     # the prover saw every turn extend the previous one: so must any other session
     clock = FrozenClock(__import__("datetime").datetime(2026, 1, 1, 12))
     for messages in (
-        [message("user", 0, True, False), message("assistant", 0, True, True), message("user", 1, True, False), message("assistant", 1, True, False), message("user", 2, True, False)],
+        [
+            message("user", 0, True, False),
+            message("assistant", 0, True, True),
+            message("user", 1, True, False),
+            message("assistant", 1, True, False),
+            message("user", 2, True, False),
+        ],
         [message("user", 0, False, False), message("assistant", 0, False, False), message("user", 1, False, False)],
     ):
         try:
-            prompts = [render(text, messages[: end + 1], clock=clock, add_generation_prompt=True) for end in range(0, len(messages), 2)]
+            prompts = [
+                render(text, messages[: end + 1], clock=clock, add_generation_prompt=True) for end in range(0, len(messages), 2)
+            ]
         except RenderError:
             continue
         for earlier, later in zip(prompts, prompts[1:]):

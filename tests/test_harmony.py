@@ -10,8 +10,8 @@ import json
 from datetime import datetime
 
 import pytest
-
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
+
 from tmpl_lint.engines import (
     HARMONY,
     EngineError,
@@ -34,17 +34,26 @@ SYSTEM = (
     "# Valid channels: analysis, commentary, final. Channel must be included for every message.{tools}<|end|>"
 )
 TOOLS_NOTE = "\nCalls to these tools must go to the commentary channel: 'functions'."
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def text(messages, tools=None, at=NOON, add_generation_prompt=True):
-    return render_prompt(HARMONY, HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools,
-                         add_generation_prompt=add_generation_prompt)
+    return render_prompt(
+        HARMONY, HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools, add_generation_prompt=add_generation_prompt
+    )
 
 
 def call(arguments, reasoning=None):
-    message = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}],
+    }
     if reasoning:
         message["reasoning_content"] = reasoning
     return message
@@ -81,8 +90,14 @@ def test_the_date_moves_at_midnight_unless_the_server_pins_it(monkeypatch):
 
 
 def test_tool_calls_replay_their_argument_bytes_under_the_legacy_header():
-    rendered = text([{"role": "user", "content": "Paris?"}, call('{"city":"Paris"}'),
-                     {"role": "tool", "tool_call_id": "c1", "content": "18 C"}], tools=TOOLS)
+    rendered = text(
+        [
+            {"role": "user", "content": "Paris?"},
+            call('{"city":"Paris"}'),
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+        ],
+        tools=TOOLS,
+    )
     assert rendered.endswith(
         "<|start|>user<|message|>Paris?<|end|>"
         '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|>'
@@ -96,8 +111,10 @@ def test_analysis_before_the_last_final_answer_is_dropped():
     history = [{"role": "user", "content": "Capital?"}, answered, {"role": "user", "content": "Weather?"}]
     assert "Capital of France." not in text(history)
     # analysis after the last final answer (the tool call being worked on) stays
-    ongoing = history + [call('{"city":"Paris"}', reasoning="Use the tool."),
-                         {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    ongoing = history + [
+        call('{"city":"Paris"}', reasoning="Use the tool."),
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+    ]
     assert "<|start|>assistant<|channel|>analysis<|message|>Use the tool.<|end|>" in text(ongoing, tools=TOOLS)
 
 
@@ -146,13 +163,17 @@ def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
 
     from tmpl_lint.cli import main
 
-    first = [{"role": "user", "content": "Paris?"}, call('{"city":"Paris"}', reasoning="Use the tool."),
-             {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    first = [
+        {"role": "user", "content": "Paris?"},
+        call('{"city":"Paris"}', reasoning="Use the tool."),
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+    ]
     second = first + [{"role": "assistant", "content": "18 C."}, {"role": "user", "content": "Thanks"}]
     for name, messages in (("t1.json", first), ("t2.json", second)):
         (tmp_path / name).write_text(json.dumps({"messages": messages, "tools": TOOLS}))
-    result = CliRunner().invoke(main, ["diff", str(tmp_path / "t1.json"), str(tmp_path / "t2.json"),
-                                       "--template", str(FIXTURE), "--format", "json"])
+    result = CliRunner().invoke(
+        main, ["diff", str(tmp_path / "t1.json"), str(tmp_path / "t2.json"), "--template", str(FIXTURE), "--format", "json"]
+    )
     assert result.exit_code == 1, result.output  # a divergence, as `diff` exits
     divergence = json.loads(result.stdout)
     assert "not this template" in result.stderr  # the template does not decide what vLLM renders

@@ -10,8 +10,8 @@ import time
 from datetime import datetime
 
 import pytest
-
 from helpers import PROJECT
+
 from tmpl_lint.render import FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render
 
 HOSTILE = PROJECT / "tests" / "hostile"
@@ -26,7 +26,9 @@ def test_sandbox_escapes_are_blocked(path):
     try:
         output = render(path.read_text(), USER, clock=CLOCK)
     except RenderError as error:
-        assert "unsafe" in str(error) or "underscore" in str(error) or "has no attribute" in str(error) or "undefined" in str(error)
+        assert (
+            "unsafe" in str(error) or "underscore" in str(error) or "has no attribute" in str(error) or "undefined" in str(error)
+        )
         return
     # rendered: then nothing of the interpreter leaked
     for leak in ("<class", "<module", "<function", "built-in", "uid=", "__builtins__", "os.popen"):
@@ -45,7 +47,9 @@ def test_limits_stop_hostile_renders_within_seconds(name):
 def test_deeply_nested_template_is_reported_not_crashed(tmp_path):
     path = tmp_path / "deep.jinja"
     path.write_text("{% if x %}" * 3000 + "a" + "{% endif %}" * 3000)
-    result = subprocess.run([sys.executable, "-m", "tmpl_lint", str(path), "--format", "json"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(path), "--format", "json"], capture_output=True, text=True, timeout=120
+    )
     assert "Traceback" not in result.stderr
     assert {f["code"] for f in json.loads(result.stdout)} <= {"PC000", "PC101"}
     assert result.returncode == 1
@@ -54,8 +58,21 @@ def test_deeply_nested_template_is_reported_not_crashed(tmp_path):
 def test_the_whole_hostile_corpus_is_reported_and_nothing_hangs():
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", str(HOSTILE), "--format", "json", "--render-timeout", "1", "--render-max-bytes", "100000"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "tmpl_lint",
+            str(HOSTILE),
+            "--format",
+            "json",
+            "--render-timeout",
+            "1",
+            "--render-max-bytes",
+            "100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     elapsed = time.monotonic() - start
     assert "Traceback" not in result.stderr

@@ -1,5 +1,4 @@
 import pytest
-
 from helpers import at, lint_fixture, lint_text
 
 
@@ -28,11 +27,20 @@ def test_group_closure_is_not_reported():
         # loop.last in a loop over tools, not messages: noop
         ("{% for t in tools %}{{ t.name }}{% if not loop.last %},{% endif %}{% endfor %}", []),
         # the next message alone decides: reported
-        ("{% for m in messages %}{{ m.content }}{% if loop.nextitem and loop.nextitem.role == 'user' %}<eot>{% endif %}{% endfor %}", ["loop.nextitem"]),
+        (
+            "{% for m in messages %}{{ m.content }}{% if loop.nextitem and loop.nextitem.role == 'user' %}<eot>{% endif %}{% endfor %}",
+            ["loop.nextitem"],
+        ),
         # comparing the index with the message count
-        ("{% for m in messages %}{% if loop.index0 == messages|length - 1 %}[last]{% endif %}{{ m.content }}{% endfor %}", ["messages|length"]),
+        (
+            "{% for m in messages %}{% if loop.index0 == messages|length - 1 %}[last]{% endif %}{{ m.content }}{% endfor %}",
+            ["messages|length"],
+        ),
         # a forward range over indices
-        ("{% for m in messages %}{% for k in range(loop.index0 + 1, messages|length) %}{{ messages[k].role }}{% endfor %}{% endfor %}", ["range("]),
+        (
+            "{% for m in messages %}{% for k in range(loop.index0 + 1, messages|length) %}{{ messages[k].role }}{% endfor %}{% endfor %}",
+            ["range("],
+        ),
     ],
 )
 def test_cases(source, anchors):

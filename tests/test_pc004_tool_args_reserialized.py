@@ -1,5 +1,4 @@
 import pytest
-
 from helpers import at, lint_fixture, lint_text
 
 
@@ -23,7 +22,10 @@ def test_fixture_guarded_is_info():
         # first tool call by index, then .function
         ("{% for m in messages %}{% set c = m.tool_calls[0].function %}{{ c.arguments|tojson }}{% endfor %}", ["tojson"]),
         # guarded with a ternary
-        ("{% for m in messages %}{% for c in m.tool_calls %}{{ c.arguments if c.arguments is string else c.arguments|tojson }}{% endfor %}{% endfor %}", ["tojson"]),
+        (
+            "{% for m in messages %}{% for c in m.tool_calls %}{{ c.arguments if c.arguments is string else c.arguments|tojson }}{% endfor %}{% endfor %}",
+            ["tojson"],
+        ),
         # tool schemas are not arguments: noop
         ("{% for t in tools %}{{ t | tojson }}{% endfor %}", []),
         # tool-call names are not arguments: noop

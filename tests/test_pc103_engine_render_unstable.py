@@ -7,6 +7,7 @@ rendered, unstable where vLLM renders the model itself.
 from __future__ import annotations
 
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
+
 from tmpl_lint.checker import ProveOptions, Selection, lint_source
 from tmpl_lint.sources import collect
 
@@ -26,7 +27,12 @@ def test_vllm_proves_its_own_render_and_not_the_template(monkeypatch):
     assert sorted(by_cause) == ["history-rewrite", "system"]
     # "Current date: " is tokens 0-34 of the harmony system message, measured in harmony's tokens
     midnight = by_cause["system"]
-    assert (midnight["scenario"], midnight["unit"], midnight["first_divergence"], midnight["reusable_tokens"]) == ("midnight", "token", 35, 32)
+    assert (midnight["scenario"], midnight["unit"], midnight["first_divergence"], midnight["reusable_tokens"]) == (
+        "midnight",
+        "token",
+        35,
+        32,
+    )
     dropped = by_cause["history-rewrite"]
     assert (dropped["message_index"], dropped["role"], dropped["pair"]) == (2, "assistant", [1, 2])
     assert "VLLM_SYSTEM_START_DATE" in next(f.message for f in findings if f.proof["cause"] == "system")
@@ -50,7 +56,10 @@ def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkey
     template_proofs = [f.proof for f in findings if f.code != "PC103"]
     assert all(proof["status"] == "proven" and "openai-harmony" in proof["note"] for proof in template_proofs)
     # PC004 is proven on the template (vLLM itself replays the argument string as sent)
-    assert (template_proofs[2]["scenario"], template_proofs[2]["cause"]) == ("compact tool arguments replayed as a mapping", "tool-arguments")
+    assert (template_proofs[2]["scenario"], template_proofs[2]["cause"]) == (
+        "compact tool arguments replayed as a mapping",
+        "tool-arguments",
+    )
 
 
 def test_the_note_is_printed_under_the_proof():

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import CORPUS, PROJECT
 
 pre_commit = shutil.which("pre-commit") or (shutil.which("pre-commit", path=os.path.dirname(sys.executable)))
@@ -23,7 +22,11 @@ def git(*args, cwd):
 def try_repo(hook, cwd, env):
     return subprocess.run(
         [pre_commit, "try-repo", str(PROJECT), hook, "--files", "chat_template.jinja"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
@@ -35,7 +38,12 @@ def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path):
     git("config", "user.name", "test", cwd=repo)
     shutil.copyfile(CORPUS / "PC001_live_clock.jinja", repo / "chat_template.jinja")
     git("add", ".", cwd=repo)
-    identity = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.invalid", "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.invalid"}
+    identity = {
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.invalid",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    }
     env = {**os.environ, **identity, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "NO_COLOR": "1"}
 
     checked = try_repo("tmpl-lint", repo, env)

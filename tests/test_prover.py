@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-
 from helpers import CORPUS
+
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start
 from tmpl_lint.scenarios import scenarios
@@ -35,12 +35,19 @@ def test_compare_prompts_figures_and_location():
     messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi", "reasoning_content": "think"}]
     cached = "<u>hello</u><a><r>think</r>hi</a>"
     following = "<u>hello</u><a>hi</a><u>next</u>"
-    divergence = compare_prompts("t", 0, "a", cached, [ord(c) for c in cached], following, [ord(c) for c in following], messages, 1, "char", 4)
+    divergence = compare_prompts(
+        "t", 0, "a", cached, [ord(c) for c in cached], following, [ord(c) for c in following], messages, 1, "char", 4
+    )
     assert divergence.first_divergence == cached.index("<r>")
     assert divergence.reusable_tokens == 12  # 15 matching chars, 3 full blocks of 4
     assert divergence.ideal_tokens == 32
     assert divergence.lost_tokens == 20
-    assert (divergence.message_index, divergence.role, divergence.field, divergence.cause) == (1, "assistant", "content", "history-rewrite")
+    assert (divergence.message_index, divergence.role, divergence.field, divergence.cause) == (
+        1,
+        "assistant",
+        "content",
+        "history-rewrite",
+    )
     assert divergence.reusable_without_rollback == 0
 
 

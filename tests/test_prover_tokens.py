@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-
 from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS
+
 from tmpl_lint.prover import Prover, first_difference
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.tokenizer import load_tokenizer
@@ -40,7 +40,9 @@ def freeze_transformers_clock(monkeypatch, instant):
 
 def hf_ids(tokenizer, template, call, tools, monkeypatch):
     freeze_transformers_clock(monkeypatch, call.clock)
-    text = tokenizer.apply_chat_template(call.messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        call.messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -120,6 +122,6 @@ def test_qwen25_is_a_clean_extension(hf_tokenizers, monkeypatch, scenario_name):
 def test_tokenizers_backend_matches_transformers(hf_tokenizers, name):
     ours = load_tokenizer(SHARED_TOKENIZERS / name)
     theirs = hf_tokenizer(hf_tokenizers, name)
-    text = "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n[INST]Hi[/INST] 18 C, sunny\n\n{\"city\": \"Paris\"}"
+    text = '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n[INST]Hi[/INST] 18 C, sunny\n\n{"city": "Paris"}'
     assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
     assert ours.special_tokens == {k: v for k, v in theirs.special_tokens_map.items() if isinstance(v, str)}

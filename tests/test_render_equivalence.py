@@ -11,8 +11,8 @@ from datetime import datetime
 
 import jinja2
 import pytest
-
 from helpers import SHARED_TEMPLATES, needs_shared
+
 from tmpl_lint.render import FrozenClock, RenderError, render
 from tmpl_lint.scenarios import scenarios
 
@@ -51,11 +51,25 @@ def test_same_bytes_as_transformers(path, monkeypatch):
                     expected = hf_render(text, call.messages, scenario.tools, generation_prompt, scenario.kwargs)
                 except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError):
                     with pytest.raises(RenderError):
-                        render(text, call.messages, clock=clock, tools=scenario.tools, add_generation_prompt=generation_prompt,
-                               special_tokens=SPECIAL, template_kwargs=scenario.kwargs)
+                        render(
+                            text,
+                            call.messages,
+                            clock=clock,
+                            tools=scenario.tools,
+                            add_generation_prompt=generation_prompt,
+                            special_tokens=SPECIAL,
+                            template_kwargs=scenario.kwargs,
+                        )
                     continue
-                ours = render(text, call.messages, clock=clock, tools=scenario.tools, add_generation_prompt=generation_prompt,
-                              special_tokens=SPECIAL, template_kwargs=scenario.kwargs)
+                ours = render(
+                    text,
+                    call.messages,
+                    clock=clock,
+                    tools=scenario.tools,
+                    add_generation_prompt=generation_prompt,
+                    special_tokens=SPECIAL,
+                    template_kwargs=scenario.kwargs,
+                )
                 assert ours == expected, f"{scenario.name}, {len(call.messages)} messages, generation prompt {generation_prompt}"
                 compared += 1
     print(f"{path.stem}: {compared} renders identical")

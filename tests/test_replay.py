@@ -8,8 +8,8 @@ from datetime import datetime
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+
 from tmpl_lint.cli import main
 from tmpl_lint.prover import first_difference, full_blocks
 from tmpl_lint.scenarios import TOOLS, agent, chat
@@ -55,12 +55,17 @@ def independent_rate(entries, template, tokenizer, monkeypatch):
 
             class Frozen(datetime):
                 @classmethod
-                def now(cls, tz=None):
+                def now(cls, tz=None, instant=instant):
                     return instant
 
             monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
-            text = tokenizer.apply_chat_template(entry["request"]["messages"], tools=entry["request"].get("tools"),
-                                                 chat_template=template, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(
+                entry["request"]["messages"],
+                tools=entry["request"].get("tools"),
+                chat_template=template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
             ids.append(tokenizer.encode(text, add_special_tokens=False))
         for earlier, later in zip(ids, ids[1:]):
             position = first_difference(earlier, later)
@@ -71,7 +76,9 @@ def independent_rate(entries, template, tokenizer, monkeypatch):
 
 
 @pytest.mark.parametrize(("template_name", "tokenizer_name"), MODELS)
-def test_projected_hit_rate_matches_an_independent_computation_and_the_fix_reaches_the_ideal(tmp_path, monkeypatch, template_name, tokenizer_name):
+def test_projected_hit_rate_matches_an_independent_computation_and_the_fix_reaches_the_ideal(
+    tmp_path, monkeypatch, template_name, tokenizer_name
+):
     log = tmp_path / "traffic.jsonl"
     entries = build_log(log)
     template = tmp_path / "original.jinja"
@@ -80,10 +87,25 @@ def test_projected_hit_rate_matches_an_independent_computation_and_the_fix_reach
     shutil.copyfile(template, fixed)
     assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
 
-    result = CliRunner().invoke(main, [
-        "replay", str(log), "--tokenizer", str(SHARED_TOKENIZERS / tokenizer_name), "--template", str(template),
-        "--compare", str(fixed), "--session-key", "user", "--engine", "hf", "--format", "json",
-    ])
+    result = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            str(log),
+            "--tokenizer",
+            str(SHARED_TOKENIZERS / tokenizer_name),
+            "--template",
+            str(template),
+            "--compare",
+            str(fixed),
+            "--session-key",
+            "user",
+            "--engine",
+            "hf",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / tokenizer_name))
@@ -102,9 +124,19 @@ def test_sessions_by_prefix_continuity_and_html(tmp_path):
     log = tmp_path / "traffic.jsonl"
     build_log(log)
     page = tmp_path / "replay.html"
-    result = CliRunner().invoke(main, [
-        "replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja"), "--format", "json", "--html", str(page),
-    ])
+    result = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            str(log),
+            "--template",
+            str(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja"),
+            "--format",
+            "json",
+            "--html",
+            str(page),
+        ],
+    )
     report = json.loads(result.stdout)["template"]
     assert report["sessions"] == 3  # found without --session-key
     assert report["unit"] == "char"
@@ -123,7 +155,9 @@ def test_logged_responses_enter_the_check(tmp_path):
     ]
     log = tmp_path / "traffic.jsonl"
     log.write_text("\n".join(json.dumps(line) for line in lines))
-    result = CliRunner().invoke(main, ["replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"), "--format", "json"])
+    result = CliRunner().invoke(
+        main, ["replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"), "--format", "json"]
+    )
     report = json.loads(result.stdout)["template"]
     assert [cause["cause"] for cause in report["top_causes"]] == ["tool-arguments"]
 
@@ -131,6 +165,8 @@ def test_logged_responses_enter_the_check(tmp_path):
 def test_bad_log_is_a_one_line_error(tmp_path):
     log = tmp_path / "bad.jsonl"
     log.write_text('{"messages": []}\n')
-    result = CliRunner().invoke(main, ["replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")])
+    result = CliRunner().invoke(
+        main, ["replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")]
+    )
     assert result.exit_code == 2
     assert result.stderr == f"tmpl-lint: error: {log}:1: no messages in this request\n"

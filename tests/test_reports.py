@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
+
 from tmpl_lint.cli import main
 
 SCHEMA = SHARED / "schemas" / "sarif-schema-2.1.0.json"
@@ -34,7 +34,9 @@ def test_sarif_for_the_whole_shared_corpus_validates(tmp_path):
     run_ = document["runs"][0]
     rules = run_["tool"]["driver"]["rules"]
     assert {rule["id"] for rule in rules} >= {"PC000", "PC001", "PC002", "PC003", "PC004", "PC005", "PC006", "PC100", "PC900"}
-    assert all(rule["shortDescription"]["text"] and rule["fullDescription"]["text"] and rule["help"]["markdown"] for rule in rules)
+    assert all(
+        rule["shortDescription"]["text"] and rule["fullDescription"]["text"] and rule["help"]["markdown"] for rule in rules
+    )
     results = run_["results"]
     assert len(results) > 50
     for result in results:
@@ -92,37 +94,48 @@ def test_sarif_line_in_yaml_is_the_templates_own_line_of_the_right_key(tmp_path,
     config.write_text(
         "models:\n"
         "  - name: a\n"
-        "    chat_template: \"{{ messages }}\"\n"
+        '    chat_template: "{{ messages }}"\n'
         "  - name: b\n"
         "    chat_template: |\n"
         "      {%- for m in messages %}{{ m.content }}{% endfor %}\n"
-        "      {{- strftime_now(\"%Y\") }}\n"
+        '      {{- strftime_now("%Y") }}\n'
     )
     monkeypatch.chdir(tmp_path)
     code, out, _ = run("serving.yaml", "--format", "sarif", "--no-prove")
     (result,) = json.loads(out)["runs"][0]["results"]
-    assert (result["ruleId"], result["properties"]["template"], result["properties"]["templateLine"]) == ("PC001", "models.1.chat_template", 2)
+    assert (result["ruleId"], result["properties"]["template"], result["properties"]["templateLine"]) == (
+        "PC001",
+        "models.1.chat_template",
+        2,
+    )
     # the second chat_template key is line 5; its block's second line is line 7
     assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 7
 
 
 def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkeypatch):
     (tmp_path / "serving.py").write_text(
-        'A = {\n'
+        "A = {\n"
         '    "chat_template": "{% for m in messages %}{{ m.content }}\\n{% endfor %}\\n{{ strftime_now(\'%Y\') }}",\n'
-        '}\n'
-        '\n'
-        'class S:\n'
+        "}\n"
+        "\n"
+        "class S:\n"
         '    chat_template = """{%- for m in messages %}\n'
         "{{- m.content + '\\\\n' }}\n"
-        '{%- endfor %}\\\n'
+        "{%- endfor %}\\\n"
         '{{- strftime_now("%Y") }}\n'
         '{{ lipsum() }}"""\n'
     )
     monkeypatch.chdir(tmp_path)
     code, out, _ = run("serving.py", "--format", "sarif", "--no-prove")
-    found = [(r["ruleId"], r["properties"]["template"], r["properties"]["templateLine"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
-             for r in json.loads(out)["runs"][0]["results"]]
+    found = [
+        (
+            r["ruleId"],
+            r["properties"]["template"],
+            r["properties"]["templateLine"],
+            r["locations"][0]["physicalLocation"]["region"]["startLine"],
+        )
+        for r in json.loads(out)["runs"][0]["results"]
+    ]
     assert found == [
         ("PC001", "chat_template@2", 3, 2),  # escaped newlines: the whole template is on line 2
         ("PC001", "chat_template@6", 3, 8),  # a backslash continuation joins file lines 8 and 9

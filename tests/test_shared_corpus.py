@@ -14,8 +14,8 @@ import sys
 from datetime import datetime
 
 import pytest
-
 from helpers import SHARED_TEMPLATES, needs_shared
+
 from tmpl_lint.checker import lint_source
 from tmpl_lint.sources import collect
 
@@ -23,72 +23,79 @@ pytestmark = needs_shared
 
 EXPECTED = {
     "ByteDance-Seed--Seed-OSS-36B-Instruct": set(),
-    "CohereForAI--c4ai-command-r-plus--tool_use": {'PC004'},
+    "CohereForAI--c4ai-command-r-plus--tool_use": {"PC004"},
     "CohereForAI--c4ai-command-r-v01": set(),
-    "CohereLabs--c4ai-command-a-03-2025--rag": {'PC003', 'PC004'},
-    "CohereLabs--c4ai-command-a-03-2025--tool_use": {'PC003', 'PC004'},
-    "CohereLabs--c4ai-command-a-03-2025": {'PC003', 'PC004'},
-    "LGAI-EXAONE--EXAONE-4.0-32B": {'PC003', 'PC004', 'PC006'},
+    "CohereLabs--c4ai-command-a-03-2025--rag": {"PC003", "PC004"},
+    "CohereLabs--c4ai-command-a-03-2025--tool_use": {"PC003", "PC004"},
+    "CohereLabs--c4ai-command-a-03-2025": {"PC003", "PC004"},
+    "LGAI-EXAONE--EXAONE-4.0-32B": {"PC003", "PC004", "PC006"},
     "LiquidAI--LFM2-8B-A1B": set(),
-    "MiniMaxAI--MiniMax-M2": {'PC002', 'PC006'},
-    "NousResearch--Hermes-3-Llama-3.1-8B--tool_use": {'PC003', 'PC004'},
-    "Qwen--QwQ-32B": {'PC003', 'PC004', 'PC006'},
-    "Qwen--Qwen2.5-7B-Instruct": {'PC004'},
-    "Qwen--Qwen3-0.6B--rev-2025-05-19": {'PC002', 'PC003', 'PC004', 'PC006'},
-    "Qwen--Qwen3-0.6B": {'PC002', 'PC003', 'PC004', 'PC006'},
-    "Qwen--Qwen3.5-4B": {'PC002', 'PC006'},
-    "SakuraLLM--Sakura-14B-Qwen2.5-v1.0": {'PC004'},
-    "ServiceNow-AI--Apriel-1.6-15b-Thinker": {'PC003', 'PC004'},
-    "XiaomiMiMo--MiMo-VL-7B-RL": {'PC004'},
+    "MiniMaxAI--MiniMax-M2": {"PC002", "PC006"},
+    "NousResearch--Hermes-3-Llama-3.1-8B--tool_use": {"PC003", "PC004"},
+    "Qwen--QwQ-32B": {"PC003", "PC004", "PC006"},
+    "Qwen--Qwen2.5-7B-Instruct": {"PC004"},
+    "Qwen--Qwen3-0.6B--rev-2025-05-19": {"PC002", "PC003", "PC004", "PC006"},
+    "Qwen--Qwen3-0.6B": {"PC002", "PC003", "PC004", "PC006"},
+    "Qwen--Qwen3.5-4B": {"PC002", "PC006"},
+    "SakuraLLM--Sakura-14B-Qwen2.5-v1.0": {"PC004"},
+    "ServiceNow-AI--Apriel-1.6-15b-Thinker": {"PC003", "PC004"},
+    "XiaomiMiMo--MiMo-VL-7B-RL": {"PC004"},
     "ai-sage--GigaChat3-10B-A1.8B": set(),
-    "ai21labs--AI21-Jamba-Mini-1.6": {'PC002', 'PC004'},
+    "ai21labs--AI21-Jamba-Mini-1.6": {"PC002", "PC004"},
     "chujiezheng--llama-3-instruct": set(),
     "chujiezheng--mistral-instruct": set(),
-    "chujiezheng--qwen2.5-instruct": {'PC004'},
+    "chujiezheng--qwen2.5-instruct": {"PC004"},
     "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B": set(),
-    "deepseek-ai--DeepSeek-R1": {'PC006'},
+    "deepseek-ai--DeepSeek-R1": {"PC006"},
     "deepseek-ai--DeepSeek-V3-0324": set(),
     "deepseek-ai--DeepSeek-V3.1": set(),
-    "deepseek-ai--DeepSeek-V3.2": {'PC002', 'PC006'},
-    "ggml-org--llama-cpp-deepseek-r1": {'PC006'},
-    "ggml-org--llama-cpp-rwkv-world": {'PC006'},
+    "deepseek-ai--DeepSeek-V3.2": {"PC002", "PC006"},
+    "ggml-org--llama-cpp-deepseek-r1": {"PC006"},
+    "ggml-org--llama-cpp-rwkv-world": {"PC006"},
     "google--gemma-2-2b-it": set(),
     "google--gemma-3-27b-it": set(),
     "google--gemma-3n-E4B-it": set(),
-    "google--gemma-4-31B-it": {'PC002', 'PC003', 'PC006'},
-    "ibm-granite--granite-3.3-2b-instruct": {'PC001'},
-    "ibm-granite--granite-4.0-h-small": {'PC004'},
-    "ibm-granite--granite-4.1": {'PC004'},
+    "google--gemma-4-31B-it": {"PC002", "PC003", "PC006"},
+    "ibm-granite--granite-3.3-2b-instruct": {"PC001"},
+    "ibm-granite--granite-4.0-h-small": {"PC004"},
+    "ibm-granite--granite-4.1": {"PC004"},
     "mattshumer--Reflection-Llama-3.1-70B": set(),
     "meetkai--functionary-medium-v3.1": set(),
-    "meta-llama--Llama-3.1-8B-Instruct": {'PC004'},
-    "meta-llama--Llama-3.2-11B-Vision-Instruct": {'PC001', 'PC004'},
-    "meta-llama--Llama-3.3-70B-Instruct": {'PC004'},
-    "meta-llama--Llama-4-Scout-17B-16E-Instruct": {'PC004'},
+    "meta-llama--Llama-3.1-8B-Instruct": {"PC004"},
+    "meta-llama--Llama-3.2-11B-Vision-Instruct": {"PC001", "PC004"},
+    "meta-llama--Llama-3.3-70B-Instruct": {"PC004"},
+    "meta-llama--Llama-4-Scout-17B-16E-Instruct": {"PC004"},
     "meta-llama--Meta-Llama-3-8B-Instruct": set(),
     "microsoft--Phi-3-mini-4k-instruct": set(),
     "microsoft--Phi-3.5-mini-instruct": set(),
     "microsoft--Phi-4-reasoning": set(),
-    "mistralai--Ministral-3-14B-Reasoning-2512": {'PC004'},
+    "mistralai--Ministral-3-14B-Reasoning-2512": {"PC004"},
     "mistralai--Mistral-7B-Instruct-v0.2": set(),
-    "mistralai--Mistral-Nemo-Instruct-2407": {'PC003', 'PC004'},
-    "mistralai--Mistral-Small-24B-Instruct-2501": {'PC001'},
-    "mistralai--Mistral-Small-3.2-24B-Instruct-2506": {'PC001', 'PC003', 'PC004'},
-    "moonshotai--Kimi-K2-Instruct": {'PC004'},
-    "moonshotai--Kimi-K2-Thinking": {'PC002', 'PC004'},
-    "muse--Glimmer": {'PC001', 'PC003'},
-    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {'PC002', 'PC006'},  # opened with <think>\n; history prints <think></think> for turns without reasoning
-    "nvidia--NVIDIA-Nemotron-Nano-9B-v2": {'PC003', 'PC004', 'PC006'},
-    "nvidia--Nemotron-3.5": {'PC002', 'PC006'},  # opened with <think>\n; history prints <think></think> for turns without reasoning
-    "openai--gpt-oss-120b": {'PC001', 'PC003', 'PC004'},
+    "mistralai--Mistral-Nemo-Instruct-2407": {"PC003", "PC004"},
+    "mistralai--Mistral-Small-24B-Instruct-2501": {"PC001"},
+    "mistralai--Mistral-Small-3.2-24B-Instruct-2506": {"PC001", "PC003", "PC004"},
+    "moonshotai--Kimi-K2-Instruct": {"PC004"},
+    "moonshotai--Kimi-K2-Thinking": {"PC002", "PC004"},
+    "muse--Glimmer": {"PC001", "PC003"},
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {
+        "PC002",
+        "PC006",
+    },  # opened with <think>\n; history prints <think></think> for turns without reasoning
+    "nvidia--NVIDIA-Nemotron-Nano-9B-v2": {"PC003", "PC004", "PC006"},
+    "nvidia--Nemotron-3.5": {
+        "PC002",
+        "PC006",
+    },  # opened with <think>\n; history prints <think></think> for turns without reasoning
+    "openai--gpt-oss-120b": {"PC001", "PC003", "PC004"},
     "poolside--Laguna": set(),
-    "speakleash--Bielik-11B-v3.0-Instruct": {'PC004'},
-    "stepfun-ai--Step-3.5-Flash": {'PC002', 'PC006'},
-    "swiss-ai--Apertus-8B-Instruct-2509": {'PC001', 'PC004'},
+    "speakleash--Bielik-11B-v3.0-Instruct": {"PC004"},
+    "stepfun-ai--Step-3.5-Flash": {"PC002", "PC006"},
+    "swiss-ai--Apertus-8B-Instruct-2509": {"PC001", "PC004"},
     "unsloth--SmolLM3-3B": set(),
-    "upstage--Solar-Open-100B": {'PC001', 'PC002', 'PC004'},
-    "zai-org--GLM-4.6": {'PC002', 'PC006'},
-    "zai-org--GLM-5.2": {'PC002', 'PC006'},}
+    "upstage--Solar-Open-100B": {"PC001", "PC002", "PC004"},
+    "zai-org--GLM-4.6": {"PC002", "PC006"},
+    "zai-org--GLM-5.2": {"PC002", "PC006"},
+}
 
 # What the issue requires, checked by rendering below.
 MUST = {
@@ -192,17 +199,21 @@ def conversations():
     """Growing conversations of an agent session; each is the history of one model call."""
     for system in ([], [SYSTEM]):
         yield None, [system + [USER_1], system + [USER_1, CHAT_REPLY, USER_2]]
-        yield TOOLS, [
-            system + [USER_1],
-            system + [USER_1, CALL_REPLY, TOOL_RESULT],
-            system + [USER_1, CALL_REPLY, TOOL_RESULT, FINAL_REPLY, USER_2],
-        ]
+        yield (
+            TOOLS,
+            [
+                system + [USER_1],
+                system + [USER_1, CALL_REPLY, TOOL_RESULT],
+                system + [USER_1, CALL_REPLY, TOOL_RESULT, FINAL_REPLY, USER_2],
+            ],
+        )
 
 
 def hf_render(text, messages, tools, clock=None, monkeypatch=None):
     from transformers.utils import chat_template_utils
 
     if clock is not None:
+
         class FrozenDatetime(datetime):
             @classmethod
             def now(cls, tz=None):

@@ -44,7 +44,10 @@ def test_model_directory_precedence_and_additional_templates(tmp_path):
         ("chat_template.jinja", None, "from jinja file"),
         ("rag.jinja", "rag", "rag template"),
     ]
-    assert sources[0].note == "chat_template.jinja is in force; it overrides the template in chat_template.json, tokenizer_config.json"
+    assert (
+        sources[0].note
+        == "chat_template.jinja is in force; it overrides the template in chat_template.json, tokenizer_config.json"
+    )
 
 
 def test_model_directory_without_jinja_uses_chat_template_json(tmp_path):
@@ -67,12 +70,20 @@ def test_directory_walk_finds_nested_models_and_loose_templates(tmp_path):
 @pytest.mark.parametrize(
     ("name", "data", "message"),
     [
-        ("tokenizer_config.json", b"{not json", "invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)"),
+        (
+            "tokenizer_config.json",
+            b"{not json",
+            "invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)",
+        ),
         ("tokenizer_config.json", b"\xff\xfe{}", "not valid UTF-8 (byte 0)"),
         ("tokenizer_config.json", b"{}", "no chat_template key"),
-        ("tokenizer_config.json", b'{"chat_template": 3}', "chat_template is a number, expected a string or a list of named templates"),
+        (
+            "tokenizer_config.json",
+            b'{"chat_template": 3}',
+            "chat_template is a number, expected a string or a list of named templates",
+        ),
         ("tokenizer_config.json", b'{"chat_template": ""}', "empty chat template"),
-        ("tokenizer_config.json", b'[1, 2]', "expected a JSON object with a chat_template key"),
+        ("tokenizer_config.json", b"[1, 2]", "expected a JSON object with a chat_template key"),
         ("tokenizer_config.json", b'{"chat_template": [{"template": "x"}]}', "chat_template[0] has no name"),
         (
             "tokenizer_config.json",
