@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
 import jinja2
@@ -47,16 +48,40 @@ CLOCK_GLOBALS = frozenset(
 )
 KNOWN_GLOBALS = frozenset({"raise_exception", "strftime_now", "dict", "namespace", "range", "lipsum", "cycler", "joiner"})
 
+
 # Label kinds that describe what a value *is* (the messages list, one message, its tool
 # calls) rather than what it depends on: they do not survive arithmetic or printing.
-STRUCTURAL = frozenset({"messages", "message", "tool_calls", "tool_call", "tool_args"})
+class LabelKind(StrEnum):
+    """What a label says about a value: where it comes from, or what it depends on."""
+
+    MESSAGES = "messages"
+    MESSAGE = "message"
+    TOOL_CALLS = "tool_calls"
+    TOOL_CALL = "tool_call"
+    TOOL_ARGS = "tool_args"
+    VARIABLE = "variable"
+    LOOKAHEAD = "lookahead"
+    LOOP_INDEX = "loop_index"
+    SCAN_POSITION = "scan_position"
+    SCAN_FLAG = "scan_flag"
+    NAMESPACE_READ = "namespace_read"
+    LAST = "last"
+    NEXT = "next"
+    FIRST_MESSAGE = "first_message"
+    CLOCK = "clock"
+    RANDOM = "random"
+    COUNT = "count"
+    STRING_GUARD = "string_guard"
+
+
+STRUCTURAL = frozenset({LabelKind.MESSAGES, LabelKind.MESSAGE, LabelKind.TOOL_CALLS, LabelKind.TOOL_CALL, LabelKind.TOOL_ARGS})
+SCANS = frozenset({LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG})
 # Sequence filters that keep the messages list a messages list.
 LIST_FILTERS = frozenset(
     {"list", "reverse", "selectattr", "rejectattr", "select", "reject", "sort", "unique", "batch", "slice", "map"}
 )
 # Loop attributes and what they depend on in a loop over messages.
-LOOP_PREFIX_ATTRS = frozenset({"index", "index0", "first", "previtem", "depth", "depth0", "changed", "cycle"})
-LOOP_LAST_ATTRS = frozenset({"last", "length", "revindex", "revindex0"})
+LOOP_LAST_ATTRS = frozenset({LabelKind.LAST, "length", "revindex", "revindex0"})
 
 
 @dataclass(frozen=True)
@@ -81,7 +106,7 @@ class Site:
 
 @dataclass(frozen=True)
 class Label:
-    kind: str
+    kind: LabelKind
     site: Site | None = None
     name: str | None = None
     loop: int | None = None  # id of the loop over messages the label is about
@@ -104,7 +129,7 @@ class Value:
         """Labels that describe dependence, not structure."""
         return frozenset(label for label in self.labels if not label.is_structural())
 
-    def has(self, kind: str) -> bool:
+    def has(self, kind: LabelKind) -> bool:
         return any(label.kind == kind for label in self.labels)
 
 
@@ -392,9 +417,14 @@ class _Interpreter:
                 # after the loop it holds a fact about the whole list, e.g. the position of
                 # the last user query when the assigned value is a loop index.
                 loop = scanning[-1]
-                is_position = any(label.kind == "loop_index" and label.loop == loop.loop for label in value.labels)
+                is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
                 site = self.facts.site(node, f"{target.name}.{target.attr}")
-                scan = Label("scan_position" if is_position else "scan_flag", site, f"{target.name}.{target.attr}", loop.loop)
+                scan = Label(
+                    LabelKind.SCAN_POSITION if is_position else LabelKind.SCAN_FLAG,
+                    site,
+                    f"{target.name}.{target.attr}",
+                    loop.loop,
+                )
                 value = Value(value.labels | {scan}, value.const)
             key = (namespace.key, target.attr)
             if self.controls or scanning:
@@ -462,18 +492,18 @@ class _Interpreter:
     def stmt_For(self, node: nodes.For) -> None:
         iterable = self.expr(node.iter)
         # A loop over messages, or over their indices (`range(messages|length)`).
-        by_index = _is_range(node.iter) and iterable.has("count")
-        over_messages = iterable.has("messages") or by_index
+        by_index = _is_range(node.iter) and iterable.has(LabelKind.COUNT)
+        over_messages = iterable.has(LabelKind.MESSAGES) or by_index
         if by_index and self.mentions_active_index(iterable):
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
-            iterable = Value(iterable.labels | {Label("lookahead", site)}, iterable.const)
-        loop = LoopRef(id(node), over_messages, iterable.has("lookahead"))
+            iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD))
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
-            kept = {label for label in element.labels if label.kind != "count"}
-            element = Value(frozenset(kept | {Label("loop_index", loop=loop.loop)}))
+            kept = {label for label in element.labels if label.kind is not LabelKind.COUNT}
+            element = Value(frozenset(kept | {Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
         control = Control(node, iterable.data())
         assigns_namespace = self.facts.source_map.memo(
             ("assigns_namespace", id(node)), lambda: any(True for _ in node.find_all(nodes.NSRef))
@@ -517,10 +547,10 @@ class _Interpreter:
 
     def element_of(self, iterable: Value) -> Value:
         labels = set(iterable.data())
-        if iterable.has("messages"):
-            labels.add(Label("message"))
-        if iterable.has("tool_calls"):
-            labels.add(Label("tool_call"))
+        if iterable.has(LabelKind.MESSAGES):
+            labels.add(Label(LabelKind.MESSAGE))
+        if iterable.has(LabelKind.TOOL_CALLS):
+            labels.add(Label(LabelKind.TOOL_CALL))
         return Value(frozenset(labels))
 
     def stmt_Macro(self, node: nodes.Macro) -> None:
@@ -585,8 +615,8 @@ class _Interpreter:
             return Value(const=GlobalRef(name))
         self.facts.variables.add(name)
         if name == "messages":
-            return Value(frozenset({Label("messages")}))
-        return Value(frozenset({Label("variable", name=name)}))
+            return Value(frozenset({Label(LabelKind.MESSAGES)}))
+        return Value(frozenset({Label(LabelKind.VARIABLE, name=name)}))
 
     def expr_Getattr(self, node: nodes.Getattr) -> Value:
         base = self.expr(node.node)
@@ -604,44 +634,44 @@ class _Interpreter:
         if isinstance(arg, nodes.Slice):
             bounds = [self.expr(part) for part in (arg.start, arg.stop, arg.step) if part is not None]
             labels = set(base.labels) | set(_union(*bounds).labels)
-            if base.has("messages") and arg.start is not None and self.mentions_current_index(arg.start):
-                labels.add(Label("lookahead", self.facts.site(node, expression_text(node.node) + "[...:]")))
+            if base.has(LabelKind.MESSAGES) and arg.start is not None and self.mentions_current_index(arg.start):
+                labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, expression_text(node.node) + "[...:]")))
             return Value(frozenset(labels))
         key = self.expr(arg)
         if isinstance(base.const, NamespaceRef) and isinstance(key.const, str):
             return self.read_scan(self.namespaces.get((base.const.key, key.const), NOTHING), node)
         if isinstance(base.const, LoopRef) and isinstance(key.const, str):
             return self.loop_attribute(base.const, key.const, node)
-        if base.has("messages"):
-            labels = set(base.data()) | {Label("message")}
+        if base.has(LabelKind.MESSAGES):
+            labels = set(base.data()) | {Label(LabelKind.MESSAGE)}
             if isinstance(key.const, int):
                 if key.const < 0:
-                    labels.add(Label("last", self.facts.site(node, expression_text(node))))
+                    labels.add(Label(LabelKind.LAST, self.facts.site(node, expression_text(node))))
                 elif key.const == 0:
-                    labels.add(Label("first_message"))
+                    labels.add(Label(LabelKind.FIRST_MESSAGE))
             elif self.is_next_index(arg):
-                labels.add(Label("next", self.facts.site(node, expression_text(node.node) + "[next]")))
+                labels.add(Label(LabelKind.NEXT, self.facts.site(node, expression_text(node.node) + "[next]")))
             else:
                 labels |= key.data()
             return Value(frozenset(labels))
         if isinstance(key.const, str):
             return self.member(base, key.const, node, node.node)
-        if base.has("tool_calls"):
-            return Value(_union(base, key).labels | {Label("tool_call")})
+        if base.has(LabelKind.TOOL_CALLS):
+            return Value(_union(base, key).labels | {Label(LabelKind.TOOL_CALL)})
         return _union(base, key)
 
     def member(self, base: Value, attr: str, node: nodes.Node, base_node: nodes.Node) -> Value:
         data = set(base.data())
-        if base.has("message"):
+        if base.has(LabelKind.MESSAGE):
             if attr == "tool_calls":
-                data.add(Label("tool_calls"))
-        elif base.has("tool_calls"):
-            data.add(Label("tool_call"))
-        elif base.has("tool_call"):
+                data.add(Label(LabelKind.TOOL_CALLS))
+        elif base.has(LabelKind.TOOL_CALLS):
+            data.add(Label(LabelKind.TOOL_CALL))
+        elif base.has(LabelKind.TOOL_CALL):
             if attr == "function":
-                data.add(Label("tool_call"))
+                data.add(Label(LabelKind.TOOL_CALL))
             elif attr == "arguments":
-                data.add(Label("tool_args"))
+                data.add(Label(LabelKind.TOOL_ARGS))
         return Value(frozenset(data))
 
     def read_scan(self, value: Value, node: nodes.Node) -> Value:
@@ -650,16 +680,16 @@ class _Interpreter:
         Read inside the loop that assigns it, a namespace value is running state (it
         depends on the messages so far), not a fact about the whole list.
         """
-        if any(label.kind in ("lookahead", "last", "next") for label in value.labels):
+        if any(label.kind in (LabelKind.LOOKAHEAD, LabelKind.LAST, LabelKind.NEXT) for label in value.labels):
             # Where a look-ahead fact is read is where a fix can replace it.
-            read = Label("namespace_read", self.facts.site(node, expression_text(node)), expression_text(node))
+            read = Label(LabelKind.NAMESPACE_READ, self.facts.site(node, expression_text(node)), expression_text(node))
             value = Value(value.labels | {read}, value.const)
-        if not any(label.kind.startswith("scan_") for label in value.labels):
+        if not any(label.kind in SCANS for label in value.labels):
             return value
         active = {loop.loop for loop in self.loops}
         labels = set()
         for label in value.labels:
-            if label.kind.startswith("scan_"):
+            if label.kind in SCANS:
                 if label.loop in active:
                     continue
                 origin = label.origin or label.site  # where the scan assigned it, through any re-reads
@@ -673,19 +703,19 @@ class _Interpreter:
             return NOTHING
         site = self.facts.site(node, f"loop.{attr}")
         if attr in LOOP_LAST_ATTRS:
-            return Value(frozenset({Label("last", site, loop=loop.loop)}))
+            return Value(frozenset({Label(LabelKind.LAST, site, loop=loop.loop)}))
         if attr == "nextitem":
-            return Value(frozenset({Label("next", site, loop=loop.loop), Label("message")}))
+            return Value(frozenset({Label(LabelKind.NEXT, site, loop=loop.loop), Label(LabelKind.MESSAGE)}))
         if attr == "previtem":
-            return Value(frozenset({Label("loop_index", loop=loop.loop), Label("message")}))
-        return Value(frozenset({Label("loop_index", loop=loop.loop)}))
+            return Value(frozenset({Label(LabelKind.LOOP_INDEX, loop=loop.loop), Label(LabelKind.MESSAGE)}))
+        return Value(frozenset({Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
 
     def mentions_current_index(self, node: nodes.Node) -> bool:
         return self.mentions_active_index(self.expr(node))
 
     def mentions_active_index(self, value: Value) -> bool:
         current = {loop.loop for loop in self.loops if loop.over_messages}
-        return any(label.kind == "loop_index" and label.loop in current for label in value.labels)
+        return any(label.kind is LabelKind.LOOP_INDEX and label.loop in current for label in value.labels)
 
     def is_next_index(self, node: nodes.Node) -> bool:
         """``loop.index`` or ``loop.index0 + 1``: the message after the current one."""
@@ -717,7 +747,7 @@ class _Interpreter:
             and func.name not in self.facts.assumptions
         ):
             site = self.facts.site(func, func.name)
-            return Value(frozenset({Label("clock", site, func.name)}) | _union(*args).labels)
+            return Value(frozenset({Label(LabelKind.CLOCK, site, func.name)}) | _union(*args).labels)
         callee = self.expr(func)
         target = callee.const
         if isinstance(target, MacroRef):
@@ -731,7 +761,7 @@ class _Interpreter:
                     self.namespaces[(namespace.key, key)] = value
                 return Value(const=namespace)
             if target.name == "lipsum":
-                return Value(frozenset({Label("random", self.facts.site(func, "lipsum"), "lipsum")}))
+                return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return _union(callee, *args, *kwargs.values(), *extra)
 
     def call_macro(self, macro: nodes.Macro, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -783,17 +813,17 @@ class _Interpreter:
         if name == "tojson":
             self.facts.json_uses.append(JsonUse(node, value.labels, tuple(self.controls)))
             return _union(value, *args)
-        if name in ("random", "shuffle"):
+        if name in (LabelKind.RANDOM, "shuffle"):
             site = self.facts.site(node, f"|{name}")
-            return Value(value.data() | {Label("random", site, name)})
-        if value.has("messages"):
+            return Value(value.data() | {Label(LabelKind.RANDOM, site, name)})
+        if value.has(LabelKind.MESSAGES):
             site = self.facts.site(node.node, f"{expression_text(node.node)}|{name}")
-            if name in ("length", "count"):
-                return Value(value.data() | {Label("count", site)})
+            if name in ("length", LabelKind.COUNT):
+                return Value(value.data() | {Label(LabelKind.COUNT, site)})
             if name == "last":
-                return Value(value.data() | {Label("last", site), Label("message")})
+                return Value(value.data() | {Label(LabelKind.LAST, site), Label(LabelKind.MESSAGE)})
             if name == "first":
-                return Value(value.data() | {Label("message"), Label("first_message")})
+                return Value(value.data() | {Label(LabelKind.MESSAGE), Label(LabelKind.FIRST_MESSAGE)})
             if name in LIST_FILTERS:
                 return Value(value.labels | _union(*args).labels)
         if value.known and not args and name in _FOLDABLE_FILTERS:
@@ -817,8 +847,8 @@ class _Interpreter:
             if folded is not None:
                 return Value(const=folded)
         labels = set(_union(value, *args).labels)
-        if name == "string" and value.has("tool_args"):
-            labels.add(Label("string_guard"))
+        if name == "string" and value.has(LabelKind.TOOL_ARGS):
+            labels.add(Label(LabelKind.STRING_GUARD))
         return Value(frozenset(labels))
 
     def expr_And(self, node: nodes.And) -> Value:

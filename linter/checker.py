@@ -10,11 +10,12 @@ from pathlib import Path
 from jinja2 import nodes
 
 from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens
-from .findings import Finding, Switch
+from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
+from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import RULES, STATIC
+from .rules import RULES, STATIC, reporting
 from .sources import TemplateSource
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
@@ -66,14 +67,14 @@ class ProveOptions:
 
 def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
     """``lint_source`` in a child process with time and memory limits (see isolation.py);
-    a template that exceeds them is reported as PC101."""
+    a template that exceeds them is reported as a render limit exceeded."""
     from .isolation import IsolationError, run_isolated
-    from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
 
     try:
         return run_isolated(_lint_for_parent, (source, selection, prove))
     except IsolationError as error:
-        finding = LIMIT_EXCEEDED.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
+        limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
+        finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
         finding.path, finding.template = str(source.path), source.name
         return [finding] if selection.includes(finding.code) else []
 
@@ -97,14 +98,14 @@ def lint_with_facts(
     facts = analyze(source.text, tree, source_map)
     if error is not None:
         facts.syntax_error = error
-    # Every rule runs: a divergence that an ignored rule explains is still explained, not PC100.
+    # Every rule runs: a divergence that an ignored rule explains is still explained, not unexplained.
     findings = run_rules(facts, STATIC)
     name_switches(findings, facts, STATIC)
     if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts.variables, prove))
     elif prove is not None:
         for finding in findings:
-            finding.proof = {"status": "not-provable", "unit": "char", "reason": "the template does not parse"}
+            finding.proof = Proof.not_provable("char", "the template does not parse")
     findings = [finding for finding in findings if selection.includes(finding.code)]
     findings = apply_suppressions(findings, source.text, selection)
     for finding in findings:
@@ -219,7 +220,10 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
     report = on_template.run(switch_values(findings, variables))
-    report.note = "rendered as transformers renders the template; vLLM renders this model with openai-harmony instead (PC103)"
+    engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
+    report.note = (
+        f"rendered as transformers renders the template; vLLM renders this model with openai-harmony instead ({engine_rule})"
+    )
     extra = attach_proofs(findings, report)
     on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
     return extra + engine_findings(on_engine.run({}))
@@ -231,7 +235,7 @@ SUPPRESSION = re.compile(r"\{#-?\s*tmpl-lint:\s*(ignore-file|ignore)(?:\[([A-Za-
 def apply_suppressions(findings: list[Finding], text: str, selection: Selection) -> list[Finding]:
     """Drop findings a ``{# tmpl-lint: ignore[CODE] #}`` on their line, or an
     ``ignore-file`` anywhere, suppresses; report suppressions that suppress nothing."""
-    from .rules.pc900_unused_suppression import RULE as UNUSED
+    unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
 
     suppressions = []
     for match in SUPPRESSION.finditer(text):
@@ -255,11 +259,11 @@ def apply_suppressions(findings: list[Finding], text: str, selection: Selection)
             suppression["used"] = True
         if not matched:
             kept.append(finding)
-    if selection.includes(UNUSED.code):
+    if selection.includes(unused.code):
         for s in suppressions:
             if not s["used"]:
                 what = ", ".join(s["codes"]) or "all codes"
                 scope = "this template" if s["file"] else "this line"
                 site = Site(s["line"], "", fixed_column=s["column"])
-                kept.append(UNUSED.at(site, f"the suppression of {what} suppresses nothing on {scope}"))
+                kept.append(unused.at(site, f"the suppression of {what} suppresses nothing on {scope}"))
     return kept

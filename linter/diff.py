@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .engines import engine_tokenizer, render_prompt
-from .prover import Divergence, Measure, compare_prompts, resolve_special_tokens
+from .proofs import Divergence
+from .prover import Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
@@ -129,13 +130,13 @@ def diff_json(divergence: Divergence) -> dict[str, Any]:
         "message_index": divergence.message_index,
         "role": divergence.role,
         "field": divergence.field,
-        "cause": divergence.cause,
+        "cause": str(divergence.cause),
         "renders": {"before": divergence.before, "after": divergence.after},
     }
 
 
 def diff_text(divergence: Divergence) -> str:
-    from .reporters import proof_lines
+    from .reporters import divergence_lines
 
     unit = divergence.unit
     first, second = divergence.prompt_tokens
@@ -144,8 +145,7 @@ def diff_text(divergence: Divergence) -> str:
             f"clean extension: turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s); "
             f"{divergence.reusable_tokens} {unit}s reusable in {divergence.block_size}-{unit} blocks\n"
         )
-    proof = {"status": "proven", **divergence.to_json()}
-    lines = proof_lines(proof)
+    lines = divergence_lines(divergence)
     lines[0] = (
         f"first divergence at {unit} {divergence.first_divergence} of {first} "
         f"(message {divergence.message_index}, {divergence.role}, {divergence.field}); cause {divergence.cause}"

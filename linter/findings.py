@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from .analysis import Label, Site
+from .analysis import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
+from .proofs import Cause, Divergence, Proof
 
-SEVERITIES = ("error", "warning", "info")
 # Labels whose site is an expression a decision reads, and a fix may replace.
-READS = frozenset({"scan_position", "scan_flag", "namespace_read", "last", "next"})
+READS = frozenset({LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG, LabelKind.NAMESPACE_READ, LabelKind.LAST, LabelKind.NEXT})
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Finding:
     switch: Switch | None = None
     # Template variables that may decide the pattern; the checker tries each.
     candidates: frozenset[str] = frozenset()
-    proof: dict[str, Any] | None = None
+    proof: Proof | None = None
     # Where in the template the finding is, and other places its decision reads: what a
     # fix edits.
     site: Site | None = field(default=None, repr=False, compare=False)
@@ -80,18 +81,45 @@ class Finding:
             "column": self.column,
             "message": self.full_message(),
             "switch": self.switch.to_json() if self.switch else None,
-            "proof": self.proof,
+            "proof": self.proof.to_json() if self.proof else None,
         }
+
+
+class Outcome(StrEnum):
+    """What the engine reports through a rule of its own, rather than a rule's check."""
+
+    SYNTAX_ERROR = "syntax-error"
+    UNEXPLAINED_DIVERGENCE = "unexplained-divergence"
+    RENDER_LIMIT_EXCEEDED = "render-limit-exceeded"
+    RENDER_ERROR = "render-error"
+    ENGINE_RENDER_UNSTABLE = "engine-render-unstable"
+    UNUSED_SUPPRESSION = "unused-suppression"
 
 
 @dataclass(frozen=True)
 class RuleInfo:
-    """The public identity of a rule: its code, name, default severity and one-line summary."""
+    """What a rule declares about itself: its code, name, default severity and one-line
+    summary; which divergences prove its findings; which its verified fix must remove."""
 
     code: str
     name: str
     severity: str
     summary: str
+    # A finding is proven by a divergence of one of these causes...
+    proven_by: frozenset[Cause] = frozenset()
+    # ...in a scenario of one of these kinds (empty: any scenario).
+    proven_in: frozenset[str] = frozenset()
+    # A fix of this rule verifies only when check b shows no divergence that proves it. False
+    # for rules whose fix is verified otherwise (the rule module's ``verify_fix``).
+    fix_removes_proof: bool = True
+    # Its findings make two renders of one request differ, so no fix can be verified.
+    makes_renders_incomparable: bool = False
+    # The engine's own outcome this rule reports, for rules the prover or checker raise.
+    reports: Outcome | None = None
+
+    def proves(self, divergence: Divergence) -> bool:
+        """Whether ``divergence`` shows this rule's pattern."""
+        return divergence.cause in self.proven_by and (not self.proven_in or divergence.scenario_kind in self.proven_in)
 
     def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
         """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""
@@ -111,7 +139,7 @@ class RuleInfo:
 
 
 def switch_candidates(labels) -> frozenset[str]:
-    names = {label.name for label in labels if isinstance(label, Label) and label.kind == "variable"}
+    names = {label.name for label in labels if isinstance(label, Label) and label.kind is LabelKind.VARIABLE}
     return frozenset(name for name in names if name and name not in REQUEST_VARIABLES)
 
 

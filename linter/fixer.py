@@ -23,12 +23,11 @@ from .checker import Selection, lint_source, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .findings import Finding
-from .prover import CAUSES_BY_CODE, Prover, resolve_special_tokens
+from .proofs import Cause
+from .prover import Prover, resolve_special_tokens
 from .render import FrozenClock, RenderError, render
 from .rules import BY_CODE
 from .sources import TemplateSource, read_text
-
-COMPACT_ARGUMENTS = '{"city":"Paris"}'
 
 
 class WriteError(Exception):
@@ -110,41 +109,32 @@ class Verifier:
         missing = self.original_rendered - {result.scenario.name for result in report.rendered}
         if missing:
             return f"the patched template no longer renders: {', '.join(sorted(missing))}"
-        fixed_codes = {finding.code for finding in fixed}
-        # Causes another finding still claims cannot be asked to vanish; the clock is checked
-        # on its own scenario, and tool arguments below.
-        still_claimed = set().union(*(CAUSES_BY_CODE.get(code, set()) for code in codes if code not in fixed_codes))
-        required = set().union(*(CAUSES_BY_CODE.get(code, set()) for code in fixed_codes - {"PC001", "PC004"})) - still_claimed
+        fixed_rules = [BY_CODE[code] for code in {finding.code for finding in fixed}]
+        still_found = [BY_CODE[code].RULE for code in codes if code not in {rule.RULE.code for rule in fixed_rules}]
+        # A reply that renders differently as history than as generated is the model's own
+        # format (gpt-oss drops a final answer's analysis by design): only a fix of a rule the
+        # generation prompt proves is asked to change it.
+        fixes_replies = any(Cause.GENERATION_PROMPT in rule.RULE.proven_by for rule in fixed_rules)
         for divergence in report.divergences():
-            if divergence.check != "b":
+            if divergence.check != "b" or (divergence.in_reply and not fixes_replies):
                 continue
-            midnight = "PC001" in fixed_codes and divergence.scenario == "midnight" and divergence.cause == "system"
-            # A reply that renders differently as history than as generated is the model's
-            # own format (gpt-oss drops a final answer's analysis by design): PC006's
-            # concern, not what a history fix changes.
-            own_format = divergence.cause == "history-rewrite" and divergence.in_reply and "PC006" not in fixed_codes
-            if midnight or (divergence.cause in required and not own_format):
+            # A divergence another finding still explains cannot be asked to vanish.
+            if any(rule.proves(divergence) for rule in still_found):
+                continue
+            if any(rule.RULE.fix_removes_proof and rule.RULE.proves(divergence) for rule in fixed_rules):
                 return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
-        if any(finding.code == "PC004" for finding in fixed) and not self.replays_compact_arguments(patched):
-            return "arguments given as a string are still re-serialised"
+        for rule in fixed_rules:
+            reason = rule.verify_fix(self, patched) if hasattr(rule, "verify_fix") else None
+            if reason is not None:
+                return reason
         return None
 
-    def replays_compact_arguments(self, text: str) -> bool:
-        messages = [
-            {"role": "user", "content": "Weather?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
-                ],
-            },
-            {"role": "tool", "tool_call_id": "Ab3dE6gH9", "name": "get_weather", "content": "sunny"},
-        ]
+    def render(self, text: str, messages: list[dict]) -> str | None:
+        """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
-            return COMPACT_ARGUMENTS in render(text, messages, clock=self.clock, special_tokens=self.special)
+            return render(text, messages, clock=self.clock, special_tokens=self.special)
         except RenderError:
-            return False
+            return None
 
 
 def fix_template(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
@@ -153,9 +143,11 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
     if facts.tree is None:
         result.skipped = [(finding, "the template does not parse") for finding in findings]
         return result
-    if any(finding.code == "PC005" for finding in findings):
+    random = [finding for finding in findings if BY_CODE[finding.code].RULE.makes_renders_incomparable]
+    if random:
         # Random output makes two renders differ: no fix could be verified.
-        result.skipped = [(finding, "the template prints random text (PC005): fixes cannot be verified") for finding in findings]
+        reason = f"the template prints random text ({random[0].code}): fixes cannot be verified"
+        result.skipped = [(finding, reason) for finding in findings]
         return result
     verifier = None
     chosen: list[Edit] = []

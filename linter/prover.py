@@ -10,7 +10,7 @@ Each gives the first diverging token (and character), the message, role and fiel
 in, a cause class, the tokens reusable in full blocks (vLLM hashes full blocks only, each
 chained on its parent) and the tokens recomputed beyond the ideal. A finding is proven when
 some pair diverges for the cause its rule describes; a divergence no finding explains is
-reported as PC100.
+reported through the rule for unexplained divergences.
 """
 
 from __future__ import annotations
@@ -23,28 +23,15 @@ from typing import Any
 
 from .analysis import Site
 from .engines import HARMONY, EngineError, RenderedPrompt, engine_tokenizer, render_prompt
-from .findings import Finding
+from .findings import Finding, Outcome
+from .proofs import Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
-from .rules.pc100_unstable_render import RULE as UNSTABLE_RENDER
-from .rules.pc101_render_limit_exceeded import RULE as LIMIT_EXCEEDED
-from .rules.pc102_render_error import RULE as RENDER_ERROR
-from .rules.pc103_engine_render_unstable import ADVICE as ENGINE_ADVICE
-from .rules.pc103_engine_render_unstable import RULE as ENGINE_RENDER
+from .rules import BY_CODE, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
 from .tokenizer import Tokenizer
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
-# Which cause of divergence proves which rule.
-CAUSES_BY_CODE = {
-    "PC001": {"system"},
-    "PC002": {"history-rewrite"},
-    # A look-ahead can move text to the very start (Mistral's tool list before the first user
-    # message while it is the last one), which the divergence's position calls "system".
-    "PC003": {"history-rewrite", "system"},
-    "PC004": {"tool-arguments"},
-    "PC006": {"generation-prompt"},
-}
 SNIPPET = 48
 
 
@@ -62,61 +49,6 @@ class Measure:
         if isinstance(text, RenderedPrompt):
             return list(text.token_ids)  # the engine's own tokenization
         return self.tokenizer.encode(text) if self.tokenizer else [ord(char) for char in text]
-
-
-@dataclass
-class Divergence:
-    scenario: str
-    call: int  # index of call N; the pair is N, N+1
-    check: str  # "a" or "b"
-    unit: str
-    block_size: int
-    first_divergence: int | None
-    first_divergence_char: int | None
-    prompt_tokens: tuple[int, int]
-    reusable_tokens: int
-    ideal_tokens: int
-    message_index: int | None
-    role: str | None
-    field: str | None
-    cause: str
-    before: str = ""
-    after: str = ""
-    reply_index: int | None = None  # index of call N's reply in call N+1's messages
-
-    @property
-    def in_reply(self) -> bool:
-        """The divergence is inside the reply just generated, not in earlier history."""
-        return self.message_index is not None and self.reply_index is not None and self.message_index >= self.reply_index
-
-    @property
-    def lost_tokens(self) -> int:
-        return self.ideal_tokens - self.reusable_tokens
-
-    @property
-    def reusable_without_rollback(self) -> int:
-        """An engine that cannot roll back recurrent state reuses the whole prefix or nothing."""
-        return self.ideal_tokens if self.first_divergence is None else 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "pair": [self.call, self.call + 1],
-            "check": self.check,
-            "unit": self.unit,
-            "block_size": self.block_size,
-            "first_divergence": self.first_divergence,
-            "first_divergence_char": self.first_divergence_char,
-            "prompt_tokens": list(self.prompt_tokens),
-            "reusable_tokens": self.reusable_tokens,
-            "lost_tokens": self.lost_tokens,
-            "reusable_tokens_without_rollback": self.reusable_without_rollback,
-            "message_index": self.message_index,
-            "role": self.role,
-            "field": self.field,
-            "cause": self.cause,
-            "renders": {"before": self.before, "after": self.after},
-        }
 
 
 @dataclass
@@ -148,6 +80,10 @@ class ProofReport:
 
     def divergences(self) -> list[Divergence]:
         return [d for result in self.rendered for d in result.divergences if d.first_divergence is not None]
+
+    def rates(self, scenario: str) -> tuple[float, float] | None:
+        """The projected hit rate of a rendered scenario (check a), and its ideal."""
+        return next((result.hit_rate("a") for result in self.rendered if result.scenario.name == scenario), None)
 
 
 def resolve_special_tokens(tokenizer: Tokenizer | None, from_config: dict[str, Any] | None) -> dict[str, Any]:
@@ -243,16 +179,18 @@ def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int 
     return len(messages), "assistant", "generation-prompt"
 
 
-def classify(index: int | None, role: str | None, field_name: str | None, reply_index: int, offset: int, first_start: int) -> str:
+def classify(
+    index: int | None, role: str | None, field_name: str | None, reply_index: int, offset: int, first_start: int
+) -> Cause:
     if index is None:
-        return "clean-extension"
+        return Cause.CLEAN
     if offset < first_start or (index == 0 and role == "system"):
-        return "system"
+        return Cause.SYSTEM
     if field_name and field_name.startswith("tool_calls.function.arguments"):
-        return "tool-arguments"
+        return Cause.TOOL_ARGUMENTS
     if index >= reply_index and field_name in ("markup", "generation-prompt"):
-        return "generation-prompt"
-    return "history-rewrite"
+        return Cause.GENERATION_PROMPT
+    return Cause.HISTORY_REWRITE
 
 
 def snippet(text: str, offset: int) -> str:
@@ -355,6 +293,7 @@ class Prover:
                         self.measure.unit,
                         self.block_size,
                         opener,
+                        scenario.kind,
                     )
                 )
         return result
@@ -408,22 +347,38 @@ def compare_prompts(
     unit: str,
     block_size: int,
     generation_prompt: tuple[int, int] | None = None,
+    scenario_kind: str = "",
 ) -> Divergence:
     """Where ``next_ids`` stops extending ``cached_ids``, and why, from the rendered texts.
 
     ``generation_prompt`` is the (start, end) of the generation prompt in ``cached_text``.
     """
+    kind = {"scenario_kind": scenario_kind}
     position = first_difference(cached_ids, next_ids)
     ideal = full_blocks(len(cached_ids), block_size)
     lengths = (len(cached_ids), len(next_ids))
     if position is None:
         return Divergence(
-            scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, "clean-extension"
+            scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, Cause.CLEAN, **kind
         )
     reusable = full_blocks(position, block_size)
     if cached_text is None or next_text is None:
         return Divergence(
-            scenario, index, check, unit, block_size, position, None, lengths, reusable, ideal, None, None, None, "unknown"
+            scenario,
+            index,
+            check,
+            unit,
+            block_size,
+            position,
+            None,
+            lengths,
+            reusable,
+            ideal,
+            None,
+            None,
+            None,
+            Cause.UNKNOWN,
+            **kind,
         )
     char = first_difference(list(cached_text), list(next_text))
     char = char if char is not None else min(len(cached_text), len(next_text))
@@ -432,7 +387,7 @@ def compare_prompts(
     first_start = min([found for found in first_fields if found >= 0], default=0)
     cause = classify(message_index, role, field_name, reply_index, char, first_start)
     if generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1]:
-        cause = "generation-prompt"  # the opener the reply was generated after is not in its history
+        cause = Cause.GENERATION_PROMPT  # the opener the reply was generated after is not in its history
     elif (
         generation_prompt is not None
         and char < generation_prompt[0]
@@ -441,13 +396,13 @@ def compare_prompts(
     ):
         # Before prompt N's opener, so still inside its last message: the markup that closes
         # it changed once a message came after it (a `loop.last` test, say).
-        message_index, field_name, cause = reply_index - 1, "markup", "history-rewrite"
+        message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
         role = next_messages[message_index].get("role")
-    elif cause == "generation-prompt" and message_index < len(next_messages):
+    elif cause is Cause.GENERATION_PROMPT and message_index < len(next_messages):
         # The reply's own reasoning, cached as generated, is missing from its history render.
         reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
         if reasoning and reasoning in cached_text[char:] and reasoning not in next_text[char:]:
-            cause = "history-rewrite"
+            cause = Cause.HISTORY_REWRITE
     return Divergence(
         scenario,
         index,
@@ -466,6 +421,7 @@ def compare_prompts(
         snippet(cached_text, char),
         snippet(next_text, char),
         reply_index,
+        **kind,
     )
 
 
@@ -484,86 +440,81 @@ def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, lis
 
 
 def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]:
-    """Give each finding its proof; return PC100 findings for divergences none explains."""
+    """Give each finding its proof; return findings of unexplained divergence for causes none explains."""
+    unit = report.unit
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
         reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
         for finding in findings:
-            finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
-        extra = LIMIT_EXCEEDED.at(Site(1, "", fixed_column=1), reason)
-        extra.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+            finding.proof = Proof.not_provable(unit, reason)
+        extra = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
+        extra.proof = Proof.not_provable(unit, reason)
         return [extra]
     divergences = report.divergences()
-    explained: set[str] = set()
+    explained: set[Cause] = set()
     errors = [result.error for result in report.results if result.error]
     extra: list[Finding] = []
     if not report.rendered and errors:
-        failure = RENDER_ERROR.at(Site(1, "", fixed_column=1), f"the template fails on every conversation tried: {errors[0]}")
-        failure.proof = {"status": "not-provable", "unit": report.unit, "reason": errors[0]}
+        failure = reporting(Outcome.RENDER_ERROR).RULE.at(
+            _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
+        )
+        failure.proof = Proof.not_provable(unit, errors[0])
         extra.append(failure)
     if not report.deterministic:
-        # Random output diverges anywhere; PC005 accounts for all of it.
+        # Random output diverges anywhere; the rule that found the randomness accounts for all of it.
         explained |= {d.cause for d in divergences}
+    tried = tuple(result.scenario.name for result in report.rendered)
     for finding in findings:
-        if finding.code == "PC000" or not report.rendered:
-            reason = errors[0] if errors else "the template does not parse"
-            finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+        rule = BY_CODE[finding.code]
+        if not report.rendered:
+            finding.proof = Proof.not_provable(unit, errors[0] if errors else "the template does not parse")
             continue
-        if finding.code == "PC005":
-            finding.proof = {
-                "status": "not-reproduced" if report.deterministic else "proven",
-                "unit": report.unit,
-                "scenario": "twenty renders of one request",
-            }
+        if hasattr(rule, "prove"):
+            finding.proof = rule.prove(report)
             continue
-        causes = CAUSES_BY_CODE.get(finding.code, set())
-        matching = [d for d in divergences if d.cause in causes and (finding.code != "PC001" or d.scenario == "midnight")]
-        explained |= causes
+        explained |= rule.RULE.proven_by
+        matching = [d for d in divergences if rule.RULE.proves(d)]
         if not matching:
-            finding.proof = {"status": "not-reproduced", "unit": report.unit, "scenarios": len(report.rendered)}
+            finding.proof = Proof.not_reproduced(unit, tried)
             continue
         worst = max(matching, key=lambda d: (d.lost_tokens, -d.call))
-        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
     if report.note:
         for finding in findings:
-            finding.proof["note"] = report.note
+            finding.proof = finding.proof.with_note(report.note)
+    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
     for cause in sorted({d.cause for d in divergences} - explained):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
-        site = Site(1, "", fixed_column=1)  # the cause is in the render, not at one place in the source
-        finding = UNSTABLE_RENDER.at(
-            site, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why"
+        finding = unexplained.at(
+            _TEMPLATE_START, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why"
         )
-        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
         extra.append(finding)
     return extra
 
 
-def scenario_rates(report: ProofReport, name: str) -> dict[str, float]:
-    for result in report.rendered:
-        if result.scenario.name == name:
-            actual, ideal = result.hit_rate("a")
-            return {"hit_rate": round(actual, 4), "ideal_hit_rate": round(ideal, 4)}
-    return {}
+# Where findings about the render as a whole stand: the cause is not at one place in the source.
+_TEMPLATE_START = Site(1, "", fixed_column=1)
 
 
 def engine_findings(report: ProofReport) -> list[Finding]:
-    """PC103 for each cause of divergence in a render the engine makes without the template."""
+    """A finding for each cause of divergence in a render the engine makes without the template."""
+    engine_render = reporting(Outcome.ENGINE_RENDER_UNSTABLE)
     if not report.rendered:
         reason = next((result.error for result in report.results if result.error), "nothing rendered")
-        finding = ENGINE_RENDER.at(
-            Site(1, "", fixed_column=1),
-            f"the engine renders this model without the template, and its render could not be checked: {reason}",
+        finding = engine_render.RULE.at(
+            _TEMPLATE_START, f"the engine renders this model without the template, and its render could not be checked: {reason}"
         )
-        finding.proof = {"status": "not-provable", "unit": report.unit, "reason": reason}
+        finding.proof = Proof.not_provable(report.unit, reason)
         return [finding]
     found = []
     divergences = report.divergences()
     for cause in sorted({d.cause for d in divergences}):
         worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
-        what = ENGINE_ADVICE.get(cause, "the engine renders this model without the template")
-        finding = ENGINE_RENDER.at(
-            Site(1, "", fixed_column=1), f"the engine's own render does not extend the previous prompt ({cause}): {what}"
+        finding = engine_render.RULE.at(
+            _TEMPLATE_START,
+            f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}",
         )
-        finding.proof = {"status": "proven", **worst.to_json(), **scenario_rates(report, worst.scenario)}
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
         found.append(finding)
     return found

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .engines import EngineError, engine_tokenizer, render_prompt
-from .prover import Divergence, Measure, compare_prompts, reply_start
+from .proofs import Divergence
+from .prover import Measure, compare_prompts, reply_start
 from .render import FrozenClock, RenderError
 
 

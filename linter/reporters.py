@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from .findings import Finding
+from .proofs import Divergence, Proof, ProofStatus
 
 SEVERITY_COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 MAX_SHOWN_LINE = 120
@@ -55,44 +56,48 @@ def _excerpt(line: str, column: int) -> tuple[str, int]:
     return line, column - 1
 
 
-def proof_lines(proof: dict) -> list[str]:
+def proof_lines(proof: Proof) -> list[str]:
     """The proof under a finding: where the next turn stops matching, and both renders there."""
     lines = _proof_lines(proof)
-    if proof.get("note"):
-        lines.append(f"       note: {proof['note']}")
+    if proof.note:
+        lines.append(f"       note: {proof.note}")
     return lines
 
 
-def _proof_lines(proof: dict) -> list[str]:
-    status = proof.get("status")
-    unit = proof.get("unit", "token")
-    if status == "not-provable":
-        return [f"proof: not provable: {proof.get('reason')}"]
-    if status != "proven":
-        return [f"proof: not reproduced ({proof.get('scenarios', 0)} scenarios rendered, unit: {unit})"]
-    if "first_divergence" not in proof:
-        return [f"proof: proven ({proof.get('scenario')})"]
-    first = proof["first_divergence"]
-    block = proof["block_size"]
-    cached, following = proof["prompt_tokens"]
-    check = "prompt N vs N+1" if proof["check"] == "a" else "prompt N + generated reply vs N+1"
-    pair = proof["pair"]
-    units = f"{unit}s"
-    lines = [
-        f'proof: proven in "{proof["scenario"]}", calls {pair[0] + 1}->{pair[1] + 1} ({check}): '
-        f"first divergence at {unit} {first}"
-        + (f" (char {proof['first_divergence_char']})" if unit != "char" else "")
-        + f", message {proof['message_index']} "
-        f"({proof['role']}, {proof['field']}), cause {proof['cause']}",
-        f"       {proof['reusable_tokens']} of {cached} {units} reusable in {block}-{unit} blocks, "
-        f"{proof['lost_tokens']} recomputed every turn; without rollback (hybrid models) "
-        f"{proof['reusable_tokens_without_rollback']} reusable"
-        + (f"; scenario hit rate {proof['hit_rate']:.1%} (ideal {proof['ideal_hit_rate']:.1%})" if "hit_rate" in proof else ""),
-    ]
-    from .prover import common_prefix  # only reports with proofs come here
+def _proof_lines(proof: Proof) -> list[str]:
+    unit = proof.unit
+    if proof.status is ProofStatus.NOT_PROVABLE:
+        return [f"proof: not provable: {proof.reason}"]
+    if proof.status is ProofStatus.NOT_REPRODUCED:
+        return [f"proof: not reproduced ({len(proof.scenarios)} scenarios rendered, unit: {unit})"]
+    divergence = proof.divergence
+    if divergence is None:
+        return [f"proof: proven ({proof.evidence})"]
+    return divergence_lines(divergence, proof)
 
-    before, after = proof["renders"]["before"], proof["renders"]["after"]
-    common = _escaped(before[: common_prefix(before, after)])
+
+def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list[str]:
+    """Where two prompts part, what it costs, and both renders there."""
+    unit, first, block = divergence.unit, divergence.first_divergence, divergence.block_size
+    cached, _ = divergence.prompt_tokens
+    check = "prompt N vs N+1" if divergence.check == "a" else "prompt N + generated reply vs N+1"
+    rates = (
+        f"; scenario hit rate {proof.hit_rate:.1%} (ideal {proof.ideal_hit_rate:.1%})"
+        if proof is not None and proof.hit_rate is not None
+        else ""
+    )
+    lines = [
+        f'proof: proven in "{divergence.scenario}", calls {divergence.call + 1}->{divergence.call + 2} ({check}): '
+        f"first divergence at {unit} {first}"
+        + (f" (char {divergence.first_divergence_char})" if unit != "char" else "")
+        + f", message {divergence.message_index} "
+        f"({divergence.role}, {divergence.field}), cause {divergence.cause}",
+        f"       {divergence.reusable_tokens} of {cached} {unit}s reusable in {block}-{unit} blocks, "
+        f"{divergence.lost_tokens} recomputed every turn; without rollback (hybrid models) "
+        f"{divergence.reusable_without_rollback} reusable" + rates,
+    ]
+    before, after = divergence.before, divergence.after
+    common = _escaped(os.path.commonprefix([before, after]))
     lines.append(f"  N   | {_escaped(before)}")
     lines.append(f"  N+1 | {_escaped(after)}")
     lines.append(f"      | {' ' * len(common)}^ {unit} {first}; its block starts at {unit} {first // block * block}")
@@ -186,7 +191,11 @@ def sarif_report(findings: Sequence[Finding], file_line) -> str:
                 }
             ],
             "partialFingerprints": {"primaryLocationLineHash": fingerprint},
-            "properties": {"template": finding.template, "templateLine": finding.line, "proof": finding.proof},
+            "properties": {
+                "template": finding.template,
+                "templateLine": finding.line,
+                "proof": finding.proof.to_json() if finding.proof else None,
+            },
         }
         results.append(result)
     document = {

@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 MIDDAY = datetime(2026, 3, 1, 12, 0, 0)
@@ -51,6 +52,15 @@ class Call:
     clock: datetime = MIDDAY
 
 
+class ScenarioKind(StrEnum):
+    """What a scenario exercises: rules declare the kinds their proof must come from."""
+
+    CHAT = "chat"
+    AGENT = "agent"
+    CLOCK = "clock"  # the same conversation, the clock stepped between calls
+    ARGUMENTS = "arguments"  # tool-call arguments the model wrote, replayed by the client
+
+
 @dataclass
 class Scenario:
     name: str
@@ -60,6 +70,7 @@ class Scenario:
     # The model wrote its tool-call arguments as compact JSON ({"city":"Paris"}), and the
     # client sends them back as a mapping: the replay check for PC004.
     compact_arguments: bool = False
+    kind: ScenarioKind = ScenarioKind.CHAT
 
 
 def user(text: str) -> dict[str, Any]:
@@ -140,21 +151,39 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
     found = [
         Scenario("chat", chat(system=False)),
         Scenario("chat with system", chat(system=True)),
-        Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS),
-        Scenario("agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS),
-        Scenario("agent, narrated tool calls", agent(False, arguments_as_string, narrated=True), TOOLS),
-        Scenario("midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT])),
+        Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT),
+        Scenario(
+            "agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT
+        ),
+        Scenario("agent, narrated tool calls", agent(False, arguments_as_string, narrated=True), TOOLS, kind=ScenarioKind.AGENT),
+        Scenario(
+            "midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT]), kind=ScenarioKind.CLOCK
+        ),
     ]
     if not arguments_as_string:
         # A template that takes arguments only as strings gets back the string the model
         # wrote; the replay of a parsed mapping applies where mappings render.
-        found.append(Scenario("compact tool arguments replayed as a mapping", agent(False, False), TOOLS, compact_arguments=True))
+        found.append(
+            Scenario(
+                "compact tool arguments replayed as a mapping",
+                agent(False, False),
+                TOOLS,
+                compact_arguments=True,
+                kind=ScenarioKind.ARGUMENTS,
+            )
+        )
     for name, values in sorted(switches.items()):
         for value in values:
             label = json.dumps(value)
             for scenario in (
                 Scenario(f"chat, {name}={label}", chat(system=False), kwargs={name: value}),
-                Scenario(f"agent, {name}={label}", agent(False, arguments_as_string), TOOLS, kwargs={name: value}),
+                Scenario(
+                    f"agent, {name}={label}",
+                    agent(False, arguments_as_string),
+                    TOOLS,
+                    kwargs={name: value},
+                    kind=ScenarioKind.AGENT,
+                ),
             ):
                 if value is False and THINKING_ON_OFF.search(name):
                     drop_reasoning(scenario)  # with thinking off, the model writes none

@@ -38,9 +38,6 @@ class Tokenizer:
             return self.backend.encode(text, add_special_tokens=False).ids
         return list(self.backend.encode(text, add_special_tokens=False))
 
-    def decode(self, ids: list[int]) -> str:
-        return self.backend.decode(ids, skip_special_tokens=False)
-
 
 def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
     """The tokenizer's special tokens as transformers hands them to the template

@@ -1,52 +1,55 @@
-"""The rules, one module each: its page (the module docstring), ``RULE``, and where the
-rule is static, ``check`` and ``fix``.
+"""The rules, one module each, found by name (``pcNNN_*.py``): adding a rule is adding its
+module, its fixture under ``corpus/`` and its test; nothing in the engine names a rule code.
 
-``check(facts)`` receives the facts of one analysis pass (``tmpl_lint.analysis``) and
-returns findings; rules never walk the template themselves. ``fix(facts, finding,
-options)`` returns the edits that would fix a finding (``tmpl_lint.edits.Fix``).
+A rule module holds its page (the module docstring), ``RULE`` (a ``RuleInfo``: code, name,
+severity, summary, which divergences prove it, what its fix must remove), and as it needs:
+
+- ``check(facts)``: findings from the facts of one analysis pass (``tmpl_lint.analysis``);
+  rules never walk the template themselves;
+- ``fix(facts, finding, options)``: the edits that would fix a finding (``tmpl_lint.edits.Fix``);
+- ``prove(report)``: the proof of a finding when no divergence shows it (a ``Proof``);
+- ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None).
+
+Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule
+explains...) declare what they report (``RuleInfo.reports``), and the engine asks for them
+by that (``reporting``).
 """
 
 from __future__ import annotations
 
-from . import (
-    pc000_syntax_error,
-    pc001_live_clock,
-    pc002_history_rewrite,
-    pc003_future_dependent_render,
-    pc004_tool_args_reserialized,
-    pc005_nondeterministic_render,
-    pc006_generation_prompt_mismatch,
-    pc100_unstable_render,
-    pc101_render_limit_exceeded,
-    pc102_render_error,
-    pc103_engine_render_unstable,
-    pc900_unused_suppression,
-)
+import importlib
+import pkgutil
+import re
 
-RULES = (
-    pc000_syntax_error,
-    pc001_live_clock,
-    pc002_history_rewrite,
-    pc003_future_dependent_render,
-    pc004_tool_args_reserialized,
-    pc005_nondeterministic_render,
-    pc006_generation_prompt_mismatch,
-    pc100_unstable_render,
-    pc101_render_limit_exceeded,
-    pc102_render_error,
-    pc103_engine_render_unstable,
-    pc900_unused_suppression,
+from tmpl_lint.findings import Outcome
+
+_MODULE = re.compile(r"pc\d{3}_\w+$")
+
+RULES = tuple(
+    sorted(
+        (
+            importlib.import_module(f"{__name__}.{info.name}")
+            for info in pkgutil.iter_modules(__path__)
+            if _MODULE.match(info.name)
+        ),
+        key=lambda rule: rule.RULE.code,
+    )
 )
-# The rules that read the analysis' facts; PC100 comes from the prover, PC900 from the
-# checker's suppressions.
+# The rules that read the analysis' facts.
 STATIC = tuple(rule for rule in RULES if hasattr(rule, "check"))
 BY_CODE = {rule.RULE.code: rule for rule in RULES}
 BY_NAME = {rule.RULE.name: rule for rule in RULES}
+_BY_OUTCOME = {rule.RULE.reports: rule for rule in RULES if rule.RULE.reports is not None}
 
 
 def lookup(code_or_name: str):
     """The rule module for a code (``PC002``) or name (``history-rewrite``), or None."""
     return BY_CODE.get(code_or_name.upper()) or BY_NAME.get(code_or_name.lower())
+
+
+def reporting(outcome: Outcome):
+    """The rule module that reports ``outcome``."""
+    return _BY_OUTCOME[outcome]
 
 
 SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety")

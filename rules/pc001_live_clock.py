@@ -35,11 +35,20 @@ from datetime import datetime, time
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts
+from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause
+from tmpl_lint.scenarios import ScenarioKind
 
-RULE = RuleInfo("PC001", "live-clock", "warning", "the current time reaches the rendered prompt")
+RULE = RuleInfo(
+    "PC001",
+    "live-clock",
+    "warning",
+    "the current time reaches the rendered prompt",
+    proven_by=frozenset({Cause.SYSTEM}),
+    proven_in=frozenset({ScenarioKind.CLOCK}),
+)
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -47,13 +56,13 @@ def check(facts: Facts) -> list[Finding]:
     for sink in facts.sinks:
         labels = sink.all_labels()
         for label in labels:
-            if label.kind != "clock" or label.site is None:
+            if label.kind is not LabelKind.CLOCK or label.site is None:
                 continue
             key = (label.site.line, label.site.column)
             if key in findings:
                 continue
             where = "the prompt"
-            if any(other.kind == "first_message" for other in labels):
+            if any(other.kind is LabelKind.FIRST_MESSAGE for other in labels):
                 where = "the default system prompt (used when the request has no system message)"
             message = (
                 f"`{label.name}(...)` puts the current time into {where}: "

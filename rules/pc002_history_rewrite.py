@@ -46,11 +46,18 @@ prompt grows by the kept reasoning.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts
+from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause
 
-RULE = RuleInfo("PC002", "history-rewrite", "warning", "an earlier message renders differently once a new user message arrives")
+RULE = RuleInfo(
+    "PC002",
+    "history-rewrite",
+    "warning",
+    "an earlier message renders differently once a new user message arrives",
+    proven_by=frozenset({Cause.HISTORY_REWRITE}),
+)
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -61,7 +68,7 @@ def check(facts: Facts) -> list[Finding]:
             continue
         labels = sink.all_labels()
         for label in sorted(labels, key=_by_place):
-            if label.kind != "scan_position" or label.site is None or label.loop in sink.loops:
+            if label.kind is not LabelKind.SCAN_POSITION or label.site is None or label.loop in sink.loops:
                 continue
             key = (label.name, label.origin)
             if key in findings and _by_place(findings[key]) <= _by_place(label):
@@ -92,7 +99,12 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     reads = {}
     for sink in facts.sinks:
         for label in sink.all_labels():
-            if label.kind == "scan_position" and label.name == name and label.site is not None and label.site.node is not None:
+            if (
+                label.kind is LabelKind.SCAN_POSITION
+                and label.name == name
+                and label.site is not None
+                and label.site.node is not None
+            ):
                 reads[(label.site.line, label.site.column)] = label.site
     title = f"every assistant turn keeps its reasoning in history, whatever follows it (`{name}` no longer decides)"
     alternatives = []

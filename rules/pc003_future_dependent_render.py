@@ -50,11 +50,20 @@ from __future__ import annotations
 
 import re
 
-from tmpl_lint.analysis import Facts, Label, Sink
+from tmpl_lint.analysis import Facts, Label, LabelKind, Sink
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause
 
-RULE = RuleInfo("PC003", "future-dependent-render", "warning", "a message renders differently once later messages exist")
+# A look-ahead can move text to the very start (Mistral's tool list before the first user
+# message while it is the last one), which the divergence's position calls "system".
+RULE = RuleInfo(
+    "PC003",
+    "future-dependent-render",
+    "warning",
+    "a message renders differently once later messages exist",
+    proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.SYSTEM}),
+)
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -75,17 +84,17 @@ def check(facts: Facts) -> list[Finding]:
 def _look_aheads(group: frozenset[Label], sink: Sink):
     """The labels of one decision that make it depend on later messages, with a message."""
     kinds = {label.kind for label in group}
-    generation_prompt = any(label.kind == "variable" and label.name == "add_generation_prompt" for label in group)
-    closes_group = bool(kinds & {"last", "count"}) and "next" in kinds
-    history_rewrite = any(label.kind == "scan_position" and label.loop not in sink.loops for label in group)
-    active_index = any(label.kind == "loop_index" and label.loop in sink.loops for label in group)
+    generation_prompt = any(label.kind is LabelKind.VARIABLE and label.name == "add_generation_prompt" for label in group)
+    closes_group = bool(kinds & {LabelKind.LAST, LabelKind.COUNT}) and LabelKind.NEXT in kinds
+    history_rewrite = any(label.kind is LabelKind.SCAN_POSITION and label.loop not in sink.loops for label in group)
+    active_index = any(label.kind is LabelKind.LOOP_INDEX and label.loop in sink.loops for label in group)
     for label in sorted(group, key=_order):
         if label.site is None:
             continue
-        if label.kind == "lookahead":
+        if label.kind is LabelKind.LOOKAHEAD:
             yield label, f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
-        elif label.kind in ("last", "count") and not (generation_prompt or closes_group or history_rewrite):
-            if label.kind == "count" and not active_index:
+        elif label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):
+            if label.kind is LabelKind.COUNT and not active_index:
                 continue
             yield (
                 label,
@@ -94,9 +103,9 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
                     "the next turn renders it again without that"
                 ),
             )
-        elif label.kind == "next" and not closes_group:
+        elif label.kind is LabelKind.NEXT and not closes_group:
             yield label, f"`{label.site.text}` makes a message render differently once the next message exists"
-        elif label.kind == "scan_flag" and label.loop not in sink.loops and not history_rewrite:
+        elif label.kind is LabelKind.SCAN_FLAG and label.loop not in sink.loops and not history_rewrite:
             origin = f" (set at line {label.origin.line})" if label.origin else ""
             yield (
                 label,

@@ -32,22 +32,30 @@ string then replay it byte for byte; mappings render as before.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts
+from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause
 
-RULE = RuleInfo("PC004", "tool-args-reserialized", "warning", "tool-call arguments are re-serialised with tojson")
+RULE = RuleInfo(
+    "PC004",
+    "tool-args-reserialized",
+    "warning",
+    "tool-call arguments are re-serialised with tojson",
+    proven_by=frozenset({Cause.TOOL_ARGUMENTS}),
+    fix_removes_proof=False,
+)
 
 
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     for use in facts.json_uses:
         kinds = {label.kind for label in use.labels}
-        if not kinds & {"tool_args", "tool_call"}:
+        if not kinds & {LabelKind.TOOL_ARGS, LabelKind.TOOL_CALL}:
             continue
-        guarded = any(label.kind == "string_guard" for control in use.controls for label in control.labels)
+        guarded = any(label.kind is LabelKind.STRING_GUARD for control in use.controls for label in control.labels)
         site = facts.site(use.node, "tojson")
-        what = "tool-call arguments" if "tool_args" in kinds else "a tool call (with its arguments)"
+        what = "tool-call arguments" if LabelKind.TOOL_ARGS in kinds else "a tool call (with its arguments)"
         if guarded:
             message = (
                 f"{what} pass through `tojson` when they are not a string: a mapping replays with "
@@ -73,7 +81,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     if finding.severity == "info":
         return Fix.refuse("already passes strings through")
     use = next((use for use in facts.json_uses if use.node is finding.site.node), None)
-    if use is None or not any(label.kind == "tool_args" for label in use.labels):
+    if use is None or not any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
         return Fix.refuse("the whole tool call is serialised, so its arguments have no string pass-through")
     spans = filter_span(facts.source_map, use.node)
     if spans is None:
@@ -91,3 +99,27 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
     replacement = f"({argument} if {argument} is string else {serialised})"
     return Fix(title, [[Edit(start, filter_end, replacement)]])
+
+
+# The arguments as a model writes them: a string the client sends back as it came.
+COMPACT_ARGUMENTS = '{"city":"Paris"}'
+
+
+def verify_fix(verifier, patched: str) -> str | None:
+    """The fixed template replays a compact argument string byte for byte (the proof's
+    tool-arguments divergence may have other causes the fix leaves alone)."""
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "Ab3dE6gH9", "name": "get_weather", "content": "sunny"},
+    ]
+    rendered = verifier.render(patched, messages)
+    if rendered is None or COMPACT_ARGUMENTS not in rendered:
+        return "arguments given as a string are still re-serialised"
+    return None

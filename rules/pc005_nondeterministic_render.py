@@ -23,10 +23,13 @@ No automatic fix: choosing one of the alternatives changes what the model sees.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts
+from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Proof
 
-RULE = RuleInfo("PC005", "nondeterministic-render", "warning", "output differs between identical renders")
+RULE = RuleInfo(
+    "PC005", "nondeterministic-render", "warning", "output differs between identical renders", makes_renders_incomparable=True
+)
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -34,8 +37,16 @@ def check(facts: Facts) -> list[Finding]:
     for sink in facts.sinks:
         labels = sink.all_labels()
         for label in labels:
-            if label.kind == "random" and label.site is not None:
+            if label.kind is LabelKind.RANDOM and label.site is not None:
                 key = (label.site.line, label.site.column)
                 message = f"`{label.name}` makes two renders of the same request differ"
                 findings.setdefault(key, RULE.at(label.site, message, labels))
     return list(findings.values())
+
+
+def prove(report) -> Proof:
+    """Random output is shown by rendering one request twenty times, not by a turn pair."""
+    evidence = "twenty renders of one request"
+    if report.deterministic:
+        return Proof.not_reproduced(report.unit, (evidence,))
+    return Proof.proven_by(report.unit, evidence)

@@ -47,15 +47,24 @@ from __future__ import annotations
 
 import re
 
-from tmpl_lint.analysis import Facts, Sink
+from tmpl_lint.analysis import Facts, LabelKind, Sink
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause
 
-RULE = RuleInfo("PC006", "generation-prompt-mismatch", "warning", "the generation prompt opens the reply with text history drops")
+RULE = RuleInfo(
+    "PC006",
+    "generation-prompt-mismatch",
+    "warning",
+    "the generation prompt opens the reply with text history drops",
+    proven_by=frozenset({Cause.GENERATION_PROMPT}),
+)
 
 # A tag a generation prompt can open the reply with beyond the role header.
 OPENER_TAG = re.compile(r"<[^<>\s]*(?:think|channel|reason)[^<>\s]*>", re.IGNORECASE)
 # Labels that make a past turn render one way now and another way later.
-POSITION_DEPENDENT = frozenset({"scan_position", "scan_flag", "last", "count", "lookahead", "next"})
+POSITION_DEPENDENT = frozenset(
+    {LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG, LabelKind.LAST, LabelKind.COUNT, LabelKind.LOOKAHEAD, LabelKind.NEXT}
+)
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -99,7 +108,7 @@ def _other_opener(history_sinks: list[Sink], tag: str, opened_with: str) -> str 
 
 def _in_generation_prompt(sink: Sink) -> bool:
     return any(
-        label.kind == "variable" and label.name == "add_generation_prompt"
+        label.kind is LabelKind.VARIABLE and label.name == "add_generation_prompt"
         for control in sink.controls
         for label in control.labels
     )
@@ -109,5 +118,7 @@ def _every_turn(sink: Sink) -> bool:
     return not any(
         label.kind in POSITION_DEPENDENT and label.loop not in sink.loops
         for label in sink.all_labels()
-        if label.kind.startswith("scan_")
-    ) and not any(label.kind in POSITION_DEPENDENT - {"scan_position", "scan_flag"} for label in sink.all_labels())
+        if label.kind in (LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG)
+    ) and not any(
+        label.kind in POSITION_DEPENDENT - {LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG} for label in sink.all_labels()
+    )

@@ -30,7 +30,13 @@ at the first diverging token.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import RuleInfo
+from tmpl_lint.findings import Outcome, RuleInfo
 
 # Produced by the prover (tmpl_lint.prover.attach_proofs), not by a static check.
-RULE = RuleInfo("PC100", "unstable-render", "warning", "the next turn does not extend the previous prompt")
+RULE = RuleInfo(
+    "PC100",
+    "unstable-render",
+    "warning",
+    "the next turn does not extend the previous prompt",
+    reports=Outcome.UNEXPLAINED_DIVERGENCE,
+)

@@ -27,10 +27,12 @@ No automatic fix. No other finding of the template is proven once a limit is hit
 
 from __future__ import annotations
 
-from tmpl_lint.findings import RuleInfo
+from tmpl_lint.findings import Outcome, RuleInfo
 
 # Produced by the prover and the analysis when a limit stops them.
-RULE = RuleInfo("PC101", "render-limit-exceeded", "error", "rendering exceeded the time or size limit")
+RULE = RuleInfo(
+    "PC101", "render-limit-exceeded", "error", "rendering exceeded the time or size limit", reports=Outcome.RENDER_LIMIT_EXCEEDED
+)
 
 
 def check(facts) -> list:

@@ -26,7 +26,7 @@ No automatic fix.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import RuleInfo
+from tmpl_lint.findings import Outcome, RuleInfo
 
 # Produced by the prover when no scenario renders.
-RULE = RuleInfo("PC102", "render-error", "error", "the template fails on every conversation tried")
+RULE = RuleInfo("PC102", "render-error", "error", "the template fails on every conversation tried", reports=Outcome.RENDER_ERROR)

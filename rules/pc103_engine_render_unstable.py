@@ -45,13 +45,25 @@ environment, as the server does, to check a server started with them.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import RuleInfo
+from tmpl_lint.findings import Outcome, RuleInfo
+from tmpl_lint.proofs import Cause
 
 # Produced by the prover (tmpl_lint.prover.engine_findings), not by a static check.
-RULE = RuleInfo("PC103", "engine-render-unstable", "warning", "the engine's own render does not extend the previous prompt")
+RULE = RuleInfo(
+    "PC103",
+    "engine-render-unstable",
+    "warning",
+    "the engine's own render does not extend the previous prompt",
+    reports=Outcome.ENGINE_RENDER_UNSTABLE,
+)
 
 # What the engine does for each cause of divergence, where it is known.
 ADVICE = {
-    "system": "vLLM writes the server's date into the system message of every request (pin it with VLLM_SYSTEM_START_DATE)",
-    "history-rewrite": "vLLM drops the analysis of turns answered since (openai-harmony's format)",
+    Cause.SYSTEM: "vLLM writes the server's date into the system message of every request (pin it with VLLM_SYSTEM_START_DATE)",
+    Cause.HISTORY_REWRITE: "vLLM drops the analysis of turns answered since (openai-harmony's format)",
 }
+
+
+def advice(cause: Cause) -> str:
+    """What the engine does that causes a divergence of ``cause``."""
+    return ADVICE.get(cause, "the engine renders this model without the template")

@@ -23,7 +23,9 @@ No automatic fix: remove the comment by hand.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import RuleInfo
+from tmpl_lint.findings import Outcome, RuleInfo
 
 # Produced by the checker after suppressions apply (tmpl_lint.checker.apply_suppressions).
-RULE = RuleInfo("PC900", "unused-suppression", "warning", "a suppression comment suppresses nothing")
+RULE = RuleInfo(
+    "PC900", "unused-suppression", "warning", "a suppression comment suppresses nothing", reports=Outcome.UNUSED_SUPPRESSION
+)

@@ -23,25 +23,25 @@ def test_vllm_proves_its_own_render_and_not_the_template(monkeypatch):
     monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
     findings = proven("vllm")
     assert [(f.code, f.line) for f in findings] == [("PC103", 1), ("PC103", 1)]
-    by_cause = {f.proof["cause"]: f.proof for f in findings}
+    by_cause = {f.proof.cause: f.proof.divergence for f in findings}
     assert sorted(by_cause) == ["history-rewrite", "system"]
     # "Current date: " is tokens 0-34 of the harmony system message, measured in harmony's tokens
     midnight = by_cause["system"]
-    assert (midnight["scenario"], midnight["unit"], midnight["first_divergence"], midnight["reusable_tokens"]) == (
+    assert (midnight.scenario, midnight.unit, midnight.first_divergence, midnight.reusable_tokens) == (
         "midnight",
         "token",
         35,
         32,
     )
     dropped = by_cause["history-rewrite"]
-    assert (dropped["message_index"], dropped["role"], dropped["pair"]) == (2, "assistant", [1, 2])
-    assert "VLLM_SYSTEM_START_DATE" in next(f.message for f in findings if f.proof["cause"] == "system")
+    assert (dropped.message_index, dropped.role, dropped.call) == (2, "assistant", 1)
+    assert "VLLM_SYSTEM_START_DATE" in next(f.message for f in findings if f.proof.cause == "system")
 
 
 def test_a_pinned_server_date_leaves_only_the_dropped_analysis(monkeypatch):
     monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
     findings = proven("vllm")
-    assert [(f.code, f.proof["cause"]) for f in findings] == [("PC103", "history-rewrite")]
+    assert [(f.code, f.proof.cause) for f in findings] == [("PC103", "history-rewrite")]
 
 
 def test_the_template_itself_is_clean_where_it_is_rendered():
@@ -54,18 +54,20 @@ def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkey
     findings = proven("vllm", SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja")
     assert [f.code for f in findings] == ["PC103", "PC103", "PC001", "PC003", "PC004"]
     template_proofs = [f.proof for f in findings if f.code != "PC103"]
-    assert all(proof["status"] == "proven" and "openai-harmony" in proof["note"] for proof in template_proofs)
+    assert all(proof.status == "proven" and "openai-harmony" in proof.note for proof in template_proofs)
     # PC004 is proven on the template (vLLM itself replays the argument string as sent)
-    assert (template_proofs[2]["scenario"], template_proofs[2]["cause"]) == (
+    assert (template_proofs[2].divergence.scenario, template_proofs[2].cause) == (
         "compact tool arguments replayed as a mapping",
         "tool-arguments",
     )
 
 
 def test_the_note_is_printed_under_the_proof():
+    from tmpl_lint.proofs import Proof
     from tmpl_lint.reporters import proof_lines
 
-    lines = proof_lines({"status": "not-reproduced", "scenarios": 6, "unit": "token", "note": "rendered elsewhere"})
+    proof = Proof.not_reproduced("token", ("chat", "agent", "midnight", "a", "b", "c")).with_note("rendered elsewhere")
+    lines = proof_lines(proof)
     assert lines == ["proof: not reproduced (6 scenarios rendered, unit: token)", "       note: rendered elsewhere"]
 
 
@@ -78,8 +80,8 @@ def test_without_openai_harmony_the_engine_render_is_not_provable_and_says_why(m
         findings = proven("vllm")
     finally:
         harmony_encoding.cache_clear()
-    assert [(f.code, f.proof["status"]) for f in findings] == [("PC103", "not-provable")]
-    assert "pip install 'oss-harmony" in findings[0].proof["reason"]
+    assert [(f.code, f.proof.status) for f in findings] == [("PC103", "not-provable")]
+    assert "pip install 'oss-harmony" in findings[0].proof.reason
 
 
 def model_directory(directory, template, model_type):
@@ -93,7 +95,7 @@ def test_config_json_model_type_decides_as_it_does_for_vllm(tmp_path, monkeypatc
     monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
     # a gpt-oss model with a ChatML template: vLLM still renders it with harmony
     gpt_oss = model_directory(tmp_path / "a", "clean_chatml.jinja", "gpt_oss")
-    assert sorted(f.proof["cause"] for f in proven("vllm", gpt_oss)) == ["history-rewrite", "system"]
+    assert sorted(f.proof.cause for f in proven("vllm", gpt_oss)) == ["history-rewrite", "system"]
     # harmony markup on another model: vLLM renders the template, which is stable
     qwen = model_directory(tmp_path / "b", "PC103_engine_render_unstable.jinja", "qwen3")
     assert proven("vllm", qwen) == []

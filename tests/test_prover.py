@@ -62,38 +62,38 @@ def test_locate_fields():
 def test_history_rewrite_fixture_is_proven_in_characters():
     (finding,) = prove("PC002_history_rewrite.jinja")
     proof = finding.proof
-    assert proof["status"] == "proven"
-    assert proof["unit"] == "char"
-    assert proof["cause"] == "history-rewrite"
-    assert proof["role"] == "assistant"
-    assert proof["reusable_tokens"] == proof["first_divergence"] // 16 * 16
-    assert proof["lost_tokens"] == proof["prompt_tokens"][0] // 16 * 16 - proof["reusable_tokens"]
+    assert proof.status == "proven"
+    assert proof.unit == "char"
+    divergence = proof.divergence
+    assert divergence.cause == "history-rewrite"
+    assert divergence.role == "assistant"
+    assert divergence.reusable_tokens == divergence.first_divergence // 16 * 16
+    assert divergence.lost_tokens == divergence.prompt_tokens[0] // 16 * 16 - divergence.reusable_tokens
 
 
 def test_live_clock_fixture_is_proven_across_midnight():
     (finding,) = prove("PC001_live_clock.jinja")
-    assert finding.proof["status"] == "proven"
-    assert finding.proof["scenario"] == "midnight"
-    assert finding.proof["cause"] == "system"
-    text_before = finding.proof["renders"]["before"]
-    assert "2026-03-01" in text_before and "2026-03-02" in finding.proof["renders"]["after"]
+    assert finding.proof.status == "proven"
+    assert finding.proof.divergence.scenario == "midnight"
+    assert finding.proof.cause == "system"
+    assert "2026-03-01" in finding.proof.divergence.before and "2026-03-02" in finding.proof.divergence.after
 
 
 def test_nondeterministic_fixture_is_proven():
     (finding,) = prove("PC005_nondeterministic_render.jinja")
-    assert finding.proof["status"] == "proven"
+    assert finding.proof.status == "proven"
 
 
 def test_syntax_error_is_not_provable():
     (finding,) = prove("PC000_syntax_error.jinja")
-    assert finding.proof["status"] == "not-provable"
+    assert finding.proof.status == "not-provable"
 
 
 def test_generation_prompt_mismatch_is_proven_with_the_unstable_switch_value():
     (finding,) = prove("PC006_generation_prompt_mismatch.jinja")
-    assert finding.proof["status"] == "proven"
-    assert finding.proof["scenario"].endswith("enable_thinking=false")
-    assert finding.proof["cause"] == "generation-prompt"
+    assert finding.proof.status == "proven"
+    assert finding.proof.divergence.scenario.endswith("enable_thinking=false")
+    assert finding.proof.cause == "generation-prompt"
 
 
 def test_clean_template_extends_every_turn():
@@ -108,7 +108,7 @@ def test_template_that_rejects_everything_is_not_provable():
     findings = lint_source(source, prove=ProveOptions())
     assert [f.code for f in findings] == ["PC102", "PC001"]
     assert findings[0].message == "the template fails on every conversation tried: only for training"
-    assert findings[1].proof == {"status": "not-provable", "unit": "char", "reason": "only for training"}
+    assert findings[1].proof.to_json() == {"status": "not-provable", "unit": "char", "reason": "only for training"}
 
 
 def test_unexplained_divergence_is_pc100():
@@ -121,8 +121,8 @@ def test_unexplained_divergence_is_pc100():
     )
     findings = lint_source(source, prove=ProveOptions())
     assert [f.code for f in findings] == ["PC100"]
-    assert findings[0].proof["status"] == "proven"
-    assert findings[0].proof["cause"] == "system"
+    assert findings[0].proof.status == "proven"
+    assert findings[0].proof.cause == "system"
 
 
 CLOSES_DIFFERENTLY_WHEN_LAST = (
@@ -146,7 +146,7 @@ def test_markup_closing_the_last_message_is_history_not_the_generation_prompt():
 def test_a_loop_last_closing_is_proven_as_pc003():
     source = TemplateSource(Path("closing.jinja"), None, CLOSES_DIFFERENTLY_WHEN_LAST, "jinja")
     findings = lint_source(source, prove=ProveOptions())
-    assert [(f.code, f.proof["status"], f.proof["cause"]) for f in findings] == [("PC003", "proven", "history-rewrite")]
+    assert [(f.code, f.proof.status, f.proof.cause) for f in findings] == [("PC003", "proven", "history-rewrite")]
 
 
 @pytest.mark.parametrize(

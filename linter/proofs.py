@@ -1,0 +1,145 @@
+"""What a proof found: the typed evidence the prover hands to findings, reporters, the fixer,
+audit, diff and replay.
+
+A ``Divergence`` is one measured pair of consecutive model calls. A ``Proof`` is a finding's
+verdict: proven (with the divergence that shows it, or the evidence that does), not reproduced
+(the scenarios tried showed nothing of its cause), or not provable (why nothing could be
+rendered). Each has one constructor and one JSON encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+
+class Cause(StrEnum):
+    """Where the next call's prompt stops extending the previous one, by what changed there."""
+
+    CLEAN = "clean-extension"  # no divergence
+    SYSTEM = "system"  # before or inside the first message: the whole cache is lost
+    HISTORY_REWRITE = "history-rewrite"  # a message that was already history renders differently
+    TOOL_ARGUMENTS = "tool-arguments"  # a tool call's arguments re-serialised
+    GENERATION_PROMPT = "generation-prompt"  # the reply's opener or the reply itself renders differently
+    UNKNOWN = "unknown"  # no rendered text to locate the divergence in
+
+
+class ProofStatus(StrEnum):
+    PROVEN = "proven"
+    NOT_REPRODUCED = "not-reproduced"
+    NOT_PROVABLE = "not-provable"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    scenario: str
+    call: int  # index of call N; the pair is N, N+1
+    check: str  # "a": prompt N vs N+1; "b": prompt N + the reply as generated vs N+1
+    unit: str  # "token", or "char" without a tokenizer
+    block_size: int
+    first_divergence: int | None
+    first_divergence_char: int | None
+    prompt_tokens: tuple[int, int]
+    reusable_tokens: int
+    ideal_tokens: int
+    message_index: int | None
+    role: str | None
+    field: str | None
+    cause: Cause
+    before: str = ""
+    after: str = ""
+    reply_index: int | None = None  # index of call N's reply in call N+1's messages
+    scenario_kind: str = ""  # chat, agent, clock, arguments... (see scenarios.py)
+
+    @property
+    def in_reply(self) -> bool:
+        """The divergence is inside the reply just generated, not in earlier history."""
+        return self.message_index is not None and self.reply_index is not None and self.message_index >= self.reply_index
+
+    @property
+    def lost_tokens(self) -> int:
+        return self.ideal_tokens - self.reusable_tokens
+
+    @property
+    def reusable_without_rollback(self) -> int:
+        """An engine that cannot roll back recurrent state reuses the whole prefix or nothing."""
+        return self.ideal_tokens if self.first_divergence is None else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "pair": [self.call, self.call + 1],
+            "check": self.check,
+            "unit": self.unit,
+            "block_size": self.block_size,
+            "first_divergence": self.first_divergence,
+            "first_divergence_char": self.first_divergence_char,
+            "prompt_tokens": list(self.prompt_tokens),
+            "reusable_tokens": self.reusable_tokens,
+            "lost_tokens": self.lost_tokens,
+            "reusable_tokens_without_rollback": self.reusable_without_rollback,
+            "message_index": self.message_index,
+            "role": self.role,
+            "field": self.field,
+            "cause": str(self.cause),
+            "renders": {"before": self.before, "after": self.after},
+        }
+
+
+@dataclass(frozen=True)
+class Proof:
+    status: ProofStatus
+    unit: str
+    divergence: Divergence | None = None  # proven by a measured divergence
+    evidence: str | None = None  # proven otherwise (PC005: "twenty renders of one request")
+    hit_rate: float | None = None  # the proving scenario's projected hit rate, and its ideal
+    ideal_hit_rate: float | None = None
+    scenarios: tuple[str, ...] = ()  # not reproduced: the scenarios rendered
+    reason: str | None = None  # not provable: why nothing could be rendered
+    note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
+
+    @classmethod
+    def proven(cls, divergence: Divergence, rates: tuple[float, float] | None = None) -> Proof:
+        hit_rate, ideal = (round(rates[0], 4), round(rates[1], 4)) if rates else (None, None)
+        return cls(ProofStatus.PROVEN, divergence.unit, divergence, hit_rate=hit_rate, ideal_hit_rate=ideal)
+
+    @classmethod
+    def proven_by(cls, unit: str, evidence: str) -> Proof:
+        return cls(ProofStatus.PROVEN, unit, evidence=evidence)
+
+    @classmethod
+    def not_reproduced(cls, unit: str, scenarios: tuple[str, ...]) -> Proof:
+        return cls(ProofStatus.NOT_REPRODUCED, unit, scenarios=tuple(scenarios))
+
+    @classmethod
+    def not_provable(cls, unit: str, reason: str) -> Proof:
+        return cls(ProofStatus.NOT_PROVABLE, unit, reason=reason)
+
+    @property
+    def is_proven(self) -> bool:
+        return self.status is ProofStatus.PROVEN
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.divergence.cause if self.divergence is not None else None
+
+    def with_note(self, note: str | None) -> Proof:
+        return replace(self, note=note)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": str(self.status), "unit": self.unit}
+        if self.divergence is not None:
+            out.update(self.divergence.to_json())
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
+        if self.hit_rate is not None:
+            out["hit_rate"] = self.hit_rate
+            out["ideal_hit_rate"] = self.ideal_hit_rate
+        if self.status is ProofStatus.NOT_REPRODUCED:
+            out["scenarios"] = list(self.scenarios)
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.note is not None:
+            out["note"] = self.note
+        return out
