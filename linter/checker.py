@@ -15,44 +15,11 @@ from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import RULES, STATIC, reporting
+from .rules import STATIC, reporting
+from .selection import Selection, suppressions
 from .sources import TemplateSource
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
-
-
-class SelectionError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which codes run, by prefix, the most specific prefix winning (as in ruff)."""
-
-    select: tuple[str, ...] = ("PC",)
-    ignore: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, select: list[str] | None, ignore: list[str] | None) -> Selection:
-        chosen = tuple(_codes(select)) or ("PC",)
-        ignored = tuple(_codes(ignore))
-        known = [rule.RULE.code for rule in RULES]
-        for prefix in chosen + ignored:
-            if prefix != "ALL" and not any(code.startswith(prefix) for code in known):
-                raise SelectionError(f"unknown rule code or prefix: {prefix}")
-        return cls(tuple("PC" if prefix == "ALL" else prefix for prefix in chosen), ignored)
-
-    def includes(self, code: str) -> bool:
-        best_select = max((len(p) for p in self.select if code.startswith(p)), default=-1)
-        best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
-        return best_select > best_ignore
-
-
-def _codes(values: list[str] | None):
-    for value in values or ():
-        for part in value.split(","):
-            if part.strip():
-                yield part.strip().upper()
 
 
 @dataclass(frozen=True)
@@ -106,8 +73,9 @@ def lint_with_facts(
     elif prove is not None:
         for finding in findings:
             finding.proof = Proof.not_provable("char", "the template does not parse")
+    selection = selection.for_path(source.path)
     findings = [finding for finding in findings if selection.includes(finding.code)]
-    findings = apply_suppressions(findings, source.text, selection)
+    findings = apply_suppressions(findings, source_map, selection)
     for finding in findings:
         finding.path = str(source.path)
         finding.template = source.name
@@ -229,41 +197,22 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     return extra + engine_findings(on_engine.run({}))
 
 
-SUPPRESSION = re.compile(r"\{#-?\s*tmpl-lint:\s*(ignore-file|ignore)(?:\[([A-Za-z0-9,\s]*)\])?\s*-?#\}")
-
-
-def apply_suppressions(findings: list[Finding], text: str, selection: Selection) -> list[Finding]:
+def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection: Selection) -> list[Finding]:
     """Drop findings a ``{# tmpl-lint: ignore[CODE] #}`` on their line, or an
     ``ignore-file`` anywhere, suppresses; report suppressions that suppress nothing."""
-    unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
-
-    suppressions = []
-    for match in SUPPRESSION.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
-        codes = tuple(part.strip().upper() for part in (match.group(2) or "").split(",") if part.strip())
-        suppressions.append(
-            {"file": match.group(1) == "ignore-file", "codes": codes, "line": line, "column": column, "used": False}
-        )
-    if not suppressions:
+    found = suppressions(source_map)
+    if not found:
         return findings
     kept = []
     for finding in findings:
-        matched = [
-            s
-            for s in suppressions
-            if (s["file"] or s["line"] == finding.line)
-            and (not s["codes"] or any(finding.code.startswith(c) for c in s["codes"]))
-        ]
+        matched = [suppression for suppression in found if suppression.covers(finding.code, finding.line)]
         for suppression in matched:
-            suppression["used"] = True
+            suppression.used = True
         if not matched:
             kept.append(finding)
+    unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
     if selection.includes(unused.code):
-        for s in suppressions:
-            if not s["used"]:
-                what = ", ".join(s["codes"]) or "all codes"
-                scope = "this template" if s["file"] else "this line"
-                site = Site(s["line"], "", fixed_column=s["column"])
-                kept.append(unused.at(site, f"the suppression of {what} suppresses nothing on {scope}"))
+        for suppression in found:
+            if not suppression.used:
+                kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe()))
     return kept

@@ -14,11 +14,12 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import ProveOptions, Selection, SelectionError, lint_isolated, lint_source
+from .checker import ProveOptions, lint_isolated, lint_source
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
+from .selection import Selection, SelectionError
 from .sources import SourceError, collect
 from .tokenizer import TokenizerError
 
@@ -146,9 +147,8 @@ def check(
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     try:
-        selection = Selection.parse(list(select) or config.select, list(ignore) or config.ignore)
-        for codes in config.per_file_ignores.values():
-            Selection.parse(codes, None)
+        root = config.path.parent if config.path else None
+        selection = Selection.parse(list(select) or config.select, list(ignore) or config.ignore, config.per_file_ignores, root)
     except SelectionError as error:
         raise click.UsageError(str(error)) from None
     tokenizer = tokenizer or config.tokenizer
@@ -189,8 +189,7 @@ def check(
         by_template[(str(source.path), source.name)] = source
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
-        ignored = config.ignored_for(str(source.path))
-        findings.extend(f for f in found if not any(f.code.startswith(code.upper()) for code in ignored))
+        findings.extend(found)
     for error in errors:
         click.echo(f"tmpl-lint: error: {error}", err=True)
 

@@ -7,7 +7,6 @@ key is an error that names it.
 
 from __future__ import annotations
 
-import fnmatch
 import tomllib
 from dataclasses import dataclass, field
 from datetime import date
@@ -30,21 +29,6 @@ class Config:
     block_size: int | None = None
     frozen_date: date | None = None
     tokenizer: Path | None = None
-
-    def ignored_for(self, path: str) -> list[str]:
-        """Codes ignored for ``path`` by per-file-ignores, matched relative to the config."""
-        if not self.per_file_ignores:
-            return []
-        candidate = Path(path).resolve()
-        try:
-            relative = candidate.relative_to(self.path.parent.resolve()).as_posix() if self.path else candidate.as_posix()
-        except ValueError:
-            relative = Path(path).as_posix()
-        codes: list[str] = []
-        for pattern, ignored in self.per_file_ignores.items():
-            if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(Path(relative).name, pattern):
-                codes.extend(ignored)
-        return codes
 
 
 def find_config(start: Path) -> Path | None:

@@ -82,3 +82,19 @@ def test_explicit_config_file(tmp_path, monkeypatch):
     assert codes(out) == ["PC001"]  # found by walking up from the working directory
     code, out, _ = run(str(tmp_path / "a.jinja"), "--format", "json", "--no-prove", "--config", str(tmp_path / ".tmpl-lint.yaml"))
     assert codes(out) == []
+
+
+def test_per_file_ignores_apply_to_diff_and_fix(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nper-file-ignores = { "b.jinja" = ["PC001"] }\n')
+    before = (tmp_path / "b.jinja").read_bytes()
+    code, out, _ = run("b.jinja", "--diff", "--no-prove")
+    assert (code, out) == (0, "All checks passed!\n")
+    run("b.jinja", "--fix", "--no-prove")
+    assert (tmp_path / "b.jinja").read_bytes() == before
+
+
+def test_per_file_ignores_name_known_codes(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nper-file-ignores = { "b.jinja" = ["PC999"] }\n')
+    code, _, err = run("b.jinja", "--no-prove")
+    assert code == 2
+    assert "unknown rule code or prefix: PC999" in err

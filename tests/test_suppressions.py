@@ -23,3 +23,8 @@ def test_unused_suppression_is_reported():
 def test_suppression_of_another_code_does_not_hide():
     source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC004] #}\n'
     assert [code for code, _, _ in lint_text(source)[0]] == ["PC001", "PC900"]
+
+
+def test_suppression_text_inside_a_string_suppresses_nothing():
+    source = '{{ strftime_now("%Y") }}{{ "{# tmpl-lint: ignore #}" }}\n'
+    assert lint_text(source)[0] == [("PC001", 1, 4)]

@@ -1,0 +1,120 @@
+"""Which findings a run reports: codes selected and ignored, per-file ignores, and
+suppression comments in the template. One ``Selection`` decides for check, ``--fix``,
+``--diff`` and ``audit`` alike (``lint_with_facts`` applies it).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .locations import SourceMap
+
+
+class SelectionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which codes run, by prefix, the most specific prefix winning (as in ruff)."""
+
+    select: tuple[str, ...] = ("PC",)
+    ignore: tuple[str, ...] = ()
+    # (file pattern, codes) pairs, patterns matched relative to ``root`` (the config's folder).
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    root: Path | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        select: Iterable[str] | None,
+        ignore: Iterable[str] | None,
+        per_file_ignores: dict[str, list[str]] | None = None,
+        root: Path | None = None,
+    ) -> Selection:
+        chosen = tuple(_codes(select)) or ("PC",)
+        ignored = tuple(_codes(ignore))
+        per_file = tuple((pattern, tuple(_codes(codes))) for pattern, codes in (per_file_ignores or {}).items())
+        for prefix in chosen + ignored + tuple(code for _, codes in per_file for code in codes):
+            _check_known(prefix)
+        return cls(tuple("PC" if prefix == "ALL" else prefix for prefix in chosen), ignored, per_file, root)
+
+    def includes(self, code: str) -> bool:
+        best_select = max((len(p) for p in self.select if code.startswith(p)), default=-1)
+        best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
+        return best_select > best_ignore
+
+    def for_path(self, path: Path | str) -> Selection:
+        """This selection with the per-file ignores that match ``path`` added to ``ignore``."""
+        if not self.per_file_ignores:
+            return self
+        candidate = Path(path)
+        try:
+            relative = candidate.resolve().relative_to(self.root.resolve()).as_posix() if self.root else candidate.as_posix()
+        except ValueError:
+            relative = candidate.as_posix()
+        extra = [
+            code
+            for pattern, codes in self.per_file_ignores
+            if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(candidate.name, pattern)
+            for code in codes
+        ]
+        return Selection(self.select, self.ignore + tuple(extra)) if extra else Selection(self.select, self.ignore)
+
+
+def _codes(values: Iterable[str] | None):
+    for value in values or ():
+        for part in value.split(","):
+            if part.strip():
+                yield part.strip().upper()
+
+
+def _check_known(prefix: str) -> None:
+    from .rules import RULES
+
+    if prefix != "ALL" and not any(rule.RULE.code.startswith(prefix) for rule in RULES):
+        raise SelectionError(f"unknown rule code or prefix: {prefix}")
+
+
+# Inside a Jinja comment: `{# tmpl-lint: ignore[PC001, PC004] #}` or `{# tmpl-lint: ignore-file #}`.
+SUPPRESSION = re.compile(r"\s*tmpl-lint:\s*(ignore-file|ignore)(?:\[([A-Za-z0-9,\s]*)\])?\s*$")
+
+
+@dataclass
+class Suppression:
+    line: int
+    column: int
+    codes: tuple[str, ...]  # empty: every code
+    whole_file: bool
+    used: bool = field(default=False, compare=False)
+
+    def covers(self, code: str, line: int) -> bool:
+        return (self.whole_file or self.line == line) and (not self.codes or any(code.startswith(c) for c in self.codes))
+
+    def describe(self) -> str:
+        what = ", ".join(self.codes) or "all codes"
+        return f"the suppression of {what} suppresses nothing on {'this template' if self.whole_file else 'this line'}"
+
+
+def suppressions(source_map: SourceMap) -> list[Suppression]:
+    """The suppression comments of a template, from the lexer's comment tokens: text that
+    only looks like one inside a string literal suppresses nothing."""
+    if "tmpl-lint" not in source_map.text:  # most templates: no need to lex for positions
+        return []
+    found = []
+    opening = None
+    for token in source_map.tokens:
+        if token.kind == "comment_begin":
+            opening = token
+        elif token.kind == "comment" and opening is not None:
+            match = SUPPRESSION.match(token.value.rstrip("-"))
+            if match:
+                codes = tuple(_codes([match.group(2) or ""]))
+                column = source_map.column_of_offset(opening.offset)
+                found.append(Suppression(opening.line, column, codes, match.group(1) == "ignore-file"))
+            opening = None
+    return found
