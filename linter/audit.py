@@ -10,6 +10,7 @@ resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import json
@@ -21,7 +22,8 @@ from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated
 from .engines import ENGINE_ENVIRONMENT
-from .sources import SourceError, TemplateSource, collect
+from .sources import SourceError, TemplateSource, collect, model_type_beside
+from .tokenizer import find_tokenizer_directory
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
 TOKENIZER_FILES = ["tokenizer.json"]
@@ -109,14 +111,19 @@ def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
     return found
 
 
-def template_key(text: str, options: ProveOptions | None, selection: Selection) -> str:
-    # The server settings the vLLM engine reads from the environment change its renders too.
+def template_key(source: TemplateSource, options: ProveOptions | None, selection: Selection) -> str:
+    """What decides a template's analysis: equal keys share one analysis across repos."""
+    # The server settings the vLLM engine reads from the environment change its renders too,
+    # as do the model type beside the template (which renderer vLLM uses) and the tokenizer
+    # beside it (what proofs measure in).
     server = {name: os.environ.get(name) for name in ENGINE_ENVIRONMENT} if options else None
     material = json.dumps(
         {
-            "template": text,
+            "template": source.text,
             "prove": asdict(options) if options else None,
             "server": server,
+            "model_type": model_type_beside(source.path) if options else None,
+            "tokenizer": _tokenizer_digest(source.path) if options and options.tokenizer is None else None,
             "select": selection.select,
             "ignore": selection.ignore,
         },
@@ -124,6 +131,18 @@ def template_key(text: str, options: ProveOptions | None, selection: Selection) 
         sort_keys=True,
     )
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+def _tokenizer_digest(template_path: Path) -> str | None:
+    """The content hash of the tokenizer a proof would find beside the template, if any."""
+    directory = find_tokenizer_directory(template_path)
+    if directory is None:
+        return None
+    digest = hashlib.sha256()
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+        with contextlib.suppress(OSError):
+            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
+    return digest.hexdigest()
 
 
 class ResultsCache:
@@ -187,7 +206,7 @@ def run_audit(
             result.error = "; ".join(error.message for error in errors)
             continue
         for source in sources:
-            key = template_key(source.text, prove, selection)
+            key = template_key(source, prove, selection)
             if not dedupe:
                 key = f"{key}:{result.repo}"
             result.templates.append((source.name, key))

@@ -169,7 +169,7 @@ def check(
     if apply_fixes or show_diff:
         from .fixer import FixOptions
 
-        options = FixOptions(frozen, tokenizer, block_size, tool_args_style)
+        options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine)
         sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []
     notes = []

@@ -22,12 +22,13 @@ from .analysis import parse
 from .checker import Selection, lint_source, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
+from .engines import HARMONY, resolve_engine
 from .findings import Finding
 from .proofs import Cause
 from .prover import Prover, resolve_special_tokens
 from .render import FrozenClock, RenderError, render
 from .rules import BY_CODE
-from .sources import TemplateSource, read_text
+from .sources import TemplateSource, model_type_beside, read_text
 
 
 class WriteError(Exception):
@@ -42,6 +43,7 @@ class FixOptions:
     # "compact" or "spaced": render tool-call argument mappings with the separators the
     # model generates (PC004); None only adds the string pass-through.
     tool_args_style: str | None = None
+    engine: str = "vllm"  # whose request preprocessing the verifying proofs apply, as the check's
 
 
 @dataclass
@@ -64,13 +66,17 @@ class Verifier:
         self.tokenizer, config = prover_inputs(source, options.tokenizer)
         self.special = resolve_special_tokens(self.tokenizer, config)
         self.block_size = options.block_size
+        # The fix is proven as the check proves the template: where vLLM renders the model
+        # without it (openai-harmony), the template is proven as transformers renders it.
+        engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+        self.engine = "hf" if engine == HARMONY else engine
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
         self.original_report = self.prove(source.text)
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(source.text)
 
     def prove(self, text: str):
-        return Prover(text, self.tokenizer, self.block_size, self.special).run({})
+        return Prover(text, self.tokenizer, self.block_size, self.special, engine=self.engine).run({})
 
     def severe_codes(self, text: str) -> Counter:
         """Findings that apply by default: not informational, and not only when a caller

@@ -144,12 +144,36 @@ def test_html_report_opens_in_headless_chromium(tmp_path):
     assert "<svg" in dom
 
 
-def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch):
+def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch, tmp_path):
     from tmpl_lint.audit import template_key
     from tmpl_lint.checker import ProveOptions, Selection
+    from tmpl_lint.sources import TemplateSource
 
+    source = TemplateSource(tmp_path / "chat_template.jinja", None, "{{ x }}", "jinja")
     monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
-    proven, static = template_key("{{ x }}", ProveOptions(), Selection()), template_key("{{ x }}", None, Selection())
+    proven, static = template_key(source, ProveOptions(), Selection()), template_key(source, None, Selection())
     monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-01-01")
-    assert template_key("{{ x }}", ProveOptions(), Selection()) != proven
-    assert template_key("{{ x }}", None, Selection()) == static  # a static lint renders nothing
+    assert template_key(source, ProveOptions(), Selection()) != proven
+    assert template_key(source, None, Selection()) == static  # a static lint renders nothing
+
+
+def test_cache_key_changes_with_the_model_type_and_tokenizer_beside_the_template(tmp_path):
+    from tmpl_lint.audit import template_key
+    from tmpl_lint.checker import ProveOptions, Selection
+    from tmpl_lint.sources import TemplateSource
+
+    keys = []
+    for name, files in {
+        "bare": {},
+        "gpt-oss": {"config.json": '{"model_type": "gpt_oss"}'},
+        "qwen-tokenizer": {"tokenizer.json": '{"v": 1}'},
+        "other-tokenizer": {"tokenizer.json": '{"v": 2}'},
+        "same-as-bare": {},
+    }.items():
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+        source = TemplateSource(tmp_path / name / "chat_template.jinja", None, "{{ x }}", "jinja")
+        keys.append(template_key(source, ProveOptions(), Selection()))
+    assert len(set(keys[:4])) == 4  # each changes what a proof renders or measures
+    assert keys[4] == keys[0]

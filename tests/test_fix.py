@@ -283,3 +283,21 @@ def test_fixed_tokenizer_config_loads_in_transformers(tmp_path):
     (source,), _ = collect([target])
     assert tokenizer.chat_template == source.text
     assert "loop.index0 > -1" in tokenizer.chat_template
+
+
+@pytest.mark.parametrize(
+    ("template", "engine", "verified_with"),
+    [
+        ("PC004_tool_args_reserialized.jinja", "vllm", "vllm"),
+        ("PC004_tool_args_reserialized.jinja", "hf", "hf"),
+        # vLLM renders harmony-markup models without the template: the fix is proven as
+        # the check proves the template itself, with transformers' renderer.
+        ("PC103_engine_render_unstable.jinja", "vllm", "hf"),
+    ],
+)
+def test_fix_is_verified_with_the_engine_of_the_check(template, engine, verified_with):
+    from tmpl_lint.fixer import FixOptions
+
+    (source,), _ = collect([CORPUS / template])
+    verifier = Verifier(source, FixOptions(datetime(2026, 1, 1).date(), engine=engine))
+    assert verifier.engine == verified_with
