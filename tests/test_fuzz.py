@@ -108,54 +108,63 @@ def source(text):
     return TemplateSource(Path("generated.jinja"), None, text, "jinja")
 
 
-COUNTER = {"static": 0}
+def test_static_lint_never_raises():
+    generated = []
+
+    @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+    @given(templates())
+    def lint(text):
+        generated.append(text)
+        for finding in lint_source(source(text)):
+            assert finding.code.startswith("PC") and finding.line >= 1 and finding.column >= 1
+
+    lint()
+    print(f"static lint: {len(generated)} generated templates, no unexpected exception")
+    assert len(generated) == 2000
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(templates())
-def test_static_lint_never_raises(text):
-    COUNTER["static"] += 1
-    for finding in lint_source(source(text)):
-        assert finding.code.startswith("PC") and finding.line >= 1 and finding.column >= 1
+STABLE_SESSIONS = (
+    [
+        message("user", 0, True, False),
+        message("assistant", 0, True, True),
+        message("user", 1, True, False),
+        message("assistant", 1, True, False),
+        message("user", 2, True, False),
+    ],
+    [message("user", 0, False, False), message("assistant", 0, False, False), message("user", 1, False, False)],
+)
 
 
-def test_static_fuzz_count():
-    # runs after the property above in file order; the count is the figure
-    print(f"static lint: {COUNTER['static']} generated templates, no unexpected exception")
-    assert COUNTER["static"] >= 2000
+def test_prover_never_raises_and_stable_means_stable():
+    checked = []
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+    @given(templates())
+    def prove(text):
+        findings = lint_source(source(text), prove=ProveOptions())
+        assert all(f.proof is not None for f in findings)
+        report = Prover(text, None).run({})
+        if not report.rendered or report.divergences() or not report.deterministic:
+            return  # only what the prover called stable is checked below
+        # the prover saw every turn extend the previous one: so must any other session
+        clock = FrozenClock(__import__("datetime").datetime(2026, 1, 1, 12))
+        for messages in STABLE_SESSIONS:
+            try:
+                ends = range(0, len(messages), 2)
+                prompts = [render(text, messages[: end + 1], clock=clock, add_generation_prompt=True) for end in ends]
+            except RenderError:
+                continue
+            checked.append(text)
+            for earlier, later in zip(prompts, prompts[1:]):
+                assert later.startswith(earlier)
+
+    prove()
+    # The stable branch ran (derandomized: the same examples every run): the property was
+    # exercised, if on few of the generated templates (most of them contain a pattern).
+    assert len(set(checked)) >= 2
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(templates())
-def test_prover_never_raises_and_stable_means_stable(text):
-    findings = lint_source(source(text), prove=ProveOptions())
-    assert all(f.proof is not None for f in findings)
-    report = Prover(text, None).run({})
-    if not report.rendered or report.divergences() or not report.deterministic:
-        return
-    # the prover saw every turn extend the previous one: so must any other session
-    clock = FrozenClock(__import__("datetime").datetime(2026, 1, 1, 12))
-    for messages in (
-        [
-            message("user", 0, True, False),
-            message("assistant", 0, True, True),
-            message("user", 1, True, False),
-            message("assistant", 1, True, False),
-            message("user", 2, True, False),
-        ],
-        [message("user", 0, False, False), message("assistant", 0, False, False), message("user", 1, False, False)],
-    ):
-        try:
-            prompts = [
-                render(text, messages[: end + 1], clock=clock, add_generation_prompt=True) for end in range(0, len(messages), 2)
-            ]
-        except RenderError:
-            continue
-        for earlier, later in zip(prompts, prompts[1:]):
-            assert later.startswith(earlier)
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
 @given(templates())
 def test_fix_is_idempotent(text):
     from datetime import date
