@@ -44,3 +44,21 @@ def test_examples_show_escapes_as_written(rule):
     for block in blocks:
         for line in block.split("```", 1)[0].splitlines():
             assert line.count('"') % 2 == 0 and line.count("'") % 2 == 0, f"{rule.RULE.code}: {line!r}"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
+def test_every_rule_has_its_fixture_and_its_test_file_beside_it(rule):
+    from helpers import CORPUS, PROJECT
+
+    module = rule.__name__.rsplit(".", 1)[1]  # pc002_history_rewrite
+    assert module == f"{rule.RULE.code.lower()}_{rule.RULE.name.replace('-', '_')}"
+    assert (PROJECT / "tests" / f"test_{module}.py").is_file()
+    assert list(CORPUS.glob(f"{rule.RULE.code}_*.jinja")), f"no corpus/{rule.RULE.code}_*.jinja"
+
+
+def test_the_registry_finds_every_rule_module():
+    from helpers import PROJECT
+
+    modules = sorted(path.stem for path in (PROJECT / "rules").glob("pc[0-9][0-9][0-9]_*.py"))
+    assert [rule.__name__.rsplit(".", 1)[1] for rule in RULES] == modules
+    assert len({rule.RULE.code for rule in RULES}) == len(RULES)

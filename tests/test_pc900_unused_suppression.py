@@ -1,4 +1,4 @@
-from helpers import at, lint_text
+from helpers import CORPUS, at, lint_fixture, lint_text
 
 
 def test_line_suppression():
@@ -28,3 +28,9 @@ def test_suppression_of_another_code_does_not_hide():
 def test_suppression_text_inside_a_string_suppresses_nothing():
     source = '{{ strftime_now("%Y") }}{{ "{# tmpl-lint: ignore #}" }}\n'
     assert lint_text(source)[0] == [("PC001", 1, 4)]
+
+
+def test_fixture():
+    path = CORPUS / "PC900_unused_suppression.jinja"
+    source = path.read_text()
+    assert lint_fixture("PC900_unused_suppression.jinja")[0] == [at("PC900", source, "{#-")]

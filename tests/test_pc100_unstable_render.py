@@ -1,0 +1,27 @@
+"""PC100: a divergence the prover measures and no rule explains."""
+
+from pathlib import Path
+
+from helpers import CORPUS
+
+from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.sources import TemplateSource
+
+
+def prove(text: str):
+    return lint_source(TemplateSource(Path("t.jinja"), None, text, "jinja"), prove=ProveOptions())
+
+
+def test_fixture_diverges_at_the_turn_count_before_any_message():
+    (finding,) = prove((CORPUS / "PC100_unstable_render.jinja").read_text())
+    assert (finding.code, finding.line, finding.column) == ("PC100", 1, 1)
+    divergence = finding.proof.divergence
+    # the first character that differs is the count's digit, counted by hand
+    assert divergence.first_divergence == len("<|im_start|>system\nTurns so far: ")
+    assert (divergence.unit, divergence.cause) == ("char", "system")
+    assert divergence.reusable_tokens == 32  # two full 16-character blocks before it
+
+
+def test_a_static_rule_that_explains_the_divergence_leaves_no_pc100():
+    text = '{{- strftime_now("%Y-%m-%d") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    assert [f.code for f in prove(text)] == ["PC001"]

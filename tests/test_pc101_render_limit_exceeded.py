@@ -1,0 +1,29 @@
+"""PC101: a render that exceeds the time or size limit is reported, not waited for."""
+
+import json
+
+from click.testing import CliRunner
+from helpers import CORPUS
+
+from tmpl_lint.cli import main
+
+
+def test_fixture_is_stopped_by_the_time_limit():
+    result = CliRunner().invoke(
+        main, [str(CORPUS / "PC101_render_limit_exceeded.jinja"), "--format", "json", "--render-timeout", "0.2"]
+    )
+    (finding,) = json.loads(result.stdout)
+    assert (finding["code"], finding["line"], finding["column"]) == ("PC101", 1, 1)
+    assert finding["message"] == 'render limit exceeded in "chat": rendering took over 0.2 s'
+    assert finding["proof"] == {"status": "not-provable", "unit": "char", "reason": finding["message"]}
+    assert result.exit_code == 1
+
+
+def test_output_past_the_size_limit_is_stopped(tmp_path):
+    path = tmp_path / "chatty.jinja"
+    path.write_text("{% for i in range(100000) %}0123456789{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}")
+    result = CliRunner().invoke(main, [str(path), "--format", "json", "--render-max-bytes", "1000"])
+    (finding,) = json.loads(result.stdout)
+    assert (finding["code"], finding["proof"]["status"]) == ("PC101", "not-provable")
+    assert finding["message"].startswith('render limit exceeded in "chat": ')
+    assert "1000" in finding["message"]
