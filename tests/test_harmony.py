@@ -12,16 +12,8 @@ from datetime import datetime
 import pytest
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
-from tmpl_lint.engines import (
-    HARMONY,
-    EngineError,
-    HarmonyTokenizer,
-    engine_tokenizer,
-    harmony_encoding,
-    harmony_prompt_ids,
-    render_prompt,
-    resolve_engine,
-)
+from tmpl_lint.engines import HARMONY, EngineError, engine_tokenizer, render_prompt, resolve_engine
+from tmpl_lint.harmony import HarmonyTokenizer, harmony_encoding, harmony_prompt_ids
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
 

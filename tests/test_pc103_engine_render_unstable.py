@@ -72,7 +72,7 @@ def test_the_note_is_printed_under_the_proof():
 
 
 def test_without_openai_harmony_the_engine_render_is_not_provable_and_says_why(monkeypatch):
-    from tmpl_lint.engines import harmony_encoding
+    from tmpl_lint.harmony import harmony_encoding
 
     harmony_encoding.cache_clear()
     monkeypatch.setitem(__import__("sys").modules, "openai_harmony", None)
