@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -25,6 +26,13 @@ MODEL_DIR_MARKERS = (CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG)
 # Real templates are under 100 kB; anything this large is not a template and would only
 # exhaust memory.
 MAX_FILE_BYTES = 10 * 1024 * 1024
+_FILE_KINDS = (
+    (stat.S_ISDIR, "is a directory"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "is a socket, not a regular file"),
+    (stat.S_ISCHR, "is a character device, not a regular file"),
+    (stat.S_ISBLK, "is a block device, not a regular file"),
+)
 
 
 @dataclass(frozen=True)
@@ -155,11 +163,11 @@ def read_file(path: Path) -> list[TemplateSource]:
     return [_read_jinja(path)]
 
 
-def _read_embedded(path: Path) -> list[TemplateSource]:
+def _read_embedded(path: Path, text: str | None = None) -> list[TemplateSource]:
     """Templates assigned to chat_template in Python source or YAML (given explicitly)."""
     from .containers import ContainerError, read_container
 
-    text = read_text(path)
+    text = read_text(path) if text is None else text
     try:
         found = read_container(path, text)
     except ContainerError as error:
@@ -172,21 +180,48 @@ def _read_embedded(path: Path) -> list[TemplateSource]:
     return [TemplateSource(path, name, template, container) for name, template in found]
 
 
-def read_text(path: Path) -> str:
-    """A file's text, exactly (line endings kept), or a SourceError saying why not."""
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> tuple[bytes, os.stat_result]:
+    """A regular file's bytes, at most ``limit`` of them, and its status as read.
+
+    A FIFO is opened without waiting for a writer and a device is never read: both are
+    refused by what the open descriptor is, not by the path (which may change). The size
+    is checked on what was read, not on ``st_size``, which a special or growing file can
+    misstate.
+    """
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise SourceError(path, f"file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for a template")
-        data = path.read_bytes()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except IsADirectoryError:
         raise SourceError(path, "is a directory") from None
     except PermissionError:
         raise SourceError(path, "permission denied") from None
     except FileNotFoundError:
-        raise SourceError(path, "no such file or directory") from None
+        raise SourceError(path, "broken symbolic link" if path.is_symlink() else "no such file or directory") from None
     except OSError as error:
         raise SourceError(path, error.strerror or str(error)) from None
+    try:
+        status = os.fstat(descriptor)
+        for is_kind, message in _FILE_KINDS:
+            if is_kind(status.st_mode):
+                raise SourceError(path, message)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise SourceError(path, error.strerror or str(error)) from None
+    finally:
+        os.close(descriptor)
+    if size > limit:
+        raise SourceError(path, f"file is over the {limit}-byte limit for a template")
+    return b"".join(chunks), status
+
+
+def decode(path: Path, data: bytes) -> str:
+    """A file's bytes as text, exactly (line endings kept), or a SourceError saying why not."""
     if b"\x00" in data:
         raise SourceError(path, "binary file (contains NUL bytes), not a template")
     try:
@@ -195,23 +230,33 @@ def read_text(path: Path) -> str:
         raise SourceError(path, f"not valid UTF-8 (byte {error.start})") from None
 
 
-def _read_jinja(path: Path, name: str | None = None) -> TemplateSource:
-    text = read_text(path)
+def read_text(path: Path) -> str:
+    """A file's text, exactly (line endings kept), or a SourceError saying why not."""
+    return decode(path, read_bytes(path)[0])
+
+
+def _read_jinja(path: Path, name: str | None = None, text: str | None = None) -> TemplateSource:
+    text = read_text(path) if text is None else text
     if not text.strip():
         raise SourceError(path, "empty chat template")
     return TemplateSource(path, name, text, "jinja")
 
 
 def load_json(path: Path) -> object:
-    text = read_text(path)
+    return parse_json(path, read_text(path))
+
+
+def parse_json(path: Path, text: str) -> object:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise SourceError(path, f"invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+    except RecursionError:
+        raise SourceError(path, "invalid JSON: nested too deeply to read") from None
 
 
-def _read_json(path: Path, required: bool) -> list[TemplateSource]:
-    document = load_json(path)
+def _read_json(path: Path, required: bool, text: str | None = None) -> list[TemplateSource]:
+    document = load_json(path) if text is None else parse_json(path, text)
     if not isinstance(document, dict):
         raise SourceError(path, "expected a JSON object with a chat_template key")
     if "chat_template" not in document or document["chat_template"] is None:
@@ -219,6 +264,19 @@ def _read_json(path: Path, required: bool) -> list[TemplateSource]:
             raise SourceError(path, "no chat_template key")
         return []
     return [TemplateSource(path, name, text, "json") for name, text in named_templates(path, document["chat_template"])]
+
+
+def reread(previous: list[TemplateSource], text: str) -> list[TemplateSource]:
+    """The templates of one file as ``text`` (the file read again) now holds them; the
+    names and note of ``previous`` (that file's templates as first read) carry over."""
+    first = previous[0]
+    if first.container == "jinja":
+        found = [_read_jinja(first.path, first.name, text)]
+    elif first.container == "json":
+        found = _read_json(first.path, True, text)
+    else:
+        found = _read_embedded(first.path, text)
+    return [replace(source, note=first.note) for source in found]
 
 
 def named_templates(path: Path, value: object) -> list[tuple[str | None, str]]:
@@ -262,8 +320,8 @@ def model_type_beside(path: Path) -> str | None:
     if directory.name == "additional_chat_templates":
         directory = directory.parent
     try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        config = json.loads(read_text(directory / "config.json"))
+    except (SourceError, ValueError, RecursionError):
         return None
     model_type = config.get("model_type") if isinstance(config, dict) else None
     return model_type if isinstance(model_type, str) else None

@@ -8,7 +8,6 @@ template itself writes the BOS token.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -53,14 +52,21 @@ def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_tokenizer_config(directory: Path) -> dict[str, Any]:
+    from .sources import SourceError, load_json
+
     path = directory / "tokenizer_config.json"
     if not path.is_file():
         return {}
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TokenizerError(f"{path}: cannot read tokenizer config: {error}") from None
+        config = load_json(path)
+    except SourceError as error:
+        raise TokenizerError(f"cannot read tokenizer config: {error}") from None
     return config if isinstance(config, dict) else {}
+
+
+def one_line(error: Exception) -> str:
+    """An exception's whole message on one line (transformers' span several)."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 @lru_cache(maxsize=16)
@@ -81,7 +87,7 @@ def load_tokenizer(directory: Path) -> Tokenizer:
         try:
             return Tokenizer(directory, FastTokenizer.from_file(str(tokenizer_file)), special)
         except Exception as error:  # tokenizers raises bare Exceptions for bad files
-            raise TokenizerError(f"{tokenizer_file}: cannot load: {error}") from None
+            raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
     # transformers says on import that PyTorch is missing: true, and beside the point here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
@@ -91,8 +97,7 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     try:
         backend = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except Exception as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TokenizerError(f"{directory}: cannot load tokenizer: {first_line}") from None
+        raise TokenizerError(f"{directory}: cannot load tokenizer: {one_line(error)}") from None
     special = {key: getattr(backend, key) for key in SPECIAL_TOKEN_KEYS if isinstance(getattr(backend, key, None), str)}
     return Tokenizer(directory, backend, special, kind="transformers")
 
