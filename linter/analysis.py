@@ -905,7 +905,7 @@ class _Interpreter:
         left, right = self.expr(node.left), self.expr(node.right)
         if left.known and right.known and UNDEFINED not in (left.const, right.const):
             try:
-                return Value(const=_BINARY[node.operator](left.const, right.const))
+                return Value(const=_fold_binary(node.operator, left.const, right.const))
             except Exception:
                 pass
         return _union(left, right)
@@ -918,7 +918,8 @@ class _Interpreter:
 
     def expr_Concat(self, node: nodes.Concat) -> Value:
         values = [self.expr(child) for child in node.nodes]
-        if all(value.known and isinstance(value.const, str) for value in values):
+        strings = all(value.known and isinstance(value.const, str) for value in values)
+        if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
             return Value(const="".join(value.const for value in values))
         return _union(*values)
 
@@ -965,9 +966,32 @@ _BINARY = {
     "*": lambda a, b: a * b,
     "/": lambda a, b: a / b,
     "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
+    "%": lambda a, b: a % b if not isinstance(a, str) else _raise(),  # '%0999999999d' % 1
     "**": lambda a, b: a**b if abs(b) < 64 else _raise(),
 }
+# Folding is analysis, not rendering: a constant larger than this is left unknown, so that
+# `'a' * 10**9` or a string doubled by each of forty `{% set %}`s costs nothing here.
+MAX_FOLDED_ITEMS = 100_000
+MAX_FOLDED_BITS = 100_000
+
+
+def _fold_binary(operator: str, left: object, right: object) -> object:
+    sized = (str, list, tuple)
+    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+        if len(left) + len(right) > MAX_FOLDED_ITEMS:
+            _raise()
+    elif operator == "*":
+        for sequence, count in ((left, right), (right, left)):
+            if isinstance(sequence, sized) and isinstance(count, int) and len(sequence) * abs(count) > MAX_FOLDED_ITEMS:
+                _raise()
+        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_FOLDED_BITS:
+            _raise()
+    elif (
+        operator == "**" and isinstance(left, int) and isinstance(right, int) and left.bit_length() * abs(right) > MAX_FOLDED_BITS
+    ):
+        _raise()
+    return _BINARY[operator](left, right)
+
 
 _FOLDABLE_FILTERS = {
     "string": str,

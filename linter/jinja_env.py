@@ -19,6 +19,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
+from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Clock = Callable[[], datetime]
@@ -84,16 +85,39 @@ def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=Fa
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+class NoFoldingCodeGenerator(CodeGenerator):
+    """Jinja's compiler, without evaluating the template's constant expressions while it
+    compiles. Folding runs filters and methods on constants (``{{ 'a'|center(3000000000) }}``)
+    at compile time, before any render limit applies; unfolded, they run in the render, under
+    its time and size limits, and print the same text."""
+
+    def _output_child_to_const(self, node, frame, finalize):
+        if isinstance(node, jinja2.nodes.TemplateData):
+            return super()._output_child_to_const(node, frame, finalize)
+        raise jinja2.nodes.Impossible()
+
+    def visit_EvalContextModifier(self, node, frame):
+        # ``{% autoescape EXPR %}`` evaluates EXPR while compiling unless it is a literal.
+        if all(isinstance(keyword.value, jinja2.nodes.Const) for keyword in node.options):
+            return super().visit_EvalContextModifier(node, frame)
+        for keyword in node.options:
+            self.writeline(f"context.eval_ctx.{keyword.key} = ")
+            self.visit(keyword.value, frame)
+        frame.eval_ctx.volatile = True
+
+
 class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
     """transformers' sandbox, remembering its verdicts on attributes. A verdict depends only
     on the object's type and the attribute's name (jinja2's ``is_internal_attribute`` and
     ``modifies_known_mutable`` test nothing else), and reaching it took a quarter of the
-    time of rendering a long conversation."""
+    time of rendering a long conversation. Constant expressions are not folded while
+    compiling (see NoFoldingCodeGenerator)."""
 
     MAX_REMEMBERED = 10_000  # a template can make up attribute names without end
+    code_generator_class = NoFoldingCodeGenerator
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, optimized=False, **kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
 
     def is_safe_attribute(self, obj, attr, value) -> bool:
