@@ -13,7 +13,6 @@ them so that only the template's own bytes change.
 from __future__ import annotations
 
 import ast
-import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -63,6 +62,8 @@ def object_spans(text: str, start: int = 0) -> tuple[dict[str, tuple[Span, Span]
             _, value_end = _DECODER.raw_decode(text, value_start)
         except json.JSONDecodeError as error:
             raise ContainerError(str(error)) from None
+        except RecursionError:
+            raise ContainerError("nested too deeply to read") from None
         spans[key] = (key_span, Span(value_start, value_end))
         index = _skip(text, value_end)
         if text[index : index + 1] == ",":
@@ -112,8 +113,17 @@ def replace_json_template(text: str, name: str | None, template: str) -> str:
     original = text[span.start : span.end]
     # Keep the file's escaping: \\uXXXX for non-ASCII only if that is how it was written.
     ascii_only = not any(ord(char) > 127 for char in original) and any(ord(char) > 127 for char in json.loads(original))
-    encoded = json.dumps(template, ensure_ascii=ascii_only)
+    encoded = _escape_surrogates(json.dumps(template, ensure_ascii=ascii_only))
     return text[: span.start] + encoded + text[span.end :]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogates(literal: str) -> str:
+    r"""A lone surrogate (a JSON ``\ud800`` escape read into the template) as its escape
+    again: UTF-8 cannot hold it raw."""
+    return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", literal)
 
 
 # -- Python ------------------------------------------------------------------------------
@@ -134,7 +144,9 @@ def _target_name(node) -> str | None:
 
 
 def _python_literals(module):
-    """(name, line, SimpleString node) of every string literal assigned to chat_template."""
+    """(name, literal node) of every string literal assigned to chat_template. A name is the
+    key and the literal's line, ``chat_template@12``, and its column too where one line
+    holds two (``chat_template@12:40``). A literal may be two or more adjacent strings."""
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
 
@@ -142,9 +154,12 @@ def _python_literals(module):
     positions = wrapper.resolve(PositionProvider)
     found = []
 
-    def record(name: str | None, value) -> None:
-        if name in TEMPLATE_KEYS and isinstance(value, cst.SimpleString) and "f" not in value.prefix.lower():
-            found.append((name, positions[value].start.line, value))
+    def record(key: str | None, value) -> None:
+        # f-strings evaluate to None, bytes to bytes: neither is a template to read.
+        literal = isinstance(value, (cst.SimpleString, cst.ConcatenatedString)) and isinstance(value.evaluated_value, str)
+        if key in TEMPLATE_KEYS and literal:
+            start = positions[value].start
+            found.append((key, start.line, start.column + 1, value))
 
     class Finder(cst.CSTVisitor):
         def visit_Assign(self, node) -> None:
@@ -164,19 +179,32 @@ def _python_literals(module):
                 record(node.key.evaluated_value, node.value)
 
     wrapper.module.visit(Finder())
-    return wrapper.module, found
+    lines = [(key, line) for key, line, _, _ in found]
+    named = [
+        (f"{key}@{line}" if lines.count((key, line)) == 1 else f"{key}@{line}:{column}", literal)
+        for key, line, column, literal in found
+    ]
+    return wrapper.module, named
 
 
-def python_templates(text: str) -> list[tuple[str, str]]:
-    """(name, template) pairs; a name is the assigned key and its line: ``chat_template@12``."""
+def _parse_python(text: str):
     import libcst as cst
 
     try:
-        module = cst.parse_module(text)
+        return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         raise ContainerError(f"not valid Python: {error.message} (line {error.raw_line})") from None
-    _, found = _python_literals(module)
-    return [(f"{name}@{line}", literal.evaluated_value) for name, line, literal in found]
+    except RecursionError:
+        raise ContainerError("not readable as Python: nested too deeply") from None
+
+
+def python_templates(text: str) -> list[tuple[str, str]]:
+    """(name, template) pairs; see ``_python_literals`` for the names."""
+    try:
+        _, found = _python_literals(_parse_python(text))
+    except RecursionError:
+        raise ContainerError("not readable as Python: nested too deeply") from None
+    return [(name, literal.evaluated_value) for name, literal in found]
 
 
 def _python_literal(original: str, template: str) -> str:
@@ -195,7 +223,8 @@ def _python_literal(original: str, template: str) -> str:
         else:
             body = body.replace(quote, "\\" + quote).replace("\n", "\\n").replace("\r", "\\r")
         candidate = f"{prefix.replace('r', '').replace('R', '')}{quote}{body}{quote}"
-    if ast.literal_eval(candidate) != template:
+    # repr() escapes what a source file cannot hold raw (a lone surrogate, say).
+    if _SURROGATE.search(candidate) or ast.literal_eval(candidate) != template:
         candidate = repr(template)
     return candidate
 
@@ -203,15 +232,27 @@ def _python_literal(original: str, template: str) -> str:
 def replace_python_template(text: str, name: str, template: str) -> str:
     import libcst as cst
 
-    module = cst.parse_module(text)
-    module, found = _python_literals(module)
-    targets = {id(literal) for key, line, literal in found if f"{key}@{line}" == name}
+    try:
+        module, found = _python_literals(_parse_python(text))
+    except RecursionError:
+        raise ContainerError("not readable as Python: nested too deeply") from None
+    targets = [literal for key, literal in found if key == name]
     if not targets:
         raise ContainerError(f"no chat template literal {name}")
+    (target,) = targets
+    if isinstance(target, cst.ConcatenatedString):
+        parts = 0
+        node = target
+        while isinstance(node, cst.ConcatenatedString):
+            parts, node = parts + 1, node.right
+        raise ContainerError(
+            f"the template {name} is written as {parts + 1} adjacent string literals; tmpl-lint rewrites a single "
+            "literal only: join them into one and run --fix again"
+        )
 
     class Replace(cst.CSTTransformer):
         def leave_SimpleString(self, original_node, updated_node):
-            if id(original_node) in targets:
+            if original_node is target:
                 return updated_node.with_changes(value=_python_literal(original_node.value, template))
             return updated_node
 
@@ -250,47 +291,184 @@ def yaml_templates(text: str) -> list[tuple[str, str]]:
 
     try:
         document = _yaml().load(text)
+        return [(".".join(path), str(mapping[key])) for path, mapping, key in _yaml_places(document)]
     except YAMLError as error:
         raise ContainerError(f"not valid YAML: {str(error).splitlines()[0]}") from None
-    return [(".".join(path), str(mapping[key])) for path, mapping, key in _yaml_places(document)]
+    except RecursionError:
+        raise ContainerError("not readable as YAML: nested too deeply") from None
+
+
+def _yaml_node(root, name: str):
+    """(key node, value node) of the template at ``name`` in a composed YAML document."""
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    def walk(node, path):
+        if isinstance(node, MappingNode):
+            for key, value in node.value:
+                here = path + (str(key.value),)
+                if key.value in TEMPLATE_KEYS and isinstance(value, ScalarNode):
+                    if ".".join(here) == name:
+                        return key, value
+                    continue
+                found = walk(value, here)
+                if found:
+                    return found
+        elif isinstance(node, SequenceNode):
+            for index, value in enumerate(node.value):
+                found = walk(value, path + (str(index),))
+                if found:
+                    return found
+        return None
+
+    return walk(root, ())
+
+
+# What a literal block scalar can hold: YAML's printable characters, less those it reads as
+# line breaks (\r, NEL, LS, PS) and the byte-order mark.
+_BLOCK_UNSAFE = re.compile("[^\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
+_DOUBLE_QUOTED_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_BLOCK_HEADER = re.compile(r"[|>]([1-9]?)([+-]?)([1-9]?)")
+
+
+def _double_quoted(template: str) -> str:
+    """``template`` as a one-line YAML double-quoted scalar, escaping what is not printable."""
+
+    def escape(char: str) -> str:
+        if char in _DOUBLE_QUOTED_ESCAPES:
+            return _DOUBLE_QUOTED_ESCAPES[char]
+        if _BLOCK_UNSAFE.match(char):
+            code = ord(char)
+            return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+        return char
+
+    return '"' + "".join(escape(char) for char in template) + '"'
+
+
+@dataclass(frozen=True)
+class _Block:
+    """How a block scalar is laid out in the file, to write another in its place."""
+
+    indent: int  # spaces before each content line
+    parent_indent: int  # the column of its key
+    comment: str  # what follows the header's indicators on its line (a comment, spaces)
+    trailing: str  # blank lines after the content that belong to the file, not the value
+    newline: str
+    final_break: bool  # False when the block ends the file without a line break
+
+
+def _block(text: str, key, value) -> _Block:
+    span = text[value.start_mark.index : value.end_mark.index]
+    header, _, body = span.partition("\n")
+    indicators = _BLOCK_HEADER.match(header)
+    explicit = indicators.group(1) or indicators.group(3)
+    content = [line for line in body.split("\n") if line.strip(" \r")]
+    if explicit:
+        indent = key.start_mark.column + int(explicit)
+    elif content:
+        indent = len(content[0]) - len(content[0].lstrip(" "))
+    else:
+        indent = key.start_mark.column + 2
+    trailing = ""
+    if indicators.group(2) != "+":  # kept blank lines are the value's, not the file's
+        offset = end_of_content = 0
+        for line in body.split("\n"):
+            offset += len(line) + 1
+            if line.strip(" \r"):
+                end_of_content = min(offset, len(body))
+        trailing = body[end_of_content:]
+    newline = "\r\n" if header.endswith("\r") else "\n"
+    comment = header[indicators.end() :].removesuffix("\r")
+    return _Block(indent, key.start_mark.column, comment, trailing, newline, span.endswith("\n"))
+
+
+def _literal_block(template: str, layout: _Block) -> str | None:
+    """``template`` as a literal block scalar laid out as ``layout``, or None if a block
+    cannot hold it."""
+    if _BLOCK_UNSAFE.search(template) or not template.strip():
+        return None
+    ending = len(template) - len(template.rstrip("\n"))
+    body = template.split("\n")[: -1 if ending else None]
+    chomping = "-" if ending == 0 else "" if ending == 1 else "+"
+    # Content starting with a space (or a blank first line) cannot set the indentation itself.
+    step = layout.indent - layout.parent_indent
+    indicator = str(step) if body[0].startswith(" ") or not body[0].strip() else ""
+    if indicator and not 1 <= step <= 9:
+        return None
+    lines = "".join((" " * layout.indent + line if line else "") + layout.newline for line in body)
+    if chomping == "-" and not layout.final_break:
+        lines = lines.removesuffix(layout.newline)
+    # Blank lines kept at the end are the template's own now.
+    return f"|{indicator}{chomping}{layout.comment}{layout.newline}{lines}{layout.trailing if chomping != '+' else ''}"
 
 
 def replace_yaml_template(text: str, name: str, template: str) -> str:
-    import io
+    """Put ``template`` in place of the scalar at ``name`` and change no other byte: only the
+    value's own text is written (a block scalar becomes a literal block at its indentation,
+    a quoted value stays quoted, else double quotes), and the result is read back to check
+    that it holds the new template and every other value as before."""
+    from ruamel.yaml import YAML, YAMLError
 
-    from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
-    from ruamel.yaml.util import load_yaml_guess_indent
-
-    yaml = _yaml()
-    _, sequence_indent, sequence_offset = load_yaml_guess_indent(text)
-    key_indents = [len(match.group(1)) for match in re.finditer(r"(?m)^( +)[^\s#-][^:\n]*:", text)]
-    mapping_indent = min(key_indents, default=2)
-    # Write mappings and sequences indented as the file has them.
-    yaml.indent(
-        mapping=mapping_indent,
-        sequence=sequence_indent or mapping_indent + (sequence_offset or 0),
-        offset=sequence_offset or 0,
-    )
-    document = yaml.load(text)
-    for path, mapping, key in _yaml_places(document):
-        if ".".join(path) == name:
-            old = mapping[key]
-            style = type(old) if isinstance(old, (LiteralScalarString, FoldedScalarString)) else None
-            mapping[key] = style(template) if style else type(old)(template) if type(old) is not str else template
-            break
-    else:
+    safe = YAML(typ="safe", pure=True)
+    try:
+        root = _yaml().compose(text)
+        found = _yaml_node(root, name) if root is not None else None
+        original = safe.load(text)
+    except YAMLError as error:
+        raise ContainerError(f"not valid YAML: {str(error).splitlines()[0]}") from None
+    except RecursionError:
+        raise ContainerError("not readable as YAML: nested too deeply") from None
+    if found is None:
         raise ContainerError(f"no template at {name}")
-    out = io.StringIO()
-    yaml.dump(document, out)
-    updated = out.getvalue()
-    # Round-tripping can restyle parts of a file it did not need to touch; refuse rather
-    # than rewrite more than the template.
-    changes = [
-        op for op in difflib.SequenceMatcher(None, text.splitlines(), updated.splitlines()).get_opcodes() if op[0] != "equal"
-    ]
-    if len(changes) > 1:
-        raise ContainerError("rewriting the template would reformat other parts of this YAML file; nothing written")
-    return updated
+    key, value = found
+    if value.anchor is not None:
+        raise ContainerError(f"the template at {name} is a YAML anchor that other keys may share; nothing written")
+    candidates = []
+    if value.style in ("|", ">"):
+        layout = _block(text, key, value)
+        candidates.append(_literal_block(template, layout))
+        # The block's span ends past its line break and the blank lines after it.
+        candidates.append(_double_quoted(template) + layout.comment + layout.newline + layout.trailing)
+    else:
+        if value.style == "'" and "\n" not in template and not _BLOCK_UNSAFE.search(template):
+            candidates.append("'" + template.replace("'", "''") + "'")
+        elif value.style is None and "\n" not in template:
+            candidates.append(template)
+        candidates.append(_double_quoted(template))
+    start, end = value.start_mark.index, value.end_mark.index
+    for replacement in candidates:
+        if replacement is None:
+            continue
+        updated = text[:start] + replacement + text[end:]
+        try:
+            written = safe.load(updated)
+        except (YAMLError, RecursionError):
+            continue
+        if _at(written, name) == template and _without(written, name) == _without(original, name):
+            return updated
+    raise ContainerError(f"cannot write the template at {name} back without changing more of this YAML file; nothing written")
+
+
+def _at(document, name: str):
+    for part in name.split("."):
+        if isinstance(document, list):
+            document = document[int(part)] if part.isdigit() and int(part) < len(document) else None
+        elif isinstance(document, dict):
+            document = document.get(part)
+        else:
+            return None
+    return document
+
+
+def _without(document, name: str):
+    """A copy of ``document`` with the value at ``name`` blanked, to compare the rest."""
+    import copy
+
+    document = copy.deepcopy(document)
+    *parents, last = name.split(".")
+    holder = _at(document, ".".join(parents)) if parents else document
+    if isinstance(holder, dict) and last in holder:
+        holder[last] = None
+    return document
 
 
 def read_container(path: Path, text: str) -> list[tuple[str | None, str]]:
@@ -331,15 +509,13 @@ def file_line(path: Path, container: str, name: str | None, template_line: int) 
 def python_template_line(text: str, name: str, template_line: int) -> int:
     r"""Where the template's line starts in the file: a newline in the literal's source moves
     both, an escaped ``\n`` only the template, a backslash line continuation only the file."""
-    import libcst as cst
-
     try:
-        _, found = _python_literals(cst.parse_module(text))
-    except cst.ParserSyntaxError:
+        _, found = _python_literals(_parse_python(text))
+    except (ContainerError, RecursionError):
         return template_line
-    start = int(name.rsplit("@", 1)[1])
-    literal = next((node for key, line, node in found if f"{key}@{line}" == name), None)
-    if literal is None:
+    start = int(name.rsplit("@", 1)[1].split(":")[0])
+    literal = next((node for key, node in found if key == name), None)
+    if literal is None or not hasattr(literal, "prefix"):
         return start
     prefix, quote = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", literal.value).groups()
     body = literal.value[len(prefix) + len(quote) : -len(quote)]
