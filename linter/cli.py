@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import json
 import os
+import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .checker import ProveOptions, lint_isolated, lint_source
+from .checker import ProveOptions, lint_isolated
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
 from .render import RenderLimits
@@ -22,6 +21,7 @@ from .reporters import github_report, json_report, sarif_report, statistics_repo
 from .selection import Selection, SelectionError
 from .sources import SourceError, collect
 from .tokenizer import TokenizerError
+from .writes import WriteError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -166,25 +166,24 @@ def check(
             click.echo(f"tmpl-lint: error: {error}", err=True)
             sys.exit(EXIT_ERROR)
     sources, errors = collect(list(paths))
+    would_change = False
     if apply_fixes or show_diff:
         from .fixer import FixOptions
 
-        options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine)
-        sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
+        limits = RenderLimits(render_timeout, render_max_bytes)
+        options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine, limits)
+        sources, would_change = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
     findings = []
     notes = []
     by_template = {}
-    if prove:
-        # Proving renders untrusted code: each template in its own limited process, several at
-        # once. What the threads and children import is imported first, so no thread is
-        # importing (holding a module lock) when another forks.
-        for module in ("isolation", "prover", "engines", "sources", "rules.pc101_render_limit_exceeded"):
-            importlib.import_module(f".{module}", __package__)
+    # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
+    # process, several at once. What the threads and children import is imported first, so
+    # no thread is importing (holding a module lock) when another forks.
+    for module in ("isolation", "sources", "rules.pc101_render_limit_exceeded") + (("prover", "engines") if prove else ()):
+        importlib.import_module(f".{module}", __package__)
+    from .isolation import parallel_map
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(lambda source: lint_isolated(source, selection, prove), sources))
-    else:
-        results = [lint_source(source, selection) for source in sources]
+    results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)
     for source, found in zip(sources, results):
         by_template[(str(source.path), source.name)] = source
         if source.note:
@@ -211,14 +210,15 @@ def check(
     if output is not None:
         try:
             write_report(output, report)
-        except OSError as error:
-            click.echo(f"tmpl-lint: error: {output}: cannot write the report: {error.strerror}", err=True)
+        except WriteError as error:
+            click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             sys.exit(EXIT_ERROR)
     else:
         click.echo(report, nl=False, color=colour)
     if errors:
         sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+    # As ruff: --diff exits 1 when it would change a file.
+    sys.exit(EXIT_FINDINGS if (findings and not exit_zero) or would_change else EXIT_CLEAN)
 
 
 @main.command()
@@ -481,56 +481,55 @@ def engine_for(engine: str, template: str, path: Path) -> str:
 
 
 def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
-    """Fix every template, print what changed (or the diff), write files; return the
-    templates as they now are, for the lint that follows."""
-    from .fixer import WriteError, fix_template, patched_file, write_atomic
-    from .sources import TemplateSource
+    """Fix every file, print what changed (or the diff); return the templates as they now
+    are, for the lint that follows, and whether any file would change."""
+    from .fixer import fix_files, unified_diff
 
-    by_path: dict[Path, list] = {}
-    for source in sources:
-        try:
-            by_path.setdefault(source.path, []).append(fix_template(source, options, selection))
-        except TokenizerError as error:
-            errors.append(error)
-    now = []
-    for path, fixes in by_path.items():
-        for fix in fixes:
-            for finding, title in fix.applied:
-                click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: fixed {finding.code} [{finding.name}]: {title}")
-            for finding, reason in fix.skipped:
-                if not quiet:
+    now, would_change = [], False
+    for result in fix_files(sources, options, selection, write):
+        done = "fixed" if write else "would fix"
+        for fix in result.fixes:
+            if fix.refusal:
+                click.echo(f"{fix.source.label}: not fixed: {fix.refusal}")
+            elif result.error is None:
+                for finding, title in fix.applied:
                     click.echo(
-                        f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}"
+                        f"{fix.source.label}:{finding.line}:{finding.column}: {done} {finding.code} [{finding.name}]: {title}"
                     )
-            if not write and fix.changed:
-                diff = difflib.unified_diff(
-                    fix.source.text.splitlines(keepends=True),
-                    fix.patched.splitlines(keepends=True),
-                    f"a/{fix.source.label}",
-                    f"b/{fix.source.label}",
+            for finding, reason in fix.skipped if not quiet else ():
+                click.echo(
+                    f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}"
                 )
-                click.echo("".join(line if line.endswith("\n") else line + "\n" for line in diff), nl=False)
-        try:
-            original, updated = patched_file(path, fixes)
-            if write and updated != original:
-                write_atomic(path, updated)
-        except (WriteError, SourceError) as error:
-            errors.append(error)
-            now.extend(fix.source for fix in fixes)
+        if result.error is not None:
+            errors.append(result.error)
+            now.extend(fix.source for fix in result.fixes)
             continue
-        now.extend(TemplateSource(path, fix.source.name, fix.patched, fix.source.container, fix.source.note) for fix in fixes)
-    return now
+        if not write and result.changed:
+            click.echo(unified_diff(result.path, result.original, result.updated), nl=False)
+        would_change = would_change or (not write and result.changed)
+        now.extend(fix.now for fix in result.fixes)
+    return now, would_change
 
 
 def run() -> None:
-    """Entry point: every failure ends in a one-line message and exit 2, never a traceback."""
+    """Entry point: every failure ends in a one-line message and exit 2, never a traceback;
+    Ctrl-C exits 130 and SIGTERM 143, once temporary files are gone and children stopped."""
+    # Text from a template or a request can hold a lone surrogate, which no terminal
+    # encoding can print: it is shown escaped rather than ending the run.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    signal.signal(signal.SIGTERM, _terminated)
     try:
-        main(standalone_mode=True)
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
+        status = main(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("tmpl-lint: interrupted", err=True)
         sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except SystemExit:
+        raise
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise

@@ -4,20 +4,24 @@ A fix is kept only if the patched template parses, renders every scenario the or
 rendered, leaves the prover no divergence of the causes it fixed (check b, with the
 tokenizer when there is one), and renders a single-turn conversation exactly as the
 original does at the fix date. Otherwise nothing is written for that finding and the
-reason is printed. Files are replaced atomically, keeping their mode.
+reason is printed.
+
+Each file is fixed under its lock (see writes.py): read, fix each of its templates in a
+limited child process (isolation.py, the limits ``check`` has), put the templates back
+changing no other byte (containers.py), and compare-and-swap the file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
-import tempfile
+import difflib
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from pathlib import Path
 
+from . import writes
 from .analysis import parse
 from .checker import Selection, lint_source, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
@@ -26,13 +30,10 @@ from .engines import HARMONY, resolve_engine
 from .findings import Finding
 from .proofs import Cause
 from .prover import Prover, resolve_special_tokens
-from .render import FrozenClock, RenderError, render
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, render
 from .rules import BY_CODE
-from .sources import TemplateSource, model_type_beside, read_text
-
-
-class WriteError(Exception):
-    pass
+from .sources import SourceError, TemplateSource, model_type_beside, reread
+from .writes import WriteError
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class FixOptions:
     # model generates (PC004); None only adds the string pass-through.
     tool_args_style: str | None = None
     engine: str = "vllm"  # whose request preprocessing the verifying proofs apply, as the check's
+    limits: RenderLimits = DEFAULT_LIMITS  # each render's, as check's proofs have them
 
 
 @dataclass
@@ -52,10 +54,35 @@ class TemplateFix:
     patched: str
     applied: list[tuple[Finding, str]] = field(default_factory=list)
     skipped: list[tuple[Finding, str]] = field(default_factory=list)
+    # Why the verified fixes cannot be kept (the template cannot be put back into its file,
+    # or fixing it ran over the limits): said once for the template.
+    refusal: str | None = None
 
     @property
     def changed(self) -> bool:
-        return self.patched != self.source.text
+        return self.refusal is None and self.patched != self.source.text
+
+    @property
+    def now(self) -> TemplateSource:
+        """The template as the file holds it once the fixes are in."""
+        source = self.source
+        return TemplateSource(source.path, source.name, self.patched, source.container, source.note) if self.changed else source
+
+
+@dataclass
+class FileFix:
+    """One file's fixes and what became of them."""
+
+    path: Path
+    fixes: list[TemplateFix] = field(default_factory=list)
+    original: str = ""  # the file's text as read for the fix
+    updated: str = ""  # with the fixed templates put back: what --fix writes, --diff shows
+    written: bool = False
+    error: SourceError | WriteError | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.updated != self.original
 
 
 class Verifier:
@@ -66,6 +93,7 @@ class Verifier:
         self.tokenizer, config = prover_inputs(source, options.tokenizer)
         self.special = resolve_special_tokens(self.tokenizer, config)
         self.block_size = options.block_size
+        self.limits = options.limits
         # The fix is proven as the check proves the template: where vLLM renders the model
         # without it (openai-harmony), the template is proven as transformers renders it.
         engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
@@ -76,7 +104,7 @@ class Verifier:
         self.original_codes = self.severe_codes(source.text)
 
     def prove(self, text: str):
-        return Prover(text, self.tokenizer, self.block_size, self.special, engine=self.engine).run({})
+        return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine).run({})
 
     def severe_codes(self, text: str) -> Counter:
         """Findings that apply by default: not informational, and not only when a caller
@@ -95,7 +123,11 @@ class Verifier:
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
         ):
             try:
-                out.append(render(text, messages, clock=self.clock, add_generation_prompt=True, special_tokens=self.special))
+                out.append(
+                    render(
+                        text, messages, clock=self.clock, add_generation_prompt=True, special_tokens=self.special, limits=self.limits
+                    )
+                )
             except RenderError:
                 out.append(None)
         return out
@@ -138,7 +170,7 @@ class Verifier:
     def render(self, text: str, messages: list[dict]) -> str | None:
         """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
-            return render(text, messages, clock=self.clock, special_tokens=self.special)
+            return render(text, messages, clock=self.clock, special_tokens=self.special, limits=self.limits)
         except RenderError:
             return None
 
@@ -197,36 +229,55 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
     return result
 
 
-def write_atomic(path: Path, data: str) -> None:
-    """Replace ``path`` with ``data`` through a temporary file in the same folder."""
+def fix_isolated(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
+    """``fix_template`` in a limited child process, as check proves in one (the patched
+    templates are parsed, compiled and rendered there)."""
+    from .isolation import IsolationError, run_isolated
+
     try:
-        status = path.stat()
-    except FileNotFoundError:
-        raise WriteError(f"{path}: the file vanished before it could be written") from None
-    if not status.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        raise WriteError(f"{path}: the file is read-only; nothing written")
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError(f"{path}: cannot write beside it: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, stat.S_IMODE(status.st_mode))
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+        return run_isolated(_fix_for_parent, (source, options, selection))
+    except IsolationError as error:
+        return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
 
 
-def patched_file(path: Path, fixes: list[TemplateFix]) -> tuple[str, str]:
-    """(the file's text now, its text with every patched template put back)."""
-    original = read_text(path)
-    text = original
-    for fix in fixes:
+def _fix_for_parent(source: TemplateSource, options: FixOptions, selection: Selection) -> TemplateFix:
+    result = fix_template(source, options, selection)
+    for finding, _ in result.applied + result.skipped:  # places hold parse trees, which need not cross processes
+        finding.site, finding.related = None, ()
+    return result
+
+
+def fix_files(sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> list[FileFix]:
+    """Fix the templates of each file; with ``write``, write each changed file."""
+    by_path: dict[Path, list[TemplateSource]] = {}
+    for source in sources:
+        by_path.setdefault(source.path, []).append(source)
+    return [_fix_file(path, found, options, selection, write) for path, found in by_path.items()]
+
+
+def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> FileFix:
+    result = FileFix(path, [TemplateFix(source, source.text) for source in found])
+    try:
+        # Read, fix and write under the file's lock: another tmpl-lint fixing this file
+        # waits, then reads what this one wrote.
+        with writes.locked(path) if write else contextlib.nullcontext():
+            snapshot = writes.read(path)
+            result.original = result.updated = snapshot.text
+            result.fixes = [fix_isolated(source, options, selection) for source in reread(found, snapshot.text)]
+            result.updated = put_back(path, snapshot.text, result.fixes)
+            if write and result.updated != snapshot.text:
+                writes.replace(snapshot, result.updated)
+                result.written = True
+    except (SourceError, WriteError) as error:
+        result.error = error
+    return result
+
+
+def put_back(path: Path, text: str, fixes: list[TemplateFix]) -> str:
+    """``text`` (a file's) with each changed template in place. A template that cannot be
+    put back without changing more of the file is refused, and the others still go in."""
+    # Last first: a Python literal that gains lines would move the line its followers are named by.
+    for fix in reversed(fixes):
         if not fix.changed:
             continue
         if fix.source.container == "jinja":
@@ -235,5 +286,16 @@ def patched_file(path: Path, fixes: list[TemplateFix]) -> tuple[str, str]:
         try:
             text = replace_in_container(path, text, fix.source.name, fix.patched, fix.source.container)
         except ContainerError as error:
-            raise WriteError(f"{path}: {error}") from None
-    return original, text
+            fix.refusal = str(error)
+    return text
+
+
+def unified_diff(path: Path, before: str, after: str) -> str:
+    """The change to a file as ``git apply`` and ``patch -p1`` take it."""
+    # Lines end at \n only, as patch reads them (str.splitlines also splits at \x0c, \u2028...).
+    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{path}", f"b/{path}")
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def _lines(text: str) -> list[str]:
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -233,14 +232,7 @@ def github_report(findings: Sequence[Finding], file_line) -> str:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Write a report file whole or not at all."""
-    directory = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    """Write a report file whole or not at all (a WriteError says why not)."""
+    from .writes import write_file
+
+    write_file(path, text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 from datetime import datetime
@@ -16,7 +15,7 @@ from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
-from tmpl_lint.fixer import Verifier, write_atomic
+from tmpl_lint.fixer import Verifier
 from tmpl_lint.prover import Prover
 from tmpl_lint.render import FrozenClock, render
 from tmpl_lint.sources import collect
@@ -145,37 +144,6 @@ def test_read_only_file_is_an_error_and_untouched(tmp_path):
     assert err == f"tmpl-lint: error: {path}: the file is read-only; nothing written\n"
     assert path.read_bytes() == before
     assert list(tmp_path.iterdir()) == [path]
-
-
-def test_interrupted_write_leaves_the_original(tmp_path, monkeypatch):
-    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
-    path.chmod(0o640)
-    before = path.read_bytes()
-
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt  # the process is stopped between writing and renaming
-
-    monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(KeyboardInterrupt):
-        write_atomic(path, "new text")
-    assert path.read_bytes() == before
-    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
-
-
-def test_write_keeps_the_file_mode(tmp_path):
-    path = tmp_path / "t.jinja"
-    path.write_text("old")
-    path.chmod(0o640)
-    write_atomic(path, "new")
-    assert path.read_text() == "new"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o640
-
-
-def test_vanished_file_is_an_error(tmp_path):
-    from tmpl_lint.fixer import WriteError
-
-    with pytest.raises(WriteError, match="vanished"):
-        write_atomic(tmp_path / "gone.jinja", "x")
 
 
 def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
