@@ -537,3 +537,9 @@ def run() -> None:
             f"tmpl-lint: internal error: {type(error).__name__}: {error} (TMPL_LINT_DEBUG=1 shows the traceback)", err=True
         )
         sys.exit(EXIT_ERROR)
+    sys.exit(status if isinstance(status, int) else EXIT_CLEAN)
+
+
+def _terminated(signum, frame):
+    # Raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs.
+    raise SystemExit(128 + signum)
