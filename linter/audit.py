@@ -15,13 +15,15 @@ import hashlib
 import html
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+import re
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated
 from .engines import ENGINE_ENVIRONMENT
+from .isolation import parallel_map
 from .sources import SourceError, TemplateSource, collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
@@ -69,10 +71,32 @@ def parse_repo(spec: str) -> tuple[str, str | None]:
     return repo, revision or None
 
 
+# What git refuses in a ref name (git check-ref-format): with these gone, a revision cannot
+# name a path outside the cache's refs/ folder (``../../x``), nor an absolute one.
+_BAD_REVISION = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|//|@\{|^/|/$|^\.|/\.|\.lock(/|$)|\.$")
+
+
+def spec_problem(spec: str) -> str | None:
+    """Why ``org/name[@revision]`` is not one, checked before any path is built from it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo, revision = parse_repo(spec)
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as error:
+        return f"not a valid repo id: {error}"
+    if "@" in spec and (revision is None or _BAD_REVISION.search(revision)):
+        return f"not a valid revision: {revision or ''!r} (a branch, tag or commit hash)"
+    return None
+
+
 def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     """The snapshot folder holding a repo's template files, and its commit."""
     from huggingface_hub import snapshot_download
 
+    problem = spec_problem(spec)
+    if problem:
+        raise InvalidSpec(problem)
     repo, revision = parse_repo(spec)
     # config.json: its model_type tells how vLLM renders the model (gpt-oss: openai-harmony).
     patterns = TEMPLATE_FILES + ["config.json"] + (TOKENIZER_FILES if with_tokenizer else [])
@@ -80,8 +104,14 @@ def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     return folder, folder.name if len(folder.name) == 40 else revision
 
 
+class InvalidSpec(ValueError):
+    pass
+
+
 def describe_error(error: Exception) -> str:
     """One line for a per-repo failure: gated, missing, offline and not cached..."""
+    if isinstance(error, InvalidSpec):
+        return str(error)
     name = type(error).__name__
     messages = {
         "GatedRepoError": "gated: accept the license on the Hub and set HF_TOKEN",
@@ -93,8 +123,9 @@ def describe_error(error: Exception) -> str:
     }
     if name in messages:
         return messages[name]
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{name}: {first_line}"[:300]
+    from .tokenizer import one_line
+
+    return f"{name}: {one_line(error)}"
 
 
 def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
@@ -151,20 +182,34 @@ class ResultsCache:
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict[str, list[dict[str, Any]]] = {}
+        self.problems: list[str] = []  # a cache that cannot be read or written: said once, the audit goes on
+        self.lock = threading.Lock()  # analyses finish in several threads; lines must not interleave
         if path and path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as error:
+                self.problems.append(f"{path}: cannot read the results cache: {error}")
+                lines = []
+            for line in lines:
                 try:
                     entry = json.loads(line)
                     self.entries[entry["key"]] = entry["findings"]
-                except (json.JSONDecodeError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     continue  # a line cut short by an interruption
 
     def add(self, key: str, findings: list[dict[str, Any]]) -> None:
-        self.entries[key] = findings
-        if self.path:
+        with self.lock:
+            self.entries[key] = findings
+            if self.path and not self.problems:
+                self._append(key, findings)
+
+    def _append(self, key: str, findings: list[dict[str, Any]]) -> None:
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as stream:
                 stream.write(json.dumps({"key": key, "findings": findings}) + "\n")
+        except OSError as error:
+            self.problems.append(f"{self.path}: cannot write the results cache: {error.strerror or error}")
 
 
 def run_audit(
@@ -218,11 +263,13 @@ def run_audit(
         findings = lint_isolated(source, selection, prove)
         return key, [finding.to_json() | {"path": None} for finding in findings]
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for key, findings in pool.map(analyse, pending.items()):
-            cache.add(key, findings)
-            if progress:
-                progress()
+    def analyse_and_keep(item: tuple[str, TemplateSource]) -> None:
+        key, findings = analyse(item)
+        cache.add(key, findings)  # as each finishes: an interrupted audit resumes from here
+        if progress:
+            progress()
+
+    parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
     analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
     return Audit(repos, analyses, len(pending))
 
@@ -314,8 +361,10 @@ def default_cache_path() -> Path:
 
 
 def read_repo_list(path: Path) -> list[str]:
+    from .sources import read_text
+
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise SourceError(path, f"cannot read the repo list: {error}") from None
+        lines = read_text(path).splitlines()
+    except SourceError as error:
+        raise SourceError(path, f"cannot read the repo list: {error.message}") from None
     return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]

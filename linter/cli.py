@@ -397,12 +397,23 @@ def audit(
             view.add_row(*auditing.cells(row))
         Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
         click.echo(f"{len(result.repos)} repos, {len(result.analyses)} distinct templates, {result.analysed_now} analysed now")
+    status = EXIT_FINDINGS if any(row["codes"] for row in table) else EXIT_CLEAN
+    for repo in result.repos:
+        if repo.error:
+            click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
+    for problem in cache.problems:
+        click.echo(f"tmpl-lint: error: {problem}", err=True)
     if html_file:
-        write_report(html_file, auditing.html_page(table))
-    failed = [repo for repo in result.repos if repo.error]
-    if failed and len(failed) == len(result.repos):
-        sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_FINDINGS if failed or any(row["codes"] for row in table) else EXIT_CLEAN)
+        try:
+            write_report(html_file, auditing.html_page(table))
+        except WriteError as error:
+            click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
+            status = EXIT_ERROR
+    if not result.analyses:
+        click.echo(f"tmpl-lint: error: no chat template found in {len(result.repos)} repos", err=True)
+        status = EXIT_ERROR
+    # A repo that could not be read is an input error, as an unreadable file is to check.
+    sys.exit(EXIT_ERROR if any(repo.error for repo in result.repos) or cache.problems else status)
 
 
 @main.command()

@@ -89,7 +89,11 @@ def test_named_repos_offline_and_a_missing_one_does_not_stop_the_batch(tmp_path)
     assert rows["nobody/missing-model"]["error"] == "not in the local cache, and offline (HF_HUB_OFFLINE=1) or unreachable"
     assert set(rows["qwen/qwen3-chat"]["codes"]) == direct_codes(SHARED / "tokenizers" / "qwen3" / "tokenizer_config.json")
     assert "PC003" in rows["mistral/nemo-like"]["codes"]
-    assert result.returncode == 1
+    # the repo that could not be read is an input error: one line, and exit 2 once the rest is done
+    assert result.stderr == (
+        "tmpl-lint: error: nobody/missing-model: not in the local cache, and offline (HF_HUB_OFFLINE=1) or unreachable\n"
+    )
+    assert result.returncode == 2
 
 
 def test_results_cache_resumes(tmp_path):
