@@ -269,6 +269,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
     from .engines import EngineError
+    from .isolation import IsolationError, run_isolated
     from .render import RenderError
     from .server import ServerError, prompt_token_ids
     from .tokenizer import load_tokenizer
@@ -283,9 +284,18 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
         if text is not None:
             engine = engine_for(engine, text, template_source)
-        divergence = diff_requests(first, second, text, special, loaded, block_size, server_ids, engine)
+        # Rendering is untrusted code: in a child with check's memory limit; each render has
+        # its own time and size limits.
+        divergence = run_isolated(
+            _diff_or_error, (diff_requests, (first, second, text, special, loaded, block_size, server_ids, engine)), seconds=None
+        )
+        if isinstance(divergence, str):
+            raise RequestError(divergence)
     except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    except IsolationError as error:
+        click.echo(f"tmpl-lint: error: diff stopped: {error}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
@@ -443,37 +453,64 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
     """Projected prefix-cache hit rate of logged traffic, before and after a fix."""
     from . import replay as replaying
     from .diff import RequestError, read_template
+    from .isolation import IsolationError, run_isolated
+    from .prover import resolve_special_tokens
     from .server import ServerError, prompt_token_ids
     from .tokenizer import load_tokenizer
 
     try:
-        calls = replaying.read_log(log)
-        loaded = load_tokenizer(tokenizer) if tokenizer else None
         if (template or tokenizer) is None:
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
+        calls, problems = replaying.read_log(log)
+        loaded = load_tokenizer(tokenizer) if tokenizer else None
         templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
         if compare:
             templates.append(("compare", compare, *read_template(compare)))
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
-        results = []
-        for label, path, text, special in templates:
-            from .prover import resolve_special_tokens
-
-            renderer = engine_for(engine, text, path)
-            replayer = replaying.Replayer(text, loaded, resolve_special_tokens(loaded, special), block_size, renderer, server_ids)
-            groups = replaying.sessions(calls, session_key)
-            for group in groups:
-                replayer.replay(group)
-            results.append((label, replaying.summary(groups)))
+        replayers = [
+            (
+                label,
+                replaying.Replayer(
+                    text, loaded, resolve_special_tokens(loaded, special), block_size, engine_for(engine, text, path), server_ids
+                ),
+            )
+            for label, path, text, special in templates
+        ]
+        # Rendering is untrusted code: in a child with check's memory limit (each render
+        # has its own time and size limits, so the whole needs no wall-clock one).
+        results, failed = run_isolated(replaying.replay_all, (calls, replayers, session_key), seconds=None)
     except (replaying.ReplayError, RequestError, ServerError, TokenizerError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
+    except IsolationError as error:
+        click.echo(f"tmpl-lint: error: replay stopped: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    for problem in [*problems, *failed]:
+        click.echo(f"tmpl-lint: error: {problem}", err=True)
     if output_format == "json":
         click.echo(json.dumps({label: figures for label, figures in results}, indent=2))
     else:
         click.echo(replaying.text_report(results), nl=False)
     if html_file:
-        write_report(html_file, replaying.html_chart(results))
+        try:
+            write_report(html_file, replaying.html_chart(results))
+        except WriteError as error:
+            click.echo(f"tmpl-lint: error: cannot write the chart: {error}", err=True)
+            sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_ERROR if problems or failed else EXIT_CLEAN)
+
+
+def _diff_or_error(function, args):
+    """``function(*args)``, or the message of the error it raised (to cross from the child)."""
+    from .diff import RequestError
+    from .engines import EngineError
+    from .render import RenderError
+    from .server import ServerError
+
+    try:
+        return function(*args)
+    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
+        return str(error)
 
 
 def engine_for(engine: str, template: str, path: Path) -> str:

@@ -50,15 +50,27 @@ def read_request(path: Path) -> Request:
         body = load_json(path)
     except SourceError as error:
         raise RequestError(str(error)) from None
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise RequestError(f"{path}: expected a chat completion request with a non-empty messages list")
-    if not all(isinstance(message, dict) and "role" in message for message in body["messages"]):
-        raise RequestError(f"{path}: every message needs a role")
-    if body.get("tools") is not None and not isinstance(body["tools"], list):
-        raise RequestError(f"{path}: tools must be a list")
-    if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
-        raise RequestError(f"{path}: chat_template_kwargs must be an object")
+    problem = request_problem(body)
+    if problem:
+        raise RequestError(f"{path}: {problem}")
     return Request(path, body)
+
+
+def request_problem(body: Any) -> str | None:
+    """Why ``body`` is not a chat completion request tmpl-lint can render, or None."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        return "expected a chat completion request with a non-empty messages list"
+    if not all(isinstance(message, dict) and isinstance(message.get("role"), str) for message in body["messages"]):
+        return "every message must be an object with a role"
+    if body.get("tools") is not None and not (
+        isinstance(body["tools"], list) and all(isinstance(tool, dict) for tool in body["tools"])
+    ):
+        return "tools must be a list of objects"
+    if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
+        return "chat_template_kwargs must be an object"
+    if body.get("reasoning_effort") is not None and not isinstance(body["reasoning_effort"], str):
+        return "reasoning_effort must be a string"
+    return None
 
 
 def read_template(path: Path) -> tuple[str, dict[str, Any]]:

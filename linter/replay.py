@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,37 +58,86 @@ class Session:
 
 
 def _timestamp(value: Any) -> datetime | None:
+    """A logged time (seconds since the epoch, or ISO 8601) as naive UTC; None when absent;
+    ValueError when it is no time at all."""
     if value is None:
         return None
-    if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, tz=UTC).replace(tzinfo=None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value, tz=UTC).replace(tzinfo=None)
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"timestamp {value!r} is out of range") from None
+    if not isinstance(value, str):
+        raise ValueError(f"timestamp {value!r} is neither a number nor a string")
     try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
     return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
-def read_log(path: Path) -> list[Call]:
-    calls = []
+# A traffic log is not a template: it may be large, but each line is one request.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+def read_log(path: Path) -> tuple[list[Call], list[ReplayError]]:
+    """The calls of a JSON-lines log, and one error for each line that is not one (the
+    rest are replayed). A log may be a regular file or a pipe (``<(zcat log.gz)``)."""
+    import stat
+
+    calls, problems = [], []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ReplayError(f"{path}: cannot read: {error}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ReplayError(f"{path}:{number}: invalid JSON: {error.msg}") from None
-        if not isinstance(entry, dict):
-            raise ReplayError(f"{path}:{number}: expected a JSON object")
-        body = entry.get("request", entry)
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise ReplayError(f"{path}:{number}: no messages in this request")
-        calls.append(Call(number, body, entry.get("response"), _timestamp(entry.get("timestamp") or body.get("created"))))
-    return calls
+        with open(path, "rb") as stream:
+            if not (stat.S_ISREG(os.fstat(stream.fileno()).st_mode) or stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode)):
+                raise ReplayError(f"{path}: not a regular file or a pipe")
+            number = 0
+            while line := stream.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    raise ReplayError(f"{path}:{number}: line over {MAX_LINE_BYTES} bytes; stopped reading")
+                try:
+                    call = _call(number, line)
+                except ReplayError as error:
+                    problems.append(ReplayError(f"{path}:{number}: {error}"))
+                    continue
+                if call is not None:
+                    calls.append(call)
+    except OSError as error:
+        raise ReplayError(f"{path}: cannot read: {error.strerror or error}") from None
+    return calls, problems
+
+
+def _call(number: int, line: bytes) -> Call | None:
+    from .diff import request_problem
+
+    if not line.strip():
+        return None
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ReplayError(f"not valid UTF-8 (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise ReplayError(f"invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise ReplayError("invalid JSON: nested too deeply to read") from None
+    if not isinstance(entry, dict):
+        raise ReplayError("expected a JSON object")
+    body = entry.get("request", entry)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ReplayError("no messages in this request")
+    problem = request_problem(body)
+    if problem:
+        raise ReplayError(problem)
+    response = entry.get("response")
+    if isinstance(response, dict) and "token_ids" in response:
+        ids = response["token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ReplayError("response token_ids must be a list of token ids (non-negative integers)")
+    try:
+        timestamp = _timestamp(entry.get("timestamp") or body.get("created"))
+    except ValueError as error:
+        raise ReplayError(str(error)) from None
+    return Call(number, body, response, timestamp)
 
 
 def _lookup(document: dict[str, Any], dotted: str) -> Any:
@@ -128,7 +178,8 @@ def reply_message(response: Any) -> dict[str, Any] | None:
     if not isinstance(response, dict):
         return None
     if isinstance(response.get("choices"), list) and response["choices"]:
-        message = response["choices"][0].get("message")
+        choice = response["choices"][0]
+        message = choice.get("message") if isinstance(choice, dict) else None
         return message if isinstance(message, dict) else None
     if response.get("role") == "assistant":
         return response
@@ -161,6 +212,9 @@ class Replayer:
             )
         except EngineError as error:
             raise RenderError(str(error)) from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as error:
+            # A logged request of a shape the engine's preprocessing does not expect.
+            raise RenderError(f"{type(error).__name__}: {error}") from None
 
     def prompt(self, call: Call) -> tuple[str, list[int]]:
         text = self.render(call, call.messages, True)
@@ -184,18 +238,26 @@ class Replayer:
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
         return text, self.measure.ids(text)
 
-    def replay(self, session: Session) -> None:
-        rendered = []
+    def replay(self, session: Session) -> list[ReplayError]:
+        """Compare each call of ``session`` with the next; a call the template cannot
+        render is left out (and returned as an error), the others are still compared."""
+        rendered, kept, problems = [], [], []
         for call in session.calls:
             try:
                 rendered.append(self.prompt(call))
+                kept.append(call)
             except RenderError as error:
-                raise ReplayError(f"line {call.line}: the template fails on this request: {error}") from None
+                problems.append(ReplayError(f"line {call.line}: the template fails on this request: {error}"))
+        session.calls = kept
         for index in range(len(session.calls) - 1):
             call, following = session.calls[index], session.calls[index + 1]
             (text, ids), (next_text, next_ids) = rendered[index], rendered[index + 1]
             cached_text, cached_ids, check = text, ids, "a"
-            generated = self.generated(call, text)
+            try:
+                generated = self.generated(call, text)
+            except RenderError as error:
+                problems.append(ReplayError(f"line {call.line}: the template fails on this request's reply: {error}"))
+                generated = None
             if generated is not None:
                 cached_text, cached_ids, check = text + generated[0], ids + generated[1], "b"
             session.pairs.append(
@@ -213,6 +275,19 @@ class Replayer:
                     self.block_size,
                 )
             )
+        return problems
+
+
+def replay_all(calls: list[Call], renderers: list[tuple[str, Replayer]], session_key: str | None):
+    """Every template's summary over the same traffic, and the calls that failed. Run in a
+    limited child process (the templates render there; see isolation.py)."""
+    results, problems = [], []
+    for label, replayer in renderers:
+        groups = sessions(calls, session_key)
+        for group in groups:
+            problems.extend(str(problem) for problem in replayer.replay(group))
+        results.append((label, summary(groups)))
+    return results, list(dict.fromkeys(problems))
 
 
 def summary(replayed: list[Session]) -> dict[str, Any]:
