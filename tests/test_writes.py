@@ -1,0 +1,359 @@
+"""Writes (writes.py): the file the user meant, whole, with nothing else changed, or not
+at all and saying why. What is a process's behaviour (locks between runs, signals) is
+tested with real processes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import CORPUS, PROJECT, at
+
+from tmpl_lint import fixer, writes
+from tmpl_lint.cli import main
+from tmpl_lint.containers import json_template_span
+from tmpl_lint.writes import WriteError
+
+CLOCK = "{{- 'Today: ' + strftime_now('%Y-%m-%d') + '\\n' }}{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}"
+HOSTILE = PROJECT / "tests" / "hostile"
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def tmpl_lint(*args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        **kwargs,
+    )
+
+
+def live_clock(directory: Path, name: str = "chat_template.jinja") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", path)
+    return path
+
+
+def fixed_once(tmp_path: Path, source: Path) -> bytes:
+    """What one --fix run makes of ``source``, on a copy in a folder of its own."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    copy = alone / source.name
+    shutil.copyfile(source, copy)
+    assert run(str(copy), "--fix", "--no-prove", "--frozen-date", "2026-01-15")[0] == 0
+    return copy.read_bytes()
+
+
+def leftovers(directory: Path, *keep: Path) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if directory / name not in keep)
+
+
+# -- concurrent writers ------------------------------------------------------------------
+
+
+def test_two_concurrent_fixes_on_one_file_take_turns(tmp_path):
+    path = live_clock(tmp_path / "repo")
+    expected = fixed_once(tmp_path, path)
+    runs = [tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15") for _ in range(2)]
+    results = [(process.communicate(timeout=120), process.returncode) for process in runs]
+    results = [(code, out, err) for (out, err), code in results]
+    assert [code for code, _, _ in results] == [0, 0]
+    assert all(err == "" for _, _, err in results)
+    # one run fixed the file; the other waited for the lock, read the fixed file and found
+    # nothing left to fix
+    fixed = [out for _, out, _ in results if "fixed PC001 [live-clock]" in out]
+    assert len(fixed) == 1
+    assert path.read_bytes() == expected
+    assert leftovers(path.parent, path) == []
+
+
+def test_a_fix_waits_for_the_lock_and_fixes_what_the_holder_wrote(tmp_path):
+    path = live_clock(tmp_path)
+    with writes.locked(path):
+        process = tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+        time.sleep(3)
+        assert process.poll() is None  # still waiting for the lock
+        # the holder writes its own change meanwhile
+        text = path.read_text().replace("Knowledge cutoff: 2024-06", "Knowledge cutoff: 2025-01")
+        path.write_text(text)
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (0, "")
+    after = path.read_text()
+    assert "Knowledge cutoff: 2025-01" in after  # the holder's change is not lost
+    assert "strftime_now" not in after and "date_string" in after  # and the fix is in
+
+
+def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypatch):
+    path = live_clock(tmp_path)
+    saved_by_editor = path.read_text() + "{# saved in an editor while tmpl-lint was fixing #}\n"
+    fix_isolated = fixer.fix_isolated
+
+    def fix_while_an_editor_saves(source, options, selection):
+        result = fix_isolated(source, options, selection)
+        path.write_text(saved_by_editor)
+        return result
+
+    monkeypatch.setattr(fixer, "fix_isolated", fix_while_an_editor_saves)
+    code, out, err = run(str(path), "--fix", "--no-prove")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: {path}: changed since it was read (another program wrote it); nothing written, run tmpl-lint again\n"
+    )
+    assert "fixed PC001" not in out.replace("not fixed", "")
+    assert path.read_text() == saved_by_editor
+    assert leftovers(tmp_path, path) == []
+
+
+# -- signals -------------------------------------------------------------------------------
+
+
+def test_sigterm_during_a_write_leaves_no_temporary_file_and_the_target_whole(tmp_path):
+    path = tmp_path / "chat_template.jinja"
+    # Near the 10 MiB limit, so that writing and syncing take long enough to be caught at.
+    path.write_text(CLOCK + "\n{# " + "x" * (9 * 1024 * 1024) + " #}\n")
+    original = path.read_bytes()
+    expected = fixed_once(tmp_path, path)
+    assert expected != original
+    process = tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+    caught = False
+    while process.poll() is None:
+        if any(name.endswith(".tmp") for name in os.listdir(tmp_path)):
+            process.send_signal(signal.SIGTERM)
+            caught = True
+            break
+    _, err = process.communicate(timeout=120)
+    code = process.returncode
+    assert caught, "the write ended before a temporary file was seen"
+    assert code == 143
+    assert "Traceback" not in err
+    assert leftovers(tmp_path, path, tmp_path / "alone") == []
+    assert path.read_bytes() in (original, expected)
+
+
+@pytest.mark.parametrize(
+    ("number", "code", "message"), [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "")]
+)
+def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(number, code, message):
+    # Renders that would run for minutes, proven two at a time in children.
+    process = tmpl_lint(
+        HOSTILE / "nested_loops.jinja", HOSTILE / "exponential_growth.jinja", "--render-timeout", "100", "--jobs", "2"
+    )
+    children = []
+    deadline = time.monotonic() + 60
+    while len(children) < 2 and time.monotonic() < deadline:
+        listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True).stdout
+        children = [int(pid) for pid in listed.split()]
+        time.sleep(0.1)
+    assert len(children) == 2
+    time.sleep(1)
+    start = time.monotonic()
+    process.send_signal(number)  # to the main process only, not its group
+    _, err = process.communicate(timeout=30)
+    returned = process.returncode
+    assert time.monotonic() - start < 5
+    assert returned == code
+    assert err.endswith(message) and "Aborted!" not in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)] == []
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_an_interrupted_write_leaves_the_original(tmp_path, monkeypatch):
+    path = live_clock(tmp_path)
+    path.chmod(0o640)
+    before = path.read_bytes()
+    snapshot = writes.read(path)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # the process is stopped between writing and renaming
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        writes.replace(snapshot, "new text")
+    assert path.read_bytes() == before
+    assert leftovers(tmp_path, path) == []
+
+
+# -- what is written, and where -------------------------------------------------------------
+
+
+def test_hf_cache_symlink_is_written_through_to_its_blob(tmp_path):
+    repo = tmp_path / "hub" / "models--x--y"
+    blob = repo / "blobs" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    blob.parent.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    original = json.dumps({"bos_token": "<s>", "chat_template": CLOCK, "model_max_length": 4096}, indent=2) + "\n"
+    blob.write_text(original)
+    link = snapshot / "tokenizer_config.json"
+    link.symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    code, out, err = run(str(snapshot), "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+    assert (code, err) == (0, "")
+    _, line, column = at("PC001", CLOCK, "strftime_now")
+    assert f"{link}:{line}:{column}: fixed PC001 [live-clock]" in out
+    assert link.is_symlink() and os.readlink(link) == f"../../blobs/{blob.name}"
+    after = blob.read_text()
+    old, new = json_template_span(original, None), json_template_span(after, None)
+    assert after[: new.start] == original[: old.start] and after[new.end :] == original[old.end :]
+    assert "strftime_now" not in json.loads(after)["chat_template"]
+    assert leftovers(blob.parent, blob) == [] and leftovers(snapshot, link) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner needs root")
+def test_mode_and_owner_are_kept(tmp_path):
+    path = live_clock(tmp_path)
+    os.chown(path, 1234, 5678)
+    path.chmod(0o640)
+    assert run(str(path), "--fix", "--no-prove")[0] == 0
+    status = path.stat()
+    assert "date_string" in path.read_text()
+    assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (1234, 5678, 0o640)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to run without CAP_CHOWN")
+def test_an_owner_this_process_cannot_give_is_kept_by_writing_in_place(tmp_path):
+    path = live_clock(tmp_path)
+    os.chown(path, 1234, 1234)
+    path.chmod(0o666)
+    inode = path.stat().st_ino
+    # root without CAP_CHOWN: it may write the file but not give a new one to uid 1234
+    result = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set",
+            "-chown",
+            "--inh-caps",
+            "-chown",
+            sys.executable,
+            "-m",
+            "tmpl_lint",
+            str(path),
+            "--fix",
+            "--no-prove",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    status = path.stat()
+    assert "date_string" in path.read_text()
+    assert (status.st_ino, status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (inode, 1234, 1234, 0o666)
+    assert leftovers(tmp_path, path) == []
+
+
+def test_hard_links_stay_linked(tmp_path):
+    path = live_clock(tmp_path)
+    other = tmp_path / "elsewhere.jinja"
+    os.link(path, other)
+    assert run(str(path), "--fix", "--no-prove")[0] == 0
+    assert "date_string" in other.read_text()
+    assert path.stat().st_ino == other.stat().st_ino and path.stat().st_nlink == 2
+    assert leftovers(tmp_path, path, other) == []
+
+
+def test_a_failed_in_place_write_puts_the_old_bytes_back(tmp_path, monkeypatch):
+    path = live_clock(tmp_path)
+    os.link(path, tmp_path / "link.jinja")
+    before = path.read_bytes()
+    snapshot = writes.read(path)
+    real_write = os.write
+
+    def half_then_full(descriptor, data):
+        if bytes(data[:5]) == b"THE N":  # the new bytes: half of them land, then the disk is full
+            real_write(descriptor, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(descriptor, data)
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(WriteError, match="cannot write: No space left on device; the file is unchanged"):
+        writes.replace(snapshot, "THE NEW TEXT " * 100)
+    assert path.read_bytes() == before
+    assert leftovers(tmp_path, path, tmp_path / "link.jinja") == []
+
+
+def test_a_full_disk_is_one_error_and_the_batch_goes_on(tmp_path, monkeypatch):
+    full = live_clock(tmp_path / "full")
+    fine = live_clock(tmp_path)
+    before = full.read_bytes()
+    real_fsync = os.fsync
+
+    def fsync(descriptor):
+        if os.path.dirname(os.readlink(f"/proc/self/fd/{descriptor}")) == str(full.parent):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    code, out, err = run(str(full), str(fine), "--fix", "--no-prove")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {full}: cannot write: No space left on device; the file is unchanged\n"
+    assert full.read_bytes() == before and leftovers(full.parent, full) == []
+    assert "date_string" in fine.read_text()
+    assert f"{fine}:3:28: fixed PC001 [live-clock]" in out and f"{full}:3:28: fixed" not in out
+
+
+def test_a_report_on_a_full_disk_is_one_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(CORPUS / "PC001_live_clock.jinja"), "--no-prove", "-o", "/dev/full"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr == "tmpl-lint: error: cannot write the report: /dev/full: cannot write: No space left on device\n"
+
+
+def test_a_lone_surrogate_is_linted_fixed_and_printed_without_an_internal_error(tmp_path):
+    config = tmp_path / "tokenizer_config.json"
+    template = "{{- '\ud800' + strftime_now('%Y-%m-%d') }}{%- for m in messages %}{{ m.content }}{%- endfor %}"
+    config.write_text(json.dumps({"chat_template": template}))  # valid JSON: the surrogate is escaped
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(config), "--fix", "--no-prove", "--frozen-date", "2026-01-15"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "internal error" not in result.stderr and result.stderr == ""
+    _, line, column = at("PC001", template, "strftime_now")
+    assert f"{config}:{line}:{column}: fixed PC001 [live-clock]" in result.stdout
+    written = json.loads(config.read_bytes().decode("utf-8"))["chat_template"]
+    assert written.startswith('{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n')
+    assert "'\ud800' + date_string" in written
+    assert result.returncode == 0
+
+
+def test_read_only_file_and_vanished_file_are_errors(tmp_path):
+    path = live_clock(tmp_path)
+    snapshot = writes.read(path)
+    path.chmod(0o444)
+    with pytest.raises(WriteError, match="the file is read-only; nothing written"):
+        writes.replace(writes.read(path), "x")
+    path.unlink()
+    with pytest.raises(WriteError, match="the file vanished before it could be written"):
+        writes.read(path)
+    with pytest.raises(WriteError, match="changed since it was read"):
+        writes.replace(snapshot, "x")
+    assert leftovers(tmp_path) == []
