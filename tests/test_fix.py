@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import stat
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -271,3 +274,117 @@ def test_fix_is_verified_with_the_engine_of_the_check(template, engine, verified
     (source,), _ = collect([CORPUS / template])
     verifier = Verifier(source, FixOptions(datetime(2026, 1, 1).date(), engine=engine))
     assert verifier.engine == verified_with
+
+
+# -- only the template's bytes change ------------------------------------------------------
+
+DISTANT = """%YAML 1.2
+---
+# serving config: hand-written, odd spacing on purpose
+"model" :   {name: "x/y",  max_len: 8192}
+templates:
+  - name:    default
+    chat_template: |  # the template in force
+      {%- for m in messages %}
+      {{- m.role + ": " + m.content + "\\n" }}
+      {%- endfor %}
+      {%- if add_generation_prompt %}
+      {{- "assistant: " }}
+      {%- endif %}
+      {{- "\\n(today is " + strftime_now("%Y-%m-%d") + ")" }}
+
+    # a comment inside the item, after a blank line
+    weight:   2     # aligned comment
+  - {name: other,   weight: 1}
+anchors: &a [1,   2]
+again: *a
+...
+"""
+
+
+def test_yaml_with_distant_edits_changes_no_byte_outside_the_template(tmp_path):
+    path = tmp_path / "serving.yaml"
+    path.write_text(DISTANT)
+    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert err == ""
+    assert f"{path}:templates.0.chat_template:7:22: fixed PC001 [live-clock]" in out
+    after = path.read_text()
+    # the fix edits the template's first line and its last, far apart; around the block's
+    # lines not one byte changes
+    head = DISTANT[: DISTANT.index("      {%- for m in messages %}")]
+    tail = DISTANT[DISTANT.index("\n    # a comment inside the item") :]
+    assert after.startswith(head) and after.endswith(tail)
+    block = after[len(head) : len(after) - len(tail)]
+    assert block == (
+        '      {%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+        + DISTANT[len(head) : len(DISTANT) - len(tail)].replace('strftime_now("%Y-%m-%d")', "date_string")
+    )
+
+
+def test_json_changes_no_byte_outside_the_template_value(tmp_path):
+    template = "{%- for m in messages %}{{ m.content }}{%- endfor %}{{ strftime_now('%d %b') }}"
+    literal = json.dumps(template)
+    head = '{\r\n\t"name" :"caf\\u00e9",\r\n\t"chat_template":[{"name":"default","template":"{{ messages }}"} ,\r\n\t\t{"template" : '
+    tail = ', "name":"tool_use"}],  "eos_token":"</s>"\r\n}'
+    path = tmp_path / "tokenizer_config.json"
+    path.write_bytes((head + literal + tail).encode())
+    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    after = path.read_bytes().decode()
+    assert after.startswith(head) and after.endswith(tail)
+    fixed = json.loads(after[len(head) : len(after) - len(tail)])
+    assert fixed == '{%- if date_string is not defined %}{%- set date_string = "15 Jan" %}{%- endif %}\n' + template.replace(
+        "strftime_now('%d %b')", "date_string"
+    )
+
+
+def test_two_python_literals_on_one_line_are_each_fixed_as_themselves(tmp_path):
+    path = tmp_path / "configs.py"
+    first, second = "{{ strftime_now('%Y') }}", "{{ strftime_now('%d') }}"
+    path.write_text(f'a = dict(chat_template="{first}"); b = dict(chat_template="{second}")\n')
+    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    assert out.count("fixed PC001") == 2
+    (a_literal, b_literal) = [node.value.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.keyword)]
+    assert a_literal == '{%- if date_string is not defined %}{%- set date_string = "2026" %}{%- endif %}\n{{ date_string }}'
+    assert b_literal == '{%- if date_string is not defined %}{%- set date_string = "15" %}{%- endif %}\n{{ date_string }}'
+
+
+def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path):
+    path = tmp_path / "config.py"
+    before = 'chat_template = (\n    "{{ strftime_now(\'%Y\') }}"\n    "{% for m in messages %}{{ m.content }}{% endfor %}"\n)\n'
+    path.write_text(before)
+    code, out, err = run(str(path), "--fix", "--no-prove")
+    assert path.read_text() == before
+    assert err == ""
+    assert out.splitlines()[0] == (
+        f"{path}:chat_template@2: not fixed: the template chat_template@2 is written as 2 adjacent string literals; "
+        "tmpl-lint rewrites a single literal only: join them into one and run --fix again"
+    )
+    assert "fixed" not in out.replace("not fixed", "")
+    assert f"{path}:chat_template@2:1:4: PC001 [live-clock]" in out  # still reported
+    assert code == 1
+
+
+def test_diff_exits_1_and_applies_with_patch(tmp_path):
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": "{{ strftime_now('%Y') }}\n{{ messages }}"}, indent=2))
+    before = {file: file.read_bytes() for file in (path, config)}
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", path.name, config.name, "--diff", "--no-prove", "-q", "--frozen-date", FROZEN],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and result.stderr == ""
+    assert {file: file.read_bytes() for file in before} == before  # --diff writes nothing
+    patch = result.stdout[result.stdout.index("--- a/") :]
+    assert subprocess.run(["patch", "-p1", "--quiet"], input=patch, text=True, cwd=tmp_path).returncode == 0
+    fixed = {file: file.read_bytes() for file in before}
+    for file, data in before.items():
+        file.write_bytes(data)
+    assert run(str(path), str(config), "--fix", "--no-prove", "--frozen-date", FROZEN)[0] == 0
+    assert {file: file.read_bytes() for file in before} == fixed  # the diff is what --fix writes
+    clean = run(str(CORPUS / "clean_chatml.jinja"), "--diff", "--no-prove")
+    assert clean[0] == 0

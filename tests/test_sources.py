@@ -1,9 +1,12 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tmpl_lint.sources import SourceError, collect
+from tmpl_lint.sources import SourceError, collect, read_bytes
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
@@ -125,3 +128,54 @@ def test_crlf_is_kept_exactly(tmp_path):
 def test_source_error_is_an_exception_with_path():
     error = SourceError(Path("x.json"), "boom")
     assert str(error) == "x.json: boom"
+
+
+# -- special files, and sizes read rather than stated ----------------------------------------
+
+
+def lint_process(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--no-prove"], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "models" / "chat.jinja"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    good = write(tmp_path / "models" / "good.jinja", TEMPLATE)
+    for named in ([fifo], [tmp_path / "models"]):  # named, and met while walking a folder
+        result = lint_process(*named)  # no writer ever opens the FIFO: waiting for one would time out
+        assert result.returncode == 2
+        assert result.stderr == f"tmpl-lint: error: {fifo}: is a FIFO (named pipe), not a regular file\n"
+    assert lint_process(good).returncode == 0
+
+
+def test_a_device_is_never_read(tmp_path):
+    link = tmp_path / "chat_template.jinja"
+    link.symlink_to("/dev/zero")
+    for named in (Path("/dev/zero"), link):
+        result = lint_process(named)  # read until MemoryError before
+        assert (result.returncode, result.stderr) == (
+            2,
+            f"tmpl-lint: error: {named}: is a character device, not a regular file\n",
+        )
+
+
+def test_the_size_limit_counts_the_bytes_read_not_st_size():
+    # /proc files state a size of 0 and hold more: the limit must hold on what is read.
+    maps = Path("/proc/self/maps")
+    assert maps.stat().st_size == 0
+    with pytest.raises(SourceError, match="file is over the 100-byte limit for a template"):
+        read_bytes(maps, limit=100)
+    data, _ = read_bytes(maps, limit=1 << 20)
+    assert len(data) > 100
+
+
+def test_deeply_nested_json_is_one_error_and_the_batch_goes_on(tmp_path):
+    deep = write(tmp_path / "a" / "tokenizer_config.json", '{"chat_template": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    fine = write(tmp_path / "b" / "chat_template.jinja", "{{ strftime_now('%Y') }}")
+    result = lint_process(deep, fine, "--format", "json")
+    assert result.returncode == 2
+    assert result.stderr == f"tmpl-lint: error: {deep}: invalid JSON: nested too deeply to read\n"
+    assert [(finding["path"], finding["code"]) for finding in json.loads(result.stdout)] == [(str(fine), "PC001")]
