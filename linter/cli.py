@@ -478,7 +478,7 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
         ]
         # Rendering is untrusted code: in a child with check's memory limit (each render
         # has its own time and size limits, so the whole needs no wall-clock one).
-        results, failed = run_isolated(replaying.replay_all, (calls, replayers, session_key), seconds=None)
+        results, failed = run_isolated(replaying.replay_all, (log, calls, replayers, session_key), seconds=None)
     except (replaying.ReplayError, RequestError, ServerError, TokenizerError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)

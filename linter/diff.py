@@ -15,10 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .engines import engine_tokenizer, render_prompt
+from .engines import EngineError, engine_tokenizer, render_prompt
 from .proofs import Divergence
 from .prover import Measure, compare_prompts, resolve_special_tokens
-from .render import FrozenClock
+from .render import FrozenClock, RenderError
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
 
@@ -107,18 +107,21 @@ def diff_requests(
         tokens = resolve_special_tokens(tokenizer, special_tokens)
         texts = []
         for request in (first, second):
-            texts.append(
-                render_prompt(
-                    engine,
-                    template,
-                    request.messages,
-                    clock=clock,
-                    tools=request.tools,
-                    kwargs=request.kwargs,
-                    special_tokens=tokens,
-                    reasoning_effort=request.body.get("reasoning_effort"),
+            try:
+                texts.append(
+                    render_prompt(
+                        engine,
+                        template,
+                        request.messages,
+                        clock=clock,
+                        tools=request.tools,
+                        kwargs=request.kwargs,
+                        special_tokens=tokens,
+                        reasoning_effort=request.body.get("reasoning_effort"),
+                    )
                 )
-            )
+            except (RenderError, EngineError) as error:
+                raise RequestError(f"{request.path}: the template fails on this request: {error}") from None
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"

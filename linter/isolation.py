@@ -80,9 +80,15 @@ def _child(connection, function: Callable, args: tuple, memory: int, seconds: fl
         connection.close()
 
 
-def run_isolated(function: Callable, args: tuple, seconds: float | None = WALL_SECONDS, memory: int = MEMORY_BYTES) -> Any:
+_DEFAULT: Any = object()
+
+
+def run_isolated(function: Callable, args: tuple, seconds: float | None = _DEFAULT, memory: int = _DEFAULT) -> Any:
     """``function(*args)`` in a forked child; its result must be picklable. ``seconds``
-    None: no wall-clock limit (the work bounds its own steps, as each render does)."""
+    None: no wall-clock limit (the work bounds its own steps, as each render does); by
+    default WALL_SECONDS and MEMORY_BYTES, read when called."""
+    seconds = WALL_SECONDS if seconds is _DEFAULT else seconds
+    memory = MEMORY_BYTES if memory is _DEFAULT else memory
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(sender, function, args, memory, seconds), daemon=True)

@@ -238,16 +238,17 @@ class Replayer:
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
         return text, self.measure.ids(text)
 
-    def replay(self, session: Session) -> list[ReplayError]:
+    def replay(self, session: Session) -> list[tuple[int, str]]:
         """Compare each call of ``session`` with the next; a call the template cannot
-        render is left out (and returned as an error), the others are still compared."""
+        render is left out (and returned with its log line and why), the others are still
+        compared."""
         rendered, kept, problems = [], [], []
         for call in session.calls:
             try:
                 rendered.append(self.prompt(call))
                 kept.append(call)
             except RenderError as error:
-                problems.append(ReplayError(f"line {call.line}: the template fails on this request: {error}"))
+                problems.append((call.line, f"the template fails on this request: {error}"))
         session.calls = kept
         for index in range(len(session.calls) - 1):
             call, following = session.calls[index], session.calls[index + 1]
@@ -256,7 +257,7 @@ class Replayer:
             try:
                 generated = self.generated(call, text)
             except RenderError as error:
-                problems.append(ReplayError(f"line {call.line}: the template fails on this request's reply: {error}"))
+                problems.append((call.line, f"the template fails on this request's reply: {error}"))
                 generated = None
             if generated is not None:
                 cached_text, cached_ids, check = text + generated[0], ids + generated[1], "b"
@@ -278,14 +279,14 @@ class Replayer:
         return problems
 
 
-def replay_all(calls: list[Call], renderers: list[tuple[str, Replayer]], session_key: str | None):
-    """Every template's summary over the same traffic, and the calls that failed. Run in a
-    limited child process (the templates render there; see isolation.py)."""
+def replay_all(log: Path, calls: list[Call], renderers: list[tuple[str, Replayer]], session_key: str | None):
+    """Every template's summary over the same traffic, and the calls that failed, one line
+    each. Run in a limited child process (the templates render there; see isolation.py)."""
     results, problems = [], []
     for label, replayer in renderers:
         groups = sessions(calls, session_key)
         for group in groups:
-            problems.extend(str(problem) for problem in replayer.replay(group))
+            problems.extend(f"{log}:{line}: {reason}" for line, reason in replayer.replay(group))
         results.append((label, summary(groups)))
     return results, list(dict.fromkeys(problems))
 

@@ -100,3 +100,97 @@ def test_remembered_attribute_verdicts_refuse_every_time():
             render(mutate, [], clock=clock)
     assert render("{{ 'a,b'.split(',') | join('+') }}", [], clock=clock) == "a+b"
     assert render("{{ {'append': 1}.append }}", [], clock=clock) == "1"  # a key, not list.append
+
+
+# -- one limit policy: nothing of a template runs outside the limits, in any command -------
+
+FOLDED = "{{ strftime_now('%Y') }}{{ 'a'|center(3000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}"
+OUT_OF_MEMORY = 'PC101 [render-limit-exceeded] render limit exceeded in "chat": the render ran out of memory'
+
+
+def test_constant_expressions_are_not_evaluated_while_compiling():
+    # Jinja folds constants at compile time: `'a'|center(3000000000)` allocated 3 GB there,
+    # before any render limit. Compiled under 1 GiB of address space, it must not run.
+    script = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
+        "from datetime import datetime; from tmpl_lint.render import FrozenClock, compile_template;"
+        f"compile_template({FOLDED!r}, FrozenClock(datetime(2026, 1, 1))); print('compiled')"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "compiled\n", "")
+
+
+def _capped():
+    # The main process gets 1.5 GiB of address space (its children inherit no more): if any
+    # command evaluated the 3 GB constant there, it would fail with MemoryError.
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+
+@pytest.mark.parametrize("command", ["check", "check --no-prove", "--fix", "--diff", "replay", "diff", "audit"])
+def test_every_command_runs_a_hostile_template_under_the_limits(tmp_path, command):
+    model = tmp_path / "model"
+    model.mkdir()
+    template = model / "chat_template.jinja"
+    template.write_text(FOLDED)
+    first = {"messages": [{"role": "user", "content": "hi"}]}
+    second = {"messages": [*first["messages"], {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}
+    (tmp_path / "turn1.json").write_text(json.dumps(first))
+    (tmp_path / "turn2.json").write_text(json.dumps(second))
+    (tmp_path / "log.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    arguments = {
+        "check": [template],
+        "check --no-prove": [template, "--no-prove"],
+        "--fix": [template, "--fix", "--frozen-date", "2026-01-15"],
+        "--diff": [template, "--diff", "--frozen-date", "2026-01-15"],
+        "replay": ["replay", tmp_path / "log.jsonl", "--template", template],
+        "diff": ["diff", tmp_path / "turn1.json", tmp_path / "turn2.json", "--template", template],
+        "audit": ["audit", model, "--no-cache", "--format", "jsonl"],
+    }[command]
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", *map(str, arguments)], capture_output=True, text=True, preexec_fn=_capped, timeout=300
+    )
+    assert time.monotonic() - start < 60
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    if command == "replay":
+        assert result.returncode == 2
+        assert result.stderr == "".join(
+            f"tmpl-lint: error: {tmp_path / 'log.jsonl'}:{line}: the template fails on this request: the render ran out of memory\n"
+            for line in (1, 2)
+        )
+    elif command == "diff":
+        assert result.returncode == 2
+        assert result.stderr == (
+            f"tmpl-lint: error: {tmp_path / 'turn1.json'}: the template fails on this request: the render ran out of memory\n"
+        )
+    elif command == "audit":
+        assert result.returncode == 1
+        assert [finding["code"] for finding in json.loads(result.stdout)["findings"]] == ["PC101", "PC001"]
+    elif command == "check --no-prove":
+        assert result.returncode == 1  # nothing renders without proofs: the live clock alone
+        assert "PC001 [live-clock]" in result.stdout and "PC101" not in result.stdout
+    else:
+        assert result.returncode == 1
+        assert f"{template}:1:1: {OUT_OF_MEMORY}" in result.stdout
+
+
+def test_the_static_lint_is_under_the_wall_clock_limit_too(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from tmpl_lint import checker, isolation
+    from tmpl_lint.cli import main
+
+    def hangs(*args):
+        time.sleep(600)
+
+    monkeypatch.setattr(isolation, "WALL_SECONDS", 1.0)
+    monkeypatch.setattr(checker, "lint_source", hangs)  # the parse and analysis, in the child
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages }}")
+    start = time.monotonic()
+    result = CliRunner().invoke(main, [str(path), "--no-prove", "-q"])
+    assert time.monotonic() - start < 10
+    assert result.stdout == f"{path}:1:1: PC101 [render-limit-exceeded] linting this template stopped: took over 1 s\n"
+    assert result.exit_code == 1
