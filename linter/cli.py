@@ -420,7 +420,10 @@ def audit(
             click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             status = EXIT_ERROR
     if not result.analyses:
-        click.echo(f"tmpl-lint: error: no chat template found in {len(result.repos)} repos", err=True)
+        audited = len(result.repos)
+        click.echo(
+            f"tmpl-lint: error: no chat template found in the {audited} {'repo' if audited == 1 else 'repos'} audited", err=True
+        )
         status = EXIT_ERROR
     # A repo that could not be read is an input error, as an unreadable file is to check.
     sys.exit(EXIT_ERROR if any(repo.error for repo in result.repos) or cache.problems else status)

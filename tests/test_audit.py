@@ -181,3 +181,46 @@ def test_cache_key_changes_with_the_model_type_and_tokenizer_beside_the_template
         keys.append(template_key(source, ProveOptions(), Selection()))
     assert len(set(keys[:4])) == 4  # each changes what a proof renders or measures
     assert keys[4] == keys[0]
+
+
+def test_revisions_and_repo_ids_are_checked_before_any_path_is_built(tmp_path):
+    hub = build_cache(tmp_path)
+    # What 'refs/../../x' would name: a file outside the repo's refs/ holding a real commit.
+    commit = hashlib.sha1(b"qwen/qwen3-chat").hexdigest()
+    (hub / "x").write_text(commit)
+    result = audit(tmp_path, "qwen/qwen3-chat@../../x", "../qwen3-chat", "qwen/qwen3-chat@", "--format", "json", "--no-cache")
+    rows = [(row["repo"], row["error"]) for row in json.loads(result.stdout)["rows"]]
+    assert rows == [
+        ("qwen/qwen3-chat@../../x", "not a valid revision: '../../x' (a branch, tag or commit hash)"),
+        (
+            "../qwen3-chat",
+            "not a valid repo id: Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or end with "
+            "'-' or '.' and the maximum length is 96: '../qwen3-chat'.",
+        ),
+        ("qwen/qwen3-chat@", "not a valid revision: '' (a branch, tag or commit hash)"),
+    ]
+    assert result.stderr.splitlines()[-1] == "tmpl-lint: error: no chat template found in the 3 repos audited"
+    assert result.returncode == 2
+    # a branch with a slash, a tag and a commit are revisions
+    good = audit(tmp_path, f"qwen/qwen3-chat@{commit}", "--format", "json", "--no-cache", "--no-prove")
+    assert json.loads(good.stdout)["rows"][0]["error"] is None
+    assert good.returncode == 1
+
+
+def test_an_audit_that_finds_no_template_says_so_and_exits_2(tmp_path):
+    empty = tmp_path / "base-model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    result = audit(tmp_path, str(empty), "--format", "json", "--no-cache")
+    assert [row["error"] for row in json.loads(result.stdout)["rows"]] == ["no chat template"]
+    assert result.stderr == "tmpl-lint: error: no chat template found in the 1 repo audited\n"
+    assert result.returncode == 2
+
+
+def test_a_results_cache_on_a_full_disk_is_one_error_and_the_audit_goes_on(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "qwen/qwen25-chat", "--format", "json", "--no-prove", "--cache-file", "/dev/full")
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["repo"] == "qwen/qwen25-chat" and row["error"] is None and row["codes"]
+    assert result.stderr == "tmpl-lint: error: /dev/full: cannot write the results cache: No space left on device\n"
+    assert result.returncode == 2

@@ -1,8 +1,11 @@
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
+import pytest
 from click.testing import CliRunner
 from helpers import CORPUS
 
@@ -117,3 +120,40 @@ def test_templates_proven_at_once_report_as_one_after_another():
     assert one[0] == several[0] == 1
     assert json.loads(one[1]) == json.loads(several[1])
     assert len({finding["path"] for finding in json.loads(one[1])}) > 10  # many templates, each in order
+
+
+def test_a_tokenizer_error_is_one_whole_line(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    directory = tmp_path / "tokenizer"
+    directory.mkdir()
+    (directory / "tokenizer_config.json").write_text("{}")  # no tokenizer.json, nothing to build one from
+    with pytest.raises(Exception) as raised:
+        transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    message = str(raised.value)
+    assert "\n" in message  # transformers' message spans lines: all of them must be said
+    code, out, err = run(str(CORPUS / "clean_chatml.jinja"), "--tokenizer", str(directory))
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {directory.resolve()}: cannot load tokenizer: {' '.join(message.split())}\n"
+
+
+def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
+    # SIGINT to the process group, as a terminal sends it on Ctrl-C.
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tmpl_lint",
+            str(CORPUS.parent / "tests" / "hostile" / "nested_loops.jinja"),
+            "--render-timeout",
+            "100",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(3)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert err.strip() == "tmpl-lint: interrupted"

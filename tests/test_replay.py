@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from datetime import datetime
 
 import pytest
@@ -170,3 +172,62 @@ def test_bad_log_is_a_one_line_error(tmp_path):
     )
     assert result.exit_code == 2
     assert result.stderr == f"tmpl-lint: error: {log}:1: no messages in this request\n"
+
+
+def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_path):
+    user = {"role": "user", "content": "hi"}
+    good = [
+        {"request": {"messages": [user], "user": "u"}},
+        {"request": {"messages": [user, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}], "user": "u"}},
+    ]
+    bad = [
+        ('{"messages": [{"role": "user", "content": "hi"}], "timestamp": 1e300}', "timestamp 1e+300 is out of range"),
+        ('{"messages": [1, 2]}', "every message must be an object with a role"),
+        (
+            '{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"}',
+            "chat_template_kwargs must be an object",
+        ),
+        ('{"messages": [{"role": "user", "content": "x"}], "tools": 5}', "tools must be a list of objects"),
+        ('{"messages": [{"role": "user", "content": "x"}], "timestamp": [1]}', "timestamp [1] is neither a number nor a string"),
+        (
+            '{"request": {"messages": [{"role": "user", "content": "x"}]}, "response": {"token_ids": ["a", 1e400]}}',
+            "response token_ids must be a list of token ids (non-negative integers)",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "invalid JSON: nested too deeply to read"),
+        ("{oops", "invalid JSON: Expecting property name enclosed in double quotes"),
+    ]
+    log = tmp_path / "traffic.jsonl"
+    lines = [json.dumps(good[0])] + [line for line, _ in bad] + [json.dumps(good[1])]
+    log.write_text("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tmpl_lint",
+            "replay",
+            str(log),
+            "--template",
+            str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"),
+            "--session-key",
+            "user",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stderr == "".join(f"tmpl-lint: error: {log}:{number}: {reason}\n" for number, (_, reason) in enumerate(bad, 2))
+    report = json.loads(result.stdout)["template"]
+    assert (report["sessions"], report["pairs"]) == (1, 1)  # the two good calls, one session
+    assert result.returncode == 2
+
+
+def test_a_choice_that_is_not_an_object_is_no_reply():
+    from tmpl_lint.replay import reply_message
+
+    assert reply_message({"choices": [5]}) is None
+    assert reply_message({"choices": [{"message": {"role": "assistant", "content": "x"}}]}) == {
+        "role": "assistant",
+        "content": "x",
+    }
