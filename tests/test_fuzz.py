@@ -3,17 +3,27 @@
 - the linter (and the prover) never raise anything but their documented errors;
 - a fix is idempotent;
 - a template the prover calls stable really is: a longer conversation's prompt extends the
-  shorter one's, checked by rendering conversations the prover never saw.
+  shorter one's, checked by rendering conversations the prover never saw;
+- ``--fix`` and ``--diff`` on a template inside a .jinja, JSON, YAML or Python file change
+  no byte outside the template, the fixed template parses, and the diff applied with
+  ``patch`` is what ``--fix`` writes.
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tmpl_lint.analysis import parse
 from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.cli import main
 from tmpl_lint.fixer import FixOptions, fix_template
 from tmpl_lint.prover import Prover
 from tmpl_lint.render import FrozenClock, RenderError, render
@@ -173,3 +183,74 @@ def test_fix_is_idempotent(text):
     first = fix_template(source(text), options)
     second = fix_template(source(first.patched), options)
     assert second.patched == first.patched
+
+
+# A template inside each kind of file, between bytes that must survive: (file name, the
+# bytes before the template, how the template is written, the bytes after, how to read it back).
+CONTAINERS = {
+    "jinja": ("chat_template.jinja", "", lambda t: t, "", lambda text: text),
+    "json": (
+        "tokenizer_config.json",
+        '{\n  "bos_token" :  "<s>",\n  "chat_template": ',
+        json.dumps,
+        ',\n  "eos_token": "</s>"\n}\n',
+        json.loads,
+    ),
+    "yaml": (
+        "serving.yaml",
+        "# config\nmodel:\n  name:   x/y   # served\n  chat_template: |-\n",
+        lambda t: "    " + t + "\n",
+        "  weight:   2  # after\n",
+        lambda text: "".join(line[4:] for line in text.splitlines(keepends=True)).removesuffix("\n"),
+    ),
+    "python": ("config.py", "# config\nDEFAULTS = {\n    'chat_template': ", repr, ",  # the template\n}\n", ast.literal_eval),
+}
+
+
+CLOCK_LINE = st.sampled_from(["", "{{- strftime_now('%Y-%m-%d') }}"])
+
+
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(CLOCK_LINE, templates(), CLOCK_LINE)
+def test_fix_and_diff_change_only_the_template_and_agree(tmp_path_factory, container, first, body, last):
+    from datetime import date
+
+    text = first + body + last  # a live clock at either end: fixes that edit far apart
+    directory = tmp_path_factory.mktemp(container)
+    name, head, write, tail, read_back = CONTAINERS[container]
+    path = directory / name
+    original = head + write(text) + tail
+    path.write_text(original)
+    report = directory / "report.json"
+    runner = CliRunner()
+    shown = runner.invoke(main, [str(path), "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
+    assert path.read_text() == original  # --diff writes nothing
+    fixed = runner.invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
+    assert fixed.stderr == ""
+    after = path.read_text()
+    # not one byte outside the template changed, and what is inside reads back as the fix
+    assert after.startswith(head) and after.endswith(tail)
+    template = read_back(after[len(head) : len(after) - len(tail)])
+    expected = fix_template(source(text), FixOptions(date(2026, 1, 1))).patched
+    assert template == expected
+    assert parse(template)[1] is None
+    # --diff said exactly this: applied to the original, it gives what --fix wrote
+    diff = shown.stdout[shown.stdout.index("--- a/") :] if "--- a/" in shown.stdout else ""
+    assert (after != original) == bool(diff)
+    COUNTER[f"changed {container}"] = COUNTER.get(f"changed {container}", 0) + (after != original)
+    if diff:
+        assert shown.exit_code == 1  # as ruff: --diff with changes exits 1
+        copy = directory / "patched"
+        copy.write_text(original)
+        assert subprocess.run(["patch", "--quiet", str(copy)], input=diff, text=True).returncode == 0
+        assert copy.read_text() == after
+
+
+def test_fix_fuzz_count():
+    # runs after the property above in file order: each kind of file had templates to fix
+    changed = {container: COUNTER.get(f"changed {container}", 0) for container in CONTAINERS}
+    print(f"--fix/--diff: files changed per container {changed}")
+    assert all(count >= 1 for count in changed.values())
