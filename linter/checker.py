@@ -46,6 +46,30 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
         return [finding] if selection.includes(finding.code) else []
 
 
+# Templates the static lint takes to one child: a fork costs more than linting a template.
+STATIC_BATCH = 32
+
+
+def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs: int) -> list[list[Finding]]:
+    """The static lint of each of ``sources``, under the limits ``lint_isolated`` applies,
+    a batch of templates per child. A batch that exceeds them is linted again one template
+    per child, so that the template at fault gets the PC101 and the others their findings."""
+    from .isolation import IsolationError, parallel_map, run_isolated
+
+    def lint_batch(batch: list[TemplateSource]) -> list[list[Finding]]:
+        try:
+            return run_isolated(_lint_batch_for_parent, (batch, selection))
+        except IsolationError:
+            return [lint_isolated(source, selection, None) for source in batch]
+
+    batches = [sources[start : start + STATIC_BATCH] for start in range(0, len(sources), STATIC_BATCH)]
+    return [found for result in parallel_map(lint_batch, batches, jobs) for found in result]
+
+
+def _lint_batch_for_parent(sources: list[TemplateSource], selection: Selection) -> list[list[Finding]]:
+    return [_lint_for_parent(source, selection, None) for source in sources]
+
+
 def _lint_for_parent(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
     findings = lint_source(source, selection, prove)
     for finding in findings:  # places hold parse trees, which need not cross processes

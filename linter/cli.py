@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import ProveOptions, lint_isolated
+from .checker import ProveOptions, lint_isolated, lint_many_isolated
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
 from .render import RenderLimits
@@ -183,7 +183,10 @@ def check(
         importlib.import_module(f".{module}", __package__)
     from .isolation import parallel_map
 
-    results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)
+    if prove:
+        results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)
+    else:
+        results = lint_many_isolated(sources, selection, jobs)
     for source, found in zip(sources, results):
         by_template[(str(source.path), source.name)] = source
         if source.note:

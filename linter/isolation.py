@@ -104,13 +104,12 @@ def run_isolated(function: Callable, args: tuple, seconds: float | None = _DEFAU
             raise IsolationError(f"the worker died (exit code {process.exitcode})") from None
     except BaseException:
         process.kill()  # interrupted, or over the limit: the child goes with the wait for it
+        process.join()
         raise
     finally:
         receiver.close()
-        process.join(5)
-        if process.is_alive():
-            process.kill()
-            process.join()
+        # A child that answered is exiting; multiprocessing reaps it (at the next start, or
+        # at exit, killing it if it is still there), so its exit is not waited for here.
         CHILDREN.discard(process)
     if status != "ok":
         raise IsolationError(value)
