@@ -125,7 +125,12 @@ class Verifier:
             try:
                 out.append(
                     render(
-                        text, messages, clock=self.clock, add_generation_prompt=True, special_tokens=self.special, limits=self.limits
+                        text,
+                        messages,
+                        clock=self.clock,
+                        add_generation_prompt=True,
+                        special_tokens=self.special,
+                        limits=self.limits,
                     )
                 )
             except RenderError:

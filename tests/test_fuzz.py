@@ -211,46 +211,46 @@ CLOCK_LINE = st.sampled_from(["", "{{- strftime_now('%Y-%m-%d') }}"])
 
 
 @pytest.mark.parametrize("container", sorted(CONTAINERS))
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(CLOCK_LINE, templates(), CLOCK_LINE)
-def test_fix_and_diff_change_only_the_template_and_agree(tmp_path_factory, container, first, body, last):
+def test_fix_and_diff_change_only_the_template_and_agree(tmp_path_factory, container):
     from datetime import date
 
-    text = first + body + last  # a live clock at either end: fixes that edit far apart
-    directory = tmp_path_factory.mktemp(container)
     name, head, write, tail, read_back = CONTAINERS[container]
-    path = directory / name
-    original = head + write(text) + tail
-    path.write_text(original)
-    report = directory / "report.json"
-    runner = CliRunner()
-    shown = runner.invoke(main, [str(path), "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
-    assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
-    assert path.read_text() == original  # --diff writes nothing
-    fixed = runner.invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
-    assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
-    assert fixed.stderr == ""
-    after = path.read_text()
-    # not one byte outside the template changed, and what is inside reads back as the fix
-    assert after.startswith(head) and after.endswith(tail)
-    template = read_back(after[len(head) : len(after) - len(tail)])
-    expected = fix_template(source(text), FixOptions(date(2026, 1, 1))).patched
-    assert template == expected
-    assert parse(template)[1] is None
-    # --diff said exactly this: applied to the original, it gives what --fix wrote
-    diff = shown.stdout[shown.stdout.index("--- a/") :] if "--- a/" in shown.stdout else ""
-    assert (after != original) == bool(diff)
-    COUNTER[f"changed {container}"] = COUNTER.get(f"changed {container}", 0) + (after != original)
-    if diff:
-        assert shown.exit_code == 1  # as ruff: --diff with changes exits 1
-        copy = directory / "patched"
-        copy.write_text(original)
-        assert subprocess.run(["patch", "--quiet", str(copy)], input=diff, text=True).returncode == 0
-        assert copy.read_text() == after
+    changed = []
 
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+    @given(CLOCK_LINE, templates(), CLOCK_LINE)
+    def fix_and_diff(first, body, last):
+        text = first + body + last  # a live clock at either end: fixes that edit far apart
+        directory = tmp_path_factory.mktemp(container)
+        path = directory / name
+        original = head + write(text) + tail
+        path.write_text(original)
+        report = directory / "report.json"
+        runner = CliRunner()
+        shown = runner.invoke(main, [str(path), "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+        assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
+        assert path.read_text() == original  # --diff writes nothing
+        fixed = runner.invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+        assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
+        assert fixed.stderr == ""
+        after = path.read_text()
+        # not one byte outside the template changed, and what is inside reads back as the fix
+        assert after.startswith(head) and after.endswith(tail)
+        template = read_back(after[len(head) : len(after) - len(tail)])
+        assert template == fix_template(source(text), FixOptions(date(2026, 1, 1))).patched
+        assert parse(template)[1] is None
+        # --diff said exactly this: applied to the original, it gives what --fix wrote
+        diff = shown.stdout[shown.stdout.index("--- a/") :] if "--- a/" in shown.stdout else ""
+        assert (after != original) == bool(diff)
+        if diff:
+            changed.append(text)
+            assert shown.exit_code == 1  # as ruff: --diff with changes exits 1
+            copy = directory / "patched"
+            copy.write_text(original)
+            assert subprocess.run(["patch", "--quiet", str(copy)], input=diff, text=True).returncode == 0
+            assert copy.read_text() == after
 
-def test_fix_fuzz_count():
-    # runs after the property above in file order: each kind of file had templates to fix
-    changed = {container: COUNTER.get(f"changed {container}", 0) for container in CONTAINERS}
-    print(f"--fix/--diff: files changed per container {changed}")
-    assert all(count >= 1 for count in changed.values())
+    fix_and_diff()
+    # derandomized: the same examples every run, and these many of them had a fix to write
+    print(f"--fix/--diff in {container}: {len(changed)} of 12 files changed")
+    assert len(changed) >= 3
