@@ -115,6 +115,13 @@ def use_colour() -> bool:
     show_default=True,
     help="Templates proven at once, each in its own process.",
 )
+@click.option(
+    "--gguf-copy",
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
+    "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
+)
 def check(
     paths,
     output_format,
@@ -136,8 +143,11 @@ def check(
     engine,
     tool_args_style,
     jobs,
+    gguf_copy,
 ) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
+    if gguf_copy is not None and (not apply_fixes or show_diff):
+        raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
     try:
         config = load_config(config_path) if config_path else None
         if config is None:
@@ -166,11 +176,15 @@ def check(
             click.echo(f"tmpl-lint: error: {error}", err=True)
             sys.exit(EXIT_ERROR)
     sources, errors = collect(list(paths))
+    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
+        raise click.UsageError("--gguf-copy names one file, and several GGUF models are given: name a directory")
     if apply_fixes or show_diff:
         from .fixer import FixOptions
 
         options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine)
-        sources = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
+        sources = run_fixes(
+            sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet, gguf_copy=gguf_copy
+        )
     findings = []
     notes = []
     by_template = {}
@@ -480,7 +494,7 @@ def engine_for(engine: str, template: str, path: Path) -> str:
     return resolved
 
 
-def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
+def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None = None):
     """Fix every template, print what changed (or the diff), write files; return the
     templates as they now are, for the lint that follows."""
     from .fixer import WriteError, fix_template, patched_file, write_atomic
@@ -510,6 +524,19 @@ def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
                     f"b/{fix.source.label}",
                 )
                 click.echo("".join(line if line.endswith("\n") else line + "\n" for line in diff), nl=False)
+        if fixes[0].source.container == "gguf":
+            from .gguf import GGUFWriteError, apply_fixes
+
+            try:  # never rewritten in place: the fixes go beside the model, or into a new copy
+                lines, current = apply_fixes(path, fixes, write, gguf_copy)
+            except GGUFWriteError as error:
+                errors.append(error)
+                now.extend(fix.source for fix in fixes)
+                continue
+            for line in lines:
+                click.echo(line)
+            now.extend(current)
+            continue
         try:
             original, updated = patched_file(path, fixes)
             if write and updated != original:
