@@ -194,6 +194,10 @@ def check(
         # importing (holding a module lock) when another forks.
         for module in ("isolation", "prover", "engines", "sources", "rules.pc101_render_limit_exceeded"):
             importlib.import_module(f".{module}", __package__)
+        if tokenizer is None:
+            from .gguf import preload_tokenizers
+
+            preload_tokenizers(sources)  # built once here, inherited by every proving process
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(lambda source: lint_isolated(source, selection, prove), sources))

@@ -439,6 +439,20 @@ def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
     return OwnTokenizer(tokenizer, special, f"token ids of the tokenizer in {name}'s metadata ({kind}, {len(tokens)} tokens)")
 
 
+def preload_tokenizers(sources: list[TemplateSource]) -> None:
+    for model in dict.fromkeys(model_for(source) for source in sources if source.container in ("gguf", "jinja")):
+        if model is not None:
+            own_tokenizer(model)
+
+
+def metadata_special_tokens(model: Path) -> dict[str, str]:
+    """bos_token, eos_token... of a GGUF, without building its tokenizer."""
+    try:
+        return special_tokens(read_metadata(model, {"tokenizer.ggml.tokens"}))
+    except GGUFError:
+        return {}
+
+
 def special_tokens(metadata: Metadata) -> dict[str, str]:
     """bos_token, eos_token... as the metadata names them by id."""
     tokens = metadata.value("tokenizer.ggml.tokens") or []
