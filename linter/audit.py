@@ -1,7 +1,9 @@
 """``tmpl-lint audit``: which models of a fleet will break their prefix cache, and what it costs.
 
 Only the files a template needs are fetched (through huggingface_hub, so ``HF_TOKEN``,
-``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). Identical
+``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). GGUF models are
+never downloaded: their templates come from the Hub's model info, or the first split's
+header read by HTTP range (gguf.py); GGUF files already in the local cache are read there. Identical
 templates are analysed once: a fleet of fine-tunes costs its number of distinct
 templates. Analyses run in parallel, each in its own limited process, and land in a
 results cache keyed by the template's hash and the options, so an interrupted audit
@@ -78,6 +80,12 @@ def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     patterns = TEMPLATE_FILES + ["config.json"] + (TOKENIZER_FILES if with_tokenizer else [])
     folder = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns))
     return folder, folder.name if len(folder.name) == 40 else revision
+
+
+def offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def describe_error(error: Exception) -> str:
@@ -181,6 +189,7 @@ def run_audit(
 ) -> Audit:
     repos: list[RepoResult] = []
     places: list[tuple[RepoResult, Path]] = []
+    on_hub: set[int] = set()  # results of repos named by id: their GGUF models may be only on the Hub
     if from_cache:
         for repo_id, folder, commit in cached_repos():
             result = RepoResult(repo_id, commit)
@@ -192,6 +201,7 @@ def run_audit(
         try:
             folder, result.revision = fetch(spec, with_tokenizer)
             places.append((result, folder))
+            on_hub.add(id(result))
         except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
             result.error = describe_error(error)
     for directory in local_dirs:
@@ -202,6 +212,16 @@ def run_audit(
     pending: dict[str, TemplateSource] = {}
     for result, folder in places:
         sources, errors = collect([folder])
+        if id(result) in on_hub and not offline() and not any(source.container == "gguf" for source in sources):
+            # GGUF models are not downloaded: their templates come from the Hub's metadata.
+            from .gguf import HubGGUFError, hub_templates
+
+            try:
+                sources += hub_templates(parse_repo(result.repo)[0], result.revision)
+            except HubGGUFError as error:
+                errors.append(SourceError(Path(result.repo), str(error)))
+            except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
+                errors.append(SourceError(Path(result.repo), f"GGUF metadata: {describe_error(error)}"))
         if errors and not sources:
             result.error = "; ".join(error.message for error in errors)
             continue
@@ -209,7 +229,8 @@ def run_audit(
             key = template_key(source, prove, selection)
             if not dedupe:
                 key = f"{key}:{result.repo}"
-            result.templates.append((source.name, key))
+            # a GGUF's template is named with its file: a repo holds several models
+            result.templates.append((f"{source.path.name}:{source.name}" if source.container == "gguf" else source.name, key))
             if key not in cache.entries and key not in pending:
                 pending[key] = source
 

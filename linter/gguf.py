@@ -736,3 +736,64 @@ def apply_fixes(model: Path, fixes: list, write: bool, copy_to: Path | None) -> 
 
 def _patched(fix) -> TemplateSource:
     return TemplateSource(fix.source.path, fix.source.name, fix.patched, "gguf")
+
+
+# -- GGUF repos on the Hub -------------------------------------------------------------------
+
+FIRST_READ_BYTES = 1 << 20
+
+
+class HubGGUFError(Exception):
+    pass
+
+
+def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
+    """The chat templates of a Hub repo's GGUF models, without downloading one.
+
+    The Hub's model info carries the default template of the repo's GGUF (its ``gguf``
+    expansion, with BOS and EOS); a repo it says nothing for has the first split of its
+    first model read from the start, by HTTP range, just past the metadata.
+    """
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, revision=revision, expand=["gguf", "siblings"])
+    names = sorted(sibling.rfilename for sibling in info.siblings or () if sibling.rfilename.endswith(GGUF_SUFFIX))
+    # vision projectors (mmproj) carry no template
+    models = [name for name in names if not is_later_split(Path(name)) and "mmproj" not in Path(name).name.lower()]
+    if not models:
+        return []
+    summary = info.gguf if isinstance(info.gguf, dict) else {}
+    text = summary.get("chat_template")
+    if isinstance(text, str) and text.strip():
+        special = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
+        # the summary does not say which of the repo's files it describes
+        return [TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)]
+    metadata = read_hub_metadata(repo, models[0], revision)
+    try:
+        pairs = metadata.templates()
+    except GGUFError as error:
+        raise HubGGUFError(f"{models[0]}: {error}") from None
+    special = tuple(special_tokens(metadata).items())
+    return [TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special) for name, text in pairs]
+
+
+def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadata:
+    """A Hub GGUF's metadata, read from its start in growing ranges until it parses."""
+    from huggingface_hub import HfFileSystem
+
+    data = bytearray()
+    wanted = FIRST_READ_BYTES
+    with HfFileSystem().open(f"{repo}/{filename}", "rb", revision=revision) as stream:  # range requests
+        while True:
+            chunk = stream.read(wanted - len(data))
+            data += chunk
+            try:
+                return parse(bytes(data), {"tokenizer.ggml.tokens"})
+            except Truncated:
+                if not chunk:
+                    raise HubGGUFError(f"{filename}: the file ends inside its metadata") from None
+                if wanted >= MAX_METADATA_BYTES:
+                    raise HubGGUFError(f"{filename}: metadata over {MAX_METADATA_BYTES >> 20} MiB") from None
+                wanted *= 2
+            except GGUFError as error:
+                raise HubGGUFError(f"{filename}: {error}") from None
