@@ -192,10 +192,10 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
     c = constants()
     value_types = c.GGUFValueType
     size = len(buffer)
-    if size < 24:
-        raise Truncated("the file is shorter than a GGUF header")
-    if struct.unpack_from("<I", buffer, 0)[0] != c.GGUF_MAGIC:
+    if size >= 4 and struct.unpack_from("<I", buffer, 0)[0] != c.GGUF_MAGIC:
         raise GGUFError("not a GGUF file (it does not start with the GGUF magic)")
+    if size < 24:
+        raise Truncated("the header runs past the end")
     order = "<"
     version = struct.unpack_from("<I", buffer, 4)[0]
     if version & 0xFFFF == 0:  # written on a big-endian machine

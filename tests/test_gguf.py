@@ -433,3 +433,191 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
     assert os.listdir(out_dir) == []
+
+
+# -- audit ---------------------------------------------------------------------------------------
+
+
+def cached_repo(hub: Path, repo: str, files: dict[str, Path]) -> None:
+    """A repo in the models--org--name/{blobs,refs,snapshots} layout huggingface_hub writes."""
+    root = hub / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (root / "blobs").mkdir()
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    for name, origin in files.items():
+        data = origin.read_bytes()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+
+
+def test_audit_reads_gguf_models_in_the_local_cache_and_dedupes_them(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    model = write_gguf(
+        tmp_path / "Model-Q4_K_M.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}]
+    )
+    jinja = tmp_path / "chat_template.jinja"
+    jinja.write_text(CLOCK)
+    cached_repo(tmp_path / "hub", "someone/Model-GGUF", {"Model-Q4_K_M.gguf": model})
+    cached_repo(tmp_path / "hub", "someone/Model", {"chat_template.jinja": jinja})
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", "audit", "--from-cache", "--format", "json", "--no-cache", "--no-prove"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    rows = [(row["repo"], row["template"], row["codes"]) for row in report["rows"]]
+    assert rows == [
+        ("someone/Model", None, ["PC001"]),
+        ("someone/Model-GGUF", "Model-Q4_K_M.gguf:default", ["PC001"]),
+        ("someone/Model-GGUF", "Model-Q4_K_M.gguf:tool_use", ["PC004"]),
+    ]
+    # the GGUF's default template and the repo's chat_template.jinja are one analysis
+    assert (report["distinct_templates"], report["analysed_templates"]) == (2, 2)
+    assert result.returncode == 1
+
+
+class FakeHub:
+    """huggingface_hub's model info, snapshot download and HfFileSystem reads, answered from
+    local files, recording what was asked."""
+
+    def __init__(self, tmp_path: Path):
+        self.root = tmp_path
+        self.infos: dict[str, object] = {}
+        self.files: dict[str, Path] = {}  # "repo/file" -> local file
+        self.snapshots: dict[str, Path] = {}
+        self.opened: list[tuple[str, str | None]] = []
+        self.bytes_read = 0
+
+    def repo(self, repo: str, gguf_summary: dict | None, files: dict[str, Path]) -> None:
+        from types import SimpleNamespace
+
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        snapshot = self.root / "snapshots" / repo.replace("/", "--") / commit
+        snapshot.mkdir(parents=True)
+        for name, origin in files.items():
+            self.files[f"{repo}/{name}"] = origin
+            if not name.endswith(".gguf"):  # the audit's allow_patterns leave the models out
+                (snapshot / name).write_bytes(origin.read_bytes())
+        self.snapshots[repo] = snapshot
+        siblings = [SimpleNamespace(rfilename=name) for name in files]
+        self.infos[repo] = SimpleNamespace(gguf=gguf_summary, siblings=siblings)
+
+    def install(self, monkeypatch) -> None:
+        import huggingface_hub
+        from huggingface_hub import constants as hub_constants
+
+        hub = self
+
+        def model_info(self, repo_id, revision=None, expand=None, **_):
+            assert "gguf" in expand and "siblings" in expand
+            assert revision == hashlib.sha1(repo_id.encode()).hexdigest()
+            return hub.infos[repo_id]
+
+        class Counting:
+            def __init__(self, path):
+                self.stream = open(path, "rb")  # noqa: SIM115 - closed by __exit__
+
+            def read(self, size=-1):
+                data = self.stream.read(size)
+                hub.bytes_read += len(data)
+                return data
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *_):
+                self.stream.close()
+
+        def open_remote(self, path, mode="rb", revision=None, **_):
+            hub.opened.append((path, revision))
+            return Counting(hub.files[path])
+
+        monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(
+            huggingface_hub, "snapshot_download", lambda repo_id, revision=None, allow_patterns=None: str(hub.snapshots[repo_id])
+        )
+        monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+        monkeypatch.setattr(huggingface_hub.HfFileSystem, "open", open_remote)
+
+
+def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.audit import ResultsCache, run_audit
+    from tmpl_lint.checker import Selection
+
+    hub = FakeHub(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# a model")
+    # 1: the Hub's gguf summary carries the default template
+    hub.repo(
+        "org/summary-GGUF", {"chat_template": CLOCK, "bos_token": "<s>", "eos_token": "</s>", "total": 7}, {"a.gguf": readme}
+    )
+    # 2: no template in the summary: the first split's header, by range, past a projector and split 2
+    first = write_gguf(
+        tmp_path / "big-00001-of-00002.gguf",
+        [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}],
+    )
+    with open(first, "r+b") as stream:
+        stream.truncate(256 << 20)  # tensor data the audit must not fetch (sparse)
+    hub.repo(
+        "org/header-GGUF",
+        {"total": 7},
+        {"mmproj-f16.gguf": readme, "big-00002-of-00002.gguf": readme, "big-00001-of-00002.gguf": first, "README.md": readme},
+    )
+    # 3: a transformers repo with the same template as the others' default
+    jinja = tmp_path / "chat_template.jinja"
+    jinja.write_text(CLOCK)
+    hub.repo("org/plain", None, {"chat_template.jinja": jinja})
+    # 4: a file named .gguf that is not one
+    hub.repo("org/broken-GGUF", None, {"x.gguf": readme})
+    hub.install(monkeypatch)
+
+    specs = ["org/summary-GGUF", "org/header-GGUF", "org/plain", "org/broken-GGUF"]
+    result = run_audit(specs, [], False, Selection(), None, 1, ResultsCache(None))
+    by_repo = {repo.repo: repo for repo in result.repos}
+    assert [name for name, _ in by_repo["org/summary-GGUF"].templates] == ["gguf:default"]
+    assert [name for name, _ in by_repo["org/header-GGUF"].templates] == [
+        "big-00001-of-00002.gguf:default",
+        "big-00001-of-00002.gguf:tool_use",
+    ]
+    assert [name for name, _ in by_repo["org/plain"].templates] == [None]
+    assert by_repo["org/broken-GGUF"].error == "x.gguf: not a GGUF file (it does not start with the GGUF magic)"
+    assert hub.opened == [
+        ("org/header-GGUF/big-00001-of-00002.gguf", hashlib.sha1(b"org/header-GGUF").hexdigest()),
+        ("org/broken-GGUF/x.gguf", hashlib.sha1(b"org/broken-GGUF").hexdigest()),
+    ]
+    assert hub.bytes_read < 2 << 20  # the first read covers the metadata, not the 256 MiB
+    keys = {key for repo in result.repos for _, key in repo.templates}
+    assert (len(keys), result.analysed_now) == (2, 2)  # three copies of one template, one other
+    codes = {name: result.analyses[key].codes for repo in result.repos for name, key in repo.templates}
+    assert codes == {
+        "gguf:default": ["PC001"],
+        "big-00001-of-00002.gguf:default": ["PC001"],
+        "big-00001-of-00002.gguf:tool_use": ["PC004"],
+        None: ["PC001"],
+    }
+
+
+def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.checker import prover_inputs
+    from tmpl_lint.gguf import hub_templates
+
+    hub = FakeHub(tmp_path)
+    hub.repo(
+        "org/m-GGUF",
+        {"chat_template": "{{ bos_token }}x", "bos_token": "<s>", "eos_token": "</s>"},
+        {"m.gguf": CORPUS / "clean_chatml.jinja"},
+    )
+    hub.install(monkeypatch)
+    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest())
+    assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
+    assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
