@@ -8,10 +8,11 @@ metadata in the first split.
 
 Linting maps the file and walks only the header and the key-value metadata: the tensor data
 (tens of GB) is never read, so a GGUF lints in the time its metadata takes to walk. The
-format's constants come from the ``gguf`` package (the ``[gguf]`` extra) without the
-package's ``__init__``, which imports numpy and the reader and writer: 0.2 s that a header
-does not need. ``gguf.GGUFReader`` is not used here for the same reason: it builds a numpy
-array for every element of the vocabulary (seconds for 150k tokens).
+``gguf`` package (the ``[gguf]`` extra) is not what reads it: ``gguf.GGUFReader`` builds a
+numpy array for every vocabulary entry (13 s for 150k tokens), importing the package costs
+0.2 s (numpy), and even its constants module alone takes longer to execute (thousands of
+enum members) than the whole walk. The dozen values of the format the walk needs are
+below, and a test holds them equal to gguf's. gguf writes the ``--gguf-copy`` files.
 
 ``--fix`` never rewrites a model: each fixed template is written beside it
 (``<model>.chat_template.jinja``, for llama.cpp's ``--jinja --chat-template-file``).
@@ -22,15 +23,14 @@ writer, and reads it back before it appears under its name; nothing is ever over
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
+import enum
+import itertools
 import mmap
 import os
 import re
 import shutil
 import stat
 import struct
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,10 +69,6 @@ SPECIAL_TOKEN_IDS = {
     "unk_token": "tokenizer.ggml.unknown_token_id",
     "pad_token": "tokenizer.ggml.padding_token_id",
 }
-# What building the file's tokenizer reads in full; every other array is only stepped over.
-TOKENIZER_ARRAYS = frozenset(
-    {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
-)
 
 
 class _EveryKey(frozenset):
@@ -91,35 +87,32 @@ class Truncated(GGUFError):
     """The bytes end inside the metadata: a cut file, or a range read that needs more."""
 
 
-class GGUFUnavailable(GGUFError):
-    def __init__(self, what: str = "reading GGUF files"):
-        super().__init__(f"{what} needs the gguf package: {INSTALL_HINT}")
+class ValueType(enum.IntEnum):
+    """GGUF metadata value types (gguf.GGUFValueType), by their codes in the file."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
 
 
-@lru_cache(maxsize=1)
-def constants():
-    """gguf's ``constants`` module (GGUFValueType, Keys, the magic), loaded without the
-    package ``__init__`` and its numpy import."""
-    if "gguf.constants" in sys.modules:
-        return sys.modules["gguf.constants"]
-    try:
-        spec = importlib.util.find_spec("gguf")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise GGUFUnavailable
-    location = Path(next(iter(spec.submodule_search_locations))) / "constants.py"
-    module_spec = importlib.util.spec_from_file_location("tmpl_lint._gguf_constants", location)
-    try:
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    except (ImportError, OSError):
-        # A gguf whose constants import the package: pay for the full import.
-        try:
-            return importlib.import_module("gguf.constants")
-        except ImportError:
-            raise GGUFUnavailable from None
-    return module
+GGUF_MAGIC = 0x46554747  # b"GGUF", read as a little-endian uint32
+DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
+ALIGNMENT_KEY = "general.alignment"
+ARCHITECTURE_KEY = "general.architecture"
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"  # the default; variants add ".<name>"
+TOKENS_KEY = "tokenizer.ggml.tokens"
+# What building the file's tokenizer reads in full; every other array is only stepped over.
+TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -159,17 +152,15 @@ class Metadata:
 
     def templates(self) -> list[tuple[str, str]]:
         """(name, text) of every chat template, the default first."""
-        keys = constants().Keys.Tokenizer
-        string = constants().GGUFValueType.STRING
         found: list[tuple[str, str]] = []
         for key, entry in self.fields.items():
-            if key == keys.CHAT_TEMPLATE:
+            if key == CHAT_TEMPLATE_KEY:
                 name = DEFAULT_NAME
-            elif key.startswith(keys.CHAT_TEMPLATE + "."):
-                name = key[len(keys.CHAT_TEMPLATE) + 1 :]
+            elif key.startswith(CHAT_TEMPLATE_KEY + "."):
+                name = key[len(CHAT_TEMPLATE_KEY) + 1 :]
             else:
                 continue
-            if entry.type != string:
+            if entry.type != ValueType.STRING:
                 raise GGUFError(f"{key} is {type_name(entry)}, expected a string")
             if not entry.value.strip():
                 raise GGUFError(f"{key} is empty")
@@ -189,10 +180,9 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
     Arrays named in ``keep_arrays`` are decoded; every other array is stepped over without
     decoding. Raises Truncated when ``buffer`` ends inside what is read.
     """
-    c = constants()
-    value_types = c.GGUFValueType
+    value_types = ValueType
     size = len(buffer)
-    if size >= 4 and struct.unpack_from("<I", buffer, 0)[0] != c.GGUF_MAGIC:
+    if size >= 4 and struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
         raise GGUFError("not a GGUF file (it does not start with the GGUF magic)")
     if size < 24:
         raise Truncated("the header runs past the end")
@@ -259,9 +249,9 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                         for _ in range(count):
                             text, position = string_at(position, key)
                             values.append(text)
-                    else:  # variable length: nothing to do but step over each
+                    else:  # variable length: nothing to do but step over each (the hot loop)
                         unpack = u64.unpack_from
-                        for _ in range(count):
+                        for _ in itertools.repeat(None, count):
                             position += 8 + unpack(buffer, position)[0]
                 else:
                     raise GGUFError(f"{key} is an array of {item.name.lower()}, which GGUF metadata does not nest")
@@ -282,7 +272,8 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
 
 
 def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32, u64) -> None:
-    sizes = constants().GGML_QUANT_SIZES  # ggml type: (elements per block, bytes per block)
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # only a copy reads the tensor table
+
     if metadata.tensor_count > (len(buffer) - position) // 24:
         raise Truncated("the tensor table runs past the end")
     for _ in range(metadata.tensor_count):
@@ -294,14 +285,14 @@ def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32
         (offset,) = u64.unpack_from(buffer, position + 4)
         position += 12
         try:
-            block, block_bytes = sizes[constants().GGMLQuantizationType(ggml_type)]
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         except (ValueError, KeyError):
             raise GGUFError(f"tensor {name} has an unknown ggml type {ggml_type}") from None
         elements = 1
         for dim in dims:
             elements *= dim
         metadata.tensors.append(TensorInfo(name, dims, ggml_type, offset, elements // block * block_bytes))
-    alignment = metadata.value(constants().Keys.General.ALIGNMENT, constants().GGUF_DEFAULT_ALIGNMENT)
+    alignment = metadata.value(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
     metadata.data_start = -(-position // alignment) * alignment
 
 
@@ -383,8 +374,6 @@ def read_templates(path: Path, required: bool = True) -> list[TemplateSource]:
     first = first_split(path)
     try:
         pairs = read_metadata(first).templates()
-    except GGUFUnavailable as error:
-        raise SourceError(path, str(error)) from None
     except GGUFError as error:
         raise SourceError(first, str(error)) from None
     if not pairs and required:
@@ -424,7 +413,7 @@ def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
         metadata = read_metadata(model, TOKENIZER_ARRAYS)
     except GGUFError as error:
         return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {name}: {error}")
-    tokens = metadata.value("tokenizer.ggml.tokens")
+    tokens = metadata.value(TOKENS_KEY)
     special = special_tokens(metadata)
     if not tokens:
         return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
@@ -448,14 +437,14 @@ def preload_tokenizers(sources: list[TemplateSource]) -> None:
 def metadata_special_tokens(model: Path) -> dict[str, str]:
     """bos_token, eos_token... of a GGUF, without building its tokenizer."""
     try:
-        return special_tokens(read_metadata(model, {"tokenizer.ggml.tokens"}))
+        return special_tokens(read_metadata(model, {TOKENS_KEY}))
     except GGUFError:
         return {}
 
 
 def special_tokens(metadata: Metadata) -> dict[str, str]:
     """bos_token, eos_token... as the metadata names them by id."""
-    tokens = metadata.value("tokenizer.ggml.tokens") or []
+    tokens = metadata.value(TOKENS_KEY) or []
     found = {}
     for variable, key in SPECIAL_TOKEN_IDS.items():
         index = metadata.value(key)
@@ -484,7 +473,7 @@ def build_tokenizer(metadata: Metadata):
         for key, name in renames.items()
         if metadata.value(f"tokenizer.{key}") is not None
     }
-    architecture = metadata.value(constants().Keys.General.ARCHITECTURE, "")
+    architecture = metadata.value(ARCHITECTURE_KEY, "")
     try:
         backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
     except Exception as error:  # noqa: BLE001 - the converter raises whatever the vocabulary trips
@@ -584,7 +573,7 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     try:
         import gguf
     except ImportError:
-        raise GGUFWriteError(f"{destination}: {GGUFUnavailable('writing a GGUF')}") from None
+        raise GGUFWriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
     keys = gguf.Keys.Tokenizer
     replaced = {
         keys.CHAT_TEMPLATE if name == DEFAULT_NAME else keys.CHAT_TEMPLATE_N.format(name=name): text
@@ -788,7 +777,7 @@ def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadat
             chunk = stream.read(wanted - len(data))
             data += chunk
             try:
-                return parse(bytes(data), {"tokenizer.ggml.tokens"})
+                return parse(bytes(data), {TOKENS_KEY})
             except Truncated:
                 if not chunk:
                     raise HubGGUFError(f"{filename}: the file ends inside its metadata") from None

@@ -189,14 +189,43 @@ def test_a_bad_gguf_is_one_error_line_and_the_batch_continues(tmp_path, make, me
     assert out.startswith(f"{good}:default:3:28: PC001")
 
 
-def test_without_the_gguf_package_the_error_names_the_extra(tmp_path):
+def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    script = "import sys; sys.modules['gguf'] = None; from tmpl_lint.cli import run; sys.argv = ['tmpl-lint', sys.argv[1]]; run()"
-    result = subprocess.run([sys.executable, "-c", script, str(model)], capture_output=True, text=True, timeout=120)
+    script = (
+        "import sys; sys.modules['gguf'] = None; from tmpl_lint.cli import run; sys.argv = ['tmpl-lint', *sys.argv[1:]]; run()"
+    )
+
+    def without_gguf(*args):
+        return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+    result = without_gguf(model, "--no-prove", "-q")
+    assert (result.returncode, result.stderr) == (1, "")
+    assert result.stdout.startswith(f"{model}:default:3:28: PC001")
+    result = without_gguf(model, "--no-prove", "-q", "--fix", "--frozen-date", FROZEN, "--gguf-copy", tmp_path / "c.gguf")
     assert result.returncode == 2
     assert (
-        result.stderr == f"tmpl-lint: error: {model}: reading GGUF files needs the gguf package: pip install 'tmpl-lint[gguf]'\n"
+        result.stderr
+        == f"tmpl-lint: error: {tmp_path / 'c.gguf'}: writing a GGUF needs the gguf package: pip install 'tmpl-lint[gguf]'\n"
     )
+    assert not (tmp_path / "c.gguf").exists()
+
+
+def test_the_format_values_are_ggufs():
+    from tmpl_lint import gguf as reader
+
+    assert {member.name: member.value for member in reader.ValueType} == {
+        member.name: member.value for member in gguf.GGUFValueType
+    }
+    assert reader.GGUF_MAGIC == gguf.GGUF_MAGIC
+    assert reader.DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    assert (reader.ALIGNMENT_KEY, reader.ARCHITECTURE_KEY) == (gguf.Keys.General.ALIGNMENT, gguf.Keys.General.ARCHITECTURE)
+    assert (reader.CHAT_TEMPLATE_KEY, reader.TOKENS_KEY) == (gguf.Keys.Tokenizer.CHAT_TEMPLATE, gguf.Keys.Tokenizer.LIST)
+    assert reader.SPECIAL_TOKEN_IDS == {
+        "bos_token": gguf.Keys.Tokenizer.BOS_ID,
+        "eos_token": gguf.Keys.Tokenizer.EOS_ID,
+        "unk_token": gguf.Keys.Tokenizer.UNK_ID,
+        "pad_token": gguf.Keys.Tokenizer.PAD_ID,
+    }
 
 
 # -- proofs --------------------------------------------------------------------------------------
