@@ -42,53 +42,18 @@ from .sources import GGUF_SUFFIX, SourceError, TemplateSource
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
 DEFAULT_NAME = "default"  # gguf's writer files a template named "default" under tokenizer.chat_template
+SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+COMPANION_NAME = re.compile(r"^(?P<stem>.+)\.chat_template(?:\.(?P<name>[^.]+))?\.jinja$")
 # Real metadata (a 256k vocabulary with scores and merges) is tens of MB; past this, a header
 # is corrupt, and following it would read the tensor data.
 MAX_METADATA_BYTES = 512 * 1024 * 1024
-SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-COMPANION_NAME = re.compile(r"^(?P<stem>.+)\.chat_template(?:\.(?P<name>[^.]+))?\.jinja$")
-
-# struct formats of the fixed-size value types, by GGUFValueType name
-SCALAR_FORMATS = {
-    "UINT8": "B",
-    "INT8": "b",
-    "UINT16": "H",
-    "INT16": "h",
-    "UINT32": "I",
-    "INT32": "i",
-    "FLOAT32": "f",
-    "BOOL": "?",
-    "UINT64": "Q",
-    "INT64": "q",
-    "FLOAT64": "d",
-}
-# The special tokens a template sees, and the metadata keys holding their ids.
-SPECIAL_TOKEN_IDS = {
-    "bos_token": "tokenizer.ggml.bos_token_id",
-    "eos_token": "tokenizer.ggml.eos_token_id",
-    "unk_token": "tokenizer.ggml.unknown_token_id",
-    "pad_token": "tokenizer.ggml.padding_token_id",
-}
 
 
-class _EveryKey(frozenset):
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-EVERY_ARRAY = _EveryKey()  # ``keep_arrays`` for a copy: decode them all
-
-
-class GGUFError(Exception):
-    """A file that is not a readable GGUF, said in one line."""
-
-
-class Truncated(GGUFError):
-    """The bytes end inside the metadata: a cut file, or a range read that needs more."""
+# -- the format (gguf.constants; tests/test_gguf.py holds these to it) ---------------------
 
 
 class ValueType(enum.IntEnum):
-    """GGUF metadata value types (gguf.GGUFValueType), by their codes in the file."""
+    """Metadata value types, by their codes in the file (gguf.GGUFValueType)."""
 
     UINT8 = 0
     INT8 = 1
@@ -105,14 +70,51 @@ class ValueType(enum.IntEnum):
     FLOAT64 = 12
 
 
+# struct formats of the fixed-size types; STRING and ARRAY are variable-length
+SCALAR_FORMATS = {
+    ValueType.UINT8: "B",
+    ValueType.INT8: "b",
+    ValueType.UINT16: "H",
+    ValueType.INT16: "h",
+    ValueType.UINT32: "I",
+    ValueType.INT32: "i",
+    ValueType.FLOAT32: "f",
+    ValueType.BOOL: "?",
+    ValueType.UINT64: "Q",
+    ValueType.INT64: "q",
+    ValueType.FLOAT64: "d",
+}
 GGUF_MAGIC = 0x46554747  # b"GGUF", read as a little-endian uint32
 DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
 ALIGNMENT_KEY = "general.alignment"
 ARCHITECTURE_KEY = "general.architecture"
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"  # the default; variants add ".<name>"
 TOKENS_KEY = "tokenizer.ggml.tokens"
+# The special tokens a template sees, and the metadata keys holding their ids.
+SPECIAL_TOKEN_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
 # What building the file's tokenizer reads in full; every other array is only stepped over.
 TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
+
+
+class GGUFError(Exception):
+    """A file that is not a readable GGUF, said in one line."""
+
+
+class Truncated(GGUFError):
+    """The bytes end inside the metadata: a cut file, or a range read that needs more."""
+
+
+class _EveryKey(frozenset):
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+EVERY_ARRAY = _EveryKey()  # ``keep_arrays`` for a copy: decode them all
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -120,10 +122,10 @@ TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.gg
 
 @dataclass(frozen=True)
 class Field:
-    type: Any  # GGUFValueType
+    type: ValueType
     # Scalars and strings as Python values; arrays as lists when asked for, else None.
     value: Any
-    item_type: Any = None  # an array's GGUFValueType
+    item_type: ValueType | None = None  # an array's
     count: int = 0  # an array's length
     span: tuple[int, int] = (0, 0)  # where the value's bytes lie, for comparing copies exactly
 
@@ -180,7 +182,6 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
     Arrays named in ``keep_arrays`` are decoded; every other array is stepped over without
     decoding. Raises Truncated when ``buffer`` ends inside what is read.
     """
-    value_types = ValueType
     size = len(buffer)
     if size >= 4 and struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
         raise GGUFError("not a GGUF file (it does not start with the GGUF magic)")
@@ -195,8 +196,8 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
         raise GGUFError(f"GGUF version {version} is not supported (versions 2 and 3 are)")
     tensor_count, kv_count = struct.unpack_from(order + "QQ", buffer, 8)
     u32, u64 = struct.Struct(order + "I"), struct.Struct(order + "Q")
-    scalars = {value_types[name]: struct.Struct(order + fmt) for name, fmt in SCALAR_FORMATS.items()}
-    string_type, array_type = value_types.STRING, value_types.ARRAY
+    scalars = {kind: struct.Struct(order + fmt) for kind, fmt in SCALAR_FORMATS.items()}
+    string_type, array_type = ValueType.STRING, ValueType.ARRAY
 
     def string_at(position: int, what: str) -> tuple[str, int]:
         (length,) = u64.unpack_from(buffer, position)
@@ -217,7 +218,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
             position += 4
             start = position
             try:
-                kind = value_types(raw_type)
+                kind = ValueType(raw_type)
             except ValueError:
                 raise GGUFError(f"{key} has an unknown value type {raw_type}") from None
             if kind in scalars:
@@ -232,7 +233,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                 count = u64.unpack_from(buffer, position + 4)[0]
                 position += 12
                 try:
-                    item = value_types(raw_item)
+                    item = ValueType(raw_item)
                 except ValueError:
                     raise GGUFError(f"{key} is an array of unknown type {raw_item}") from None
                 if count > size - position:  # every element takes at least a byte
@@ -241,7 +242,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                 if item in scalars:
                     width = scalars[item].size
                     if key in keep_arrays:
-                        values = list(struct.unpack_from(f"{order}{count}{SCALAR_FORMATS[item.name]}", buffer, position))
+                        values = list(struct.unpack_from(f"{order}{count}{SCALAR_FORMATS[item]}", buffer, position))
                     position += count * width
                 elif item == string_type:
                     if key in keep_arrays:
@@ -293,6 +294,8 @@ def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32
             elements *= dim
         metadata.tensors.append(TensorInfo(name, dims, ggml_type, offset, elements // block * block_bytes))
     alignment = metadata.value(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{ALIGNMENT_KEY} is {alignment!r}, not a power of two")
     metadata.data_start = -(-position // alignment) * alignment
 
 
