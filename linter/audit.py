@@ -3,8 +3,8 @@
 Only the files a template needs are fetched (through huggingface_hub, so ``HF_TOKEN``,
 ``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). GGUF models are
 never downloaded: their templates come from the Hub's model info, or the first split's
-header read by HTTP range (gguf.py); GGUF files already in the local cache are read there. Identical
-templates are analysed once: a fleet of fine-tunes costs its number of distinct
+header read by HTTP range (gguf.py); GGUF files already in the local cache are read there.
+Identical templates are analysed once: a fleet of fine-tunes costs its number of distinct
 templates. Analyses run in parallel, each in its own limited process, and land in a
 results cache keyed by the template's hash and the options, so an interrupted audit
 resumes where it stopped.
@@ -131,7 +131,8 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
             "prove": asdict(options) if options else None,
             "server": server,
             "model_type": model_type_beside(source.path) if options else None,
-            "tokenizer": _tokenizer_digest(source.path) if options and options.tokenizer is None else None,
+            "tokenizer": _tokenizer_digest(source) if options and options.tokenizer is None else None,
+            "special_tokens": source.special_tokens if options else None,
             "select": selection.select,
             "ignore": selection.ignore,
         },
@@ -141,9 +142,14 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-def _tokenizer_digest(template_path: Path) -> str | None:
-    """The content hash of the tokenizer a proof would find beside the template, if any."""
-    directory = find_tokenizer_directory(template_path)
+def _tokenizer_digest(source: TemplateSource) -> str | None:
+    """The content hash of the tokenizer a proof would find beside the template (or in the
+    GGUF it comes from), if any."""
+    from .gguf import model_for, tokenizer_digest
+
+    if (model := model_for(source)) is not None:
+        return tokenizer_digest(model)
+    directory = find_tokenizer_directory(source.path)
     if directory is None:
         return None
     digest = hashlib.sha256()

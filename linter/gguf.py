@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
 import itertools
 import mmap
 import os
@@ -301,15 +302,37 @@ def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32
 
 def read_metadata(path: Path, keep_arrays: frozenset[str] | set[str] = frozenset(), with_tensors: bool = False) -> Metadata:
     """A local GGUF's metadata, through a memory map: only the pages the header covers are read."""
+    return _with_metadata(path, lambda mapped, metadata: metadata, keep_arrays, with_tensors)
+
+
+def tokenizer_digest(model: Path) -> str | None:
+    """A hash of the raw ``tokenizer.ggml.*`` values: models that tokenize alike hash alike
+    (every quantization of one model), whatever else their metadata says."""
+
+    def digest(mapped, metadata: Metadata) -> str:
+        hashed = hashlib.sha256()
+        for key in sorted(key for key in metadata.fields if key.startswith("tokenizer.ggml.")):
+            hashed.update(key.encode() + b"\0" + mapped[slice(*metadata.fields[key].span)])
+        return hashed.hexdigest()
+
+    try:
+        return _with_metadata(model, digest)
+    except GGUFError:
+        return None
+
+
+def _with_metadata(path: Path, use, keep_arrays=frozenset(), with_tensors: bool = False):
+    """``use(the file's memory map, its metadata)``, with GGUFError for a file that is not one."""
     try:
         with open(path, "rb") as stream:
             if os.fstat(stream.fileno()).st_size == 0:
                 raise GGUFError("empty file")
             with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 try:
-                    return parse(mapped, keep_arrays, with_tensors)
+                    metadata = parse(mapped, keep_arrays, with_tensors)
                 except Truncated as error:
                     raise GGUFError(f"{error} of the file: truncated or corrupt") from None
+                return use(mapped, metadata)
     except PermissionError:
         raise GGUFError("permission denied") from None
     except IsADirectoryError:

@@ -580,7 +580,7 @@ class FakeHub:
 def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypatch):
     pytest.importorskip("huggingface_hub")
     from tmpl_lint.audit import ResultsCache, run_audit
-    from tmpl_lint.checker import Selection
+    from tmpl_lint.selection import Selection
 
     hub = FakeHub(tmp_path)
     readme = tmp_path / "README.md"
@@ -650,3 +650,19 @@ def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
     (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest())
     assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
     assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+def test_audit_key_follows_the_models_tokenizer_not_the_rest_of_its_metadata(tmp_path):
+    from tmpl_lint.audit import template_key
+    from tmpl_lint.checker import ProveOptions
+    from tmpl_lint.selection import Selection
+
+    def key_of(path: Path, **kwargs) -> str:
+        (source,) = collect([write_gguf(path, CLOCK, **kwargs)])[0]
+        return template_key(source, ProveOptions(), Selection())
+
+    q4 = key_of(tmp_path / "m-Q4_K_M.gguf", extra={"tokenizer.ggml.bos_token_id": 1})
+    q8 = key_of(tmp_path / "m-Q8_0.gguf", extra={"tokenizer.ggml.bos_token_id": 1}, alignment=64)
+    other = key_of(tmp_path / "other.gguf", extra={"tokenizer.ggml.bos_token_id": 2})
+    assert q4 == q8  # quantizations of one model: one analysis
+    assert other != q4  # another tokenizer measures differently
