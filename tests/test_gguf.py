@@ -28,7 +28,9 @@ FROZEN = "2026-01-15"
 QWEN = SHARED_TOKENIZERS / "qwen2.5"
 
 
-def write_gguf(path: Path, templates=None, tokenizer: Path | None = None, alignment: int | None = None, extra=None) -> Path:
+def write_gguf(
+    path: Path, templates=None, tokenizer: Path | None = None, alignment: int | None = None, extra=None, tokens=None
+) -> Path:
     """A small GGUF as llama.cpp's converter lays one out: metadata, then a few tensors
     (f32, f16 and a Q8_0 block) with distinct bytes."""
     writer = gguf.GGUFWriter(path, "qwen2")
@@ -38,6 +40,12 @@ def write_gguf(path: Path, templates=None, tokenizer: Path | None = None, alignm
     writer.add_context_length(4096)
     if tokenizer is not None:
         add_tokenizer(writer, tokenizer)
+    if tokens is not None:  # (model name, tokens, bos id, eos id): a vocabulary without merges
+        kind, vocabulary, bos, eos = tokens
+        writer.add_tokenizer_model(kind)
+        writer.add_token_list(vocabulary)
+        writer.add_bos_token_id(bos)
+        writer.add_eos_token_id(eos)
     if templates is not None:
         writer.add_chat_template(templates)
     for key, value in (extra or {}).items():
@@ -275,6 +283,36 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
     assert ids[0] == reference.token_to_id("<|im_start|>")
 
 
+def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(tmp_path):
+    from tmpl_lint.checker import prover_inputs
+    from tmpl_lint.prover import DEFAULT_SPECIAL_TOKENS
+
+    bos = "<|begin_of_text|>"
+    template = "{{ bos_token }}" + CLOCK
+    model = write_gguf(tmp_path / "m.gguf", template, tokens=("no-such-tokenizer", [bos, "</s>", "x"], 0, 1))
+    (source,) = collect([model])[0]
+    assert prover_inputs(source, None) == (None, {"bos_token": bos, "eos_token": "</s>"})
+    plain = tmp_path / "plain.jinja"  # the same template, rendered with placeholder tokens
+    plain.write_text(template)
+    _, out, _ = run(model, "--format", "json", "--select", "PC001")
+    (finding,) = json.loads(out)
+    _, out, _ = run(plain, "--format", "json", "--select", "PC001")
+    (placeholder,) = json.loads(out)
+    assert finding["proof"]["unit"] == "char"
+    assert finding["proof"]["note"].startswith("measured in characters: transformers cannot build the tokenizer in this GGUF: ")
+    # the render starts with the metadata's BOS: the divergence moves by the difference in length
+    shift = len(bos) - len(DEFAULT_SPECIAL_TOKENS["bos_token"])
+    assert shift != 0
+    assert finding["proof"]["first_divergence"] == placeholder["proof"]["first_divergence"] + shift
+
+
+def test_diff_and_replay_take_bos_and_eos_from_a_gguf_template(tmp_path):
+    from tmpl_lint.diff import read_template
+
+    model = write_gguf(tmp_path / "m.gguf", CLEAN, tokens=("llama", ["<unk>", "<s>", "</s>"], 1, 2))
+    assert read_template(model) == (CLEAN, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
 @needs_shared
 def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path):
     """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004, proven in tokens."""
@@ -357,6 +395,34 @@ def test_diff_writes_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
     assert f"--- a/{model}:default\n+++ b/{model}:default\n" in out
     assert code == 0
+
+
+def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
+    first = write_gguf(tmp_path / "Model-Q4-00001-of-00002.gguf", CLOCK)
+    second = write_gguf(tmp_path / "Model-Q4-00002-of-00002.gguf")
+    out_dir = tmp_path / "fixed"
+    out_dir.mkdir()
+    code, out, _ = run(second, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    companion = tmp_path / "Model-Q4.chat_template.jinja"
+    copy = out_dir / first.name
+    assert code == 0 and companion.is_file() and copy.is_file()
+    assert f"  llama.cpp: llama-server -m {first} --jinja --chat-template-file {companion}" in out
+    assert f"  the other splits are unchanged: put them (or links to them) beside {first.name}" in out
+    assert fields(copy)["tokenizer.chat_template"][1] == companion.read_text()
+    assert tensors(copy) == tensors(first)
+    # the fixed template is proven with the model it was fixed out of
+    from tmpl_lint.gguf import model_for
+
+    assert model_for(collect([companion])[0][0]) == first
+
+
+def test_sarif_points_at_the_gguf_without_reading_it_as_text(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    code, out, _ = run(model, "--no-prove", "--format", "sarif")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    location = result["locations"][0]["physicalLocation"]
+    assert location["region"]["startLine"] == 1
+    assert result["properties"]["templateLine"] == 3
 
 
 # -- --gguf-copy -----------------------------------------------------------------------------------
