@@ -1,8 +1,10 @@
 """``tmpl-lint audit``: which models of a fleet will break their prefix cache, and what it costs.
 
 Only the files a template needs are fetched (through huggingface_hub, so ``HF_TOKEN``,
-``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). Identical
-templates are analysed once: a fleet of fine-tunes costs its number of distinct
+``HF_HOME``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE=1`` behave as usual). GGUF models are
+never downloaded: their templates come from the Hub's model info, or the first split's
+header read by HTTP range (gguf.py); GGUF files already in the local cache are read there.
+Identical templates are analysed once: a fleet of fine-tunes costs its number of distinct
 templates. Analyses run in parallel, each in its own limited process, and land in a
 results cache keyed by the template's hash and the options, so an interrupted audit
 resumes where it stopped.
@@ -108,6 +110,12 @@ class InvalidSpec(ValueError):
     pass
 
 
+def offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def describe_error(error: Exception) -> str:
     """One line for a per-repo failure: gated, missing, offline and not cached..."""
     if isinstance(error, InvalidSpec):
@@ -154,7 +162,8 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
             "prove": asdict(options) if options else None,
             "server": server,
             "model_type": model_type_beside(source.path) if options else None,
-            "tokenizer": _tokenizer_digest(source.path) if options and options.tokenizer is None else None,
+            "tokenizer": _tokenizer_digest(source) if options and options.tokenizer is None else None,
+            "special_tokens": source.special_tokens if options else None,
             "select": selection.select,
             "ignore": selection.ignore,
         },
@@ -164,9 +173,14 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-def _tokenizer_digest(template_path: Path) -> str | None:
-    """The content hash of the tokenizer a proof would find beside the template, if any."""
-    directory = find_tokenizer_directory(template_path)
+def _tokenizer_digest(source: TemplateSource) -> str | None:
+    """The content hash of the tokenizer a proof would find beside the template (or in the
+    GGUF it comes from), if any."""
+    from .gguf import model_for, tokenizer_digest
+
+    if (model := model_for(source)) is not None:
+        return tokenizer_digest(model)
+    directory = find_tokenizer_directory(source.path)
     if directory is None:
         return None
     digest = hashlib.sha256()
@@ -226,6 +240,7 @@ def run_audit(
 ) -> Audit:
     repos: list[RepoResult] = []
     places: list[tuple[RepoResult, Path]] = []
+    on_hub: set[int] = set()  # results of repos named by id: their GGUF models may be only on the Hub
     if from_cache:
         for repo_id, folder, commit in cached_repos():
             result = RepoResult(repo_id, commit)
@@ -237,6 +252,7 @@ def run_audit(
         try:
             folder, result.revision = fetch(spec, with_tokenizer)
             places.append((result, folder))
+            on_hub.add(id(result))
         except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
             result.error = describe_error(error)
     for directory in local_dirs:
@@ -247,6 +263,16 @@ def run_audit(
     pending: dict[str, TemplateSource] = {}
     for result, folder in places:
         sources, errors = collect([folder])
+        if id(result) in on_hub and not offline() and not any(source.container == "gguf" for source in sources):
+            # GGUF models are not downloaded: their templates come from the Hub's metadata.
+            from .gguf import HubGGUFError, hub_templates
+
+            try:
+                sources += hub_templates(parse_repo(result.repo)[0], result.revision)
+            except HubGGUFError as error:
+                errors.append(SourceError(Path(result.repo), str(error)))
+            except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
+                errors.append(SourceError(Path(result.repo), f"GGUF metadata: {describe_error(error)}"))
         if errors and not sources:
             result.error = "; ".join(error.message for error in errors)
             continue
@@ -254,7 +280,8 @@ def run_audit(
             key = template_key(source, prove, selection)
             if not dedupe:
                 key = f"{key}:{result.repo}"
-            result.templates.append((source.name, key))
+            # a GGUF's template is named with its file: a repo holds several models
+            result.templates.append((f"{source.path.name}:{source.name}" if source.container == "gguf" else source.name, key))
             if key not in cache.entries and key not in pending:
                 pending[key] = source
 

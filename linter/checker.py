@@ -176,10 +176,15 @@ def _compared_constants(tree) -> dict[str, list[object]]:
 def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters) and the special tokens the template's config names."""
+    from .gguf import model_for, own_tokenizer
     from .sources import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
     tokenizer = None
+    if (model := model_for(source)) is not None:
+        # A GGUF carries its own tokenizer and special tokens (a fixed template beside it too).
+        own = own_tokenizer(model)
+        return load_tokenizer(tokenizer_directory) if tokenizer_directory is not None else own.tokenizer, own.special_tokens
     if tokenizer_directory is not None:
         tokenizer = load_tokenizer(tokenizer_directory)
     elif (beside := find_tokenizer_directory(source.path)) is not None:
@@ -187,7 +192,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
             tokenizer = load_tokenizer(beside)
         except TokenizerError:
             tokenizer = None  # a tokenizer found beside the template is optional: measure characters
-    special: dict = {}
+    special: dict = dict(source.special_tokens)
     if source.container == "json":
         try:
             document = load_json(source.path)
@@ -200,6 +205,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
     from .engines import HARMONY, resolve_engine
+    from .gguf import model_for, own_tokenizer
     from .prover import Prover, attach_proofs, engine_findings, switch_values
     from .sources import model_type_beside
 
@@ -207,7 +213,10 @@ def prove_findings(source: TemplateSource, findings: list[Finding], variables: s
     tokenizer, special = prover_inputs(source, options.tokenizer)
     if engine != HARMONY:
         prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
-        return attach_proofs(findings, prover.run(switch_values(findings, variables)))
+        report = prover.run(switch_values(findings, variables))
+        if options.tokenizer is None and (model := model_for(source)) is not None:
+            report.note = own_tokenizer(model).description  # whose ids, or why characters
+        return attach_proofs(findings, report)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")

@@ -115,6 +115,13 @@ def use_colour() -> bool:
     show_default=True,
     help="Templates proven at once, each in its own process.",
 )
+@click.option(
+    "--gguf-copy",
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
+    "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
+)
 def check(
     paths,
     output_format,
@@ -136,8 +143,11 @@ def check(
     engine,
     tool_args_style,
     jobs,
+    gguf_copy,
 ) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
+    if gguf_copy is not None and (not apply_fixes or show_diff):
+        raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
     try:
         config = load_config(config_path) if config_path else None
         if config is None:
@@ -166,22 +176,31 @@ def check(
             click.echo(f"tmpl-lint: error: {error}", err=True)
             sys.exit(EXIT_ERROR)
     sources, errors = collect(list(paths))
+    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
+        raise click.UsageError("--gguf-copy names one file, and several GGUF models are given: name a directory")
     would_change = False
     if apply_fixes or show_diff:
         from .fixer import FixOptions
 
         limits = RenderLimits(render_timeout, render_max_bytes)
         options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine, limits)
-        sources, would_change = run_fixes(sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet)
+        sources, would_change = run_fixes(
+            sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet, gguf_copy=gguf_copy
+        )
     findings = []
     notes = []
     by_template = {}
     # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
     # process, several at once. What the threads and children import is imported first, so
     # no thread is importing (holding a module lock) when another forks.
-    for module in ("isolation", "sources", "rules.pc101_render_limit_exceeded") + (("prover", "engines") if prove else ()):
+    for module in ("isolation", "sources", "rules") + (("prover", "engines") if prove else ()):
         importlib.import_module(f".{module}", __package__)
     from .isolation import parallel_map
+
+    if prove and tokenizer is None:
+        from .gguf import preload_tokenizers
+
+        preload_tokenizers(sources)  # built once here, inherited by every proving process
 
     if prove:
         results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)
@@ -534,26 +553,19 @@ def engine_for(engine: str, template: str, path: Path) -> str:
     return resolved
 
 
-def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
+def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None = None):
     """Fix every file, print what changed (or the diff); return the templates as they now
     are, for the lint that follows, and whether any file would change."""
     from .fixer import fix_files, unified_diff
 
     now, would_change = [], False
-    for result in fix_files(sources, options, selection, write):
-        done = "fixed" if write else "would fix"
+    for result in fix_files([source for source in sources if source.container != "gguf"], options, selection, write):
         for fix in result.fixes:
             if fix.refusal:
                 click.echo(f"{fix.source.label}: not fixed: {fix.refusal}")
             elif result.error is None:
-                for finding, title in fix.applied:
-                    click.echo(
-                        f"{fix.source.label}:{finding.line}:{finding.column}: {done} {finding.code} [{finding.name}]: {title}"
-                    )
-            for finding, reason in fix.skipped if not quiet else ():
-                click.echo(
-                    f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}"
-                )
+                _print_fixed(fix, write)
+            _print_skipped(fix, quiet)
         if result.error is not None:
             errors.append(result.error)
             now.extend(fix.source for fix in result.fixes)
@@ -562,6 +574,52 @@ def run_fixes(sources, errors, options, selection, write: bool, quiet: bool):
             click.echo(unified_diff(result.path, result.original, result.updated), nl=False)
         would_change = would_change or (not write and result.changed)
         now.extend(fix.now for fix in result.fixes)
+    models = [source for source in sources if source.container == "gguf"]
+    if models:
+        current, changed = _fix_models(models, errors, options, selection, write, quiet, gguf_copy)
+        now.extend(current)
+        would_change = would_change or changed
+    return now, would_change
+
+
+def _print_fixed(fix, write: bool) -> None:
+    done = "fixed" if write else "would fix"
+    for finding, title in fix.applied:
+        click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: {done} {finding.code} [{finding.name}]: {title}")
+
+
+def _print_skipped(fix, quiet: bool) -> None:
+    for finding, reason in fix.skipped if not quiet else ():
+        click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}")
+
+
+def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None):
+    """GGUF models are never rewritten in place: the fixed templates go beside the model, or
+    into a new copy (``--gguf-copy``)."""
+    from .fixer import fix_isolated, unified_diff
+    from .gguf import GGUFWriteError, apply_fixes
+
+    by_model: dict[Path, list] = {}
+    for source in models:
+        by_model.setdefault(source.path, []).append(source)
+    now, would_change = [], False
+    for model, found in by_model.items():
+        fixes = [fix_isolated(source, options, selection) for source in found]
+        for fix in fixes:
+            _print_fixed(fix, write)
+            _print_skipped(fix, quiet)
+            if not write and fix.changed:
+                click.echo(unified_diff(Path(fix.source.label), fix.source.text, fix.patched), nl=False)
+                would_change = True
+        try:
+            lines, current = apply_fixes(model, fixes, write, gguf_copy)
+        except GGUFWriteError as error:
+            errors.append(error)
+            now.extend(fix.source for fix in fixes)
+            continue
+        for line in lines:
+            click.echo(line)
+        now.extend(current)
     return now, would_change
 
 

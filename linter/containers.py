@@ -493,6 +493,8 @@ def file_line(path: Path, container: str, name: str | None, template_line: int) 
     line of its ``chat_template`` key or list entry)."""
     if container == "jinja":
         return template_line
+    if container == "gguf":
+        return 1  # a binary file: its lines mean nothing (and it may be tens of GB)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

@@ -87,6 +87,10 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
     if source.container == "json":
         document = load_json(source.path)
         special = special_tokens_from_config(document) if isinstance(document, dict) else {}
+    elif source.container == "gguf":
+        from .gguf import metadata_special_tokens
+
+        special = metadata_special_tokens(source.path)
     return source.text, special
 
 

@@ -5,7 +5,8 @@ a string or a list of ``{"name", "template"}``), ``chat_template.jinja``,
 ``additional_chat_templates/*.jinja``, ``chat_template.json`` (``{"chat_template": ...}``),
 any ``*.jinja`` / ``*.j2`` file, a model directory (transformers' precedence: a
 ``chat_template.jinja`` file overrides ``chat_template.json``, which overrides the
-tokenizer config's entry), and any directory, walked recursively.
+tokenizer config's entry), GGUF models (``*.gguf``: the templates in their metadata, see
+gguf.py), and any directory, walked recursively.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CHAT_TEMPLATE_JINJA = "chat_template.jinja"
 CHAT_TEMPLATE_JSON = "chat_template.json"
 ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
 TEMPLATE_SUFFIXES = (".jinja", ".j2")
+GGUF_SUFFIX = ".gguf"
 MODEL_DIR_MARKERS = (CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG)
 
 # Real templates are under 100 kB; anything this large is not a template and would only
@@ -43,10 +45,14 @@ class TemplateSource:
     name: str | None
     text: str
     # "jinja" (the file is the template), "json" (the value of the file's chat_template
-    # key), "python" or "yaml" (a string assigned to chat_template in that file).
+    # key), "python" or "yaml" (a string assigned to chat_template in that file), "gguf"
+    # (a tokenizer.chat_template* value in a GGUF's metadata).
     container: str
     # Which file is in force when a model directory holds several, or None.
     note: str | None = None
+    # The special tokens the template renders with, when they come with it rather than from
+    # a file beside it (a GGUF's metadata read over the network): (name, token) pairs.
+    special_tokens: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -100,12 +106,26 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
         else:
             claimed = set()
         for name in sorted(files):
+            if name.endswith(GGUF_SUFFIX):
+                _collect_gguf(here / name, sources, errors)
+                continue
             if name in claimed or not name.endswith(TEMPLATE_SUFFIXES):
                 continue
             try:
                 sources.extend(read_file(here / name))
             except SourceError as error:
                 errors.append(error)
+
+
+def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
+    from .gguf import is_later_split, read_templates
+
+    if is_later_split(path):
+        return  # its metadata, templates included, is read from the first split
+    try:
+        sources.extend(read_templates(path, required=False))
+    except SourceError as error:
+        errors.append(error)
 
 
 def is_model_directory(path: Path) -> bool:
@@ -156,6 +176,10 @@ EMBEDDING_SUFFIXES = (".py", ".yaml", ".yml")
 
 
 def read_file(path: Path) -> list[TemplateSource]:
+    if path.suffix == GGUF_SUFFIX:
+        from .gguf import read_templates
+
+        return read_templates(path)
     if path.suffix == ".json":
         return _read_json(path, required=True)
     if path.suffix in EMBEDDING_SUFFIXES:

@@ -1,0 +1,814 @@
+"""GGUF models: the chat templates in a file's metadata, the tokenizer it describes, fixes.
+
+llama.cpp, LM Studio and Ollama's GGUF imports read the chat template from the metadata:
+``tokenizer.chat_template`` (reported as ``model.gguf:default``) and named
+``tokenizer.chat_template.<name>`` variants (``model.gguf:<name>``; llama.cpp uses
+``tool_use`` for requests with tools). A split model (``*-00001-of-0000N.gguf``) keeps its
+metadata in the first split.
+
+Linting maps the file and walks only the header and the key-value metadata: the tensor data
+(tens of GB) is never read, so a GGUF lints in the time its metadata takes to walk. The
+``gguf`` package (the ``[gguf]`` extra) is not what reads it: ``gguf.GGUFReader`` builds a
+numpy array for every vocabulary entry (13 s for 150k tokens), importing the package costs
+0.2 s (numpy), and even its constants module alone takes longer to execute (thousands of
+enum members) than the whole walk. The dozen values of the format the walk needs are
+below, and a test holds them equal to gguf's. gguf writes the ``--gguf-copy`` files.
+
+``--fix`` never rewrites a model: each fixed template is written beside it
+(``<model>.chat_template.jinja``, for llama.cpp's ``--jinja --chat-template-file``).
+``--gguf-copy`` writes a NEW GGUF with the fixed metadata, streamed through gguf's own
+writer, and reads it back before it appears under its name; nothing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import itertools
+import mmap
+import os
+import re
+import shutil
+import stat
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .sources import GGUF_SUFFIX, SourceError, TemplateSource
+
+INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
+DEFAULT_NAME = "default"  # gguf's writer files a template named "default" under tokenizer.chat_template
+SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+COMPANION_NAME = re.compile(r"^(?P<stem>.+)\.chat_template(?:\.(?P<name>[^.]+))?\.jinja$")
+# Real metadata (a 256k vocabulary with scores and merges) is tens of MB; past this, a header
+# is corrupt, and following it would read the tensor data.
+MAX_METADATA_BYTES = 512 * 1024 * 1024
+
+
+# -- the format (gguf.constants; tests/test_gguf.py holds these to it) ---------------------
+
+
+class ValueType(enum.IntEnum):
+    """Metadata value types, by their codes in the file (gguf.GGUFValueType)."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# struct formats of the fixed-size types; STRING and ARRAY are variable-length
+SCALAR_FORMATS = {
+    ValueType.UINT8: "B",
+    ValueType.INT8: "b",
+    ValueType.UINT16: "H",
+    ValueType.INT16: "h",
+    ValueType.UINT32: "I",
+    ValueType.INT32: "i",
+    ValueType.FLOAT32: "f",
+    ValueType.BOOL: "?",
+    ValueType.UINT64: "Q",
+    ValueType.INT64: "q",
+    ValueType.FLOAT64: "d",
+}
+GGUF_MAGIC = 0x46554747  # b"GGUF", read as a little-endian uint32
+DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
+ALIGNMENT_KEY = "general.alignment"
+ARCHITECTURE_KEY = "general.architecture"
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"  # the default; variants add ".<name>"
+TOKENS_KEY = "tokenizer.ggml.tokens"
+# The special tokens a template sees, and the metadata keys holding their ids.
+SPECIAL_TOKEN_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+# What building the file's tokenizer reads in full; every other array is only stepped over.
+TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
+
+
+class GGUFError(Exception):
+    """A file that is not a readable GGUF, said in one line."""
+
+
+class Truncated(GGUFError):
+    """The bytes end inside the metadata: a cut file, or a range read that needs more."""
+
+
+class _EveryKey(frozenset):
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+EVERY_ARRAY = _EveryKey()  # ``keep_arrays`` for a copy: decode them all
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    type: ValueType
+    # Scalars and strings as Python values; arrays as lists when asked for, else None.
+    value: Any
+    item_type: ValueType | None = None  # an array's
+    count: int = 0  # an array's length
+    span: tuple[int, int] = (0, 0)  # where the value's bytes lie, for comparing copies exactly
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int  # from the start of the data section
+    nbytes: int
+
+
+@dataclass
+class Metadata:
+    version: int
+    byte_order: str  # "<" or ">", as struct spells them
+    fields: dict[str, Field]
+    tensor_count: int
+    tensors: list[TensorInfo] = field(default_factory=list)  # read only when asked
+    data_start: int | None = None
+
+    def value(self, key: str, default: Any = None) -> Any:
+        found = self.fields.get(key)
+        return default if found is None or found.value is None else found.value
+
+    def templates(self) -> list[tuple[str, str]]:
+        """(name, text) of every chat template, the default first."""
+        found: list[tuple[str, str]] = []
+        for key, entry in self.fields.items():
+            if key == CHAT_TEMPLATE_KEY:
+                name = DEFAULT_NAME
+            elif key.startswith(CHAT_TEMPLATE_KEY + "."):
+                name = key[len(CHAT_TEMPLATE_KEY) + 1 :]
+            else:
+                continue
+            if entry.type != ValueType.STRING:
+                raise GGUFError(f"{key} is {type_name(entry)}, expected a string")
+            if not entry.value.strip():
+                raise GGUFError(f"{key} is empty")
+            found.append((name, entry.value))
+        return sorted(found, key=lambda pair: pair[0] != DEFAULT_NAME)
+
+
+def type_name(entry: Field) -> str:
+    if entry.item_type is not None:
+        return f"an array of {entry.item_type.name.lower()}"
+    return f"a {entry.type.name.lower()}"
+
+
+def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_tensors: bool = False) -> Metadata:
+    """The metadata at the start of ``buffer`` (bytes or a memory map of the whole file).
+
+    Arrays named in ``keep_arrays`` are decoded; every other array is stepped over without
+    decoding. Raises Truncated when ``buffer`` ends inside what is read.
+    """
+    size = len(buffer)
+    if size >= 4 and struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
+        raise GGUFError("not a GGUF file (it does not start with the GGUF magic)")
+    if size < 24:
+        raise Truncated("the header runs past the end")
+    order = "<"
+    version = struct.unpack_from("<I", buffer, 4)[0]
+    if version & 0xFFFF == 0:  # written on a big-endian machine
+        order = ">"
+        version = struct.unpack_from(">I", buffer, 4)[0]
+    if version not in (2, 3):
+        raise GGUFError(f"GGUF version {version} is not supported (versions 2 and 3 are)")
+    tensor_count, kv_count = struct.unpack_from(order + "QQ", buffer, 8)
+    u32, u64 = struct.Struct(order + "I"), struct.Struct(order + "Q")
+    scalars = {kind: struct.Struct(order + fmt) for kind, fmt in SCALAR_FORMATS.items()}
+    string_type, array_type = ValueType.STRING, ValueType.ARRAY
+
+    def string_at(position: int, what: str) -> tuple[str, int]:
+        (length,) = u64.unpack_from(buffer, position)
+        end = position + 8 + length
+        if end > size:
+            raise Truncated(f"{what} runs past the end")
+        try:
+            return bytes(buffer[position + 8 : end]).decode("utf-8"), end
+        except UnicodeDecodeError as error:
+            raise GGUFError(f"{what} is not valid UTF-8 (byte {error.start})") from None
+
+    fields: dict[str, Field] = {}
+    position = 24
+    try:
+        for _ in range(kv_count):
+            key, position = string_at(position, "a metadata key")
+            raw_type = u32.unpack_from(buffer, position)[0]
+            position += 4
+            start = position
+            try:
+                kind = ValueType(raw_type)
+            except ValueError:
+                raise GGUFError(f"{key} has an unknown value type {raw_type}") from None
+            if kind in scalars:
+                value = scalars[kind].unpack_from(buffer, position)[0]
+                position += scalars[kind].size
+                entry = Field(kind, value, span=(start, position))
+            elif kind == string_type:
+                value, position = string_at(position, key)
+                entry = Field(kind, value, span=(start, position))
+            else:  # an array
+                raw_item = u32.unpack_from(buffer, position)[0]
+                count = u64.unpack_from(buffer, position + 4)[0]
+                position += 12
+                try:
+                    item = ValueType(raw_item)
+                except ValueError:
+                    raise GGUFError(f"{key} is an array of unknown type {raw_item}") from None
+                if count > size - position:  # every element takes at least a byte
+                    raise Truncated(f"{key} runs past the end")
+                values = None
+                if item in scalars:
+                    width = scalars[item].size
+                    if key in keep_arrays:
+                        values = list(struct.unpack_from(f"{order}{count}{SCALAR_FORMATS[item]}", buffer, position))
+                    position += count * width
+                elif item == string_type:
+                    if key in keep_arrays:
+                        values = []
+                        for _ in range(count):
+                            text, position = string_at(position, key)
+                            values.append(text)
+                    else:  # variable length: nothing to do but step over each (the hot loop)
+                        unpack = u64.unpack_from
+                        for _ in itertools.repeat(None, count):
+                            position += 8 + unpack(buffer, position)[0]
+                else:
+                    raise GGUFError(f"{key} is an array of {item.name.lower()}, which GGUF metadata does not nest")
+                if position > size:
+                    raise Truncated(f"{key} runs past the end")
+                entry = Field(array_type, values, item, count, (start, position))
+            if key in fields:
+                raise GGUFError(f"the metadata holds {key} twice")
+            fields[key] = entry
+            if position > MAX_METADATA_BYTES:
+                raise GGUFError(f"the metadata is over {MAX_METADATA_BYTES >> 20} MiB: a corrupt header")
+        metadata = Metadata(version, order, fields, tensor_count)
+        if with_tensors:
+            _read_tensor_infos(buffer, metadata, position, string_at, u32, u64)
+    except struct.error:
+        raise Truncated("the metadata runs past the end") from None
+    return metadata
+
+
+def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32, u64) -> None:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # only a copy reads the tensor table
+
+    if metadata.tensor_count > (len(buffer) - position) // 24:
+        raise Truncated("the tensor table runs past the end")
+    for _ in range(metadata.tensor_count):
+        name, position = string_at(position, "a tensor name")
+        (dimensions,) = u32.unpack_from(buffer, position)
+        dims = struct.unpack_from(f"{metadata.byte_order}{dimensions}Q", buffer, position + 4)
+        position += 4 + 8 * dimensions
+        (ggml_type,) = u32.unpack_from(buffer, position)
+        (offset,) = u64.unpack_from(buffer, position + 4)
+        position += 12
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            raise GGUFError(f"tensor {name} has an unknown ggml type {ggml_type}") from None
+        elements = 1
+        for dim in dims:
+            elements *= dim
+        metadata.tensors.append(TensorInfo(name, dims, ggml_type, offset, elements // block * block_bytes))
+    alignment = metadata.value(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{ALIGNMENT_KEY} is {alignment!r}, not a power of two")
+    metadata.data_start = -(-position // alignment) * alignment
+
+
+def read_metadata(path: Path, keep_arrays: frozenset[str] | set[str] = frozenset(), with_tensors: bool = False) -> Metadata:
+    """A local GGUF's metadata, through a memory map: only the pages the header covers are read."""
+    return _with_metadata(path, lambda mapped, metadata: metadata, keep_arrays, with_tensors)
+
+
+def tokenizer_digest(model: Path) -> str | None:
+    """A hash of the raw ``tokenizer.ggml.*`` values: models that tokenize alike hash alike
+    (every quantization of one model), whatever else their metadata says."""
+
+    def digest(mapped, metadata: Metadata) -> str:
+        hashed = hashlib.sha256()
+        for key in sorted(key for key in metadata.fields if key.startswith("tokenizer.ggml.")):
+            hashed.update(key.encode() + b"\0" + mapped[slice(*metadata.fields[key].span)])
+        return hashed.hexdigest()
+
+    try:
+        return _with_metadata(model, digest)
+    except GGUFError:
+        return None
+
+
+def _with_metadata(path: Path, use, keep_arrays=frozenset(), with_tensors: bool = False):
+    """``use(the file's memory map, its metadata)``, with GGUFError for a file that is not one."""
+    try:
+        with open(path, "rb") as stream:
+            if os.fstat(stream.fileno()).st_size == 0:
+                raise GGUFError("empty file")
+            with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                try:
+                    metadata = parse(mapped, keep_arrays, with_tensors)
+                except Truncated as error:
+                    raise GGUFError(f"{error} of the file: truncated or corrupt") from None
+                return use(mapped, metadata)
+    except PermissionError:
+        raise GGUFError("permission denied") from None
+    except IsADirectoryError:
+        raise GGUFError("is a directory") from None
+    except OSError as error:
+        raise GGUFError(error.strerror or str(error)) from None
+
+
+# -- sources -------------------------------------------------------------------------------
+
+
+def is_later_split(path: Path) -> bool:
+    """A split after the first: its metadata lives in split 1."""
+    match = SPLIT_NAME.search(path.name)
+    return match is not None and int(match.group(1)) != 1
+
+
+def first_split(path: Path) -> Path:
+    match = SPLIT_NAME.search(path.name)
+    if match is None or int(match.group(1)) == 1:
+        return path
+    first = path.with_name(f"{path.name[: match.start()]}-00001-of-{match.group(2)}.gguf")
+    if not first.is_file():
+        raise SourceError(
+            path,
+            f"split {int(match.group(1))} of {int(match.group(2))}: the metadata is in the first split, {first.name}, which is not there",
+        )
+    return first
+
+
+def model_stem(path: Path) -> str:
+    """The model's name: the file name without ``.gguf`` and the split counter."""
+    match = SPLIT_NAME.search(path.name)
+    return path.name[: match.start()] if match else path.name[: -len(GGUF_SUFFIX)]
+
+
+def companion_path(model: Path, name: str | None) -> Path:
+    """Where ``--fix`` writes a fixed template: ``<model>.chat_template[.<name>].jinja``."""
+    suffix = "" if name in (None, DEFAULT_NAME) else f".{name}"
+    return model.with_name(f"{model_stem(model)}.chat_template{suffix}.jinja")
+
+
+def gguf_beside(template: Path) -> Path | None:
+    """The GGUF a ``<model>.chat_template*.jinja`` was fixed out of, when it is there."""
+    match = COMPANION_NAME.match(template.name)
+    if match is None:
+        return None
+    single = template.with_name(match.group("stem") + GGUF_SUFFIX)
+    if single.is_file():
+        return single
+    splits = sorted(template.parent.glob(f"{glob_escape(match.group('stem'))}-00001-of-*.gguf"))
+    return splits[0] if splits else None
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def read_templates(path: Path, required: bool = True) -> list[TemplateSource]:
+    """Every chat template in a GGUF's metadata (the first split's, for a split model).
+
+    ``required`` False is a directory walk: a GGUF without a template (a vision projector,
+    an embedding model) is not a template file there, and is passed over.
+    """
+    first = first_split(path)
+    try:
+        pairs = read_metadata(first).templates()
+    except GGUFError as error:
+        raise SourceError(first, str(error)) from None
+    if not pairs and required:
+        raise SourceError(first, "no chat template in its metadata (tokenizer.chat_template)")
+    return [TemplateSource(first, name, text, "gguf") for name, text in pairs]
+
+
+def model_for(source: TemplateSource) -> Path | None:
+    """The local GGUF whose metadata a template came from, or was fixed out of."""
+    if source.container == "gguf":
+        return source.path if source.path.is_file() else None
+    if source.container == "jinja":
+        return gguf_beside(source.path)
+    return None
+
+
+# -- the file's own tokenizer ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OwnTokenizer:
+    tokenizer: Any  # tokenizer.Tokenizer, or None: measure characters
+    special_tokens: dict[str, str]
+    # Said under every proof: whose token ids these are, or why they are characters.
+    description: str
+
+
+def own_tokenizer(model: Path) -> OwnTokenizer:
+    status = model.stat()
+    return _own_tokenizer(model.resolve(), status.st_size, status.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
+    name = model.name
+    try:
+        metadata = read_metadata(model, TOKENIZER_ARRAYS)
+    except GGUFError as error:
+        return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {name}: {error}")
+    tokens = metadata.value(TOKENS_KEY)
+    special = special_tokens(metadata)
+    if not tokens:
+        return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
+    kind = metadata.value("tokenizer.ggml.model", "?")
+    try:
+        backend = build_tokenizer(metadata)
+    except GGUFError as error:
+        return OwnTokenizer(None, special, f"measured in characters: {error}")
+    from .tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(model, backend, special)
+    return OwnTokenizer(tokenizer, special, f"token ids of the tokenizer in {name}'s metadata ({kind}, {len(tokens)} tokens)")
+
+
+def preload_tokenizers(sources: list[TemplateSource]) -> None:
+    for model in dict.fromkeys(model_for(source) for source in sources if source.container in ("gguf", "jinja")):
+        if model is not None:
+            own_tokenizer(model)
+
+
+def metadata_special_tokens(model: Path) -> dict[str, str]:
+    """bos_token, eos_token... of a GGUF, without building its tokenizer."""
+    try:
+        return special_tokens(read_metadata(model, {TOKENS_KEY}))
+    except GGUFError:
+        return {}
+
+
+def special_tokens(metadata: Metadata) -> dict[str, str]:
+    """bos_token, eos_token... as the metadata names them by id."""
+    tokens = metadata.value(TOKENS_KEY) or []
+    found = {}
+    for variable, key in SPECIAL_TOKEN_IDS.items():
+        index = metadata.value(key)
+        if isinstance(index, int) and 0 <= index < len(tokens):
+            found[variable] = tokens[index]
+    return found
+
+
+def build_tokenizer(metadata: Metadata):
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*``, built by transformers' own GGUF
+    converter (the one ``from_pretrained(gguf_file=...)`` uses; that entry point imports
+    torch to read the file, which is why the metadata is handed over here)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    except ImportError:
+        try:  # transformers 4.x
+            from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        except ImportError:
+            raise GGUFError(
+                "building a tokenizer from GGUF metadata needs transformers: pip install 'tmpl-lint[prove]'"
+            ) from None
+    renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+    tokenizer_dict = {
+        name: metadata.value(f"tokenizer.{key}")
+        for key, name in renames.items()
+        if metadata.value(f"tokenizer.{key}") is not None
+    }
+    architecture = metadata.value(ARCHITECTURE_KEY, "")
+    try:
+        backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    except Exception as error:  # noqa: BLE001 - the converter raises whatever the vocabulary trips
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise GGUFError(f"transformers cannot build the tokenizer in this GGUF: {first_line}") from None
+    return backend
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+class GGUFWriteError(Exception):
+    pass
+
+
+def create_new(target: Path, fill: Callable[[Path], None], mode: int) -> None:
+    """Create ``target``, which must not exist: ``fill`` writes a temporary file beside it
+    (and may check it); only a complete, synced file then appears under the name, and an
+    existing file is never replaced."""
+    if target.exists() or target.is_symlink():
+        raise GGUFWriteError(f"{target}: already exists; tmpl-lint does not overwrite it")
+    try:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as error:
+        raise GGUFWriteError(f"{target}: cannot write in {target.parent}: {error.strerror}") from None
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        fill(temporary)
+        with open(temporary, "rb+") as stream:
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        try:
+            os.link(temporary, target)  # fails if the name was taken meanwhile: no overwrite
+        except FileExistsError:
+            raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
+        except OSError:
+            # A filesystem without hard links: the name was checked free above.
+            if target.exists():
+                raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
+            os.rename(temporary, target)
+        _sync_directory(target.parent)
+    except OSError as error:
+        raise GGUFWriteError(f"{target}: cannot write: {error.strerror or error}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def _sync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, bool]:
+    """Write a fixed template beside its GGUF; (its path, whether it was written now). The
+    same fix already there is left alone; a different file there is an error."""
+    target = companion_path(model, name)
+    if target.is_file() and not target.is_symlink():
+        try:
+            if target.read_text(encoding="utf-8") == text:
+                return target, False
+        except (OSError, UnicodeDecodeError):
+            pass
+        raise GGUFWriteError(
+            f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+        )
+
+    def fill(temporary: Path) -> None:
+        with open(temporary, "w", encoding="utf-8", newline="") as stream:
+            stream.write(text)
+        if temporary.read_text(encoding="utf-8") != text:
+            raise GGUFWriteError(f"{target}: the written template does not read back")
+
+    create_new(target, fill, 0o666 & ~_umask())
+    return target, True
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def copy_destination(model: Path, requested: Path) -> Path:
+    return requested / model.name if requested.is_dir() else requested
+
+
+def write_copy(model: Path, templates: dict[str, str], destination: Path) -> None:
+    """A new GGUF at ``destination``: ``model`` with the named templates replaced in its
+    metadata (``templates`` maps a template name to its new text) and everything else as
+    it was. Streamed through gguf's writer; read back and compared before it appears."""
+    try:
+        import gguf
+    except ImportError:
+        raise GGUFWriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
+    keys = gguf.Keys.Tokenizer
+    replaced = {
+        keys.CHAT_TEMPLATE if name == DEFAULT_NAME else keys.CHAT_TEMPLATE_N.format(name=name): text
+        for name, text in templates.items()
+    }
+    size = model.stat().st_size
+    free = shutil.disk_usage(destination.parent).free
+    if free < size + (1 << 20):
+        raise GGUFWriteError(f"{destination}: {free} bytes free in {destination.parent}, the copy needs about {size}")
+    try:
+        original = read_metadata(model, EVERY_ARRAY, with_tensors=True)
+    except GGUFError as error:
+        raise GGUFWriteError(f"{model}: {error}") from None
+    missing = set(replaced) - set(original.fields)
+    if missing:
+        raise GGUFWriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
+
+    def fill(temporary: Path) -> None:
+        _stream_copy(gguf, model, original, temporary, replaced)
+        _check_copy(model, original, temporary, replaced)
+
+    create_new(destination, fill, stat.S_IMODE(model.stat().st_mode))
+
+
+def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replaced: dict[str, str]) -> None:
+    """gguf's writer writes header, metadata, tensor table, then each tensor from a read-only
+    map of the original (pages read as they are written), as its gguf_new_metadata script
+    does; the values come from this module's reader (gguf's own reader builds a numpy array
+    per vocabulary entry: 13 s for a 150k vocabulary)."""
+    import numpy
+
+    endianess = gguf.GGUFEndian.LITTLE if original.byte_order == "<" else gguf.GGUFEndian.BIG
+    architecture_key = gguf.Keys.General.ARCHITECTURE
+    writer = gguf.GGUFWriter(temporary, original.value(architecture_key, ""), endianess=endianess)
+    try:
+        for key, entry in original.fields.items():
+            if key == architecture_key:
+                continue  # the writer writes it first
+            if key == gguf.Keys.General.ALIGNMENT:
+                writer.data_alignment = entry.value
+            try:
+                writer.add_key_value(key, replaced.get(key, entry.value), entry.type, sub_type=entry.item_type)
+            except ValueError as error:
+                raise GGUFWriteError(f"{model}: gguf's writer cannot copy {key}: {error}") from None
+        for tensor in original.tensors:
+            # numpy order is ggml's reversed; the given type is written as is
+            writer.add_tensor_info(tensor.name, tuple(reversed(tensor.dims)), numpy.float32, tensor.nbytes, tensor.ggml_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        data = numpy.memmap(model, dtype=numpy.uint8, mode="r")
+        for tensor in original.tensors:
+            start = original.data_start + tensor.offset
+            writer.write_tensor_data(data[start : start + tensor.nbytes], tensor_endianess=endianess)
+        del data
+    finally:
+        writer.close()
+
+
+SAMPLE_BYTES = 4096
+
+
+def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict[str, str]) -> None:
+    """The copy reads back as the original with only the replaced templates changed: every
+    other value byte for byte, the same tensors, and each tensor's first and last bytes
+    equal (a full comparison would read the model twice more)."""
+    try:
+        copy = read_metadata(temporary, with_tensors=True)
+    except GGUFError as error:
+        raise GGUFWriteError(f"the copy does not read back: {error}") from None
+
+    def fail(what: str):
+        raise GGUFWriteError(f"the copy of {model} does not read back as written: {what}; nothing written")
+
+    if set(copy.fields) != set(original.fields):
+        fail("its metadata keys differ")
+    if [(t.name, t.dims, t.ggml_type, t.nbytes) for t in copy.tensors] != [
+        (t.name, t.dims, t.ggml_type, t.nbytes) for t in original.tensors
+    ]:
+        fail("its tensor table differs")
+    with (
+        open(model, "rb") as source_stream,
+        open(temporary, "rb") as copy_stream,
+        mmap.mmap(source_stream.fileno(), 0, access=mmap.ACCESS_READ) as source,
+        mmap.mmap(copy_stream.fileno(), 0, access=mmap.ACCESS_READ) as written,
+    ):
+        for key, before in original.fields.items():
+            after = copy.fields[key]
+            if key in replaced:
+                if after.value != replaced[key]:
+                    fail(f"{key} is not the fixed template")
+                continue
+            if (after.type, after.item_type, after.count) != (before.type, before.item_type, before.count):
+                fail(f"{key} changed type")
+            if source[slice(*before.span)] != written[slice(*after.span)]:
+                fail(f"{key} changed")
+        for before, after in zip(original.tensors, copy.tensors):
+            start_a, start_b = original.data_start + before.offset, copy.data_start + after.offset
+            if start_b + after.nbytes > len(written):
+                fail(f"tensor {before.name} is cut short")
+            length = min(SAMPLE_BYTES, before.nbytes)
+            for skip in (0, before.nbytes - length):
+                if source[start_a + skip : start_a + skip + length] != written[start_b + skip : start_b + skip + length]:
+                    fail(f"tensor {before.name} differs")
+
+
+# -- --fix on a GGUF ---------------------------------------------------------------------------
+
+
+def apply_fixes(model: Path, fixes: list, write: bool, copy_to: Path | None) -> tuple[list[str], list[TemplateSource]]:
+    """Write a GGUF's fixed templates (fixer.TemplateFix) beside it, and with ``copy_to`` a new
+    GGUF carrying them. Returns the lines to print and the templates as they now are, for the
+    lint that follows: a written fix as the file llama.cpp is to read it from."""
+    changed = [fix for fix in fixes if fix.changed]
+    now = [fix.source for fix in fixes if not fix.changed]
+    lines: list[str] = []
+    if not write:
+        now += [_patched(fix) for fix in changed]
+        return lines, now
+    names = {fix.source.name for fix in fixes}
+    for fix in changed:
+        target, fresh = write_companion(model, fix.source.name, fix.patched)
+        now.append(TemplateSource(target, None, fix.patched, "jinja"))
+        lines.append(f"{fix.source.label}: {'wrote' if fresh else 'already written:'} the fixed template to {target}")
+        if fix.source.name == DEFAULT_NAME:
+            lines.append(f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {target}")
+            if "tool_use" in names:
+                lines.append(
+                    "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, "
+                    "instead of the model's tool_use template"
+                )
+        else:
+            lines.append(
+                f"  llama.cpp reads the {fix.source.name} template only from the model's metadata: "
+                "--gguf-copy PATH writes a GGUF that carries the fix"
+            )
+    if copy_to is not None:
+        if not changed:
+            lines.append(f"{model}: nothing fixed; no copy written")
+        else:
+            destination = copy_destination(model, copy_to)
+            write_copy(model, {fix.source.name: fix.patched for fix in changed}, destination)
+            lines.append(f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)")
+            lines.append(f"  llama.cpp: llama-server -m {destination} --jinja")
+            if SPLIT_NAME.search(model.name):
+                lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")
+    return lines, now
+
+
+def _patched(fix) -> TemplateSource:
+    return TemplateSource(fix.source.path, fix.source.name, fix.patched, "gguf")
+
+
+# -- GGUF repos on the Hub -------------------------------------------------------------------
+
+FIRST_READ_BYTES = 1 << 20
+
+
+class HubGGUFError(Exception):
+    pass
+
+
+def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
+    """The chat templates of a Hub repo's GGUF models, without downloading one.
+
+    The Hub's model info carries the default template of the repo's GGUF (its ``gguf``
+    expansion, with BOS and EOS); a repo it says nothing for has the first split of its
+    first model read from the start, by HTTP range, just past the metadata.
+    """
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, revision=revision, expand=["gguf", "siblings"])
+    names = sorted(sibling.rfilename for sibling in info.siblings or () if sibling.rfilename.endswith(GGUF_SUFFIX))
+    # vision projectors (mmproj) carry no template
+    models = [name for name in names if not is_later_split(Path(name)) and "mmproj" not in Path(name).name.lower()]
+    if not models:
+        return []
+    summary = info.gguf if isinstance(info.gguf, dict) else {}
+    text = summary.get("chat_template")
+    if isinstance(text, str) and text.strip():
+        special = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
+        # the summary does not say which of the repo's files it describes
+        return [TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)]
+    metadata = read_hub_metadata(repo, models[0], revision)
+    try:
+        pairs = metadata.templates()
+    except GGUFError as error:
+        raise HubGGUFError(f"{models[0]}: {error}") from None
+    special = tuple(special_tokens(metadata).items())
+    return [TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special) for name, text in pairs]
+
+
+def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadata:
+    """A Hub GGUF's metadata, read from its start in growing ranges until it parses."""
+    from huggingface_hub import HfFileSystem
+
+    data = bytearray()
+    wanted = FIRST_READ_BYTES
+    with HfFileSystem().open(f"{repo}/{filename}", "rb", revision=revision) as stream:  # range requests
+        while True:
+            chunk = stream.read(wanted - len(data))
+            data += chunk
+            try:
+                return parse(bytes(data), {TOKENS_KEY})
+            except Truncated:
+                if not chunk:
+                    raise HubGGUFError(f"{filename}: the file ends inside its metadata") from None
+                if wanted >= MAX_METADATA_BYTES:
+                    raise HubGGUFError(f"{filename}: metadata over {MAX_METADATA_BYTES >> 20} MiB") from None
+                wanted *= 2
+            except GGUFError as error:
+                raise HubGGUFError(f"{filename}: {error}") from None

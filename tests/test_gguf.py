@@ -1,0 +1,734 @@
+"""GGUF models: templates read from the metadata, proofs in the file's own token ids, fixes
+written beside the model or into a new GGUF, never in place."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, needs_shared
+
+from tmpl_lint.cli import main
+from tmpl_lint.sources import SourceError, collect
+
+gguf = pytest.importorskip("gguf")
+np = pytest.importorskip("numpy")
+
+CLOCK = (CORPUS / "PC001_live_clock.jinja").read_text()
+TOOL_ARGS = (CORPUS / "PC004_tool_args_reserialized.jinja").read_text()
+CLEAN = (CORPUS / "clean_chatml.jinja").read_text()
+FROZEN = "2026-01-15"
+QWEN = SHARED_TOKENIZERS / "qwen2.5"
+
+
+def write_gguf(
+    path: Path, templates=None, tokenizer: Path | None = None, alignment: int | None = None, extra=None, tokens=None
+) -> Path:
+    """A small GGUF as llama.cpp's converter lays one out: metadata, then a few tensors
+    (f32, f16 and a Q8_0 block) with distinct bytes."""
+    writer = gguf.GGUFWriter(path, "qwen2")
+    if alignment:
+        writer.add_custom_alignment(alignment)
+    writer.add_name("test model")
+    writer.add_context_length(4096)
+    if tokenizer is not None:
+        add_tokenizer(writer, tokenizer)
+    if tokens is not None:  # (model name, tokens, bos id, eos id): a vocabulary without merges
+        kind, vocabulary, bos, eos = tokens
+        writer.add_tokenizer_model(kind)
+        writer.add_token_list(vocabulary)
+        writer.add_bos_token_id(bos)
+        writer.add_eos_token_id(eos)
+    if templates is not None:
+        writer.add_chat_template(templates)
+    for key, value in (extra or {}).items():
+        writer.add_key_value(key, value, gguf.GGUFValueType.UINT32)
+    writer.add_tensor("token_embd.weight", np.arange(96, dtype=np.float32).reshape(3, 32))
+    writer.add_tensor("output_norm.weight", np.linspace(-1, 1, 40).astype(np.float16))
+    q8 = np.frombuffer(bytes(range(34)) * 2, dtype=np.uint8).reshape(1, 68)  # two Q8_0 blocks of 32 values
+    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_tokenizer(writer, directory: Path) -> None:
+    """tokenizer.ggml.* as llama.cpp's convert_hf_to_gguf writes them for a byte-level BPE."""
+    document = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    vocab = document["model"]["vocab"]
+    added = {token["id"]: token for token in document["added_tokens"]}
+    size = max(max(vocab.values()), max(added)) + 1
+    tokens = [""] * size
+    types = [1] * size  # NORMAL
+    for token, index in vocab.items():
+        tokens[index] = token
+    for index, token in added.items():
+        tokens[index] = token["content"]
+        types[index] = 3 if token["special"] else 4  # CONTROL, USER_DEFINED
+    ids = {token["content"]: index for index, token in added.items()}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in document["model"]["merges"]])
+    writer.add_bos_token_id(ids["<|endoftext|>"])
+    writer.add_eos_token_id(ids[config["eos_token"]])
+    writer.add_add_bos_token(False)
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(arg) for arg in args])
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def test_every_template_in_the_metadata_is_found_by_name(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    sources, errors = collect([model])
+    assert errors == []
+    assert [(s.path, s.name, s.container, s.text) for s in sources] == [
+        (model, "default", "gguf", CLOCK),
+        (model, "tool_use", "gguf", TOOL_ARGS),
+    ]
+    assert [s.label for s in sources] == [f"{model}:default", f"{model}:tool_use"]
+
+
+def test_findings_and_lines_are_the_templates_own(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    code, out, _ = run(model, "--no-prove", "--format", "json")
+    assert code == 1
+    found = [(f["template"], f["code"], f["line"], f["column"]) for f in json.loads(out)]
+    clock = at("PC001", CLOCK, 'strftime_now("%Y-%m-%d")')
+    tool_args = at("PC004", TOOL_ARGS, "tojson")
+    assert (clock, tool_args) == (("PC001", 3, 28), ("PC004", 5, 89))
+    assert found == [("default", *clock), ("tool_use", *tool_args)]
+    code, out, _ = run(model, "--no-prove", "-q")
+    assert out.splitlines()[0].startswith(f"{model}:default:3:28: PC001 [live-clock]")
+    assert out.splitlines()[1].startswith(f"{model}:tool_use:5:89: PC004 [tool-args-reserialized]")
+
+
+def test_a_single_string_template_is_the_default(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLEAN)
+    sources, errors = collect([model])
+    assert (errors, [(s.name, s.text) for s in sources]) == ([], [("default", CLEAN)])
+    assert run(model, "--no-prove")[0] == 0
+
+
+def test_tensor_data_is_never_read(tmp_path):
+    """The file is cut inside its tensor data: gguf's own reader refuses it, the template lints."""
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    with open(model, "r+b") as stream:
+        stream.truncate(model.stat().st_size - 100)
+    with pytest.raises(ValueError):
+        gguf.GGUFReader(model)
+    code, out, _ = run(model, "--no-prove", "-q")
+    assert code == 1 and out.startswith(f"{model}:default:3:28: PC001 [live-clock]")
+
+
+def test_directory_walk_reads_first_splits_and_passes_over_projectors(tmp_path):
+    first = write_gguf(tmp_path / "Model-Q4_K_M-00001-of-00002.gguf", CLOCK)
+    write_gguf(tmp_path / "Model-Q4_K_M-00002-of-00002.gguf")  # later splits carry no template
+    write_gguf(tmp_path / "mmproj-Model-f16.gguf")  # a vision projector: no template either
+    sources, errors = collect([tmp_path])
+    assert errors == []
+    assert [(s.path, s.name) for s in sources] == [(first, "default")]
+
+
+def test_a_later_split_named_reads_the_first(tmp_path):
+    first = write_gguf(tmp_path / "Model-00001-of-00003.gguf", CLOCK)
+    second = write_gguf(tmp_path / "Model-00002-of-00003.gguf")
+    sources, errors = collect([second])
+    assert errors == [] and [(s.path, s.name) for s in sources] == [(first, "default")]
+    first.unlink()
+    sources, errors = collect([second])
+    assert sources == []
+    assert [str(e) for e in errors] == [
+        f"{second}: split 2 of 3: the metadata is in the first split, Model-00001-of-00003.gguf, which is not there"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda p: p.write_bytes(b"not a model at all, but long enough to hold a header"),
+            "not a GGUF file (it does not start with the GGUF magic)",
+        ),
+        (lambda p: p.write_bytes(b""), "empty file"),
+        (
+            lambda p: p.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)),
+            "GGUF version 1 is not supported (versions 2 and 3 are)",
+        ),
+        (lambda p: write_gguf(p), "no chat template in its metadata (tokenizer.chat_template)"),
+        (lambda p: write_gguf(p, extra={"tokenizer.chat_template": 7}), "tokenizer.chat_template is a uint32, expected a string"),
+        (
+            lambda p: p.write_bytes(write_gguf(p.with_suffix(".tmp"), CLOCK).read_bytes()[:300]),
+            "tokenizer.chat_template runs past the end of the file: truncated or corrupt",
+        ),
+    ],
+)
+def test_a_bad_gguf_is_one_error_line_and_the_batch_continues(tmp_path, make, message):
+    bad = tmp_path / "bad.gguf"
+    make(bad)
+    good = write_gguf(tmp_path / "good.gguf", CLOCK)
+    sources, errors = collect([bad])
+    assert sources == []
+    assert [(type(e), str(e)) for e in errors] == [(SourceError, f"{bad}: {message}")]
+    code, out, err = run(bad, good, "--no-prove", "-q")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {bad}: {message}\n"
+    assert out.startswith(f"{good}:default:3:28: PC001")
+
+
+def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    script = (
+        "import sys; sys.modules['gguf'] = None; from tmpl_lint.cli import run; sys.argv = ['tmpl-lint', *sys.argv[1:]]; run()"
+    )
+
+    def without_gguf(*args):
+        return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+    result = without_gguf(model, "--no-prove", "-q")
+    assert (result.returncode, result.stderr) == (1, "")
+    assert result.stdout.startswith(f"{model}:default:3:28: PC001")
+    result = without_gguf(model, "--no-prove", "-q", "--fix", "--frozen-date", FROZEN, "--gguf-copy", tmp_path / "c.gguf")
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == f"tmpl-lint: error: {tmp_path / 'c.gguf'}: writing a GGUF needs the gguf package: pip install 'tmpl-lint[gguf]'\n"
+    )
+    assert not (tmp_path / "c.gguf").exists()
+
+
+def test_the_format_values_are_ggufs():
+    from tmpl_lint import gguf as reader
+
+    assert {member.name: member.value for member in reader.ValueType} == {
+        member.name: member.value for member in gguf.GGUFValueType
+    }
+    assert reader.GGUF_MAGIC == gguf.GGUF_MAGIC
+    assert reader.DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    assert (reader.ALIGNMENT_KEY, reader.ARCHITECTURE_KEY) == (gguf.Keys.General.ALIGNMENT, gguf.Keys.General.ARCHITECTURE)
+    assert (reader.CHAT_TEMPLATE_KEY, reader.TOKENS_KEY) == (gguf.Keys.Tokenizer.CHAT_TEMPLATE, gguf.Keys.Tokenizer.LIST)
+    assert reader.SPECIAL_TOKEN_IDS == {
+        "bos_token": gguf.Keys.Tokenizer.BOS_ID,
+        "eos_token": gguf.Keys.Tokenizer.EOS_ID,
+        "unk_token": gguf.Keys.Tokenizer.UNK_ID,
+        "pad_token": gguf.Keys.Tokenizer.PAD_ID,
+    }
+
+
+# -- proofs --------------------------------------------------------------------------------------
+
+
+def test_without_a_tokenizer_the_proof_is_in_characters_and_says_why(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    code, out, _ = run(model, "--format", "json")
+    (finding,) = json.loads(out)
+    assert finding["proof"]["status"] == "proven"
+    assert finding["proof"]["unit"] == "char"
+    assert finding["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
+
+
+@needs_shared
+def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
+    from tokenizers import Tokenizer
+
+    from tmpl_lint.gguf import own_tokenizer
+    from tmpl_lint.render import FrozenClock, render
+
+    model = write_gguf(tmp_path / "qwen.gguf", "x", tokenizer=QWEN)
+    own = own_tokenizer(model)
+    assert own.special_tokens == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}
+    assert own.description == "token ids of the tokenizer in qwen.gguf's metadata (gpt2, 151665 tokens)"
+    reference = Tokenizer.from_file(str(QWEN / "tokenizer.json"))
+    template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
+    conversation = [
+        {"role": "system", "content": "You are Qwen.  Answer\n\n\tbriefly."},
+        {"role": "user", "content": "Wetter in München? 東京は？ 12345 don't"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": {"c": "M"}}}],
+        },
+        {"role": "tool", "content": '{"t": 21.5}'},
+    ]
+    text = render(
+        template,
+        conversation,
+        clock=FrozenClock(datetime(2026, 1, 15)),
+        add_generation_prompt=True,
+        special_tokens=own.special_tokens,
+    )
+    ids = own.tokenizer.encode(text)
+    assert ids == reference.encode(text, add_special_tokens=False).ids
+    assert ids[0] == reference.token_to_id("<|im_start|>")
+
+
+def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(tmp_path):
+    from tmpl_lint.checker import prover_inputs
+    from tmpl_lint.prover import DEFAULT_SPECIAL_TOKENS
+
+    bos = "<|begin_of_text|>"
+    template = "{{ bos_token }}" + CLOCK
+    model = write_gguf(tmp_path / "m.gguf", template, tokens=("no-such-tokenizer", [bos, "</s>", "x"], 0, 1))
+    (source,) = collect([model])[0]
+    assert prover_inputs(source, None) == (None, {"bos_token": bos, "eos_token": "</s>"})
+    plain = tmp_path / "plain.jinja"  # the same template, rendered with placeholder tokens
+    plain.write_text(template)
+    _, out, _ = run(model, "--format", "json", "--select", "PC001")
+    (finding,) = json.loads(out)
+    _, out, _ = run(plain, "--format", "json", "--select", "PC001")
+    (placeholder,) = json.loads(out)
+    assert finding["proof"]["unit"] == "char"
+    assert finding["proof"]["note"].startswith("measured in characters: transformers cannot build the tokenizer in this GGUF: ")
+    # the render starts with the metadata's BOS: the divergence moves by the difference in length
+    shift = len(bos) - len(DEFAULT_SPECIAL_TOKENS["bos_token"])
+    assert shift != 0
+    assert finding["proof"]["first_divergence"] == placeholder["proof"]["first_divergence"] + shift
+
+
+def test_diff_and_replay_take_bos_and_eos_from_a_gguf_template(tmp_path):
+    from tmpl_lint.diff import read_template
+
+    model = write_gguf(tmp_path / "m.gguf", CLEAN, tokens=("llama", ["<unk>", "<s>", "</s>"], 1, 2))
+    assert read_template(model) == (CLEAN, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+@needs_shared
+def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path):
+    """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004, proven in tokens."""
+    template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
+    model = write_gguf(tmp_path / "qwen.gguf", template, tokenizer=QWEN)
+    plain = tmp_path / "qwen.jinja"
+    plain.write_text(template)
+    _, out, _ = run(model, "--format", "json", "--select", "PC004")
+    (from_gguf,) = json.loads(out)
+    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN)
+    (from_json,) = json.loads(out)
+    assert from_gguf["proof"]["status"] == "proven" and from_gguf["proof"]["unit"] == "token"
+    assert from_gguf["proof"].pop("note") == "token ids of the tokenizer in qwen.gguf's metadata (gpt2, 151665 tokens)"
+    assert from_gguf["proof"] == from_json["proof"]
+
+
+# -- --fix -----------------------------------------------------------------------------------------
+
+
+def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    before = sha(model)
+    reference = tmp_path / "reference.jinja"
+    reference.write_text(CLOCK)
+    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    companion = tmp_path / "m.chat_template.jinja"
+    assert (code, err) == (0, "")
+    assert sha(model) == before
+    assert companion.read_bytes() == reference.read_bytes()
+    assert companion.read_text().startswith(
+        '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    )
+    assert out.splitlines() == [
+        f"{model}:default:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string",
+        f"{model}:default: wrote the fixed template to {companion}",
+        f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {companion}",
+        "All checks passed!",
+    ]
+    # again: the same fix is already there
+    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert code == 0 and f"{model}:default: already written: the fixed template to {companion}" in out
+    # a file of the user's own under that name is never replaced
+    companion.write_text("mine")
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: {companion}: already exists and differs from the fixed template; "
+        "tmpl-lint does not overwrite it (remove it to write the fix)\n"
+    )
+    assert companion.read_text() == "mine"
+
+
+def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "-q")
+    assert (tmp_path / "m.chat_template.tool_use.jinja").is_file()
+    assert (
+        "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, instead of the model's tool_use template"
+        in out
+    )
+    assert (
+        "  llama.cpp reads the tool_use template only from the model's metadata: --gguf-copy PATH writes a GGUF that carries the fix"
+        in out
+    )
+
+
+def test_the_companion_template_is_proven_with_the_models_tokens(tmp_path):
+    write_gguf(tmp_path / "m.gguf", CLOCK)
+    assert run(tmp_path / "m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    (tmp_path / "m.chat_template.jinja").write_text(CLOCK)  # as if broken again
+    code, out, _ = run(tmp_path / "m.chat_template.jinja", "--format", "json")
+    assert json.loads(out)[0]["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
+
+
+def test_diff_writes_nothing(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    before = sorted(os.listdir(tmp_path))
+    code, out, _ = run(model, "--diff", "--frozen-date", FROZEN, "--no-prove")
+    assert sorted(os.listdir(tmp_path)) == before
+    assert f"--- a/{model}:default\n+++ b/{model}:default\n" in out
+    assert code == 0
+
+
+def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
+    first = write_gguf(tmp_path / "Model-Q4-00001-of-00002.gguf", CLOCK)
+    second = write_gguf(tmp_path / "Model-Q4-00002-of-00002.gguf")
+    out_dir = tmp_path / "fixed"
+    out_dir.mkdir()
+    code, out, _ = run(second, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    companion = tmp_path / "Model-Q4.chat_template.jinja"
+    copy = out_dir / first.name
+    assert code == 0 and companion.is_file() and copy.is_file()
+    assert f"  llama.cpp: llama-server -m {first} --jinja --chat-template-file {companion}" in out
+    assert f"  the other splits are unchanged: put them (or links to them) beside {first.name}" in out
+    assert fields(copy)["tokenizer.chat_template"][1] == companion.read_text()
+    assert tensors(copy) == tensors(first)
+    # the fixed template is proven with the model it was fixed out of
+    from tmpl_lint.gguf import model_for
+
+    assert model_for(collect([companion])[0][0]) == first
+
+
+def test_sarif_points_at_the_gguf_without_reading_it_as_text(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    code, out, _ = run(model, "--no-prove", "--format", "sarif")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    location = result["locations"][0]["physicalLocation"]
+    assert location["region"]["startLine"] == 1
+    assert result["properties"]["templateLine"] == 3
+
+
+# -- --gguf-copy -----------------------------------------------------------------------------------
+
+
+def fields(path: Path) -> dict:
+    """Every metadata value as gguf's own reader reads it."""
+    reader = gguf.GGUFReader(path)
+    return {name: (field.types, field.contents()) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def tensors(path: Path) -> list:
+    return [(t.name, t.tensor_type, t.shape.tolist(), t.data.tobytes()) for t in gguf.GGUFReader(path).tensors]
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_gguf_copy_carries_the_fixed_templates_and_the_same_tensors(tmp_path, alignment):
+    model = write_gguf(
+        tmp_path / "m.gguf",
+        [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}],
+        alignment=alignment,
+    )
+    model.chmod(0o640)
+    before = sha(model)
+    copy = tmp_path / "out" / "fixed.gguf"
+    copy.parent.mkdir()
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", copy)
+    assert err == ""
+    assert (
+        f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n  llama.cpp: llama-server -m {copy} --jinja\n"
+        in out
+    )
+    assert sha(model) == before
+    fixed_default = (tmp_path / "m.chat_template.jinja").read_text()
+    fixed_tool_use = (tmp_path / "m.chat_template.tool_use.jinja").read_text()
+    assert fixed_default != CLOCK and fixed_tool_use != TOOL_ARGS
+    original, written = fields(model), fields(copy)
+    assert written.pop("tokenizer.chat_template")[1] == fixed_default
+    assert written.pop("tokenizer.chat_template.tool_use")[1] == fixed_tool_use
+    del original["tokenizer.chat_template"], original["tokenizer.chat_template.tool_use"]
+    assert written == original
+    assert tensors(copy) == tensors(model)
+    assert gguf.GGUFReader(copy).alignment == (alignment or 32)
+    assert copy.stat().st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(copy.parent)) == ["fixed.gguf"]  # no temporary left behind
+    # what it holds lints as fixed
+    assert collect([copy])[0][0].text == fixed_default
+
+
+def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    out_dir = tmp_path / "fixed"
+    out_dir.mkdir()
+    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    assert code == 0
+    assert fields(out_dir / "m.gguf")["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
+
+
+def test_gguf_copy_never_overwrites(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    before = sha(model)
+    taken = tmp_path / "taken.gguf"
+    taken.write_bytes(b"precious")
+    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
+    assert code == 2
+    assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
+    assert taken.read_bytes() == b"precious"
+    # the model's own folder as the destination names the model itself
+    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", tmp_path)
+    assert code == 2 and err == f"tmpl-lint: error: {model}: already exists; tmpl-lint does not overwrite it\n"
+    assert sha(model) == before
+
+
+def test_gguf_copy_needs_fix(tmp_path):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    for flags in ([], ["--diff"], ["--fix", "--diff"]):
+        code, _, err = run(model, *flags, "--gguf-copy", tmp_path / "c.gguf")
+        assert code == 2 and "--gguf-copy writes a fixed model: it needs --fix (and no --diff)" in err
+    assert not (tmp_path / "c.gguf").exists()
+
+
+def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
+    import tmpl_lint.gguf as module
+
+    real = module._stream_copy
+
+    def corrupt(gguf_module, model, original, temporary, replaced):
+        real(gguf_module, model, original, temporary, replaced)
+        last = gguf.GGUFReader(temporary).tensors[-1]
+        with open(temporary, "r+b") as stream:  # the last tensor's last byte flipped
+            stream.seek(last.data_offset + last.n_bytes - 1)
+            byte = stream.read(1)
+            stream.seek(-1, os.SEEK_CUR)
+            stream.write(bytes([byte[0] ^ 0xFF]))
+
+    monkeypatch.setattr(module, "_stream_copy", corrupt)
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
+    )
+    assert os.listdir(out_dir) == []
+
+
+# -- audit ---------------------------------------------------------------------------------------
+
+
+def cached_repo(hub: Path, repo: str, files: dict[str, Path]) -> None:
+    """A repo in the models--org--name/{blobs,refs,snapshots} layout huggingface_hub writes."""
+    root = hub / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (root / "blobs").mkdir()
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    for name, origin in files.items():
+        data = origin.read_bytes()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+
+
+def test_audit_reads_gguf_models_in_the_local_cache_and_dedupes_them(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    model = write_gguf(
+        tmp_path / "Model-Q4_K_M.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}]
+    )
+    jinja = tmp_path / "chat_template.jinja"
+    jinja.write_text(CLOCK)
+    cached_repo(tmp_path / "hub", "someone/Model-GGUF", {"Model-Q4_K_M.gguf": model})
+    cached_repo(tmp_path / "hub", "someone/Model", {"chat_template.jinja": jinja})
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", "audit", "--from-cache", "--format", "json", "--no-cache", "--no-prove"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    rows = [(row["repo"], row["template"], row["codes"]) for row in report["rows"]]
+    assert rows == [
+        ("someone/Model", None, ["PC001"]),
+        ("someone/Model-GGUF", "Model-Q4_K_M.gguf:default", ["PC001"]),
+        ("someone/Model-GGUF", "Model-Q4_K_M.gguf:tool_use", ["PC004"]),
+    ]
+    # the GGUF's default template and the repo's chat_template.jinja are one analysis
+    assert (report["distinct_templates"], report["analysed_templates"]) == (2, 2)
+    assert result.returncode == 1
+
+
+class FakeHub:
+    """huggingface_hub's model info, snapshot download and HfFileSystem reads, answered from
+    local files, recording what was asked."""
+
+    def __init__(self, tmp_path: Path):
+        self.root = tmp_path
+        self.infos: dict[str, object] = {}
+        self.files: dict[str, Path] = {}  # "repo/file" -> local file
+        self.snapshots: dict[str, Path] = {}
+        self.opened: list[tuple[str, str | None]] = []
+        self.bytes_read = 0
+
+    def repo(self, repo: str, gguf_summary: dict | None, files: dict[str, Path]) -> None:
+        from types import SimpleNamespace
+
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        snapshot = self.root / "snapshots" / repo.replace("/", "--") / commit
+        snapshot.mkdir(parents=True)
+        for name, origin in files.items():
+            self.files[f"{repo}/{name}"] = origin
+            if not name.endswith(".gguf"):  # the audit's allow_patterns leave the models out
+                (snapshot / name).write_bytes(origin.read_bytes())
+        self.snapshots[repo] = snapshot
+        siblings = [SimpleNamespace(rfilename=name) for name in files]
+        self.infos[repo] = SimpleNamespace(gguf=gguf_summary, siblings=siblings)
+
+    def install(self, monkeypatch) -> None:
+        import huggingface_hub
+        from huggingface_hub import constants as hub_constants
+
+        hub = self
+
+        def model_info(self, repo_id, revision=None, expand=None, **_):
+            assert "gguf" in expand and "siblings" in expand
+            assert revision == hashlib.sha1(repo_id.encode()).hexdigest()
+            return hub.infos[repo_id]
+
+        class Counting:
+            def __init__(self, path):
+                self.stream = open(path, "rb")  # noqa: SIM115 - closed by __exit__
+
+            def read(self, size=-1):
+                data = self.stream.read(size)
+                hub.bytes_read += len(data)
+                return data
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *_):
+                self.stream.close()
+
+        def open_remote(self, path, mode="rb", revision=None, **_):
+            hub.opened.append((path, revision))
+            return Counting(hub.files[path])
+
+        monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(
+            huggingface_hub, "snapshot_download", lambda repo_id, revision=None, allow_patterns=None: str(hub.snapshots[repo_id])
+        )
+        monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+        monkeypatch.setattr(huggingface_hub.HfFileSystem, "open", open_remote)
+
+
+def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.audit import ResultsCache, run_audit
+    from tmpl_lint.selection import Selection
+
+    hub = FakeHub(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# a model")
+    # 1: the Hub's gguf summary carries the default template
+    hub.repo(
+        "org/summary-GGUF", {"chat_template": CLOCK, "bos_token": "<s>", "eos_token": "</s>", "total": 7}, {"a.gguf": readme}
+    )
+    # 2: no template in the summary: the first split's header, by range, past a projector and split 2
+    first = write_gguf(
+        tmp_path / "big-00001-of-00002.gguf",
+        [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}],
+    )
+    with open(first, "r+b") as stream:
+        stream.truncate(256 << 20)  # tensor data the audit must not fetch (sparse)
+    hub.repo(
+        "org/header-GGUF",
+        {"total": 7},
+        {"mmproj-f16.gguf": readme, "big-00002-of-00002.gguf": readme, "big-00001-of-00002.gguf": first, "README.md": readme},
+    )
+    # 3: a transformers repo with the same template as the others' default
+    jinja = tmp_path / "chat_template.jinja"
+    jinja.write_text(CLOCK)
+    hub.repo("org/plain", None, {"chat_template.jinja": jinja})
+    # 4: a file named .gguf that is not one
+    hub.repo("org/broken-GGUF", None, {"x.gguf": readme})
+    hub.install(monkeypatch)
+
+    specs = ["org/summary-GGUF", "org/header-GGUF", "org/plain", "org/broken-GGUF"]
+    result = run_audit(specs, [], False, Selection(), None, 1, ResultsCache(None))
+    by_repo = {repo.repo: repo for repo in result.repos}
+    assert [name for name, _ in by_repo["org/summary-GGUF"].templates] == ["gguf:default"]
+    assert [name for name, _ in by_repo["org/header-GGUF"].templates] == [
+        "big-00001-of-00002.gguf:default",
+        "big-00001-of-00002.gguf:tool_use",
+    ]
+    assert [name for name, _ in by_repo["org/plain"].templates] == [None]
+    assert by_repo["org/broken-GGUF"].error == "x.gguf: not a GGUF file (it does not start with the GGUF magic)"
+    assert hub.opened == [
+        ("org/header-GGUF/big-00001-of-00002.gguf", hashlib.sha1(b"org/header-GGUF").hexdigest()),
+        ("org/broken-GGUF/x.gguf", hashlib.sha1(b"org/broken-GGUF").hexdigest()),
+    ]
+    assert hub.bytes_read < 2 << 20  # the first read covers the metadata, not the 256 MiB
+    keys = {key for repo in result.repos for _, key in repo.templates}
+    assert (len(keys), result.analysed_now) == (2, 2)  # three copies of one template, one other
+    codes = {name: result.analyses[key].codes for repo in result.repos for name, key in repo.templates}
+    assert codes == {
+        "gguf:default": ["PC001"],
+        "big-00001-of-00002.gguf:default": ["PC001"],
+        "big-00001-of-00002.gguf:tool_use": ["PC004"],
+        None: ["PC001"],
+    }
+
+
+def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.checker import prover_inputs
+    from tmpl_lint.gguf import hub_templates
+
+    hub = FakeHub(tmp_path)
+    hub.repo(
+        "org/m-GGUF",
+        {"chat_template": "{{ bos_token }}x", "bos_token": "<s>", "eos_token": "</s>"},
+        {"m.gguf": CORPUS / "clean_chatml.jinja"},
+    )
+    hub.install(monkeypatch)
+    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest())
+    assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
+    assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+def test_audit_key_follows_the_models_tokenizer_not_the_rest_of_its_metadata(tmp_path):
+    from tmpl_lint.audit import template_key
+    from tmpl_lint.checker import ProveOptions
+    from tmpl_lint.selection import Selection
+
+    def key_of(path: Path, **kwargs) -> str:
+        (source,) = collect([write_gguf(path, CLOCK, **kwargs)])[0]
+        return template_key(source, ProveOptions(), Selection())
+
+    q4 = key_of(tmp_path / "m-Q4_K_M.gguf", extra={"tokenizer.ggml.bos_token_id": 1})
+    q8 = key_of(tmp_path / "m-Q8_0.gguf", extra={"tokenizer.ggml.bos_token_id": 1}, alignment=64)
+    other = key_of(tmp_path / "other.gguf", extra={"tokenizer.ggml.bos_token_id": 2})
+    assert q4 == q8  # quantizations of one model: one analysis
+    assert other != q4  # another tokenizer measures differently
