@@ -324,8 +324,14 @@ def tokenizer_digest(model: Path) -> str | None:
 def _with_metadata(path: Path, use, keep_arrays=frozenset(), with_tensors: bool = False):
     """``use(the file's memory map, its metadata)``, with GGUFError for a file that is not one."""
     try:
-        with open(path, "rb") as stream:
-            if os.fstat(stream.fileno()).st_size == 0:
+        # Opened without waiting (a FIFO would block for a writer), then judged by what was
+        # opened: only a regular file is mapped.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(descriptor, "rb") as stream:
+            status = os.fstat(stream.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise GGUFError("not a regular file")
+            if status.st_size == 0:
                 raise GGUFError("empty file")
             with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 try:

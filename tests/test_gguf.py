@@ -394,7 +394,7 @@ def test_diff_writes_nothing(tmp_path):
     code, out, _ = run(model, "--diff", "--frozen-date", FROZEN, "--no-prove")
     assert sorted(os.listdir(tmp_path)) == before
     assert f"--- a/{model}:default\n+++ b/{model}:default\n" in out
-    assert code == 0
+    assert code == 1  # as ruff's --diff: a change it would make is a finding
 
 
 def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
@@ -732,3 +732,17 @@ def test_audit_key_follows_the_models_tokenizer_not_the_rest_of_its_metadata(tmp
     other = key_of(tmp_path / "other.gguf", extra={"tokenizer.ggml.bos_token_id": 2})
     assert q4 == q8  # quantizations of one model: one analysis
     assert other != q4  # another tokenizer measures differently
+
+
+def test_a_fifo_named_like_a_model_is_refused_without_waiting(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(fifo), "--no-prove"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"tmpl-lint: error: {fifo}: not a regular file"]
