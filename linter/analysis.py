@@ -64,6 +64,9 @@ class LabelKind(StrEnum):
     LOOP_INDEX = "loop_index"
     SCAN_POSITION = "scan_position"
     SCAN_FLAG = "scan_flag"
+    # Text a loop over messages builds up in a namespace (``ns.out = ns.out + ...``): where
+    # it is printed, each message's piece is printed, as if inside that loop.
+    ACCUMULATED = "accumulated"
     NAMESPACE_READ = "namespace_read"
     LAST = "last"
     NEXT = "next"
@@ -157,6 +160,10 @@ class LoopRef:
     loop: int
     over_messages: bool
     looks_ahead: bool = False
+    backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
+    # Assignments that run for one message only: before a `{% break %}`, or under a guard
+    # the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
+    assigned_once: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -385,6 +392,9 @@ class _Interpreter:
                 collected |= control.labels
             return
         loops = tuple(loop.loop for loop in self.loops if loop.over_messages)
+        # Printing what a loop accumulated prints what each of its messages added.
+        accumulated = {label.loop for label in labels if label.kind is LabelKind.ACCUMULATED}
+        loops += tuple(sorted(accumulated - set(loops)))
         self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text))
 
     def stmt_Assign(self, node: nodes.Assign) -> None:
@@ -413,23 +423,29 @@ class _Interpreter:
             scanning = [loop for loop in self.loops if loop.over_messages and loop.loop not in namespace.loops]
             # A forward scan already carries its look-ahead label; a full scan becomes a fact.
             if scanning and not any(loop.looks_ahead for loop in scanning):
-                # Assigned while iterating messages into a namespace that outlives the loop:
-                # after the loop it holds a fact about the whole list, e.g. the position of
-                # the last user query when the assigned value is a loop index.
-                loop = scanning[-1]
-                is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
-                site = self.facts.site(node, f"{target.name}.{target.attr}")
-                scan = Label(
-                    LabelKind.SCAN_POSITION if is_position else LabelKind.SCAN_FLAG,
-                    site,
-                    f"{target.name}.{target.attr}",
-                    loop.loop,
-                )
-                value = Value(value.labels | {scan}, value.const)
+                value = self.scanned(scanning[-1], target, value, node)
             key = (namespace.key, target.attr)
             if self.controls or scanning:
                 value = _merge(self.namespaces.get(key), value)
             self.namespaces[key] = value
+
+    def scanned(self, loop: LoopRef, target: nodes.NSRef, value: Value, node: nodes.Node) -> Value:
+        """A value assigned while iterating messages into a namespace that outlives the
+        loop: after the loop it holds a fact about the whole list, e.g. the position of the
+        last user query when the assigned value is a loop index. A position that ends as the
+        first match in message order is a fact about a prefix, which new messages keep."""
+        is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
+        if is_position and _keeps_first(loop, node):
+            # Counted from either end (`messages|length - 1 - loop.index0`), it is one fixed place.
+            kept = {label for label in value.labels if label.loop != loop.loop and label.kind is not LabelKind.COUNT}
+            return Value(frozenset(kept), value.const)
+        name = f"{target.name}.{target.attr}"
+        site = self.facts.site(node, name)
+        scan = Label(LabelKind.SCAN_POSITION if is_position else LabelKind.SCAN_FLAG, site, name, loop.loop)
+        labels = {scan}
+        if _accumulates(node, target):
+            labels.add(Label(LabelKind.ACCUMULATED, site, name, loop.loop))
+        return Value(value.labels | labels, value.const)
 
     def control_labels(self) -> frozenset[Label]:
         labels: set[Label] = set()
@@ -498,7 +514,8 @@ class _Interpreter:
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
             iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
-        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD))
+        once = self.facts.source_map.memo(("assigned_once", id(node)), lambda: _assigned_once(node.body))
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), once)
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
@@ -636,6 +653,8 @@ class _Interpreter:
             labels = set(base.labels) | set(_union(*bounds).labels)
             if base.has(LabelKind.MESSAGES) and arg.start is not None and self.mentions_current_index(arg.start):
                 labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, expression_text(node.node) + "[...:]")))
+            if base.has(LabelKind.MESSAGES):
+                return Value(_as_positions(frozenset(labels)))  # messages cut at a scanned fact
             return Value(frozenset(labels))
         key = self.expr(arg)
         if isinstance(base.const, NamespaceRef) and isinstance(key.const, str):
@@ -689,11 +708,14 @@ class _Interpreter:
         active = {loop.loop for loop in self.loops}
         labels = set()
         for label in value.labels:
-            if label.kind in SCANS:
+            if label.kind in SCANS and label.origin is None:
                 if label.loop in active:
                     continue
-                origin = label.origin or label.site  # where the scan assigned it, through any re-reads
-                labels.add(Label(label.kind, self.facts.site(node, label.name or ""), label.name, label.loop, origin))
+                # First read after the scan: reported here, and where a fix replaces it. A
+                # fact already read (copied, then built into this value) keeps that read.
+                labels.add(Label(label.kind, self.facts.site(node, label.name or ""), label.name, label.loop, label.site))
+            elif label.kind in SCANS and label.loop in active:
+                continue
             else:
                 labels.add(label)
         return Value(frozenset(labels), value.const)
@@ -703,12 +725,20 @@ class _Interpreter:
             return NOTHING
         site = self.facts.site(node, f"loop.{attr}")
         if attr in LOOP_LAST_ATTRS:
-            return Value(frozenset({Label(LabelKind.LAST, site, loop=loop.loop)}))
+            last = Label(LabelKind.LAST, site, loop=loop.loop)
+            if attr.startswith("revindex"):  # the index counted from the end: a position too
+                return Value(frozenset({last, Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
+            return Value(frozenset({last}))
         if attr == "nextitem":
             return Value(frozenset({Label(LabelKind.NEXT, site, loop=loop.loop), Label(LabelKind.MESSAGE)}))
         if attr == "previtem":
             return Value(frozenset({Label(LabelKind.LOOP_INDEX, loop=loop.loop), Label(LabelKind.MESSAGE)}))
         return Value(frozenset({Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
+
+    def positions_compared(self, value: Value) -> Value:
+        """A scanned fact compared with the index of the message being rendered is a
+        position, whatever the scan assigned (a counter, `loop.revindex0`...)."""
+        return Value(_as_positions(value.labels), value.const) if self.mentions_active_index(value) else value
 
     def mentions_current_index(self, node: nodes.Node) -> bool:
         return self.mentions_active_index(self.expr(node))
@@ -899,7 +929,7 @@ class _Interpreter:
             folded = _fold_compare(values[0].const, [(op.op, value.const) for op, value in zip(node.ops, values[1:])])
             if folded is not None:
                 return Value(const=folded)
-        return _union(*values)
+        return self.positions_compared(_union(*values))
 
     def expr_BinExpr(self, node: nodes.BinExpr) -> Value:
         left, right = self.expr(node.left), self.expr(node.right)
@@ -922,6 +952,106 @@ class _Interpreter:
         if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
             return Value(const="".join(value.const for value in values))
         return _union(*values)
+
+
+def _as_positions(labels: frozenset[Label]) -> frozenset[Label]:
+    if not any(label.kind is LabelKind.SCAN_FLAG for label in labels):
+        return labels
+    return frozenset(
+        Label(LabelKind.SCAN_POSITION, label.site, label.name, label.loop, label.origin)
+        if label.kind is LabelKind.SCAN_FLAG
+        else label
+        for label in labels
+    )
+
+
+def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
+    """``{% set ns.out = ns.out + ... %}``: the field is built up from its own value (text or
+    a list, not a number)."""
+    if not isinstance(node, nodes.Assign) or not isinstance(node.node, (nodes.Add, nodes.Concat)):
+        return False
+    operands, pending = [], [node.node]
+    while pending:
+        operand = pending.pop()
+        if isinstance(operand, nodes.Add):
+            pending += [operand.left, operand.right]
+        elif isinstance(operand, nodes.Concat):
+            pending += operand.nodes
+        else:
+            operands.append(operand)
+    own = [
+        operand
+        for operand in operands
+        if isinstance(operand, nodes.Getattr)
+        and isinstance(operand.node, nodes.Name)
+        and (operand.node.name, operand.attr) == (target.name, target.attr)
+    ]
+    others = [operand for operand in operands if operand not in own]
+    numeric = all(isinstance(operand, nodes.Const) and isinstance(operand.value, (int, float)) for operand in others)
+    return bool(own) and not numeric
+
+
+def _keeps_first(loop: LoopRef, assignment: nodes.Node) -> bool:
+    """Whether a position assigned in ``loop`` ends as the first match in message order (a
+    forward loop that stops at its match, a backward one that does not): appending
+    messages does not move it, once there is a match."""
+    return loop.backwards != (id(assignment) in loop.assigned_once)
+
+
+def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
+    """The namespace assignments in a loop body that run for one item only: in a block
+    that ends the loop (``{% break %}``), or in an ``if`` branch that turns off a
+    namespace flag its own test reads."""
+    once: set[int] = set()
+
+    def assignments(statements: list[nodes.Node]):
+        for statement in statements:
+            if isinstance(statement, nodes.Assign) and isinstance(statement.target, nodes.NSRef):
+                yield statement
+            elif isinstance(statement, nodes.If):
+                for branch in [statement.body, *(elif_.body for elif_ in statement.elif_), statement.else_]:
+                    yield from assignments(branch)
+            elif not isinstance(statement, (nodes.For, nodes.Macro)):
+                yield from assignments([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)])
+
+    def walk(statements: list[nodes.Node]) -> None:
+        if any(isinstance(statement, nodes.Break) for statement in statements):
+            once.update(id(assignment) for assignment in assignments(statements))
+        for statement in statements:
+            if isinstance(statement, nodes.If):
+                for test, branch in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
+                    read = {(n.node.name, n.attr) for n in test.find_all(nodes.Getattr) if isinstance(n.node, nodes.Name)}
+                    set_here = [a for a in assignments(branch) if (a.target.name, a.target.attr) in read]
+                    if set_here:
+                        once.update(id(assignment) for assignment in assignments(branch))
+                    walk(branch)
+                walk(statement.else_)
+            elif not isinstance(statement, (nodes.For, nodes.Macro)):
+                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)])
+
+    walk(body)
+    return frozenset(once)
+
+
+def _backwards(iterable: nodes.Node) -> bool:
+    """Whether a loop's iterable runs from the last item to the first."""
+    while isinstance(iterable, nodes.Filter) and iterable.node is not None:
+        if iterable.name == "reverse":
+            return True
+        if iterable.name not in ("list", "selectattr", "rejectattr", "select", "reject"):
+            return False
+        iterable = iterable.node
+    if isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Slice):
+        return _negative(iterable.arg.step)
+    if _is_range(iterable) and len(iterable.args) == 3:
+        return _negative(iterable.args[2])
+    return False
+
+
+def _negative(node: nodes.Node | None) -> bool:
+    if isinstance(node, nodes.Neg):
+        return isinstance(node.node, nodes.Const) and isinstance(node.node.value, (int, float)) and node.node.value > 0
+    return isinstance(node, nodes.Const) and isinstance(node.value, (int, float)) and node.value < 0
 
 
 def _merge_labels(value: Value, *others: Value) -> Value:

@@ -2,9 +2,13 @@ r"""## What it does
 Finds an earlier message whose render depends on where the last user query is: a scan over
 all messages records a position (Qwen3's reverse scan into `ns.last_query_index`, GLM's
 `ns.last_user_index`, Nemotron's `last_user_idx`...), and the loop that renders the
-messages compares each message's index with it. The check follows data, not names: a
-renamed copy of the scan is found, a variable merely called `last_query_index` that
-changes no output is not.
+messages compares each message's index with it. The check follows data, not names: the
+position is followed through a reverse scan that stops with `{% break %}`, copies into
+plain variables (`{% set last = ns.last_query_index %}`), booleans derived from it
+(`{% set keep = loop.index0 > last %}`) and text a namespace accumulates under such a
+flag and prints after the loop. A variable merely called `last_query_index` that changes
+no output is not reported, nor is a scan that ends on the *first* match in message order
+(a forward scan that stops, a reverse one that does not): new messages never move it.
 
 ## Why is this bad?
 The next user message moves the recorded position. Every assistant turn before it then

@@ -1,4 +1,13 @@
-from helpers import at, lint_fixture, lint_text
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import CORPUS, at, lint_fixture, lint_text
+
+from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.cli import main
+from tmpl_lint.proofs import Cause, ProofStatus
+from tmpl_lint.sources import TemplateSource
 
 
 def test_fixture_renamed_scan_is_found():
@@ -46,3 +55,118 @@ def test_split_of_messages_at_a_scanned_position_is_found():
         "{% for m in messages[:ns.cut] %}{{ m.content }}{% endfor %}\n"
     )
     assert lint_text(source)[0] == [at("PC002", source, "ns.cut]")]
+
+
+# -- the last query's position reaching a turn through data flow (issue 14) --------------
+
+
+def _render_loop(condition: str) -> str:
+    return (
+        "{% for m in messages %}"
+        f"{{% if {condition} %}}{{{{ m.reasoning_content }}}}{{% endif %}}{{{{ m.content }}}}"
+        "{% endfor %}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "place"),
+    [
+        # a reverse scan that stops at the newest user query ({% break %})
+        ("PC002_reverse_scan_break.jinja", (10, 58)),
+        # the scanned position copied into a plain variable: reported where the scan is read
+        ("PC002_copied_index.jinja", (8, 16)),
+        # a boolean derived from the position decides the render
+        ("PC002_boolean_flag.jinja", (9, 34)),
+        # position -> copy -> flag -> what a namespace string accumulates -> printed after the loop
+        ("PC002_accumulator.jinja", (8, 18)),
+    ],
+)
+def test_fixture_idioms_are_found_where_the_scan_is_read(fixture, place):
+    codes, findings = lint_fixture(fixture)
+    assert codes == [("PC002", *place)]
+    assert "(set at line 5)" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    ["PC002_reverse_scan_break.jinja", "PC002_copied_index.jinja", "PC002_boolean_flag.jinja", "PC002_accumulator.jinja"],
+)
+def test_fixture_idioms_are_proven_at_the_first_reasoning_turn(fixture):
+    path = CORPUS / fixture
+    findings = lint_source(TemplateSource(path, None, path.read_text(encoding="utf-8"), "jinja"), prove=ProveOptions())
+    assert [finding.code for finding in findings] == ["PC002"]
+    proof = findings[0].proof
+    assert proof.status is ProofStatus.PROVEN
+    divergence = proof.divergence
+    assert (divergence.cause, divergence.message_index, divergence.role) == (Cause.HISTORY_REWRITE, 1, "assistant")
+    # The agent's first tool call: shown with its reasoning until the next user query moves
+    # the position; the renders share everything up to its "<" ("<think>" vs "<|im_end|>").
+    shared = "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n<"
+    assert (divergence.scenario, divergence.call, divergence.first_divergence) == ("agent", 1, len(shared))
+
+
+@pytest.mark.parametrize(
+    ("scan", "anchor"),
+    [
+        # the reverse index counted by loop.revindex0
+        (
+            "{% for m in messages|reverse %}{% if m.role == 'user' %}{% set ns.idx = loop.revindex0 %}{% break %}{% endif %}"
+            "{% endfor %}\n",
+            "ns.idx %}",
+        ),
+        # a range stepping down over indices, with break
+        (
+            "{% for i in range(messages|length - 1, -1, -1) %}{% if messages[i].role == 'user' %}{% set ns.idx = i %}"
+            "{% break %}{% endif %}{% endfor %}\n",
+            "ns.idx %}",
+        ),
+        # a counter, not a loop index: a position because the render compares it with one
+        (
+            "{% for m in messages|reverse %}{% if not ns.found %}{% set ns.idx = ns.idx - 1 %}{% endif %}"
+            "{% if m.role == 'user' %}{% set ns.found = true %}{% endif %}{% endfor %}\n",
+            "ns.idx %}",
+        ),
+    ],
+)
+def test_position_of_the_newest_query_found_by_other_scans(scan, anchor):
+    source = "{% set ns = namespace(idx=messages|length, found=false) %}\n" + scan + _render_loop("loop.index0 > ns.idx")
+    codes, findings = lint_text(source)
+    assert codes == [at("PC002", source, anchor)]
+    assert "`ns.idx` (set at line 2)" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    "scan",
+    [
+        # a forward scan that stops at its first match: the first user query never moves
+        "{% for m in messages %}{% if m.role == 'user' %}{% set ns.first = loop.index0 %}{% break %}{% endif %}{% endfor %}\n",
+        # a reverse scan that does not stop: it ends on the first user query too
+        "{% for m in messages|reverse %}{% if m.role == 'user' %}{% set ns.first = messages|length - 1 - loop.index0 %}"
+        "{% endif %}{% endfor %}\n",
+        # a forward scan whose guard its own branch turns off
+        "{% for m in messages %}{% if ns.searching and m.role == 'user' %}{% set ns.first = loop.index0 %}"
+        "{% set ns.searching = false %}{% endif %}{% endfor %}\n",
+    ],
+)
+def test_position_of_the_first_user_query_is_stable(scan):
+    source = (
+        "{% set ns = namespace(first=0, searching=true) %}\n"
+        + scan
+        + "{% for m in messages %}{% if loop.index0 == ns.first %}<|system|>{% endif %}"
+        "<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}\n"
+    )
+    assert lint_text(source)[0] == []
+    # and the renders agree: no divergence for any rule to explain
+    assert lint_source(TemplateSource(Path("t.jinja"), None, source, "jinja"), prove=ProveOptions()) == []
+
+
+def test_accumulator_fix_replaces_the_one_read_of_the_scan(tmp_path):
+    original = (CORPUS / "PC002_accumulator.jinja").read_text(encoding="utf-8")
+    path = tmp_path / "PC002_accumulator.jinja"
+    path.write_text(original, encoding="utf-8")
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    assert "fixed PC002 [history-rewrite]" in result.stdout
+    assert path.read_text(encoding="utf-8") == original.replace(
+        "{%- set newest = ns.last_query_index %}", "{%- set newest = -1 %}"
+    )
+    assert result.exit_code == 0
