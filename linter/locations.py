@@ -131,7 +131,9 @@ class SourceMap:
             if isinstance(node, nodes.Filter) and node.node is not None:
                 visit(node.node)
                 children = [child for child in children if child is not node.node]
-            if isinstance(node, (nodes.Name, nodes.Filter)):
+            # `{% set ns.x = ... %}` writes the name `ns` without a Name node: counted too,
+            # or a later `ns` on the line would be matched with it.
+            if isinstance(node, (nodes.Name, nodes.Filter, nodes.NSRef)):
                 key = (node.lineno, node.name)
                 self._occurrence[id(node)] = counters.get(key, 0)
                 counters[key] = counters.get(key, 0) + 1

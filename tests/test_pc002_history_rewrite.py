@@ -170,3 +170,14 @@ def test_accumulator_fix_replaces_the_one_read_of_the_scan(tmp_path):
         "{%- set newest = ns.last_query_index %}", "{%- set newest = -1 %}"
     )
     assert result.exit_code == 0
+
+
+def test_column_of_a_read_after_a_namespace_write_on_the_same_line():
+    # One-line templates (DeepSeek's) write `ns.x` and read `ns.y` on one line: the read's
+    # column is its own, not that of the `ns` the write names.
+    source = (
+        "{% set ns = namespace(idx=0) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.idx = loop.index0 %}"
+        "{% endif %}{% endfor %}{% for m in messages %}{% set ns.seen = true %}{% if loop.index0 > ns.idx %}"
+        "{{ m.reasoning_content }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    assert lint_text(source)[0] == [at("PC002", source, "ns.idx %}")]
