@@ -146,6 +146,21 @@ def agent(system: bool, arguments_as_string: bool, narrated: bool = False) -> li
     )
 
 
+def chained_agent(arguments_as_string: bool) -> list[Call]:
+    """Two tool calls in a row before the answer: the model reads one tool result and calls
+    a tool again, as agents do. A tool result is then followed by a tool call, not only by
+    an answer (DeepSeek-R1's closing tag after the loop is missed there)."""
+    first, second = CALL_IDS
+    return session(
+        [user("Is it warmer in Paris or in Rome?")],
+        [
+            (tool_call(first, "Paris", "First the weather in Paris.", arguments_as_string), [tool_result(first, "18 C, sunny")]),
+            (tool_call(second, "Rome", "Now the weather in Rome.", arguments_as_string), [tool_result(second, "24 C, clear")]),
+            (answer("Rome is warmer: 24 C against 18 C.", "Rome 24 C, Paris 18 C."), [user("Thanks!")]),
+        ],
+    )
+
+
 def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False) -> list[Scenario]:
     """Every scenario the prover renders, for one shape of tool-call arguments."""
     found = [
@@ -156,6 +171,7 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
             "agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT
         ),
         Scenario("agent, narrated tool calls", agent(False, arguments_as_string, narrated=True), TOOLS, kind=ScenarioKind.AGENT),
+        Scenario("agent, chained tool calls", chained_agent(arguments_as_string), TOOLS, kind=ScenarioKind.AGENT),
         Scenario(
             "midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT]), kind=ScenarioKind.CLOCK
         ),

@@ -136,7 +136,7 @@ def test_decoded_text_encodes_back_to_the_same_ids():
                 ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock, generation_prompt)
                 assert tokens.encode(harmony_encoding().decode_utf8(ids)) == ids
                 checked += 1
-    assert checked == 48  # every call of the six scenarios, both ways
+    assert checked == 56  # every call of the seven scenarios, both ways
 
 
 @needs_shared

@@ -99,10 +99,15 @@ def test_fixture_idioms_are_proven_at_the_first_reasoning_turn(fixture):
     assert proof.status is ProofStatus.PROVEN
     divergence = proof.divergence
     assert (divergence.cause, divergence.message_index, divergence.role) == (Cause.HISTORY_REWRITE, 1, "assistant")
-    # The agent's first tool call: shown with its reasoning until the next user query moves
-    # the position; the renders share everything up to its "<" ("<think>" vs "<|im_end|>").
-    shared = "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n<"
-    assert (divergence.scenario, divergence.call, divergence.first_divergence) == ("agent", 1, len(shared))
+    # The first of the chained agent's two tool calls: shown with its reasoning until the
+    # next user query moves the position (call 3); the renders share everything up to its
+    # "<" ("<think>" vs "<|im_end|>"). The longest prompt it costs is the worst.
+    shared = "<|im_start|>user\nIs it warmer in Paris or in Rome?<|im_end|>\n<|im_start|>assistant\n<"
+    assert (divergence.scenario, divergence.call, divergence.first_divergence) == (
+        "agent, chained tool calls",
+        2,
+        len(shared),
+    )
 
 
 @pytest.mark.parametrize(
