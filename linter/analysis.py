@@ -200,6 +200,18 @@ class JsonUse:
     controls: tuple[Control, ...]
 
 
+@dataclass(frozen=True)
+class FlagReset:
+    """``{% set ns.flag = false %}`` in a loop: where a group of messages that turned a
+    namespace flag on (DeepSeek's ``ns.is_tool`` over consecutive tool results) ends."""
+
+    name: str  # "ns.flag", as a scan label names it
+    loop: int  # id of the loop it is in
+    node: nodes.Assign
+    text: str  # the literal text its branch prints: what closes the group there
+    roles: frozenset[str] | None  # the message roles its branch is for, where the tests say
+
+
 @dataclass
 class Facts:
     text: str
@@ -214,6 +226,12 @@ class Facts:
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
+
+    def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
+        """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
+        if self.tree is None:
+            return ()
+        return self.source_map.memo("flag_resets", lambda: _flag_resets(self.tree)).get(loop, ())
 
 
 def parse(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None]:
@@ -989,6 +1007,78 @@ def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
     others = [operand for operand in operands if operand not in own]
     numeric = all(isinstance(operand, nodes.Const) and isinstance(operand.value, (int, float)) for operand in others)
     return bool(own) and not numeric
+
+
+def _flag_resets(tree: nodes.Template) -> dict[int, tuple[FlagReset, ...]]:
+    found: dict[int, list[FlagReset]] = {}
+
+    def walk(statements: list[nodes.Node], loop: nodes.For | None, roles: frozenset[str] | None) -> None:
+        printed = "".join(text for statement in statements for text in _printed_text(statement))
+        for statement in statements:
+            if isinstance(statement, nodes.For):
+                walk(statement.body, statement, None)
+                walk(statement.else_, loop, roles)
+            elif isinstance(statement, nodes.If):
+                taken: set[str] = set()  # roles an earlier branch takes whatever else holds
+                for test, body in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
+                    walk(body, loop, _roles(test) or roles)
+                    taken |= _roles(test, exact=True) or set()
+                # `else` after `if role == "assistant"`: no assistant message gets there
+                walk(statement.else_, loop, frozenset({"other"}) if "assistant" in taken else roles)
+            elif (
+                loop is not None
+                and isinstance(statement, nodes.Assign)
+                and isinstance(statement.target, nodes.NSRef)
+                and isinstance(statement.node, nodes.Const)
+                and not statement.node.value
+            ):
+                name = f"{statement.target.name}.{statement.target.attr}"
+                found.setdefault(id(loop), []).append(FlagReset(name, id(loop), statement, printed, roles))
+            elif isinstance(statement, nodes.Macro):
+                walk(statement.body, None, None)
+            else:
+                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)], loop, roles)
+
+    walk(tree.body, None, None)
+    return {loop: tuple(resets) for loop, resets in found.items()}
+
+
+def _printed_text(statement: nodes.Node):
+    """The literal text a statement prints, in source order, through its ``if`` branches."""
+    if isinstance(statement, nodes.Output):
+        for child in statement.nodes:
+            yield from [child.data] if isinstance(child, nodes.TemplateData) else _literal_strings(child)
+    elif isinstance(statement, nodes.If):
+        for body in [statement.body, *(e.body for e in statement.elif_), statement.else_]:
+            for inner in body:
+                yield from _printed_text(inner)
+
+
+def _roles(test: nodes.Node, exact: bool = False) -> frozenset[str] | None:
+    """The message roles a test admits, where it compares a ``.role`` with constants;
+    ``exact``: only where the test admits every message of those roles."""
+    if isinstance(test, nodes.And):
+        if exact:
+            return None
+        left, right = _roles(test.left), _roles(test.right)
+        return left & right if left is not None and right is not None else left or right
+    if isinstance(test, nodes.Or):
+        left, right = _roles(test.left, exact), _roles(test.right, exact)
+        return left | right if left is not None and right is not None else None
+    if isinstance(test, nodes.Compare) and len(test.ops) == 1 and test.ops[0].op == "eq":
+        sides = [test.expr, test.ops[0].expr]
+        constants = [side.value for side in sides if isinstance(side, nodes.Const) and isinstance(side.value, str)]
+        if constants and any(_is_role(side) for side in sides):
+            return frozenset(constants)
+    return None
+
+
+def _is_role(node: nodes.Node) -> bool:
+    if isinstance(node, nodes.Filter) and node.name == "lower" and node.node is not None:
+        node = node.node
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "role"
+    return isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
 
 
 def _keeps_first(loop: LoopRef, assignment: nodes.Node) -> bool:

@@ -23,7 +23,8 @@ pytestmark = needs_shared
 
 EXPECTED = {
     "ByteDance-Seed--Seed-OSS-36B-Instruct": set(),
-    "CohereForAI--c4ai-command-r-plus--tool_use": {"PC004"},
+    # the action instructions printed after the messages (ORACLE agent: history)
+    "CohereForAI--c4ai-command-r-plus--tool_use": {"PC004", "PC007"},
     "CohereForAI--c4ai-command-r-v01": set(),
     "CohereLabs--c4ai-command-a-03-2025--rag": {"PC003", "PC004"},
     "CohereLabs--c4ai-command-a-03-2025--tool_use": {"PC003", "PC004"},
@@ -45,8 +46,12 @@ EXPECTED = {
     "chujiezheng--llama-3-instruct": set(),
     "chujiezheng--mistral-instruct": set(),
     "chujiezheng--qwen2.5-instruct": {"PC004"},
-    "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B": set(),
-    "deepseek-ai--DeepSeek-R1": {"PC006"},
+    # `<｜tool▁outputs▁end｜>` after the loop; a tool call (content null) after a tool result
+    # does not print it. ORACLE says agent "stable": its tool calls carry content, which
+    # this template renders as text, as the prover's do; the proof does not reproduce it.
+    "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B": {"PC007"},
+    # `<｜tool▁outputs▁end｜>` after the loop, gone once a tool call follows (ORACLE agent: history)
+    "deepseek-ai--DeepSeek-R1": {"PC006", "PC007"},
     "deepseek-ai--DeepSeek-V3-0324": set(),
     "deepseek-ai--DeepSeek-V3.1": set(),
     "deepseek-ai--DeepSeek-V3.2": {"PC002", "PC006"},
@@ -75,7 +80,8 @@ EXPECTED = {
     "mistralai--Mistral-Small-24B-Instruct-2501": {"PC001"},
     "mistralai--Mistral-Small-3.2-24B-Instruct-2506": {"PC001", "PC003", "PC004"},
     "moonshotai--Kimi-K2-Instruct": {"PC004"},
-    "moonshotai--Kimi-K2-Thinking": {"PC002", "PC004"},
+    # its backward scan keeps the first assistant answer, which never moves (ORACLE chat: stable)
+    "moonshotai--Kimi-K2-Thinking": {"PC004"},
     "muse--Glimmer": {"PC001", "PC003"},
     "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {
         "PC002",
