@@ -67,6 +67,9 @@ class LabelKind(StrEnum):
     # Text a loop over messages builds up in a namespace (``ns.out = ns.out + ...``): where
     # it is printed, each message's piece is printed, as if inside that loop.
     ACCUMULATED = "accumulated"
+    # A decision that admits, in an inner loop over messages, only the messages before the
+    # one the outer loop renders (DeepSeek-V3.2's `loop.index0 < outer_index`).
+    BEFORE_CURRENT = "before_current"
     NAMESPACE_READ = "namespace_read"
     LAST = "last"
     NEXT = "next"
@@ -453,8 +456,10 @@ class _Interpreter:
         last user query when the assigned value is a loop index. A position that ends as the
         first match in message order is a fact about a prefix, which new messages keep."""
         is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
-        if is_position and _keeps_first(loop, node):
-            # Counted from either end (`messages|length - 1 - loop.index0`), it is one fixed place.
+        earlier_only = any(label.kind is LabelKind.BEFORE_CURRENT and label.loop == loop.loop for label in value.labels)
+        if earlier_only or (is_position and _keeps_first(loop, node)):
+            # Counted from either end (`messages|length - 1 - loop.index0`), it is one fixed
+            # place; found among the messages before the one rendered, later ones never move it.
             kept = {label for label in value.labels if label.loop != loop.loop and label.kind is not LabelKind.COUNT}
             return Value(frozenset(kept), value.const)
         name = f"{target.name}.{target.attr}"
@@ -947,7 +952,27 @@ class _Interpreter:
             folded = _fold_compare(values[0].const, [(op.op, value.const) for op, value in zip(node.ops, values[1:])])
             if folded is not None:
                 return Value(const=folded)
-        return self.positions_compared(_union(*values))
+        compared = self.positions_compared(_union(*values))
+        inner = self.before_current(node, values)
+        return Value(compared.labels | {Label(LabelKind.BEFORE_CURRENT, loop=inner)}, compared.const) if inner else compared
+
+    def before_current(self, node: nodes.Compare, values: list[Value]) -> int | None:
+        """The inner message loop ``inner.index < outer.index`` restricts to the messages
+        before the outer loop's current one, if the comparison is that."""
+        message_loops = [loop.loop for loop in self.loops if loop.over_messages]
+        if len(node.ops) != 1 or len(message_loops) < 2:
+            return None
+        inner, outer = message_loops[-1], set(message_loops[:-1])
+        left, right = values
+        if node.ops[0].op in ("gt", "gteq"):
+            left, right = right, left
+        elif node.ops[0].op not in ("lt", "lteq"):
+            return None
+
+        def indexes(value: Value) -> set[int]:
+            return {label.loop for label in value.labels if label.kind is LabelKind.LOOP_INDEX}
+
+        return inner if indexes(left) == {inner} and indexes(right) and indexes(right) <= outer else None
 
     def expr_BinExpr(self, node: nodes.BinExpr) -> Value:
         left, right = self.expr(node.left), self.expr(node.right)

@@ -186,3 +186,27 @@ def test_column_of_a_read_after_a_namespace_write_on_the_same_line():
         "{{ m.reasoning_content }}{% endif %}{{ m.content }}{% endfor %}"
     )
     assert lint_text(source)[0] == [at("PC002", source, "ns.idx %}")]
+
+
+def _tool_results_numbered(bound: str) -> str:
+    """DeepSeek-V3.2's shape: each tool result finds its tool call by scanning the messages."""
+    return (
+        "{% for m in messages %}\n"
+        "{% if m.role == 'tool' %}{% set outer = loop.index0 %}{% set found = namespace(at=-1) %}\n"
+        "{% for p in messages %}{% if p.role == 'assistant' and p.tool_calls and " + bound + " %}"
+        "{% set found.at = loop.index0 %}{% endif %}{% endfor %}\n"
+        "<result n={{ outer - found.at }}>{{ m.content }}</result>\n"
+        "{% else %}<{{ m.role }}>{{ m.content }}</s>{% endif %}\n"
+        "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+
+
+def test_a_scan_of_the_messages_before_the_rendered_one_is_stable():
+    source = _tool_results_numbered("loop.index0 < outer")
+    assert lint_text(source)[0] == []
+    assert lint_source(TemplateSource(Path("t.jinja"), None, source, "jinja"), prove=ProveOptions()) == []
+
+
+def test_a_scan_of_the_messages_after_the_rendered_one_is_reported():
+    source = _tool_results_numbered("loop.index0 > outer")
+    assert lint_text(source)[0] == [at("PC002", source, "found.at }}")]
