@@ -186,6 +186,9 @@ class Sink:
     controls: tuple[Control, ...]
     loops: tuple[int, ...]  # message loops active here, outermost first
     text: str  # the literal text it prints, where known
+    # The roles of the message being rendered for which it prints, where the branches that
+    # lead to it compare the loop's message role with constants (None: any role).
+    roles: frozenset[str] | None = None
 
     def all_labels(self) -> frozenset[Label]:
         merged = set(self.labels)
@@ -368,6 +371,8 @@ class _Interpreter:
         self.controls: list[Control] = []
         self.loops: list[LoopRef] = []
         self.collectors: list[set[Label]] = []
+        self.roles: list[frozenset[str]] = []  # role constraints of the branches being run
+        self.message_names: list[str] = []  # the loop variable of each loop over messages
         self.macro_cache: dict[tuple, Value] = {}
         self.macro_depth = 0
         self.declared = facts.source_map.memo("declared", lambda: _declared_names(facts.tree))
@@ -416,7 +421,8 @@ class _Interpreter:
         # Printing what a loop accumulated prints what each of its messages added.
         accumulated = {label.loop for label in labels if label.kind is LabelKind.ACCUMULATED}
         loops += tuple(sorted(accumulated - set(loops)))
-        self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text))
+        roles = frozenset.intersection(*self.roles) if self.roles else None
+        self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text, roles))
 
     def stmt_Assign(self, node: nodes.Assign) -> None:
         self.assign(node.target, self.expr(node.node), node)
@@ -480,6 +486,9 @@ class _Interpreter:
         branches = [(node.test, node.body)] + [(elif_.test, elif_.body) for elif_ in node.elif_]
         chain: set[Label] = set()
         taken: list[list[nodes.Node]] = []
+        roles: list[frozenset[str] | None] = []
+        subject = self.message_names[-1] if self.message_names else None
+        exact: set[str] = set()  # roles an earlier test takes whatever else holds
         certain = False
         for test, body in branches:
             value = self.expr(test)
@@ -488,29 +497,43 @@ class _Interpreter:
                 continue
             chain |= value.data()
             taken.append(body)
+            roles.append(_roles(test, subject=subject) if subject else None)
+            exact |= (_roles(test, exact=True, subject=subject) if subject else None) or set()
             if truth is True:
                 certain = True
                 break
         if not certain:
             taken.append(node.else_)
+            roles.append(frozenset({"other"}) if "assistant" in exact else None)
         if certain and len(taken) == 1:
             self.block(taken[0])
             return
-        self.branches(node, frozenset(chain), taken)
+        self.branches(node, frozenset(chain), taken, roles)
 
-    def branches(self, node: nodes.Node, labels: frozenset[Label], bodies: list[list[nodes.Node]]) -> None:
+    def branches(
+        self,
+        node: nodes.Node,
+        labels: frozenset[Label],
+        bodies: list[list[nodes.Node]],
+        roles: list[frozenset[str] | None] | None = None,
+    ) -> None:
         """Run each possible body from the same state, then merge what they assigned."""
         before_vars = dict(self.scope.vars)
         before_ns = dict(self.namespaces)
         results = []
-        for body in bodies:
+        for index, body in enumerate(bodies):
             self.scope.vars = dict(before_vars)
             self.namespaces = dict(before_ns)
             self.controls.append(Control(node, labels))
+            role = roles[index] if roles else None
+            if role is not None:
+                self.roles.append(role)
             try:
                 self.block(body)
             finally:
                 self.controls.pop()
+                if role is not None:
+                    self.roles.pop()
             results.append((self.scope.vars, self.namespaces))
         merged_vars = dict(before_vars)
         merged_ns = dict(before_ns)
@@ -552,6 +575,10 @@ class _Interpreter:
         outer = self.scope
         # Twice when the body carries state between iterations in a namespace, so a value
         # set late in one iteration is seen by the code before it in the next.
+        outer_roles = self.roles
+        if over_messages:
+            self.message_names.append(node.target.name if isinstance(node.target, nodes.Name) else "")
+            self.roles = []  # a role an outer branch tested is another message's
         for _ in range(2 if assigns_namespace else 1):
             self.scope = _Scope(outer)
             self.bind_target(node.target, element)
@@ -572,6 +599,9 @@ class _Interpreter:
                 self.controls.pop()
                 self.loops.pop()
                 self.scope = outer
+        if over_messages:
+            self.message_names.pop()
+            self.roles = outer_roles
         # The loop may run zero times: what it set in namespaces merges with what was there.
         for key, value in list(self.namespaces.items()):
             if before_ns.get(key) is not value:
@@ -825,6 +855,8 @@ class _Interpreter:
             return _union(*args, *kwargs.values())
         self.macro_cache[key] = _union(*args, *kwargs.values())  # recursion sees the arguments only
         outer_scope, outer_controls, outer_loops = self.scope, self.controls, self.loops
+        outer_roles, outer_names = self.roles, self.message_names
+        self.roles, self.message_names = [], []
         self.scope = _Scope(_root(outer_scope))
         self.controls, self.loops = [], []
         for index, parameter in enumerate(macro.args):
@@ -842,6 +874,7 @@ class _Interpreter:
         finally:
             self.macro_depth -= 1
             self.scope, self.controls, self.loops = outer_scope, outer_controls, outer_loops
+            self.roles, self.message_names = outer_roles, outer_names
         self.macro_cache[key] = result
         return result
 
@@ -1045,9 +1078,10 @@ def _flag_resets(tree: nodes.Template) -> dict[int, tuple[FlagReset, ...]]:
                 walk(statement.else_, loop, roles)
             elif isinstance(statement, nodes.If):
                 taken: set[str] = set()  # roles an earlier branch takes whatever else holds
+                subject = loop.target.name if loop is not None and isinstance(loop.target, nodes.Name) else None
                 for test, body in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    walk(body, loop, _roles(test) or roles)
-                    taken |= _roles(test, exact=True) or set()
+                    walk(body, loop, _roles(test, subject=subject) or roles)
+                    taken |= _roles(test, exact=True, subject=subject) or set()
                 # `else` after `if role == "assistant"`: no assistant message gets there
                 walk(statement.else_, loop, frozenset({"other"}) if "assistant" in taken else roles)
             elif (
@@ -1079,31 +1113,33 @@ def _printed_text(statement: nodes.Node):
                 yield from _printed_text(inner)
 
 
-def _roles(test: nodes.Node, exact: bool = False) -> frozenset[str] | None:
-    """The message roles a test admits, where it compares a ``.role`` with constants;
-    ``exact``: only where the test admits every message of those roles."""
+def _roles(test: nodes.Node, exact: bool = False, subject: str | None = None) -> frozenset[str] | None:
+    """The message roles a test admits, where it compares a ``.role`` (of ``subject``, when
+    given) with constants; ``exact``: only where it admits every message of those roles."""
     if isinstance(test, nodes.And):
         if exact:
             return None
-        left, right = _roles(test.left), _roles(test.right)
+        left, right = _roles(test.left, subject=subject), _roles(test.right, subject=subject)
         return left & right if left is not None and right is not None else left or right
     if isinstance(test, nodes.Or):
-        left, right = _roles(test.left, exact), _roles(test.right, exact)
+        left, right = _roles(test.left, exact, subject), _roles(test.right, exact, subject)
         return left | right if left is not None and right is not None else None
     if isinstance(test, nodes.Compare) and len(test.ops) == 1 and test.ops[0].op == "eq":
         sides = [test.expr, test.ops[0].expr]
         constants = [side.value for side in sides if isinstance(side, nodes.Const) and isinstance(side.value, str)]
-        if constants and any(_is_role(side) for side in sides):
+        if constants and any(_is_role(side, subject) for side in sides):
             return frozenset(constants)
     return None
 
 
-def _is_role(node: nodes.Node) -> bool:
+def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
     if isinstance(node, nodes.Filter) and node.name == "lower" and node.node is not None:
         node = node.node
-    if isinstance(node, nodes.Getattr):
-        return node.attr == "role"
-    return isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
+    by_attribute = isinstance(node, nodes.Getattr) and node.attr == "role"
+    by_key = isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
+    if not (by_attribute or by_key):
+        return False
+    return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
 
 
 def _keeps_first(loop: LoopRef, assignment: nodes.Node) -> bool:

@@ -11,6 +11,13 @@ Finds a message whose render depends on the messages after it:
 A test that pairs `loop.last` with the next message's role (`loop.last or
 messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
 not reported, because the group is closed the same way once the next message arrives.
+Nor is `loop.last` (or the next message) in a branch only assistant messages take (QwQ's
+`split('</think>')` unless the turn is last, an end marker printed only when it is not):
+an assistant message is last only while it is the reply just written, so what changes is
+how the reply replays, which the generation prompt's rule (PC006) is about. Nor is a
+separator the loop prints after every message but the last (`{% if not loop.last %}{{ "\n" }}{% endif %}`
+as its last statement): the last message is followed by the generation prompt instead, and
+where that does not start with the separator the prompt differs at the reply's opener.
 
 ## Why is this bad?
 At turn N the message is last; at turn N+1 it is not, so it renders differently and the
@@ -50,7 +57,9 @@ from __future__ import annotations
 
 import re
 
-from tmpl_lint.analysis import Facts, Label, LabelKind, Sink
+from jinja2 import nodes
+
+from tmpl_lint.analysis import Control, Facts, Label, LabelKind, Sink
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause
@@ -72,7 +81,9 @@ def check(facts: Facts) -> list[Finding]:
         if not sink.loops:
             continue
         every_label = sink.all_labels()
-        for group in [sink.labels] + [control.labels for control in sink.controls]:
+        for group in [sink.labels] + [
+            control.labels for control in sink.controls if not _separator_after_the_message(control, sink, facts)
+        ]:
             # One finding per decision, at its first look-ahead.
             for label, message in _look_aheads(group, sink):
                 key = (label.site.line, label.site.column)
@@ -88,8 +99,18 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
     closes_group = bool(kinds & {LabelKind.LAST, LabelKind.COUNT}) and LabelKind.NEXT in kinds
     history_rewrite = any(label.kind is LabelKind.SCAN_POSITION and label.loop not in sink.loops for label in group)
     active_index = any(label.kind is LabelKind.LOOP_INDEX and label.loop in sink.loops for label in group)
+    # An assistant message is last, or has no next message, only while it is the reply just
+    # written: what changes is how the reply itself replays (the generation prompt's
+    # business, PC006), not history. `messages[-1]` is another message: still reported.
+    reply_only = sink.roles is not None and sink.roles <= {"assistant"}
+    rendered = sink.loops[-1] if sink.loops else None
     for label in sorted(group, key=_order):
         if label.site is None:
+            continue
+        if reply_only and (
+            (label.kind in (LabelKind.LAST, LabelKind.NEXT) and label.loop == rendered)
+            or (label.kind is LabelKind.COUNT and active_index)
+        ):
             continue
         if label.kind is LabelKind.LOOKAHEAD:
             yield label, f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
@@ -114,6 +135,27 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
                     "differently once later messages exist"
                 ),
             )
+
+
+def _separator_after_the_message(control: Control, sink: Sink, facts: Facts) -> bool:
+    """``{% if not loop.last %}{{ "\\n" }}{% endif %}`` as the last statement of the loop: the
+    last message is followed by the generation prompt instead. Where that starts with other
+    text, the prompt and history differ at the reply's opener (PC006), not in history."""
+    node = control.node
+    if not (
+        isinstance(node, nodes.If)
+        and not node.elif_
+        and not node.else_
+        and node.body == [sink.node]
+        and isinstance(node.test, nodes.Not)
+        and isinstance(node.test.node, nodes.Getattr)
+        and node.test.node.attr == "last"
+        and isinstance(node.test.node.node, nodes.Name)
+        and node.test.node.node.name == "loop"
+    ):
+        return False
+    loop = next((loop for loop in facts.tree.find_all(nodes.For) if id(loop) == sink.loops[-1]), None)
+    return loop is not None and bool(loop.body) and loop.body[-1] is node
 
 
 def _order(label: Label):

@@ -1,6 +1,8 @@
 import pytest
 from helpers import at, lint_fixture, lint_text
 
+from tmpl_lint.sources import TemplateSource
+
 
 def test_fixture_last_user_message_blocks():
     codes, findings = lint_fixture("PC003_future_dependent_render.jinja")
@@ -45,3 +47,74 @@ def test_group_closure_is_not_reported():
 )
 def test_cases(source, anchors):
     assert lint_text(source)[0] == [at("PC003", source, anchor) for anchor in anchors]
+
+
+# -- loop.last where only the reply itself can be last (issue 14) --------------------------
+
+ASSISTANT_LAST = (
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'assistant' %}\n"
+    "{%- set content = m.content %}\n"
+    "{%- if not loop.last %}{% set content = m.content.split('</think>')[-1] %}{% endif %}\n"
+    "<|assistant|>{{ content }}<|end|>{% if not loop.last %}{{ '\\n' }}{% endif %}\n"
+    "{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>\n"
+    "{% endif %}\n"
+    "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_last_assistant_turn_split_and_separator_after_its_end_marker_are_not_reported():
+    # QwQ strips reasoning unless the turn is last; Apriel prints the separator after the
+    # end marker unless it is last. An assistant turn is last only while it is the reply
+    # just written, so neither changes history.
+    assert lint_text(ASSISTANT_LAST)[0] == []
+
+
+def test_last_assistant_turn_changes_only_the_reply_when_rendered():
+    from pathlib import Path
+
+    from tmpl_lint.checker import ProveOptions, lint_source
+    from tmpl_lint.proofs import Cause
+    from tmpl_lint.prover import Prover
+
+    source = ASSISTANT_LAST.replace("{{ content }}", "<think>{{ m.reasoning_content }}</think>{{ content }}")
+    causes = {d.cause for d in Prover(source, None).run({}).divergences()}
+    assert Cause.HISTORY_REWRITE not in causes
+    findings = lint_source(TemplateSource(Path("t.jinja"), None, source, "jinja"), prove=ProveOptions())
+    assert [f.code for f in findings if f.code in ("PC002", "PC003", "PC100")] == []
+
+
+@pytest.mark.parametrize(
+    "branch",
+    [
+        "{%- if m.role == 'user' %}",  # a user message is last at every turn: reported
+        "{%- if m.role == 'assistant' or m.role == 'tool' %}",  # a tool result can be last too
+        "{%- if messages[0].role == 'assistant' %}",  # another message's role says nothing
+    ],
+)
+def test_last_in_other_branches_is_still_reported(branch):
+    source = ASSISTANT_LAST.replace("{%- if m.role == 'assistant' %}", branch)
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last %}{% set"), at("PC003", source, "loop.last %}{{")]
+
+
+@pytest.mark.parametrize("opener", ["\\n<|assistant|>", "<|assistant|>"])
+def test_separator_after_every_message_but_the_last_is_not_a_history_rewrite(opener):
+    from tmpl_lint.proofs import Cause
+    from tmpl_lint.prover import Prover
+
+    source = (
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% if not loop.last %}{{ '\\n' }}{% endif %}"
+        "{%- endfor %}{% if add_generation_prompt %}{{ '" + opener + "' }}{% endif %}"
+    )
+    assert lint_text(source)[0] == []
+    # a generation prompt without the separator differs from history at the reply's opener
+    causes = {d.cause for d in Prover(source, None).run({}).divergences()} - {Cause.CLEAN}
+    assert causes == (set() if opener.startswith("\\n") else {Cause.GENERATION_PROMPT})
+
+
+def test_separator_inside_a_message_is_reported():
+    source = (
+        "{%- for m in messages %}<|{{ m.role }}|>{% if not loop.last %}{{ '\\n' }}{% endif %}{{ m.content }}<|end|>"
+        "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
