@@ -946,7 +946,9 @@ class _Interpreter:
         if truth is True:
             return right
         if _truth(right) is False:
-            return Value(left.data() | right.data(), UNKNOWN)
+            # False whichever side it returns (`is_after_last_user and thinking` with thinking
+            # false): a branch it guards never runs. Printed, it is one of two falsy values.
+            return Value(left.data() | right.data(), right.const)
         return _union(left, right)
 
     def expr_Or(self, node: nodes.Or) -> Value:

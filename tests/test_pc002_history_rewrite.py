@@ -210,3 +210,20 @@ def test_a_scan_of_the_messages_before_the_rendered_one_is_stable():
 def test_a_scan_of_the_messages_after_the_rendered_one_is_reported():
     source = _tool_results_numbered("loop.index0 > outer")
     assert lint_text(source)[0] == [at("PC002", source, "found.at }}")]
+
+
+def test_switch_that_turns_the_decision_off_after_the_position_is_named():
+    # DeepSeek-V3.2's shape: `is_after_last_user and thinking`, thinking false unless passed.
+    # `x and false` is false whatever x is, so the default is stable.
+    source = (
+        "{% if show_thinking is not defined %}{% set show_thinking = false %}{% endif %}\n"
+        "{% set ns = namespace(idx=-1) %}\n"
+        "{% for m in messages %}{% if m.role == 'user' %}{% set ns.idx = loop.index0 %}{% endif %}{% endfor %}\n"
+        "{% for m in messages %}{% set after = loop.index0 > ns.idx %}"
+        "{% if after and show_thinking %}{{ m.reasoning_content }}{% endif %}{{ m.content }}{% endfor %}\n"
+    )
+    codes, findings = lint_text(source)
+    assert codes == [at("PC002", source, "ns.idx %}{% if")]
+    switch = findings[0].switch
+    assert (switch.name, switch.default_is_stable, switch.unstable_value) == ("show_thinking", True, True)
+    assert findings[0].severity == "info"
