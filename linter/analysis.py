@@ -1070,37 +1070,39 @@ def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
 
 
 def _flag_resets(tree: nodes.Template) -> dict[int, tuple[FlagReset, ...]]:
+    """Every ``{% set ns.flag = <false> %}`` inside a loop, filed under each loop around it
+    (a reset in a loop over tool calls runs while the loop over messages renders one)."""
     found: dict[int, list[FlagReset]] = {}
 
-    def walk(statements: list[nodes.Node], loop: nodes.For | None, roles: frozenset[str] | None) -> None:
+    def walk(statements: list[nodes.Node], loops: tuple[nodes.For, ...], roles: frozenset[str] | None) -> None:
         printed = "".join(text for statement in statements for text in _printed_text(statement))
         for statement in statements:
             if isinstance(statement, nodes.For):
-                walk(statement.body, statement, None)
-                walk(statement.else_, loop, roles)
+                walk(statement.body, (*loops, statement), roles)
+                walk(statement.else_, loops, roles)
             elif isinstance(statement, nodes.If):
                 taken: set[str] = set()  # roles an earlier branch takes whatever else holds
-                subject = loop.target.name if loop is not None and isinstance(loop.target, nodes.Name) else None
                 for test, body in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    walk(body, loop, _roles(test, subject=subject) or roles)
-                    taken |= _roles(test, exact=True, subject=subject) or set()
+                    walk(body, loops, _roles(test) or roles)
+                    taken |= _roles(test, exact=True) or set()
                 # `else` after `if role == "assistant"`: no assistant message gets there
-                walk(statement.else_, loop, frozenset({"other"}) if "assistant" in taken else roles)
+                walk(statement.else_, loops, frozenset({"other"}) if "assistant" in taken else roles)
             elif (
-                loop is not None
+                loops
                 and isinstance(statement, nodes.Assign)
                 and isinstance(statement.target, nodes.NSRef)
                 and isinstance(statement.node, nodes.Const)
                 and not statement.node.value
             ):
                 name = f"{statement.target.name}.{statement.target.attr}"
-                found.setdefault(id(loop), []).append(FlagReset(name, id(loop), statement, printed, roles))
+                for loop in loops:
+                    found.setdefault(id(loop), []).append(FlagReset(name, id(loop), statement, printed, roles))
             elif isinstance(statement, nodes.Macro):
-                walk(statement.body, None, None)
+                walk(statement.body, (), None)
             else:
-                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)], loop, roles)
+                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)], loops, roles)
 
-    walk(tree.body, None, None)
+    walk(tree.body, (), None)
     return {loop: tuple(resets) for loop, resets in found.items()}
 
 
