@@ -27,6 +27,7 @@ from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
+from .tree import TreeIndex, child_nodes
 
 
 class _Sentinel:
@@ -133,7 +134,14 @@ class Value:
 
     def data(self) -> frozenset[Label]:
         """Labels that describe dependence, not structure."""
-        return frozenset(label for label in self.labels if not label.is_structural())
+        cached = self.__dict__.get("_data")
+        if cached is None:
+            if any(label.kind in STRUCTURAL for label in self.labels):
+                cached = frozenset(label for label in self.labels if label.kind not in STRUCTURAL)
+            else:
+                cached = self.labels  # the same set: no need to hash every label again
+            self.__dict__["_data"] = cached  # frozen, and data() is asked again and again
+        return cached
 
     def has(self, kind: LabelKind) -> bool:
         return any(label.kind == kind for label in self.labels)
@@ -375,7 +383,8 @@ class _Interpreter:
         self.message_names: list[str] = []  # the loop variable of each loop over messages
         self.macro_cache: dict[tuple, Value] = {}
         self.macro_depth = 0
-        self.declared = facts.source_map.memo("declared", lambda: _declared_names(facts.tree))
+        self.index = tree_index(facts)
+        self.declared = facts.source_map.memo("declared", lambda: _declared_names(self.index))
 
     # -- statements ------------------------------------------------------------------
 
@@ -387,11 +396,11 @@ class _Interpreter:
             self.statement(statement)
 
     def statement(self, node: nodes.Node) -> None:
-        handler = getattr(self, f"stmt_{type(node).__name__}", None)
+        handler = _STATEMENTS.get(type(node).__name__)
         if handler is not None:
-            handler(node)
+            handler(self, node)
         elif isinstance(node, nodes.Stmt):
-            for child in node.iter_child_nodes():
+            for child in child_nodes(node):
                 if isinstance(child, nodes.Stmt):
                     self.statement(child)
 
@@ -568,9 +577,7 @@ class _Interpreter:
             kept = {label for label in element.labels if label.kind is not LabelKind.COUNT}
             element = Value(frozenset(kept | {Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
         control = Control(node, iterable.data())
-        assigns_namespace = self.facts.source_map.memo(
-            ("assigns_namespace", id(node)), lambda: any(True for _ in node.find_all(nodes.NSRef))
-        )
+        assigns_namespace = self.index.contains(node, nodes.NSRef)
         before_ns = dict(self.namespaces)
         outer = self.scope
         # Twice when the body carries state between iterations in a namespace, so a value
@@ -663,10 +670,10 @@ class _Interpreter:
     # -- expressions -----------------------------------------------------------------
 
     def expr(self, node: nodes.Node) -> Value:
-        handler = getattr(self, f"expr_{type(node).__name__}", None)
+        handler = _EXPRESSIONS.get(type(node).__name__)
         if handler is not None:
-            return handler(node)
-        return _union(*(self.expr(child) for child in node.iter_child_nodes() if isinstance(child, nodes.Expr)))
+            return handler(self, node)
+        return _union(*(self.expr(child) for child in child_nodes(node) if isinstance(child, nodes.Expr)))
 
     def expr_Const(self, node: nodes.Const) -> Value:
         return Value(const=node.value)
@@ -1209,6 +1216,12 @@ def _negative(node: nodes.Node | None) -> bool:
     return isinstance(node, nodes.Const) and isinstance(node.value, (int, float)) and node.value < 0
 
 
+# Handlers by node type name: ``stmt_Output`` handles ``Output`` (a dict lookup, where
+# building the method name for every node cost a tenth of the analysis).
+_STATEMENTS = {name[len("stmt_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("stmt_")}
+_EXPRESSIONS = {name[len("expr_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("expr_")}
+
+
 def _merge_labels(value: Value, *others: Value) -> Value:
     return Value(value.labels | _union(*others).labels)
 
@@ -1219,7 +1232,7 @@ def _literal_strings(node: nodes.Node) -> list[str]:
         return [node.value] if isinstance(node.value, str) else []
     if isinstance(node, (nodes.Add, nodes.Concat, nodes.CondExpr, nodes.Filter)):
         parts = []
-        for child in node.iter_child_nodes():
+        for child in child_nodes(node):
             if isinstance(node, nodes.CondExpr) and child is node.test:
                 continue
             if isinstance(node, nodes.Filter) and child is not node.node:
@@ -1239,10 +1252,15 @@ def _root(scope: _Scope) -> _Scope:
     return scope
 
 
-def _declared_names(tree: nodes.Template) -> set[str]:
-    names = {node.name for node in tree.find_all(nodes.Name) if node.ctx in ("store", "param")}
-    names |= {node.name for node in tree.find_all(nodes.Macro)}
+def _declared_names(index: TreeIndex) -> set[str]:
+    names = {node.name for node in index.find_all(nodes.Name) if node.ctx in ("store", "param")}
+    names |= {node.name for node in index.find_all(nodes.Macro)}
     return names
+
+
+def tree_index(facts: Facts) -> TreeIndex:
+    """The parsed template's node index, built once for every analysis of it."""
+    return facts.source_map.memo("tree_index", lambda: TreeIndex(facts.tree))
 
 
 _BINARY = {
