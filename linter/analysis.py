@@ -26,8 +26,7 @@ from jinja2.lexer import TokenStream
 from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap
-from .tree import TreeIndex, child_nodes
+from .locations import SourceMap, child_nodes
 
 
 class _Sentinel:
@@ -383,8 +382,7 @@ class _Interpreter:
         self.message_names: list[str] = []  # the loop variable of each loop over messages
         self.macro_cache: dict[tuple, Value] = {}
         self.macro_depth = 0
-        self.index = tree_index(facts)
-        self.declared = facts.source_map.memo("declared", lambda: _declared_names(self.index))
+        self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
 
     # -- statements ------------------------------------------------------------------
 
@@ -577,7 +575,7 @@ class _Interpreter:
             kept = {label for label in element.labels if label.kind is not LabelKind.COUNT}
             element = Value(frozenset(kept | {Label(LabelKind.LOOP_INDEX, loop=loop.loop)}))
         control = Control(node, iterable.data())
-        assigns_namespace = self.index.contains(node, nodes.NSRef)
+        assigns_namespace = id(node) in self.namespace_loops
         before_ns = dict(self.namespaces)
         outer = self.scope
         # Twice when the body carries state between iterations in a namespace, so a value
@@ -833,7 +831,7 @@ class _Interpreter:
         if (
             isinstance(func, nodes.Name)
             and func.name in CLOCK_GLOBALS
-            and func.name not in self.declared
+            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts.tree))
             and func.name not in self.facts.assumptions
         ):
             site = self.facts.site(func, func.name)
@@ -1252,15 +1250,27 @@ def _root(scope: _Scope) -> _Scope:
     return scope
 
 
-def _declared_names(index: TreeIndex) -> set[str]:
-    names = {node.name for node in index.find_all(nodes.Name) if node.ctx in ("store", "param")}
-    names |= {node.name for node in index.find_all(nodes.Macro)}
+def _declared_names(tree: nodes.Template) -> set[str]:
+    names = {node.name for node in tree.find_all(nodes.Name) if node.ctx in ("store", "param")}
+    names |= {node.name for node in tree.find_all(nodes.Macro)}
     return names
 
 
-def tree_index(facts: Facts) -> TreeIndex:
-    """The parsed template's node index, built once for every analysis of it."""
-    return facts.source_map.memo("tree_index", lambda: TreeIndex(facts.tree))
+def _namespace_loops(tree: nodes.Template) -> set[int]:
+    """The ids of the loops that hold a ``{% set ns.attr = ... %}``: the only place jinja's
+    parser puts a namespace reference (``NSRef``) is the target of a ``set``, so the walk
+    visits statements only, not the expressions under them (most of the tree), and without
+    recursion: templates nest deeper than Python's stack."""
+    found: set[int] = set()
+    stack: list[tuple[nodes.Node, tuple[int, ...]]] = [(tree, ())]
+    while stack:
+        node, loops = stack.pop()
+        if isinstance(node, (nodes.Assign, nodes.AssignBlock)) and isinstance(node.target, nodes.NSRef):
+            found.update(loops)
+        if isinstance(node, nodes.For):
+            loops = (*loops, id(node))
+        stack.extend((child, loops) for child in child_nodes(node) if isinstance(child, nodes.Stmt))
+    return found
 
 
 _BINARY = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jinja2 import nodes
 
-from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens, tree_index
+from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
@@ -18,7 +18,6 @@ from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
 from .selection import Selection, suppressions
 from .sources import TemplateSource
-from .tree import TreeIndex
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
 
@@ -137,7 +136,7 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
             outcomes[key] = {finding.key for finding in run_rules(assumed, rules)}
         return outcomes[key]
 
-    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(tree_index(facts)))
+    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(facts.tree))
     for finding in findings:
         for name in sorted(finding.candidates):
             if DATE_LIKE.search(name):
@@ -156,10 +155,10 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
             break
 
 
-def _compared_constants(index: TreeIndex) -> dict[str, list[object]]:
+def _compared_constants(tree) -> dict[str, list[object]]:
     """Constants each variable is compared with (``mode == "all"``): the values worth trying."""
     found: dict[str, list[object]] = {}
-    for compare in index.find_all(nodes.Compare):
+    for compare in tree.find_all(nodes.Compare):
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         names = [operand.name for operand in operands if isinstance(operand, nodes.Name)]
         constants = [operand.value for operand in operands if isinstance(operand, nodes.Const)]

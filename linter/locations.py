@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import jinja2
 from jinja2 import nodes
@@ -19,8 +19,7 @@ from jinja2 import nodes
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
     offset: int
     line: int
     kind: str
@@ -40,9 +39,13 @@ class SourceMap:
         self._tree = tree
         self._raw_tokens = raw_tokens  # (line, kind, value) from the parse's own lexing pass
         self._line_starts: list[int] | None = None
-        self._tokens: list[Token] | None = None
+        # Tokens are located lazily, in order, only as far as the lines asked about.
+        self._raw: list | None = None  # (line, kind, value), lexed again only if the parse kept none
+        self._offsets: list[int] = []  # per raw token located so far; -1: its text was not found
+        self._search_from = 0
         self._by_line: dict[int, list[Token]] = {}
-        self._occurrence: dict[int, int] = {}
+        self._tokens: list[Token] | None = None
+        self._occurrence: dict[int, int] | None = None
         self._memo: dict[object, object] = {}
 
     def memo(self, key: object, compute):
@@ -51,8 +54,9 @@ class SourceMap:
             self._memo[key] = compute()
         return self._memo[key]
 
-    # Lexing again and numbering names costs as much as parsing, and most templates need
-    # no position at all, so both happen on the first question about a column.
+    # Locating tokens costs half as much as lexing, and most templates need no position
+    # at all, so tokens are located on the first question about a column, and only up to
+    # the line asked about.
 
     @property
     def line_starts(self) -> list[int]:
@@ -63,25 +67,53 @@ class SourceMap:
             self._line_starts = starts
         return self._line_starts
 
+    def _raw_tokens_list(self) -> list:
+        if self._raw is None:
+            if self._raw_tokens is not None:
+                self._raw = self._raw_tokens
+            else:
+                self._raw = []
+                try:
+                    for token in self._environment.lexer.tokeniter(self.text, None):
+                        self._raw.append(token)
+                except jinja2.TemplateSyntaxError:
+                    pass  # a template that does not lex has no nodes to locate either
+        return self._raw
+
+    def _locate(self, through: int) -> None:
+        """Offsets of the first ``through`` raw tokens: each token's text found forward
+        from the end of the previous one."""
+        raw, offsets, text = self._raw_tokens_list(), self._offsets, self.text
+        search_from = self._search_from
+        for index in range(len(offsets), min(through, len(raw))):
+            value = raw[index][2]
+            offset = text.find(value, search_from)
+            offsets.append(offset)
+            if offset >= 0:
+                search_from = offset + len(value)
+        self._search_from = search_from
+
+    def _on_line(self, line: int) -> list[Token]:
+        if line not in self._by_line:
+            raw = self._raw_tokens_list()
+            first = bisect.bisect_left(raw, line, key=_line_of)
+            last = bisect.bisect_right(raw, line, lo=first, key=_line_of)
+            self._locate(last)
+            self._by_line[line] = [
+                Token(self._offsets[index], line, raw[index][1], raw[index][2])
+                for index in range(first, last)
+                if self._offsets[index] >= 0
+            ]
+        return self._by_line[line]
+
     @property
     def tokens(self) -> list[Token]:
         if self._tokens is None:
-            self._tokens = []
-            try:
-                position = 0
-                raw = self._raw_tokens if self._raw_tokens is not None else self._environment.lexer.tokeniter(self.text, None)
-                for line, kind, value in raw:
-                    offset = self.text.find(value, position)
-                    if offset < 0:
-                        continue
-                    self._tokens.append(Token(offset, line, kind, value))
-                    position = offset + len(value)
-            except jinja2.TemplateSyntaxError:
-                pass  # a template that does not lex has no nodes to locate either
-            for token in self._tokens:
-                self._by_line.setdefault(token.line, []).append(token)
-            if self._tree is not None:
-                self._number_names(self._tree)
+            raw = self._raw_tokens_list()
+            self._locate(len(raw))
+            self._tokens = [
+                Token(offset, line, kind, value) for offset, (line, kind, value) in zip(self._offsets, raw) if offset >= 0
+            ]
         return self._tokens
 
     def line_text(self, line: int) -> str:
@@ -97,15 +129,17 @@ class SourceMap:
 
     def name_token(self, node: nodes.Name | nodes.Filter) -> Token | None:
         """The lexer token of a Name node or a filter's name (the n-th such name on its line)."""
-        self.tokens  # noqa: B018 - lexes on first use
+        same_name = [token for token in self._on_line(node.lineno) if token.kind == "name" and token.value == node.name]
+        if len(same_name) == 1:
+            # Every Name and Filter node has a name token of its own on its line, so the
+            # only token of that name is this node's: no numbering needed.
+            return same_name[0]
+        if self._occurrence is None:
+            self._occurrence = {}
+            if self._tree is not None:
+                self._number_names(self._tree)
         wanted = self._occurrence.get(id(node), 0)
-        seen = 0
-        for token in self._by_line.get(node.lineno, ()):
-            if token.kind == "name" and token.value == node.name:
-                if seen == wanted:
-                    return token
-                seen += 1
-        return None
+        return same_name[wanted] if wanted < len(same_name) else None
 
     def position(self, node: nodes.Node) -> tuple[int, int]:
         """(line, column) of a filter's name, else of the node's leftmost name, else of the
@@ -116,31 +150,55 @@ class SourceMap:
             if token is not None:
                 return token.line, self.column_of_offset(token.offset)
         line = getattr(node, "lineno", 1) or 1
-        self.tokens  # noqa: B018 - lexes on first use
-        for token in self._by_line.get(line, ()):
+        for token in self._on_line(line):
             if token.kind not in ("data", "whitespace", "block_begin", "variable_begin"):
                 return line, self.column_of_offset(token.offset)
         return line, 1
 
     def _number_names(self, tree: nodes.Node) -> None:
+        """Number each Name and Filter node among those of its name on its line, in source
+        order. Without recursion: templates nest deeper than Python's stack."""
         counters: dict[tuple[int, str], int] = {}
+        occurrence = self._occurrence
+        stack: list = [tree]
+        while stack:
+            item = stack.pop()
+            if type(item) is tuple:  # a filter, numbered once its input is
+                node = item[0]
+            else:
+                node = item
+                children = children_in_source_order(node)
+                if isinstance(node, nodes.Filter) and node.node is not None:
+                    # A filter's name follows its input in the source, so number it after the input.
+                    stack.extend(reversed([child for child in children if child is not node.node]))
+                    stack.append((node,))
+                    stack.append(node.node)
+                    continue
+                stack.extend(reversed(children))
+                # `{% set ns.x = ... %}` writes the name `ns` without a Name node: counted too,
+                # or a later `ns` on the line would be matched with it.
+                if not isinstance(node, (nodes.Name, nodes.Filter, nodes.NSRef)):
+                    continue
+            key = (node.lineno, node.name)
+            occurrence[id(node)] = counters.get(key, 0)
+            counters[key] = counters.get(key, 0) + 1
 
-        def visit(node: nodes.Node) -> None:
-            # A filter's name follows its input in the source, so number it after the input.
-            children = children_in_source_order(node)
-            if isinstance(node, nodes.Filter) and node.node is not None:
-                visit(node.node)
-                children = [child for child in children if child is not node.node]
-            # `{% set ns.x = ... %}` writes the name `ns` without a Name node: counted too,
-            # or a later `ns` on the line would be matched with it.
-            if isinstance(node, (nodes.Name, nodes.Filter, nodes.NSRef)):
-                key = (node.lineno, node.name)
-                self._occurrence[id(node)] = counters.get(key, 0)
-                counters[key] = counters.get(key, 0) + 1
-            for child in children:
-                visit(child)
 
-        visit(tree)
+def _line_of(raw_token: tuple) -> int:
+    return raw_token[0]
+
+
+def child_nodes(node: nodes.Node) -> list[nodes.Node]:
+    """``list(node.iter_child_nodes())`` without its generators (``iter_fields`` checks its
+    filters for every field of every node): the analysis asks for children often."""
+    children = []
+    for name in node.fields:
+        item = getattr(node, name, None)
+        if isinstance(item, list):
+            children.extend(child for child in item if isinstance(child, nodes.Node))
+        elif isinstance(item, nodes.Node):
+            children.append(item)
+    return children
 
 
 def children_in_source_order(node: nodes.Node):
@@ -149,7 +207,7 @@ def children_in_source_order(node: nodes.Node):
     if isinstance(node, nodes.For):  # written `for target in iter if test`
         ordered = [node.target, node.iter] + ([node.test] if node.test else [])
         return ordered + list(node.body) + list(node.else_)
-    return list(node.iter_child_nodes())
+    return child_nodes(node)
 
 
 def leftmost_name(node: nodes.Node) -> nodes.Name | None:

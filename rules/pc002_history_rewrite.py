@@ -71,9 +71,13 @@ def check(facts: Facts) -> list[Finding]:
         if not sink.loops:
             continue
         labels = sink.all_labels()
-        for label in sorted(labels, key=_by_place):
-            if label.kind is not LabelKind.SCAN_POSITION or label.site is None or label.loop in sink.loops:
-                continue
+        # Only the positions are put in order: a column is worked out only where needed.
+        scanned = [
+            label
+            for label in labels
+            if label.kind is LabelKind.SCAN_POSITION and label.site is not None and label.loop not in sink.loops
+        ]
+        for label in sorted(scanned, key=_by_place):
             key = (label.name, label.origin)
             if key in findings and _by_place(findings[key]) <= _by_place(label):
                 continue

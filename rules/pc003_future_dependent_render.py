@@ -77,23 +77,30 @@ RULE = RuleInfo(
 
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
+    # Many sinks share a decision, a loop nest and roles, and so its first look-ahead.
+    first_look_ahead: dict[tuple, tuple[Label, str] | None] = {}
     for sink in facts.sinks:
         if not sink.loops:
             continue
-        every_label = sink.all_labels()
         for group in [sink.labels] + [
             control.labels for control in sink.controls if not _separator_after_the_message(control, sink, facts)
         ]:
             # One finding per decision, at its first look-ahead.
-            for label, message in _look_aheads(group, sink):
+            decision = (group, sink.loops, sink.roles)
+            if decision not in first_look_ahead:
+                first_look_ahead[decision] = next(_look_aheads(group, sink), None)
+            found = first_look_ahead[decision]
+            if found is not None:
+                label, message = found
                 key = (label.site.line, label.site.column)
-                findings.setdefault(key, RULE.at(label.site, message, every_label))
-                break
+                if key not in findings:
+                    findings[key] = RULE.at(label.site, message, sink.all_labels())
     return list(findings.values())
 
 
 def _look_aheads(group: frozenset[Label], sink: Sink):
-    """The labels of one decision that make it depend on later messages, with a message."""
+    """The labels of one decision that make it depend on later messages, with a message
+    (what it says depends on the group, the sink's loops and its roles only)."""
     kinds = {label.kind for label in group}
     generation_prompt = any(label.kind is LabelKind.VARIABLE and label.name == "add_generation_prompt" for label in group)
     closes_group = bool(kinds & {LabelKind.LAST, LabelKind.COUNT}) and LabelKind.NEXT in kinds
@@ -104,37 +111,36 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
     # business, PC006), not history. `messages[-1]` is another message: still reported.
     reply_only = sink.roles is not None and sink.roles <= {"assistant"}
     rendered = sink.loops[-1] if sink.loops else None
-    for label in sorted(group, key=_order):
-        if label.site is None:
-            continue
+
+    def message(label: Label) -> str | None:
         if reply_only and (
             (label.kind in (LabelKind.LAST, LabelKind.NEXT) and label.loop == rendered)
             or (label.kind is LabelKind.COUNT and active_index)
         ):
-            continue
+            return None
         if label.kind is LabelKind.LOOKAHEAD:
-            yield label, f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
-        elif label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):
+            return f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
+        if label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):
             if label.kind is LabelKind.COUNT and not active_index:
-                continue
-            yield (
-                label,
-                (
-                    f"`{label.site.text}` makes a message render differently while it is the last one: "
-                    "the next turn renders it again without that"
-                ),
+                return None
+            return (
+                f"`{label.site.text}` makes a message render differently while it is the last one: "
+                "the next turn renders it again without that"
             )
-        elif label.kind is LabelKind.NEXT and not closes_group:
-            yield label, f"`{label.site.text}` makes a message render differently once the next message exists"
-        elif label.kind is LabelKind.SCAN_FLAG and label.loop not in sink.loops and not history_rewrite:
+        if label.kind is LabelKind.NEXT and not closes_group:
+            return f"`{label.site.text}` makes a message render differently once the next message exists"
+        if label.kind is LabelKind.SCAN_FLAG and label.loop not in sink.loops and not history_rewrite:
             origin = f" (set at line {label.origin.line})" if label.origin else ""
-            yield (
-                label,
-                (
-                    f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
-                    "differently once later messages exist"
-                ),
+            return (
+                f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
+                "differently once later messages exist"
             )
+        return None
+
+    # Only the look-aheads are put in order: a column is worked out only where needed.
+    found = [(label, text) for label in group if label.site is not None and (text := message(label)) is not None]
+    for label, text in sorted(found, key=lambda item: _order(item[0])):
+        yield label, text
 
 
 def _separator_after_the_message(control: Control, sink: Sink, facts: Facts) -> bool:
