@@ -15,7 +15,7 @@ finding is gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -26,7 +26,7 @@ from jinja2.lexer import TokenStream
 from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap, child_nodes
+from .locations import SourceMap, child_nodes, descendants
 
 
 class _Sentinel:
@@ -198,10 +198,13 @@ class Sink:
     roles: frozenset[str] | None = None
 
     def all_labels(self) -> frozenset[Label]:
-        merged = set(self.labels)
-        for control in self.controls:
-            merged |= control.labels
-        return frozenset(merged)
+        merged = self.__dict__.get("_all_labels")  # frozen, and every rule asks
+        if merged is None:
+            merged = set(self.labels)
+            for control in self.controls:
+                merged |= control.labels
+            merged = self.__dict__["_all_labels"] = frozenset(merged)
+        return merged
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,8 @@ class Facts:
     variables: set[str] = field(default_factory=set)  # undeclared names the template reads
     assumptions: Mapping[str, object] = field(default_factory=dict)
     too_deep: bool = False  # the analysis stopped at Python's recursion limit
+    trace: Trace | None = None  # the top-level states, when recorded (see Trace)
+    taken_over: int = 0  # top-level statements taken from another analysis' trace
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
@@ -273,7 +278,13 @@ def analyze(
     tree: nodes.Template | None = None,
     source_map: SourceMap | None = None,
     assumptions: Mapping[str, object] | None = None,
+    *,
+    record: bool = False,
+    reusing: Sequence[Trace] = (),
 ) -> Facts:
+    """The facts of one pass. ``record`` keeps the states between top-level statements
+    (``facts.trace``); an analysis under one assumption ``reusing`` other analyses' traces
+    takes over the statements the assumption leaves as they were there (see Trace)."""
     error = None
     if tree is None:
         tree, error = parse(text)
@@ -281,11 +292,197 @@ def analyze(
         source_map = SourceMap(text, PARSE_ENVIRONMENT, tree)
     facts = Facts(text, tree, source_map, error, assumptions=dict(assumptions or {}))
     if tree is not None:
+        if record:
+            facts.trace = Trace(facts)
         try:
-            _Interpreter(facts).run(tree)
+            _Interpreter(facts).run(tree, reusing)
         except RecursionError:
             facts.too_deep = True  # what was recorded before stands; the rest is not analysed
+            facts.trace = None
     return facts
+
+
+@dataclass
+class _State:
+    """The interpreter's state before a top-level statement (at the top level no control,
+    loop, capture or macro call is active)."""
+
+    variables: dict[str, Value]
+    namespaces: dict[tuple[int, str], Value]
+    macro_cache: dict[tuple, Value]
+    sinks: int
+    json_uses: int
+
+
+class Trace:
+    """The states of one analysis between the template's top-level statements.
+
+    An analysis that assumes a value for one variable differs from another only where
+    what a statement reads differs: a statement that reads the same values (apart from
+    the assumed variable's own ``variable`` label, which no step of the analysis looks at:
+    it only names switch candidates) does the same thing, so its effect is taken from the
+    other analysis' trace instead of analysed again. The facts taken over keep that label,
+    which no rule's finding position depends on; the trial's ``variables`` are not kept.
+    """
+
+    def __init__(self, facts: Facts):
+        self.facts = facts
+        self.states: list[_State] = []
+
+    def record(self, interpreter: _Interpreter) -> None:
+        self.states.append(
+            _State(
+                dict(interpreter.scope.vars),
+                dict(interpreter.namespaces),
+                dict(interpreter.macro_cache),
+                len(self.facts.sinks),
+                len(self.facts.json_uses),
+            )
+        )
+
+    def usable_for(self, own: Label) -> bool:
+        """Whether an analysis without the label ``own`` may take statements over: the
+        trace is complete, and no two calls it cached differ only by that label (the
+        macro call cache is keyed by the arguments' labels)."""
+        if len(self.states) != len(self.facts.tree.body) + 1:
+            return False
+        keys = self.states[-1].macro_cache
+        return len({_key_without(key, own) for key in keys}) == len(keys)
+
+    def matches(self, interpreter: _Interpreter, index: int, reads: _Reads, own: Label) -> bool:
+        """Whether top-level statement ``index`` reads in ``interpreter`` what it read in
+        this trace's analysis, up to the label ``own``."""
+        before = self.states[index]
+        here = interpreter.scope.vars
+        namespaces = set(reads.created_namespaces)
+        for name in reads.names:
+            theirs, mine = before.variables.get(name), here.get(name)
+            if theirs is None or mine is None:
+                if theirs is not mine or name == own.name:
+                    return False  # set in one analysis only, or read as the assumption
+            elif not _same_value(theirs, mine, own):
+                return False
+            elif isinstance(mine.const, NamespaceRef):
+                namespaces.add(mine.const.key)
+        if namespaces and not _same_namespaces(before.namespaces, interpreter.namespaces, namespaces, own):
+            return False
+        if reads.macros is not None and not reads.macros:
+            return True
+        theirs = {
+            _key_without(key, own): value
+            for key, value in before.macro_cache.items()
+            if reads.macros is None or key[0] in reads.macros
+        }
+        mine = {key: value for key, value in interpreter.macro_cache.items() if reads.macros is None or key[0] in reads.macros}
+        return _same_values(theirs, mine, own)
+
+    def replay(self, interpreter: _Interpreter, index: int, own: Label) -> None:
+        """Do in ``interpreter`` what top-level statement ``index`` did in this trace."""
+        before, after = self.states[index], self.states[index + 1]
+        for name, value in after.variables.items():
+            if before.variables.get(name) is not value:
+                interpreter.scope.vars[name] = _without(value, own)
+        for key, value in after.namespaces.items():
+            if before.namespaces.get(key) is not value:
+                interpreter.namespaces[key] = _without(value, own)
+        for key, value in after.macro_cache.items():
+            if before.macro_cache.get(key) is not value:
+                interpreter.macro_cache[_key_without(key, own)] = _without(value, own)
+        interpreter.facts.sinks.extend(self.facts.sinks[before.sinks : after.sinks])
+        interpreter.facts.json_uses.extend(self.facts.json_uses[before.json_uses : after.json_uses])
+
+
+def _key_without(key: tuple, own: Label) -> tuple:
+    """A macro call cache key without the label ``own`` in its arguments' labels."""
+    macro, positional, keywords = key
+    if not any(own in labels for labels in positional) and not any(own in labels for _, labels in keywords):
+        return key
+    return (macro, tuple(labels - {own} for labels in positional), tuple((name, labels - {own}) for name, labels in keywords))
+
+
+@dataclass(frozen=True)
+class _Reads:
+    """What one top-level statement may read of the state the analysis carries between
+    statements: scope names (read or written: a branch merges with what was there), the
+    macros it may run (None: any), whose cached calls it may reuse and whose bodies read
+    the top-level scope, and the namespaces it creates (a macro's namespace keeps the
+    entries of its earlier calls)."""
+
+    names: frozenset[str]
+    macros: frozenset[int] | None
+    created_namespaces: frozenset[int]
+
+
+def _top_level_reads(tree: nodes.Template) -> list[_Reads]:
+    """The reads of each top-level statement, found in its syntax (and that of the macros
+    it may call): a superset of what any analysis of it reads."""
+    macros: dict[str, list[nodes.Macro]] = {}
+    assigned: set[str] = set()  # a name also assigned may hold any macro when called
+    scans: dict[int, tuple[set[str], set[str] | None, set[int]]] = {}
+
+    def scan(root: nodes.Node) -> tuple[set[str], set[str] | None, set[int]]:
+        """Names, the names of the callees (None: a callee that may be any macro) and
+        the namespace() calls under ``root``; macro bodies are scanned on their own."""
+        names: set[str] = set()
+        callees: set[str] | None = set()
+        created: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, nodes.Macro) and node is not root:
+                names.add(node.name)  # defined here: its body runs only when called
+                macros.setdefault(node.name, []).append(node)
+                scans[id(node)] = scan(node)
+                continue
+            if isinstance(node, (nodes.Name, nodes.NSRef)):
+                names.add(node.name)
+                if isinstance(node, nodes.Name) and node.ctx in ("store", "param"):
+                    assigned.add(node.name)
+            elif isinstance(node, nodes.Call):
+                callee = node.node
+                if isinstance(callee, nodes.Name):
+                    if callee.name == "namespace":
+                        created.add(id(node))
+                    if callees is not None:
+                        callees.add(callee.name)
+                elif not isinstance(callee, nodes.Getattr):  # a method call never runs a macro
+                    callees = None
+            stack.extend(child_nodes(node))
+        return names, callees, created
+
+    statements = [scan(statement) for statement in tree.body]
+    every_macro = [macro for found in macros.values() for macro in found]
+
+    def macros_called(callees: set[str] | None) -> list[nodes.Macro] | None:
+        if callees is None or callees & assigned:
+            return None
+        return [macro for name in callees if name in macros for macro in macros[name]]
+
+    reads = []
+    for statement, (names, callees, created) in zip(tree.body, statements):
+        if isinstance(statement, nodes.Macro):
+            reads.append(_Reads(frozenset(), frozenset(), frozenset()))  # binds its name, reads nothing
+            continue
+        names, created = set(names), set(created)
+        pending = macros_called(callees)
+        run_any = pending is None
+        pending = every_macro if pending is None else pending
+        run: set[int] = set()
+        while pending:
+            macro = pending.pop()
+            if id(macro) in run:
+                continue
+            run.add(id(macro))
+            body_names, body_callees, body_created = scans[id(macro)]
+            names |= body_names
+            created |= body_created
+            called = macros_called(body_callees)
+            if called is None:
+                run_any = True
+                called = every_macro
+            pending = pending + called
+        reads.append(_Reads(frozenset(names), None if run_any else frozenset(run), frozenset(created)))
+    return reads
 
 
 def expression_text(node: nodes.Node) -> str:
@@ -348,6 +545,42 @@ def _merge(old: Value | None, new: Value) -> Value:
     return Value(old.labels | new.labels, const)
 
 
+def _without(value: Value, label: Label) -> Value:
+    return Value(value.labels - {label}, value.const) if label in value.labels else value
+
+
+def _same_value(theirs: Value, mine: Value, own: Label) -> bool:
+    """``mine`` is ``theirs`` without the label ``own``."""
+    if theirs is mine:
+        return True
+    if theirs.const is not mine.const and not _same(theirs.const, mine.const):
+        return False
+    return mine.labels == (theirs.labels - {own} if own in theirs.labels else theirs.labels)
+
+
+def _same_values(theirs: dict, mine: dict, own: Label) -> bool:
+    if theirs.keys() != mine.keys():
+        return False
+    return all(_same_value(value, mine[key], own) for key, value in theirs.items())
+
+
+def _same_namespaces(theirs: dict, mine: dict, reachable: set[int], own: Label) -> bool:
+    """The entries of the namespaces ``reachable`` (and of those their entries hold) are the
+    same up to the label ``own``."""
+    pending, seen = list(reachable), set()
+    while pending:
+        key = pending.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        their_entries = {name: value for (space, name), value in theirs.items() if space == key}
+        my_entries = {name: value for (space, name), value in mine.items() if space == key}
+        if not _same_values(their_entries, my_entries, own):
+            return False
+        pending.extend(value.const.key for value in my_entries.values() if isinstance(value.const, NamespaceRef))
+    return True
+
+
 def _same(a: object, b: object) -> bool:
     try:
         return type(a) is type(b) and bool(a == b)
@@ -386,8 +619,28 @@ class _Interpreter:
 
     # -- statements ------------------------------------------------------------------
 
-    def run(self, tree: nodes.Template) -> None:
-        self.block(tree.body)
+    def run(self, tree: nodes.Template, reusing: Sequence[Trace] = ()) -> None:
+        trace = self.facts.trace
+        assumed = list(self.facts.assumptions)
+        if len(assumed) != 1 or assumed[0] in CLOCK_GLOBALS:
+            reusing = ()  # the clock is read by name, not as a variable
+        own = Label(LabelKind.VARIABLE, name=assumed[0]) if reusing else None
+        reusing = [other for other in reusing if other.usable_for(own)]
+        if trace is None and not reusing:
+            self.block(tree.body)
+            return
+        reads = self.facts.source_map.memo("top_level_reads", lambda: _top_level_reads(tree)) if reusing else ()
+        for index, statement in enumerate(tree.body):
+            if trace is not None:
+                trace.record(self)
+            other = next((other for other in reusing if other.matches(self, index, reads[index], own)), None)
+            if other is not None:
+                other.replay(self, index, own)
+                self.facts.taken_over += 1
+            else:
+                self.statement(statement)
+        if trace is not None:
+            trace.record(self)
 
     def block(self, body: Iterable[nodes.Node]) -> None:
         for statement in body:
@@ -1251,8 +1504,9 @@ def _root(scope: _Scope) -> _Scope:
 
 
 def _declared_names(tree: nodes.Template) -> set[str]:
-    names = {node.name for node in tree.find_all(nodes.Name) if node.ctx in ("store", "param")}
-    names |= {node.name for node in tree.find_all(nodes.Macro)}
+    every_node = descendants(tree)
+    names = {node.name for node in every_node if isinstance(node, nodes.Name) and node.ctx in ("store", "param")}
+    names |= {node.name for node in every_node if isinstance(node, nodes.Macro)}
     return names
 
 

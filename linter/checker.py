@@ -12,7 +12,7 @@ from jinja2 import nodes
 from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap
+from .locations import SourceMap, descendants
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
@@ -86,12 +86,13 @@ def lint_with_facts(
 ) -> tuple[Facts, list[Finding]]:
     tree, error, raw_tokens = parse_with_tokens(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
-    facts = analyze(source.text, tree, source_map)
+    facts = analyze(source.text, tree, source_map, record=True)
     if error is not None:
         facts.syntax_error = error
     # Every rule runs: a divergence that an ignored rule explains is still explained, not unexplained.
     findings = run_rules(facts, STATIC)
     name_switches(findings, facts, STATIC)
+    facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts.variables, prove))
     elif prove is not None:
@@ -119,7 +120,51 @@ def run_rules(facts: Facts, rules) -> list[Finding]:
     return findings
 
 
-def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
+class SwitchTrials:
+    """The template analysed again with one variable assumed: the values worth trying for
+    a variable, and the finding positions each leaves.
+
+    A trial takes over the top-level statements that read what they read in the plain
+    analysis (``facts.trace``, when recorded) or in an earlier trial of the same variable
+    (see ``analysis.Trace``); ``reanalyse`` analyses every trial whole: the reference the
+    faster way is tested against. Only the rules of findings that name the variable run.
+    """
+
+    def __init__(self, facts: Facts, rules, findings: list[Finding], *, reanalyse: bool = False):
+        self.facts = facts
+        self.rules = rules
+        self.findings = findings
+        self.reanalyse = reanalyse
+        self._outcomes: dict[tuple[str, object], set[tuple[str, int, int]]] = {}
+        self._traces: dict[str, list] = {}  # per variable: the traces its trials may take over from
+        self.taken_over = 0  # top-level statements the trials took over instead of analysing
+
+    def values(self, name: str) -> list[object]:
+        """Unset (the default), a fixed date for a date-like name, else the constants the
+        template compares it with, true and false."""
+        if DATE_LIKE.search(name):
+            return [UNDEFINED, date.today().isoformat()]
+        compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(self.facts.tree))
+        return [UNDEFINED, *compared.get(name, ()), True, False]
+
+    def keys(self, name: str, value: object) -> set[tuple[str, int, int]]:
+        """The positions of the findings (of the codes that name ``name`` as a candidate)
+        when the template is analysed with ``name`` set to ``value``."""
+        key = (name, value)
+        if key not in self._outcomes:
+            facts = self.facts
+            reusing = () if self.reanalyse or facts.trace is None else self._traces.setdefault(name, [facts.trace])
+            assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value}, record=bool(reusing), reusing=reusing)
+            if assumed.trace is not None:
+                reusing.append(assumed.trace)
+            self.taken_over += assumed.taken_over
+            codes = {finding.code for finding in self.findings if name in finding.candidates}
+            rules = [rule for rule in self.rules if rule.RULE.code in codes]
+            self._outcomes[key] = {finding.key for finding in run_rules(assumed, rules)}
+        return self._outcomes[key]
+
+
+def name_switches(findings: list[Finding], facts: Facts, rules, *, reanalyse: bool = False) -> None:
     """For each finding, a template variable whose value makes it disappear, if any.
 
     The template is analysed again with the variable unset (the default), true, false, or
@@ -127,28 +172,16 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
     """
     if facts.tree is None:
         return
-    outcomes: dict[tuple[str, object], set[tuple[str, int, int]]] = {}
-
-    def keys_with(name: str, value: object) -> set[tuple[str, int, int]]:
-        key = (name, value)
-        if key not in outcomes:
-            assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value})
-            outcomes[key] = {finding.key for finding in run_rules(assumed, rules)}
-        return outcomes[key]
-
-    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(facts.tree))
+    trials = SwitchTrials(facts, rules, findings, reanalyse=reanalyse)
     for finding in findings:
         for name in sorted(finding.candidates):
-            if DATE_LIKE.search(name):
-                trials = [UNDEFINED, date.today().isoformat()]
-            else:
-                trials = [UNDEFINED, *compared.get(name, ()), True, False]
-            stable = [value for value in trials if finding.key not in keys_with(name, value)]
-            if not stable or len(stable) == len(trials):
+            values = trials.values(name)
+            stable = [value for value in values if finding.key not in trials.keys(name, value)]
+            if not stable or len(stable) == len(values):
                 continue
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
-            unstable = [value for value in trials if value not in stable and value is not UNDEFINED]
+            unstable = [value for value in values if value not in stable and value is not UNDEFINED]
             finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
             if default_is_stable:
                 finding.severity = "info"  # only a caller who opts in meets it
@@ -158,7 +191,9 @@ def name_switches(findings: list[Finding], facts: Facts, rules) -> None:
 def _compared_constants(tree) -> dict[str, list[object]]:
     """Constants each variable is compared with (``mode == "all"``): the values worth trying."""
     found: dict[str, list[object]] = {}
-    for compare in tree.find_all(nodes.Compare):
+    for compare in descendants(tree):
+        if not isinstance(compare, nodes.Compare):
+            continue
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         names = [operand.name for operand in operands if isinstance(operand, nodes.Name)]
         constants = [operand.value for operand in operands if isinstance(operand, nodes.Const)]

@@ -201,6 +201,21 @@ def child_nodes(node: nodes.Node) -> list[nodes.Node]:
     return children
 
 
+def descendants(node: nodes.Node) -> list[nodes.Node]:
+    """The nodes under ``node`` in ``find_all``'s order, from one walk without generators
+    (or recursion: templates nest deeper than Python's stack)."""
+    found: list[nodes.Node] = []
+    stack = child_nodes(node)
+    stack.reverse()
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        children = child_nodes(current)
+        children.reverse()
+        stack.extend(children)
+    return found
+
+
 def children_in_source_order(node: nodes.Node):
     if isinstance(node, nodes.CondExpr):  # written `expr1 if test else expr2`
         return [child for child in (node.expr1, node.test, node.expr2) if child is not None]
