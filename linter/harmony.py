@@ -214,9 +214,24 @@ def harmony_prompt_ids(
     reasoning_effort: str | None = None,
 ) -> list[int]:
     """Token ids vLLM's server renders for a gpt-oss chat-completions request."""
-    encoding = harmony_encoding()  # first: says how to install openai-harmony when it is missing
-    from openai_harmony import Conversation, HarmonyError, RenderConversationConfig, Role
+    harmony_encoding()  # first: says how to install openai-harmony when it is missing
+    from openai_harmony import HarmonyError
 
+    history = harmony_history(messages, tools, now, add_generation_prompt, reasoning_effort)
+    try:
+        return render_by_message(history, add_generation_prompt)
+    except HarmonyError as error:
+        raise EngineError(f"openai-harmony cannot render the request: {error}") from None
+
+
+def harmony_history(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    now: datetime,
+    add_generation_prompt: bool = True,
+    reasoning_effort: str | None = None,
+) -> list:
+    """The harmony messages vLLM renders for a request: preamble, history, old analysis dropped."""
     messages = [_validated(message) for message in messages]
     date = now.strftime("%Y-%m-%d")
     instructions = None
@@ -231,22 +246,75 @@ def harmony_prompt_ids(
         call.get("id"): call.get("function", {}).get("name") for message in messages for call in message.get("tool_calls") or ()
     }
     history = preamble + [part for message in messages for part in _harmony_messages(message, tool_names, date)]
-    config = RenderConversationConfig(auto_drop_analysis=False)
-    try:
-        if add_generation_prompt:
-            ids = encoding.render_conversation_for_completion(
-                Conversation.from_messages(_drop_old_analysis(history)), Role.ASSISTANT, config=config
-            )
-        else:
-            # The latest reply keeps its own analysis: the model generated it.
-            reply = len(history)
-            while reply > 0 and history[reply - 1].author.role == "assistant":
-                reply -= 1
-            ids = encoding.render_conversation(
-                Conversation.from_messages(_drop_old_analysis(history[:reply]) + history[reply:]), config=config
-            )
-    except HarmonyError as error:
-        raise EngineError(f"openai-harmony cannot render the request: {error}") from None
+    if add_generation_prompt:
+        return _drop_old_analysis(history)
+    # The latest reply keeps its own analysis: the model generated it.
+    reply = len(history)
+    while reply > 0 and history[reply - 1].author.role == "assistant":
+        reply -= 1
+    return _drop_old_analysis(history[:reply]) + history[reply:]
+
+
+def render_by_message(history: list, add_generation_prompt: bool) -> list[int]:
+    """What openai-harmony's ``render_conversation`` (``..._for_completion``) renders,
+    message by message: it renders each message on its own (told whether the conversation
+    has function tools) and joins them, then adds ``<|start|>assistant`` for a completion.
+    A proof renders every conversation again with one more message, so each message's ids
+    are remembered: most of a harmony proof was openai-harmony rendering the same messages.
+    ``render_whole_conversation`` is the reference a test compares this with."""
+    from openai_harmony import DeveloperContent
+
+    function_tools = any(
+        isinstance(content, DeveloperContent)
+        and content.tools
+        and content.tools.get("functions")
+        and content.tools["functions"].tools
+        for message in history
+        for content in message.content
+    )
+    ids: list[int] = []
+    for message in history:
+        ids += _message_ids(message, bool(function_tools))
+    if add_generation_prompt:
+        ids += _completion_start()
+    return ids
+
+
+_MESSAGE_IDS: dict[tuple[str, bool], list[int]] = {}
+_MESSAGE_IDS_KEPT = 4096  # a proof renders a few hundred distinct messages
+
+
+def _message_ids(message, function_tools: bool) -> list[int]:
+    from openai_harmony import RenderOptions
+
+    key = (message.to_json(), function_tools)
+    ids = _MESSAGE_IDS.get(key)
+    if ids is None:
+        rendered = harmony_encoding().render(message, RenderOptions(conversation_has_function_tools=function_tools))
+        ids = _legacy_tool_call_headers(rendered)  # a header never spans two messages
+        if len(_MESSAGE_IDS) >= _MESSAGE_IDS_KEPT:
+            _MESSAGE_IDS.clear()
+        _MESSAGE_IDS[key] = ids
+    return ids
+
+
+@lru_cache(maxsize=1)
+def _completion_start() -> tuple[int, ...]:
+    from openai_harmony import Conversation, Role
+
+    return tuple(harmony_encoding().render_conversation_for_completion(Conversation.from_messages([]), Role.ASSISTANT))
+
+
+def render_whole_conversation(history: list, add_generation_prompt: bool) -> list[int]:
+    """openai-harmony's own conversation render of ``history`` (analysis already dropped)."""
+    from openai_harmony import Conversation, RenderConversationConfig, Role
+
+    encoding, config = harmony_encoding(), RenderConversationConfig(auto_drop_analysis=False)
+    conversation = Conversation.from_messages(history)
+    if add_generation_prompt:
+        ids = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT, config=config)
+    else:
+        ids = encoding.render_conversation(conversation, config=config)
     return _legacy_tool_call_headers(ids)
 
 

@@ -18,6 +18,7 @@ import signal
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache, partial
@@ -62,9 +63,19 @@ class FrozenClock:
         self.instant = instant
 
 
+# The clock of the render under way. A template is compiled once per text and limits (a
+# compile costs as much as a dozen renders, and every proof made a clock of its own), and
+# each render says which clock ``strftime_now`` reads; per thread, as context variables are.
+_RENDER_CLOCK: ContextVar[Clock] = ContextVar("render_clock")
+
+
+def _render_clock_now() -> datetime:
+    return _RENDER_CLOCK.get()()
+
+
 @lru_cache(maxsize=256)
-def _compile(text: str, clock: Clock, limits: RenderLimits) -> jinja2.Template:
-    environment = make_environment(clock)
+def _compile(text: str, limits: RenderLimits) -> jinja2.Template:
+    environment = make_environment(_render_clock_now)
     environment.intercepted_binops = frozenset({"*", "**"})
     environment.call_binop = partial(_bounded_binop, environment, limits)
     return environment.from_string(text)
@@ -102,9 +113,9 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def compile_template(text: str, clock: Clock, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2.Template:
+def compile_template(text: str, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2.Template:
     try:
-        return _compile(text, clock, limits)
+        return _compile(text, limits)
     except jinja2.TemplateSyntaxError as error:
         raise RenderError(f"template does not parse: {error.message} (line {error.lineno})") from None
     except RecursionError:
@@ -134,8 +145,9 @@ def render(
     template_kwargs: Mapping[str, Any] | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
 ) -> str:
-    template = compile_template(text, clock, limits)
+    template = compile_template(text, limits)
     variables = {**(special_tokens or {}), **(template_kwargs or {})}
+    reading = _RENDER_CLOCK.set(clock)
     try:
         with _deadline(limits.seconds):
             chunks: list[str] = []
@@ -162,3 +174,5 @@ def render(
         raise RenderError(f"{type(error).__name__}: {error}") from None
     except RecursionError:
         raise RenderLimitExceeded("recursion too deep") from None
+    finally:
+        _RENDER_CLOCK.reset(reading)

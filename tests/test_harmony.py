@@ -13,7 +13,14 @@ import pytest
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
 from tmpl_lint.engines import HARMONY, EngineError, engine_tokenizer, render_prompt, resolve_engine
-from tmpl_lint.harmony import HarmonyTokenizer, harmony_encoding, harmony_prompt_ids
+from tmpl_lint.harmony import (
+    HarmonyTokenizer,
+    harmony_encoding,
+    harmony_history,
+    harmony_prompt_ids,
+    render_by_message,
+    render_whole_conversation,
+)
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
 
@@ -210,3 +217,22 @@ def test_special_token_text_inside_a_message_is_measured_as_harmony_encodes_it()
     rendered = text(chat)
     assert Measure(HarmonyTokenizer()).ids(rendered) == expected
     assert HarmonyTokenizer().encode(str(rendered)) != expected  # what re-encoding the text would give
+
+
+@pytest.mark.parametrize("system_instructions", ["0", "1"])
+@pytest.mark.parametrize("effort", [None, "high"])
+def test_message_by_message_render_is_openai_harmonys_conversation_render(monkeypatch, system_instructions, effort):
+    """Harmony proofs render message by message, remembering each message's ids; every
+    request a proof makes renders as openai-harmony's own conversation render does."""
+    monkeypatch.setenv("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS", system_instructions)
+    compared = 0
+    for scenario in scenarios({}, arguments_as_string=True):
+        for call in scenario.calls:
+            requests = [(call.messages, True), (call.messages, False)]
+            if call.reply is not None:
+                requests.append((call.messages + [call.reply], False))
+            for messages, generation_prompt in requests:
+                history = harmony_history(messages, scenario.tools, call.clock, generation_prompt, effort)
+                assert render_by_message(history, generation_prompt) == render_whole_conversation(history, generation_prompt)
+                compared += 1
+    assert compared > 60
