@@ -38,7 +38,7 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
     from .isolation import IsolationError, run_isolated
 
     try:
-        return run_isolated(_lint_for_parent, (source, selection, prove))
+        return run_isolated(lint_source, (source, selection, prove))
     except IsolationError as error:
         limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
         finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
@@ -67,18 +67,18 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
 
 
 def _lint_batch_for_parent(sources: list[TemplateSource], selection: Selection) -> list[list[Finding]]:
-    return [_lint_for_parent(source, selection, None) for source in sources]
-
-
-def _lint_for_parent(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
-    findings = lint_source(source, selection, prove)
-    for finding in findings:  # places hold parse trees, which need not cross processes
-        finding.site, finding.related = None, ()
-    return findings
+    return [lint_source(source, selection) for source in sources]
 
 
 def lint_source(source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None) -> list[Finding]:
-    return lint_with_facts(source, selection, prove)[1]
+    """The findings as reported, without their places in the parse tree (``lint_with_facts``
+    keeps them, for fixes): a batch would otherwise keep every template's tree alive, and
+    the garbage collector walked them all again and again (a seventh of a static run); nor
+    need they cross processes."""
+    findings = lint_with_facts(source, selection, prove)[1]
+    for finding in findings:
+        finding.site, finding.related = None, ()
+    return findings
 
 
 def lint_with_facts(
