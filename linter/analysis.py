@@ -451,6 +451,10 @@ def _top_level_reads(tree: nodes.Template) -> list[_Reads]:
         return names, callees, created
 
     statements = [scan(statement) for statement in tree.body]
+    for statement, scanned in zip(tree.body, statements):
+        if isinstance(statement, nodes.Macro):  # a top-level macro was scanned as its statement
+            macros.setdefault(statement.name, []).append(statement)
+            scans[id(statement)] = scanned
     every_macro = [macro for found in macros.values() for macro in found]
 
     def macros_called(callees: set[str] | None) -> list[nodes.Macro] | None:

@@ -83,6 +83,26 @@ def test_statements_before_the_switch_is_read_are_taken_over():
     compare_paths(SWITCH_READ_LATE)
 
 
+MACRO_READS_THE_SWITCH = """\
+{%- macro show(m, is_last) -%}{% if not keep and is_last %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{%- endmacro -%}
+{%- for message in messages -%}<|{{ message.role }}|>{{ show(message, loop.last) }}{%- endfor -%}
+"""
+
+
+def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
+    tree, _, raw = parse_with_tokens(MACRO_READS_THE_SWITCH)
+    source_map = SourceMap(MACRO_READS_THE_SWITCH, PARSE_ENVIRONMENT, tree, raw)
+    facts = analyze(MACRO_READS_THE_SWITCH, tree, source_map, record=True)
+    findings = run_rules(facts, STATIC)
+    name_switches(findings, facts, STATIC)
+    # the look-ahead inside the macro is gone when keep is true: the loop that calls it
+    # must not be taken over from the plain analysis
+    assert [(finding.code, finding.switch.name, finding.switch.stable_value) for finding in findings] == [("PC003", "keep", True)]
+    trial = analyze(MACRO_READS_THE_SWITCH, tree, source_map, {"keep": True}, reusing=[facts.trace])
+    assert trial.taken_over == 1  # the macro definition only
+    compare_paths(MACRO_READS_THE_SWITCH)
+
+
 HEADERS = [
     "{%- set thinking = thinking | default(false) -%}",
     "{%- if not thinking is defined %}{% set thinking = true %}{% endif -%}",
@@ -93,6 +113,7 @@ MACROS = [
     "{%- macro show(m) -%}{% if thinking %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{%- endmacro -%}",
     "{%- macro show(m) -%}{{ m.content }}{% if mode == 'all' %}{{ m.reasoning_content }}{% endif %}{%- endmacro -%}",
     "{%- macro show(m) -%}{{ m.content | tojson }}{%- endmacro -%}",
+    "{%- macro show(m) -%}{% if not thinking and m.role == 'assistant' %}{{ m.content }}{% endif %}{%- endmacro -%}",
 ]
 CONDITIONS = [
     "thinking",
@@ -105,6 +126,7 @@ CONDITIONS = [
 ]
 BODIES = [
     "{{ show(message) }}",
+    "{{ show(loop.last and message) }}",
     "<think>{{ message.reasoning_content }}</think>{{ show(message) }}",
     "{{ message.tool_calls[0].function.arguments | tojson }}",
     "{{ strftime_now('%Y') if thinking else '' }}",
