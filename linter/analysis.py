@@ -413,9 +413,17 @@ class _Reads:
     created_namespaces: frozenset[int]
 
 
-def _top_level_reads(tree: nodes.Template) -> list[_Reads]:
+def top_level_scan(facts: Facts) -> tuple[list[_Reads], list[nodes.Compare]]:
+    """The reads of each top-level statement, and every comparison in the template in
+    document order (the constants a switch is compared with are values worth trying):
+    one walk, shared by the switch trials."""
+    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree))
+
+
+def _scan_top_level(tree: nodes.Template) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, found in its syntax (and that of the macros
     it may call): a superset of what any analysis of it reads."""
+    compares: list[nodes.Compare] = []
     macros: dict[str, list[nodes.Macro]] = {}
     assigned: set[str] = set()  # a name also assigned may hold any macro when called
     scans: dict[int, tuple[set[str], set[str] | None, set[int]]] = {}
@@ -447,7 +455,11 @@ def _top_level_reads(tree: nodes.Template) -> list[_Reads]:
                         callees.add(callee.name)
                 elif not isinstance(callee, nodes.Getattr):  # a method call never runs a macro
                     callees = None
-            stack.extend(child_nodes(node))
+            elif isinstance(node, nodes.Compare):
+                compares.append(node)
+            children = child_nodes(node)
+            children.reverse()  # first child on top: document order, as find_all walks
+            stack.extend(children)
         return names, callees, created
 
     statements = [scan(statement) for statement in tree.body]
@@ -486,7 +498,7 @@ def _top_level_reads(tree: nodes.Template) -> list[_Reads]:
                 called = every_macro
             pending = pending + called
         reads.append(_Reads(frozenset(names), None if run_any else frozenset(run), frozenset(created)))
-    return reads
+    return reads, compares
 
 
 def expression_text(node: nodes.Node) -> str:
@@ -633,7 +645,7 @@ class _Interpreter:
         if trace is None and not reusing:
             self.block(tree.body)
             return
-        reads = self.facts.source_map.memo("top_level_reads", lambda: _top_level_reads(tree)) if reusing else ()
+        reads = top_level_scan(self.facts)[0] if reusing else ()
         for index, statement in enumerate(tree.body):
             if trace is not None:
                 trace.record(self)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from jinja2 import nodes
 
-from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens
+from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens, top_level_scan
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap, descendants
+from .locations import SourceMap
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
@@ -144,7 +144,7 @@ class SwitchTrials:
         template compares it with, true and false."""
         if DATE_LIKE.search(name):
             return [UNDEFINED, date.today().isoformat()]
-        compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(self.facts.tree))
+        compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(self.facts)[1]))
         return [UNDEFINED, *compared.get(name, ()), True, False]
 
     def keys(self, name: str, value: object) -> set[tuple[str, int, int]]:
@@ -188,12 +188,10 @@ def name_switches(findings: list[Finding], facts: Facts, rules, *, reanalyse: bo
             break
 
 
-def _compared_constants(tree) -> dict[str, list[object]]:
+def _compared_constants(compares: list[nodes.Compare]) -> dict[str, list[object]]:
     """Constants each variable is compared with (``mode == "all"``): the values worth trying."""
     found: dict[str, list[object]] = {}
-    for compare in descendants(tree):
-        if not isinstance(compare, nodes.Compare):
-            continue
+    for compare in compares:
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         names = [operand.name for operand in operands if isinstance(operand, nodes.Name)]
         constants = [operand.value for operand in operands if isinstance(operand, nodes.Const)]
