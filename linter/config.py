@@ -7,7 +7,6 @@ key is an error that names it.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -38,11 +37,19 @@ def find_config(start: Path) -> Path | None:
         pyproject = directory / "pyproject.toml"
         if pyproject.is_file():
             try:
-                if "tmpl-lint" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
+                text = pyproject.read_text(encoding="utf-8")
+                # Most projects' pyproject.toml never names us: no need to parse it.
+                if "tmpl-lint" in text and "tmpl-lint" in _toml(text).get("tool", {}):
                     return pyproject
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+            except (ValueError, UnicodeDecodeError, OSError):  # TOMLDecodeError is a ValueError
                 continue
     return None
+
+
+def _toml(text: str) -> dict:
+    import tomllib  # only where a config is read: most runs read none
+
+    return tomllib.loads(text)
 
 
 def _read(path: Path) -> dict:
@@ -52,8 +59,8 @@ def _read(path: Path) -> dict:
         raise ConfigError(f"{path}: cannot read: {error}") from None
     if path.suffix == ".toml":
         try:
-            table = tomllib.loads(text).get("tool", {}).get("tmpl-lint")
-        except tomllib.TOMLDecodeError as error:
+            table = _toml(text).get("tool", {}).get("tmpl-lint")
+        except ValueError as error:  # TOMLDecodeError
             raise ConfigError(f"{path}: invalid TOML: {error}") from None
         if table is None:
             raise ConfigError(f"{path}: no [tool.tmpl-lint] table")
