@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checker import ProveOptions, Selection, lint_isolated
+from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
 from .engines import ENGINE_ENVIRONMENT
 from .isolation import parallel_map
 from .sources import SourceError, TemplateSource, collect, model_type_beside
@@ -296,6 +296,7 @@ def run_audit(
         if progress:
             progress()
 
+    ready_to_fork(list(pending.values()), prove)
     parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
     analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
     return Audit(repos, analyses, len(pending))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -13,7 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import ProveOptions, lint_isolated, lint_many_isolated
+from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
 from .containers import file_line as container_file_line
 from .render import RenderLimits
@@ -191,16 +190,13 @@ def check(
     notes = []
     by_template = {}
     # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
-    # process, several at once. What the threads and children import is imported first, so
-    # no thread is importing (holding a module lock) when another forks.
-    for module in ("isolation", "sources", "rules") + (("prover", "engines") if prove else ()):
-        importlib.import_module(f".{module}", __package__)
-    from .isolation import parallel_map
-
+    # process, several at once; what every child needs is made ready first.
     if prove and tokenizer is None:
         from .gguf import preload_tokenizers
 
         preload_tokenizers(sources)  # built once here, inherited by every proving process
+    ready_to_fork(sources, prove)
+    from .isolation import parallel_map
 
     if prove:
         results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)

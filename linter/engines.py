@@ -33,7 +33,6 @@ measures the match against a running server.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -42,7 +41,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from .render import DEFAULT_LIMITS, RenderLimits, render
+from .render import DEFAULT_LIMITS, RenderLimits, copy_request, render
 
 ENGINES = ("vllm", "hf")
 
@@ -115,7 +114,7 @@ def prepare(
     """
     merged = {**(server_kwargs or {}), **(kwargs or {})}
     if engine == "hf":
-        return copy.deepcopy(messages), merged
+        return copy_request(messages), merged
     if engine != "vllm":
         raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     if reasoning_effort is not None:
@@ -125,7 +124,7 @@ def prepare(
     form = content_format(template)
     prepared = []
     for original in messages:
-        message = copy.deepcopy(original)
+        message = copy_request(original)
         if "content" in message:
             message["content"] = _flatten(message["content"], form)
         if message.get("role") == "assistant" and "tool_calls" in message:

@@ -48,7 +48,7 @@ class Measure:
     def ids(self, text: str) -> list[int]:
         if isinstance(text, RenderedPrompt):
             return list(text.token_ids)  # the engine's own tokenization
-        return self.tokenizer.encode(text) if self.tokenizer else [ord(char) for char in text]
+        return self.tokenizer.encode(text) if self.tokenizer else list(map(ord, text))
 
 
 @dataclass

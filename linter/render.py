@@ -122,24 +122,24 @@ def compile_template(text: str, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2
         raise RenderLimitExceeded("the template is nested too deeply to compile") from None
 
 
-def _copied(value: Any) -> Any:
-    """A copy the template cannot reach the caller's data through. JSON data (all a
-    request holds) is rebuilt as transformers rebuilds it, without ``deepcopy``'s memo
-    (a fifth of a proof); anything else is deep-copied."""
+def copy_request(value: Any) -> Any:
+    """A copy of request data through which a template cannot reach the caller's. JSON
+    data (all a request holds) is rebuilt as transformers rebuilds it, without
+    ``deepcopy``'s memo (a fifth of a proof); anything else is deep-copied."""
     kind = type(value)
     if value is None or kind in (str, int, float, bool):
         return value
     if kind is dict:
-        return {key: _copied(item) for key, item in value.items()}
+        return {key: copy_request(item) for key, item in value.items()}
     if kind is list:
-        return [_copied(item) for item in value]
+        return [copy_request(item) for item in value]
     return copy.deepcopy(value)
 
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     prepared = []
     for message in messages:
-        plain = {key: _copied(value) for key, value in message.items() if value is not None}
+        plain = {key: copy_request(value) for key, value in message.items() if value is not None}
         reasoning = next((plain[key] for key in REASONING_FIELDS if plain.get(key) is not None), None)
         if reasoning is not None:
             plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
@@ -168,8 +168,8 @@ def render(
             size = 0
             for chunk in template.generate(
                 messages=prepare_messages(messages),
-                tools=_copied(list(tools)) if tools is not None else None,
-                documents=_copied(list(documents)) if documents is not None else None,
+                tools=copy_request(list(tools)) if tools is not None else None,
+                documents=copy_request(list(documents)) if documents is not None else None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             ):
