@@ -223,11 +223,23 @@ class Prover:
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
+        self._renders: dict[str, str] | None = None
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
+        """The prompt for one request, rendered once per request while ``_renders`` keeps
+        them: scenarios repeat requests (the chat scenarios again for the second shape of
+        tool-call arguments, say)."""
+        key = None
+        if self._renders is not None:
+            try:
+                key = json.dumps([messages, at.isoformat(), generation_prompt, scenario.tools, scenario.kwargs], sort_keys=True)
+            except (TypeError, ValueError):
+                key = None
+            if key in self._renders:
+                return self._renders[key]
         self.clock.set(at)
         try:
-            return render_prompt(
+            text = render_prompt(
                 self.engine,
                 self.template,
                 messages,
@@ -240,8 +252,25 @@ class Prover:
             )
         except EngineError as error:
             raise RenderError(f"{self.engine} rejects the request: {error}") from None
+        if key is not None:
+            self._renders[key] = text
+        return text
 
     def run(self, switches: dict[str, list[Any]]) -> ProofReport:
+        self._renders = {}
+        report = self.run_scenarios(switches)
+        if any(result.limit_exceeded for result in report.results):
+            return report  # no more seconds spent on it
+        self._renders = None  # the determinism check renders one request twenty times
+        # openai-harmony runs no template code: twenty renders of one request would prove nothing.
+        report.deterministic = self.engine == HARMONY or self.deterministic()
+        if not report.deterministic:
+            # Every render of a random template is a draw of its own: none is reused.
+            report = self.run_scenarios(switches)
+            report.deterministic = False
+        return report
+
+    def run_scenarios(self, switches: dict[str, list[Any]]) -> ProofReport:
         results: list[ScenarioResult] = []
         # Harmony takes arguments only as the JSON strings of the OpenAI API.
         shapes = (True,) if self.engine == HARMONY else (False, True)
@@ -250,13 +279,10 @@ class Prover:
             for scenario in scenarios(switches, arguments_as_string):
                 results.append(self.run_scenario(scenario))
                 if results[-1].limit_exceeded:
-                    return ProofReport(self.measure.unit, results)  # no more seconds spent on it
+                    return ProofReport(self.measure.unit, results)
             if any(result.error is None for result in results if "agent" in result.scenario.name):
                 break
-        report = ProofReport(self.measure.unit, results)
-        # openai-harmony runs no template code: twenty renders of one request would prove nothing.
-        report.deterministic = self.engine == HARMONY or self.deterministic()
-        return report
+        return ProofReport(self.measure.unit, results)
 
     def deterministic(self) -> bool:
         chat = Scenario("determinism", [Call([{"role": "user", "content": "Hi"}], None)])
