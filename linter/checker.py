@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -79,8 +80,14 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None) -> 
     from . import isolation  # noqa: F401
 
     PARSE_ENVIRONMENT.lexer  # noqa: B018 - built on first use, then cached by jinja
-    if prove is None:
-        return
+    if prove is not None:
+        _ready_to_prove(sources, prove)
+    # What the parent holds now, the children only read: out of the collector's sight, a
+    # child's collections do not touch (and so copy) every page the parent had.
+    gc.freeze()
+
+
+def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions) -> None:
     from . import prover  # noqa: F401
     from .engines import HARMONY, EngineError, resolve_engine
     from .sources import model_type_beside
