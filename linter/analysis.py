@@ -814,16 +814,17 @@ class _Interpreter:
         merged_vars = dict(before_vars)
         merged_ns = dict(before_ns)
         for variables, namespaces in results:
-            for key, value in variables.items():
-                if before_vars.get(key) is not value:
-                    merged_vars[key] = _merge(merged_vars.get(key), value) if key in merged_vars else value
-            for key, value in namespaces.items():
-                if before_ns.get(key) is not value:
-                    merged_ns[key] = _merge(merged_ns.get(key), value) if key in merged_ns else value
+            # What the branch assigned (most of the state it carries is as it was before).
+            assigned = [(key, value) for key, value in variables.items() if before_vars.get(key) is not value]
+            for key, value in assigned:
+                merged_vars[key] = _merge(merged_vars.get(key), value) if key in merged_vars else value
+            assigned = [(key, value) for key, value in namespaces.items() if before_ns.get(key) is not value]
+            for key, value in assigned:
+                merged_ns[key] = _merge(merged_ns.get(key), value) if key in merged_ns else value
         # A name first set in only some branches is unknown afterwards.
-        for key, value in list(merged_vars.items()):
-            if key not in before_vars and not all(key in variables for variables, _ in results):
-                merged_vars[key] = Value(value.labels, UNKNOWN)
+        for key in [key for key in merged_vars if key not in before_vars]:
+            if not all(key in variables for variables, _ in results):
+                merged_vars[key] = Value(merged_vars[key].labels, UNKNOWN)
         self.scope.vars = merged_vars
         self.namespaces = merged_ns
 
