@@ -1375,7 +1375,7 @@ def _flag_resets(tree: nodes.Template) -> dict[int, tuple[FlagReset, ...]]:
             elif isinstance(statement, nodes.Macro):
                 walk(statement.body, (), None)
             else:
-                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)], loops, roles)
+                walk([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)], loops, roles)
 
     walk(tree.body, (), None)
     return {loop: tuple(resets) for loop, resets in found.items()}
@@ -1442,7 +1442,7 @@ def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
                 for branch in [statement.body, *(elif_.body for elif_ in statement.elif_), statement.else_]:
                     yield from assignments(branch)
             elif not isinstance(statement, (nodes.For, nodes.Macro)):
-                yield from assignments([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)])
+                yield from assignments([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)])
 
     def walk(statements: list[nodes.Node]) -> None:
         if any(isinstance(statement, nodes.Break) for statement in statements):
@@ -1457,7 +1457,7 @@ def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
                     walk(branch)
                 walk(statement.else_)
             elif not isinstance(statement, (nodes.For, nodes.Macro)):
-                walk([child for child in statement.iter_child_nodes() if isinstance(child, nodes.Stmt)])
+                walk([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)])
 
     walk(body)
     return frozenset(once)
