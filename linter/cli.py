@@ -68,6 +68,11 @@ def use_colour() -> bool:
 )
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Findings the proof did not reproduce fail the run too (by default they are reported and do not).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
 @click.option(
@@ -130,6 +135,7 @@ def check(
     config_path,
     statistics,
     exit_zero,
+    strict,
     quiet,
     no_prove,
     tokenizer,
@@ -161,6 +167,7 @@ def check(
     except SelectionError as error:
         raise click.UsageError(str(error)) from None
     tokenizer = tokenizer or config.tokenizer
+    strict = strict or config.strict
     block_size = block_size or config.block_size or 16
     frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
     prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes), engine)
@@ -218,13 +225,13 @@ def check(
     if statistics:
         report = statistics_report(findings)
     elif output_format == "json":
-        report = json_report(findings)
+        report = json_report(findings, strict)
     elif output_format == "sarif":
-        report = sarif_report(findings, file_line)
+        report = sarif_report(findings, file_line, strict)
     elif output_format == "github":
-        report = github_report(findings, file_line)
+        report = github_report(findings, file_line, strict)
     else:
-        report = text_report(findings, notes, colour, quiet)
+        report = text_report(findings, notes, colour, quiet, strict)
     if output is not None:
         try:
             write_report(output, report)
@@ -235,8 +242,10 @@ def check(
         click.echo(report, nl=False, color=colour)
     if errors:
         sys.exit(EXIT_ERROR)
-    # As ruff: --diff exits 1 when it would change a file.
-    sys.exit(EXIT_FINDINGS if (findings and not exit_zero) or would_change else EXIT_CLEAN)
+    # As ruff: --diff exits 1 when it would change a file. Only failing findings count (the
+    # proof decides: Finding.verdict).
+    failing = any(finding.fails(strict) for finding in findings)
+    sys.exit(EXIT_FINDINGS if (failing and not exit_zero) or would_change else EXIT_CLEAN)
 
 
 @main.command()

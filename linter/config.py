@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer")
+KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict")
 YAML_NAME = ".tmpl-lint.yaml"
 
 
@@ -28,6 +28,7 @@ class Config:
     block_size: int | None = None
     frozen_date: date | None = None
     tokenizer: Path | None = None
+    strict: bool = False  # findings the proof did not reproduce fail the run too
 
 
 def find_config(start: Path) -> Path | None:
@@ -123,4 +124,8 @@ def load_config(path: Path) -> Config:
         if not isinstance(table["tokenizer"], str):
             raise ConfigError(f"{path}: tokenizer must be a directory path")
         config.tokenizer = (path.parent / table["tokenizer"]).resolve()
+    if "strict" in table:
+        if not isinstance(table["strict"], bool):
+            raise ConfigError(f"{path}: strict must be true or false")
+        config.strict = table["strict"]
     return config

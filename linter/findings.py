@@ -9,7 +9,7 @@ from typing import Any
 
 from .analysis import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
-from .proofs import Cause, Divergence, Proof
+from .proofs import Cause, Divergence, Proof, ProofStatus
 
 # Labels whose site is an expression a decision reads, and a fix may replace.
 READS = frozenset({LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG, LabelKind.NAMESPACE_READ, LabelKind.LAST, LabelKind.NEXT})
@@ -39,6 +39,15 @@ class Switch:
         return f"{head} (per request: chat_template_kwargs={kwargs}; vLLM server-wide: --default-chat-template-kwargs '{kwargs}')"
 
 
+class Verdict(StrEnum):
+    """What a finding does to the run. The proof decides: a static pattern is a hypothesis,
+    and a hypothesis whose proof ran and did not reproduce it does not fail the run."""
+
+    FAILS = "fails"  # proven; or no proof could run (--no-prove, not provable): the rule's severity holds
+    UNPROVEN = "unproven"  # the proof ran and did not reproduce it: reported, fails only under --strict
+    INFO = "info"  # applies only when a caller opts in, or is advice: never fails
+
+
 @dataclass
 class Finding:
     code: str
@@ -58,6 +67,9 @@ class Finding:
     # fix edits.
     site: Site | None = field(default=None, repr=False, compare=False)
     related: tuple[Site, ...] = field(default=(), repr=False, compare=False)
+    # A static pattern the proof must confirm (a rule's check), rather than a fact about
+    # the run (a syntax error, a render that failed, an unused suppression).
+    hypothesis: bool = True
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -67,14 +79,42 @@ class Finding:
         where = f"{self.path}:{self.template}" if self.template else self.path
         return f"{where}:{self.line}:{self.column}"
 
+    def verdict(self, strict: bool = False) -> Verdict:
+        """The one place the severity policy lives (README, "Proofs decide what fails")."""
+        if self.severity == "info":
+            return Verdict.INFO
+        if self.proof is not None and self.proof.status is ProofStatus.NOT_REPRODUCED and not strict:
+            return Verdict.UNPROVEN
+        return Verdict.FAILS
+
+    def fails(self, strict: bool = False) -> bool:
+        return self.verdict(strict) is Verdict.FAILS
+
+    @property
+    def unproven(self) -> bool:
+        """A hypothesis no render has shown: not run (--no-prove), not reproduced, or not provable."""
+        return self.hypothesis and (self.proof is None or not self.proof.is_proven)
+
+    def unproven_reason(self) -> str | None:
+        """Why the finding is unproven, in a few words; None when it is proven (or a fact)."""
+        if not self.unproven:
+            return None
+        if self.proof is None:
+            return "not proven: --no-prove"
+        if self.proof.status is ProofStatus.NOT_PROVABLE:
+            return f"not provable: {self.proof.reason}"
+        return f"not reproduced in {len(self.proof.scenarios)} scenarios"
+
     def full_message(self) -> str:
         return f"{self.message}; {self.switch.advice()}" if self.switch else self.message
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {
             "code": self.code,
             "name": self.name,
             "severity": self.severity,
+            "fails": self.fails(strict),
+            "unproven": self.unproven,
             "path": self.path,
             "template": self.template,
             "line": self.line,
@@ -135,6 +175,7 @@ class RuleInfo:
             related=tuple(
                 label.site for label in labels if isinstance(label, Label) and label.site is not None and label.kind in READS
             ),
+            hypothesis=self.reports is None,
         )
 
 

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import click
 
-from .findings import Finding
+from .findings import Finding, Verdict
 from .proofs import Divergence, Proof, ProofStatus
 
 SEVERITY_COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 MAX_SHOWN_LINE = 120
 
 
-def text_report(findings: Sequence[Finding], notes: Sequence[str], colour: bool, quiet: bool = False) -> str:
+def text_report(
+    findings: Sequence[Finding], notes: Sequence[str], colour: bool, quiet: bool = False, strict: bool = False
+) -> str:
     out: list[str] = []
 
     def style(text: str, **options) -> str:
@@ -28,8 +30,10 @@ def text_report(findings: Sequence[Finding], notes: Sequence[str], colour: bool,
         if not quiet:
             out.append(style(f"note: {note}", dim=True))
     for finding in findings:
-        code = style(finding.code, fg=SEVERITY_COLOURS.get(finding.severity), bold=True)
-        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {finding.full_message()}")
+        colour_of = SEVERITY_COLOURS.get(finding.severity) if finding.fails(strict) else SEVERITY_COLOURS["info"]
+        code = style(finding.code, fg=colour_of, bold=True)
+        label = f"({finding.unproven_reason()}) " if finding.unproven else ""
+        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {label}{finding.full_message()}")
         if quiet or not finding.source_line:
             continue
         shown, caret = _excerpt(finding.source_line, finding.column)
@@ -39,7 +43,7 @@ def text_report(findings: Sequence[Finding], notes: Sequence[str], colour: bool,
         if finding.proof:
             out.extend("      " + line for line in proof_lines(finding.proof))
     if not quiet:
-        out.append(summary(findings))
+        out.append(summary(findings, strict))
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -68,7 +72,10 @@ def _proof_lines(proof: Proof) -> list[str]:
     if proof.status is ProofStatus.NOT_PROVABLE:
         return [f"proof: not provable: {proof.reason}"]
     if proof.status is ProofStatus.NOT_REPRODUCED:
-        return [f"proof: not reproduced ({len(proof.scenarios)} scenarios rendered, unit: {unit})"]
+        return [
+            f"proof: not reproduced in {len(proof.scenarios)} scenarios (unit: {unit}), so it does not fail the run "
+            "(--strict makes it fail); tried: " + ", ".join(f'"{name}"' for name in proof.scenarios)
+        ]
     divergence = proof.divergence
     if divergence is None:
         return [f"proof: proven ({proof.evidence})"]
@@ -108,17 +115,26 @@ def _escaped(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def summary(findings: Sequence[Finding]) -> str:
+def summary(findings: Sequence[Finding], strict: bool = False) -> str:
+    """ "Found 4 findings (1 failing, 2 not reproduced, 1 info)."; failing findings that no
+    render showed (--no-prove, not provable, --strict) are counted as unproven after a ";"."""
     if not findings:
         return "All checks passed!"
-    counts = Counter(finding.severity for finding in findings)
-    parts = [
-        f"{counts[severity]} {severity}{'s' if counts[severity] != 1 else ''}"
-        for severity in ("error", "warning", "info")
-        if counts[severity]
-    ]
+    verdicts = Counter(finding.verdict(strict) for finding in findings)
+    unproven = sum(1 for finding in findings if finding.fails(strict) and finding.unproven)
+    parts = [f"{verdicts[Verdict.FAILS]} failing"]
+    if verdicts[Verdict.UNPROVEN]:
+        parts.append(f"{verdicts[Verdict.UNPROVEN]} not reproduced")
+    if verdicts[Verdict.INFO]:
+        parts.append(f"{verdicts[Verdict.INFO]} info")
     noun = "finding" if len(findings) == 1 else "findings"
-    return f"Found {len(findings)} {noun} ({', '.join(parts)})."
+    unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
+    return f"Found {len(findings)} {noun} ({', '.join(parts)}{unproven_part})."
+
+
+def level(finding: Finding, strict: bool = False) -> str:
+    """The severity a report shows: the rule's, or "info" for a finding that does not fail."""
+    return finding.severity if finding.fails(strict) else "info"
 
 
 def statistics_report(findings: Sequence[Finding]) -> str:
@@ -126,8 +142,8 @@ def statistics_report(findings: Sequence[Finding]) -> str:
     return "".join(f"{count:>5}\t{code}\t[{name}]\n" for (code, name), count in sorted(counts.items()))
 
 
-def json_report(findings: Sequence[Finding]) -> str:
-    return json.dumps([finding.to_json() for finding in findings], indent=2, ensure_ascii=False) + "\n"
+def json_report(findings: Sequence[Finding], strict: bool = False) -> str:
+    return json.dumps([finding.to_json(strict) for finding in findings], indent=2, ensure_ascii=False) + "\n"
 
 
 # -- SARIF and GitHub annotations --------------------------------------------------------
@@ -149,7 +165,7 @@ def _first_paragraph(doc: str) -> str:
     return " ".join(body.split())
 
 
-def sarif_report(findings: Sequence[Finding], file_line) -> str:
+def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -> str:
     """SARIF 2.1.0 with what GitHub code scanning reads; ``file_line(finding)`` maps a
     template line to the line in the file on disk."""
     from . import __version__
@@ -177,7 +193,7 @@ def sarif_report(findings: Sequence[Finding], file_line) -> str:
         result = {
             "ruleId": finding.code,
             "ruleIndex": index[finding.code],
-            "level": SARIF_LEVELS[finding.severity],
+            "level": SARIF_LEVELS[level(finding, strict)],
             "message": {"text": finding.full_message()},
             "locations": [
                 {
@@ -193,6 +209,8 @@ def sarif_report(findings: Sequence[Finding], file_line) -> str:
             "properties": {
                 "template": finding.template,
                 "templateLine": finding.line,
+                "fails": finding.fails(strict),
+                "unproven": finding.unproven,
                 "proof": finding.proof.to_json() if finding.proof else None,
             },
         }
@@ -213,7 +231,7 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_report(findings: Sequence[Finding], file_line) -> str:
+def github_report(findings: Sequence[Finding], file_line, strict: bool = False) -> str:
     """GitHub Actions workflow commands: one annotation per finding."""
     levels = {"error": "error", "warning": "warning", "info": "notice"}
     lines = []
@@ -227,7 +245,8 @@ def github_report(findings: Sequence[Finding], file_line) -> str:
             ]
         )
         where = f"{finding.template}:{finding.line}: " if finding.template else ""
-        lines.append(f"::{levels[finding.severity]} {properties}::{_escape_data(where + finding.full_message())}")
+        label = f"({finding.unproven_reason()}) " if finding.unproven else ""
+        lines.append(f"::{levels[level(finding, strict)]} {properties}::{_escape_data(where + label + finding.full_message())}")
     return "".join(line + "\n" for line in lines)
 
 

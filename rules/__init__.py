@@ -55,8 +55,24 @@ def reporting(outcome: Outcome):
 SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety")
 
 
+# What fails the run (README, "Proofs decide what fails"); the policy itself is
+# tmpl_lint.findings.Finding.verdict.
+HYPOTHESIS_POLICY = (
+    "A finding of this rule is a hypothesis until the proof renders it: proven, it fails the run at its "
+    "severity; if the proof ran and did not reproduce it, it is reported as unproven, with the scenarios "
+    "tried, and does not fail the run (`--strict` makes it fail); with `--no-prove`, or when nothing could be "
+    "rendered, it keeps its severity and says it is unproven. Info findings never fail the run."
+)
+OUTCOME_POLICY = (
+    "This rule reports what the run itself found, not a static pattern: its findings fail the run at their "
+    "severity (info findings never do)."
+)
+
+
 def page(rule) -> str:
     """The rule's page, as `tmpl-lint rule CODE` prints it."""
     info = rule.RULE
     fixable = "Fix is sometimes available." if hasattr(rule, "fix") else "No automatic fix."
-    return f"# {info.name} ({info.code})\n\n{info.summary[0].upper()}{info.summary[1:]}. {fixable}\n\n{rule.__doc__.strip()}\n"
+    policy = OUTCOME_POLICY if info.reports is not None else HYPOTHESIS_POLICY
+    summary = f"{info.summary[0].upper()}{info.summary[1:]}. {fixable}"
+    return f"# {info.name} ({info.code})\n\n{summary}\n\n{policy}\n\n{rule.__doc__.strip()}\n"

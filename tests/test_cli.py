@@ -27,7 +27,7 @@ def test_text_output_is_ruff_style_with_source_line():
     )
     assert lines[1] == '    3 |     {{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}'
     assert lines[2] == "      | " + " " * 27 + "^"
-    assert lines[-1] == "Found 1 finding (1 warning)."
+    assert lines[-1] == "Found 1 finding (1 failing)."
 
 
 def test_clean_exit_zero():
@@ -86,7 +86,7 @@ def test_input_errors_exit_2_and_the_rest_is_linted(tmp_path):
 def test_statistics_and_exit_zero():
     code, out, _ = run("--statistics", "--exit-zero", str(CORPUS))
     assert code == 0
-    assert "    3\tPC003\t[future-dependent-render]\n" in out
+    assert "    4\tPC003\t[future-dependent-render]\n" in out
 
 
 def test_explicit_check_subcommand_and_module_entry_point():

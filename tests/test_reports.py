@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, lint_text, needs_shared
 
 from tmpl_lint.cli import main
 
@@ -70,8 +70,8 @@ def test_github_annotations(tmp_path, monkeypatch):
     code, out, _ = run("chat_template.jinja", "--format", "github", "--no-prove")
     assert code == 1
     assert out == (
-        "::warning file=chat_template.jinja,line=3,col=28,title=PC001 [live-clock]::`strftime_now(...)` puts the current "
-        "time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
+        "::warning file=chat_template.jinja,line=3,col=28,title=PC001 [live-clock]::(not proven: --no-prove) "
+        "`strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
     )
 
 
@@ -141,3 +141,74 @@ def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkey
         ("PC001", "chat_template@6", 3, 8),  # a backslash continuation joins file lines 8 and 9
         ("PC005", "chat_template@6", 4, 10),
     ]
+
+
+# -- what fails the run: the proof decides ------------------------------------------------
+
+UNPROVEN = CORPUS / "PC003_unproven_separator_after_end.jinja"
+
+
+def test_a_finding_the_proof_does_not_reproduce_is_reported_and_does_not_fail():
+    code, out, _ = run(str(UNPROVEN))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"{UNPROVEN}:6:16: PC003 [future-dependent-render] (not reproduced in 7 scenarios) `loop.last` makes a "
+        "message render differently while it is the last one: the next turn renders it again without that"
+    )
+    assert lines[3].startswith(
+        "      proof: not reproduced in 7 scenarios (unit: char), so it does not fail the run (--strict makes it fail); "
+        'tried: "chat", "chat with system", "agent"'
+    )
+    assert lines[-1] == "Found 1 finding (0 failing, 1 not reproduced)."
+
+
+def test_strict_makes_a_finding_the_proof_does_not_reproduce_fail():
+    code, out, _ = run(str(UNPROVEN), "--strict")
+    assert code == 1
+    assert out.splitlines()[-1] == "Found 1 finding (1 failing; 1 of the failing unproven)."
+
+
+def test_strict_from_the_configuration(tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.tmpl-lint]\nstrict = true\n")
+    assert run(str(UNPROVEN), "--config", str(config))[0] == 1
+
+
+def test_without_proofs_static_findings_keep_their_severity_and_say_they_are_unproven():
+    code, out, _ = run(str(UNPROVEN), "--no-prove")
+    assert code == 1
+    assert "PC003 [future-dependent-render] (not proven: --no-prove) `loop.last`" in out.splitlines()[0]
+    assert out.splitlines()[-1] == "Found 1 finding (1 failing; 1 of the failing unproven)."
+
+
+def test_json_says_whether_each_finding_fails_and_whether_it_is_proven():
+    code, out, _ = run(str(UNPROVEN), "--format", "json")
+    (finding,) = json.loads(out)
+    assert (code, finding["fails"], finding["unproven"], finding["severity"]) == (0, False, True, "warning")
+    assert finding["proof"]["status"] == "not-reproduced"
+    assert finding["proof"]["scenarios"][:3] == ["chat", "chat with system", "agent"]
+    _, out, _ = run(str(UNPROVEN), "--format", "json", "--strict")
+    assert json.loads(out)[0]["fails"] is True
+    _, out, _ = run(str(CORPUS / "PC001_live_clock.jinja"), "--format", "json")
+    (proven,) = json.loads(out)
+    assert (proven["fails"], proven["unproven"]) == (True, False)
+
+
+def test_sarif_and_github_show_a_finding_that_does_not_fail_as_a_note(tmp_path, monkeypatch):
+    target = tmp_path / "chat_template.jinja"
+    target.write_text(UNPROVEN.read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("chat_template.jinja", "--format", "sarif")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    assert (code, result["level"], result["properties"]["fails"]) == (0, "note", False)
+    code, out, _ = run("chat_template.jinja", "--format", "github")
+    assert out.startswith("::notice file=chat_template.jinja,line=6,col=16,")
+    assert "::(not reproduced in 7 scenarios) `loop.last`" in out
+
+
+def test_info_findings_never_fail_even_when_strict():
+    source = (CORPUS / "PC004_tool_args_guarded.jinja").read_text()
+    finding = lint_text(source)[1][0]
+    assert finding.severity == "info"
+    assert not finding.fails() and not finding.fails(strict=True)

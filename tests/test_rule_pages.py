@@ -62,3 +62,13 @@ def test_the_registry_finds_every_rule_module():
     modules = sorted(path.stem for path in (PROJECT / "rules").glob("pc[0-9][0-9][0-9]_*.py"))
     assert [rule.__name__.rsplit(".", 1)[1] for rule in RULES] == modules
     assert len({rule.RULE.code for rule in RULES}) == len(RULES)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
+def test_every_page_states_what_fails_the_run(rule):
+    text = page(rule)
+    if rule.RULE.reports is None:
+        assert "did not reproduce it, it is reported as unproven" in text
+        assert "`--strict` makes it fail" in text and "`--no-prove`" in text
+    else:
+        assert "its findings fail the run at their severity" in text
