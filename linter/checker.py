@@ -105,7 +105,7 @@ def lint_source(source: TemplateSource, selection: Selection = Selection(), prov
     the garbage collector walked them all again and again (a seventh of a static run); nor
     need they cross processes."""
     findings = lint_with_facts(source, selection, prove)[1]
-    for finding in findings:
+    for finding in with_related(findings):
         finding.site, finding.related = None, ()
     return findings
 
@@ -123,19 +123,40 @@ def lint_with_facts(
     name_switches(findings, facts, STATIC)
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
-        findings.extend(prove_findings(source, findings, facts.variables, prove))
+        findings.extend(prove_findings(source, findings, facts, prove))
     elif prove is not None:
         for finding in findings:
             finding.proof = Proof.not_provable("char", "the template does not parse")
     selection = selection.for_path(source.path)
     findings = [finding for finding in findings if selection.includes(finding.code)]
     findings = apply_suppressions(findings, source_map, selection)
-    for finding in findings:
+    findings = fold_related(findings)
+    for finding in with_related(findings):
         finding.path = str(source.path)
         finding.template = source.name
         finding.source_line = source_map.line_text(finding.line)
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
     return facts, findings
+
+
+def with_related(findings: list[Finding]) -> list[Finding]:
+    return findings + [other for finding in findings for other in finding.related_findings]
+
+
+def fold_related(findings: list[Finding]) -> list[Finding]:
+    """One divergence, one failing finding: a finding whose proven divergence another
+    reported finding explains becomes that finding's related location. Where the explaining
+    finding is not reported (ignored, suppressed), it stands on its own."""
+    reported = {id(finding) for finding in findings}
+    kept = []
+    for finding in findings:
+        if finding.explained_by is not None and id(finding.explained_by) in reported:
+            finding.explained_by.related_findings.append(finding)
+        else:
+            kept.append(finding)
+    for finding in findings:
+        finding.explained_by = None  # findings cross processes: no references between them
+    return kept
 
 
 def run_rules(facts: Facts, rules) -> list[Finding]:
@@ -211,9 +232,15 @@ def name_switches(findings: list[Finding], facts: Facts, rules, *, reanalyse: bo
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
             unstable = [value for value in values if value not in stable and value is not UNDEFINED]
-            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
+            finding.switch = Switch(
+                name,
+                chosen[0] if chosen else None,
+                default_is_stable,
+                unstable[0] if unstable else None,
+                demoted_from=finding.severity if default_is_stable else None,
+            )
             if default_is_stable:
-                finding.severity = "info"  # only a caller who opts in meets it
+                finding.severity = "info"  # only a caller who opts in meets it (the proof checks that)
             break
 
 
@@ -264,30 +291,31 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
     return tokenizer, special
 
 
-def prove_findings(source: TemplateSource, findings: list[Finding], variables: set[str], options: ProveOptions) -> list[Finding]:
+def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
     from .engines import HARMONY, resolve_engine
     from .gguf import model_for, own_tokenizer
-    from .prover import Prover, attach_proofs, engine_findings, switch_values
+    from .prover import Prover, attach_proofs, clocked_switches, engine_findings, switch_values
     from .sources import model_type_beside
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
     tokenizer, special = prover_inputs(source, options.tokenizer)
+    switches = switch_values(findings, facts.variables), clocked_switches(findings)
     if engine != HARMONY:
         prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
-        report = prover.run(switch_values(findings, variables))
+        report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
             report.note = own_tokenizer(model).description  # whose ids, or why characters
-        return attach_proofs(findings, report)
+        return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
-    report = on_template.run(switch_values(findings, variables))
+    report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (
         f"rendered as transformers renders the template; vLLM renders this model with openai-harmony instead ({engine_rule})"
     )
-    extra = attach_proofs(findings, report)
+    extra = attach_proofs(findings, report, facts)
     on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
     return extra + engine_findings(on_engine.run({}))
 

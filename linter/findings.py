@@ -23,6 +23,9 @@ class Switch:
     stable_value: Any  # None when only leaving the variable unset is stable
     default_is_stable: bool
     unstable_value: Any = None  # a value that brings the pattern back, for the message
+    # The severity before the analysis made the finding informational because the default
+    # is stable: what it gets back if the renders refute that.
+    demoted_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "stable_value": self.stable_value, "default_is_stable": self.default_is_stable}
@@ -70,6 +73,12 @@ class Finding:
     # A static pattern the proof must confirm (a rule's check), rather than a fact about
     # the run (a syntax error, a render that failed, an unused suppression).
     hypothesis: bool = True
+    # Other findings whose pattern the same proven divergence shows: this one explains it,
+    # they are its related locations (JSON "related", SARIF relatedLocations).
+    related_findings: list[Finding] = field(default_factory=list, repr=False, compare=False)
+    # Set by the prover on a finding whose divergences another finding explains; the checker
+    # folds it into that finding's related_findings.
+    explained_by: Finding | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -122,6 +131,10 @@ class Finding:
             "message": self.full_message(),
             "switch": self.switch.to_json() if self.switch else None,
             "proof": self.proof.to_json() if self.proof else None,
+            "related": [
+                {"code": other.code, "name": other.name, "line": other.line, "column": other.column, "message": other.message}
+                for other in self.related_findings
+            ],
         }
 
 
@@ -147,8 +160,15 @@ class RuleInfo:
     summary: str
     # A finding is proven by a divergence of one of these causes...
     proven_by: frozenset[Cause] = frozenset()
-    # ...in a scenario of one of these kinds (empty: any scenario).
+    # ...in a scenario of one of these kinds (empty: any scenario)...
     proven_in: frozenset[str] = frozenset()
+    # ...at a turn where a message of one of these roles arrived (empty: any turn): what
+    # moves the pattern (a new user query moves the last query's position).
+    moved_by: frozenset[str] = frozenset()
+    # Of those causes, the ones this rule explains when another rule's finding is proven by
+    # the same divergence (None: all of them). A reply rewritten once a message follows it
+    # is the generation prompt's mismatch too, but the rewrite explains it.
+    explains: frozenset[Cause] | None = None
     # A fix of this rule verifies only when check b shows no divergence that proves it. False
     # for rules whose fix is verified otherwise (the rule module's ``verify_fix``).
     fix_removes_proof: bool = True
@@ -159,7 +179,17 @@ class RuleInfo:
 
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern."""
-        return divergence.cause in self.proven_by and (not self.proven_in or divergence.scenario_kind in self.proven_in)
+        return (
+            divergence.cause in self.proven_by
+            and (not self.proven_in or divergence.scenario_kind in self.proven_in)
+            and (not self.moved_by or bool(self.moved_by.intersection(divergence.arrived)))
+        )
+
+    def explanation_rank(self, divergence: Divergence) -> int:
+        """How well this rule explains a divergence it proves, against another rule that proves
+        it too (higher explains): one that names the cause, then one that names what moved."""
+        explains = self.proven_by if self.explains is None else self.explains
+        return 2 * (divergence.cause in explains) + bool(self.moved_by)
 
     def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
         """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""

@@ -22,6 +22,9 @@ class Cause(StrEnum):
     HISTORY_REWRITE = "history-rewrite"  # a message that was already history renders differently
     TOOL_ARGUMENTS = "tool-arguments"  # a tool call's arguments re-serialised
     GENERATION_PROMPT = "generation-prompt"  # the reply's opener or the reply itself renders differently
+    # The reply renders one way while it is the newest message and another once a message
+    # follows it: a history rewrite that lands on the reply just generated.
+    REPLY_REWRITE = "reply-rewrite"
     UNKNOWN = "unknown"  # no rendered text to locate the divergence in
 
 
@@ -35,7 +38,9 @@ class ProofStatus(StrEnum):
 class Divergence:
     scenario: str
     call: int  # index of call N; the pair is N, N+1
-    check: str  # "a": prompt N vs N+1; "b": prompt N + the reply as generated vs N+1
+    # "a": prompt N vs N+1; "b": prompt N + the reply as generated vs N+1; "c": a tool call's
+    # arguments as the model wrote them vs their render in N+1
+    check: str
     unit: str  # "token", or "char" without a tokenizer
     block_size: int
     first_divergence: int | None
@@ -51,6 +56,7 @@ class Divergence:
     after: str = ""
     reply_index: int | None = None  # index of call N's reply in call N+1's messages
     scenario_kind: str = ""  # chat, agent, clock, arguments... (see scenarios.py)
+    arrived: tuple[str, ...] = ()  # roles of the messages that came after call N's reply
 
     @property
     def in_reply(self) -> bool:
@@ -83,6 +89,7 @@ class Divergence:
             "role": self.role,
             "field": self.field,
             "cause": str(self.cause),
+            "arrived": list(self.arrived),
             "renders": {"before": self.before, "after": self.after},
         }
 
@@ -98,6 +105,8 @@ class Proof:
     scenarios: tuple[str, ...] = ()  # not reproduced: the scenarios rendered
     reason: str | None = None  # not provable: why nothing could be rendered
     note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
+    # Every (scenario, cause) whose divergence this finding explains, the proving one first.
+    explains: tuple[tuple[str, Cause], ...] = ()
 
     @classmethod
     def proven(cls, divergence: Divergence, rates: tuple[float, float] | None = None) -> Proof:
@@ -124,6 +133,14 @@ class Proof:
     def cause(self) -> Cause | None:
         return self.divergence.cause if self.divergence is not None else None
 
+    def explaining(self, divergences) -> Proof:
+        """This proof, saying which scenarios' divergences (and of which causes) it explains."""
+        pairs = [] if self.divergence is None else [(self.divergence.scenario, self.divergence.cause)]
+        for divergence in divergences:
+            if (divergence.scenario, divergence.cause) not in pairs:
+                pairs.append((divergence.scenario, divergence.cause))
+        return replace(self, explains=tuple(pairs))
+
     def with_note(self, note: str | None) -> Proof:
         return replace(self, note=note)
 
@@ -133,6 +150,8 @@ class Proof:
             out.update(self.divergence.to_json())
         if self.evidence is not None:
             out["evidence"] = self.evidence
+        if self.explains:
+            out["explains"] = [{"scenario": scenario, "cause": str(cause)} for scenario, cause in self.explains]
         if self.hit_rate is not None:
             out["hit_rate"] = self.hit_rate
             out["ideal_hit_rate"] = self.ideal_hit_rate

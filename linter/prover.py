@@ -23,11 +23,11 @@ from typing import Any
 
 from .analysis import Site
 from .engines import HARMONY, EngineError, RenderedPrompt, engine_tokenizer, render_prompt
-from .findings import Finding, Outcome
+from .findings import Finding, Outcome, Switch
 from .proofs import Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
-from .rules import BY_CODE, reporting
-from .scenarios import SWITCH_NAME, Call, Scenario, scenarios
+from .rules import BY_CODE, RULES, reporting
+from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
 from .tokenizer import Tokenizer
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -58,6 +58,10 @@ class ScenarioResult:
     error: str | None = None
     limit_exceeded: bool = False
 
+    @property
+    def diverged(self) -> bool:
+        return any(d.first_divergence is not None for d in self.divergences)
+
     def hit_rate(self, check: str = "a") -> tuple[float, float]:
         """Token-weighted projected hit rate and its clean-extension ideal over the scenario."""
         pairs = [d for d in self.divergences if d.check == check]
@@ -80,6 +84,13 @@ class ProofReport:
 
     def divergences(self) -> list[Divergence]:
         return [d for result in self.rendered for d in result.divergences if d.first_divergence is not None]
+
+    def tried(self) -> tuple[str, ...]:
+        """The scenarios rendered, by name: what a finding not reproduced was tried on."""
+        return tuple(result.scenario.name for result in self.rendered)
+
+    def scenario(self, name: str) -> Scenario | None:
+        return next((result.scenario for result in self.results if result.scenario.name == name), None)
 
     def rates(self, scenario: str) -> tuple[float, float] | None:
         """The projected hit rate of a rendered scenario (check a), and its ideal."""
@@ -153,10 +164,22 @@ def message_fields(message: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("tool_calls.function.name", function.get("name") or ""))
         if isinstance(arguments, str):
             found.append(("tool_calls.function.arguments", arguments))
+            found.append(("tool_calls.function.arguments", json.dumps(arguments)))  # `tojson` of the string
+            parsed = _parsed(arguments)
+            if parsed is not None:  # vLLM parses the string into a mapping before rendering
+                found.append(("tool_calls.function.arguments", json.dumps(parsed)))
         elif arguments is not None:
             found.append(("tool_calls.function.arguments", json.dumps(arguments)))
             found.append(("tool_calls.function.arguments", json.dumps(arguments, separators=(",", ":"))))
     return [(name, text) for name, text in found if text]
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int | None, str | None, str | None]:
@@ -256,9 +279,9 @@ class Prover:
             self._renders[key] = text
         return text
 
-    def run(self, switches: dict[str, list[Any]]) -> ProofReport:
+    def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
         self._renders = {}
-        report = self.run_scenarios(switches)
+        report = self.run_scenarios(switches, clocked)
         if any(result.limit_exceeded for result in report.results):
             return report  # no more seconds spent on it
         self._renders = None  # the determinism check renders one request twenty times
@@ -266,21 +289,28 @@ class Prover:
         report.deterministic = self.engine == HARMONY or self.deterministic()
         if not report.deterministic:
             # Every render of a random template is a draw of its own: none is reused.
-            report = self.run_scenarios(switches)
+            report = self.run_scenarios(switches, clocked)
             report.deterministic = False
         return report
 
-    def run_scenarios(self, switches: dict[str, list[Any]]) -> ProofReport:
+    def run_scenarios(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
         results: list[ScenarioResult] = []
         # Harmony takes arguments only as the JSON strings of the OpenAI API.
         shapes = (True,) if self.engine == HARMONY else (False, True)
         for arguments_as_string in shapes:
             results = []
-            for scenario in scenarios(switches, arguments_as_string):
-                results.append(self.run_scenario(scenario))
-                if results[-1].limit_exceeded:
-                    return ProofReport(self.measure.unit, results)
-            if any(result.error is None for result in results if "agent" in result.scenario.name):
+            by_name: dict[str, ScenarioResult] = {}
+            for scenario in scenarios(switches, arguments_as_string, clocked):
+                if scenario.refines is not None and not (scenario.refines in by_name and by_name[scenario.refines].diverged):
+                    continue  # the clock's steps are rendered only where its probe changed the render
+                result = self.run_scenario(scenario)
+                if result.error is not None and not result.limit_exceeded and scenario.fallback is not None:
+                    result = self.run_scenario(scenario.fallback)
+                results.append(result)
+                by_name[scenario.name] = result
+                if result.limit_exceeded:
+                    return ProofReport(self.measure.unit, results)  # no more seconds spent on it
+            if any(result.error is None for result in results if result.scenario.kind is ScenarioKind.AGENT):
                 break
         return ProofReport(self.measure.unit, results)
 
@@ -294,57 +324,159 @@ class Prover:
             return True  # a template that fails here fails the scenarios too, and says why there
 
     def run_scenario(self, scenario: Scenario) -> ScenarioResult:
+        if scenario.kind is ScenarioKind.ARGUMENTS:
+            return self.run_arguments(scenario)
         result = ScenarioResult(scenario)
         try:
             prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
-            bare = [self.render(scenario, call.messages, call.clock, False) for call in scenario.calls[:-1]]
-            generated = [self.generated_text(scenario, call, prompt) for call, prompt in zip(scenario.calls, prompts)]
+            replies = [self.generated(scenario, call, prompt) for call, prompt in zip(scenario.calls, prompts)]
+            ids = [self.measure.ids(prompt) for prompt in prompts]
+            for index in range(len(prompts) - 1):
+                call, following = scenario.calls[index], scenario.calls[index + 1]
+                reply = replies[index]
+                checks = [("a", prompts[index], ids[index])]
+                if reply is not None:
+                    checks.append(("b", prompts[index] + reply.text, ids[index] + self.measure.ids(reply.text)))
+                for check, cached_text, cached_ids in checks:
+                    opener = None
+                    if first_difference(cached_ids, ids[index + 1]) is not None:
+                        # Where the generation prompt sits in prompt N: after the text it shares
+                        # with the same conversation rendered without one. Rendered only for a
+                        # pair that diverges.
+                        bare = self.render(scenario, call.messages, call.clock, False)
+                        opener = (common_prefix(bare, prompts[index]), len(prompts[index]))
+                    result.divergences.append(
+                        compare_prompts(
+                            scenario.name,
+                            index,
+                            check,
+                            cached_text,
+                            cached_ids,
+                            prompts[index + 1],
+                            ids[index + 1],
+                            following.messages,
+                            len(call.messages),
+                            self.measure.unit,
+                            self.block_size,
+                            opener,
+                            scenario.kind,
+                            latest=reply,
+                        )
+                    )
         except RenderError as error:
             result.error = str(error)
             result.limit_exceeded = isinstance(error, RenderLimitExceeded)
-            return result
-        ids = [self.measure.ids(prompt) for prompt in prompts]
-        for index in range(len(prompts) - 1):
-            call, following = scenario.calls[index], scenario.calls[index + 1]
-            # Where the generation prompt sits in prompt N: after the text it shares with
-            # the same conversation rendered without one.
-            opener = (common_prefix(bare[index], prompts[index]), len(prompts[index]))
-            for check, cached_text, cached_ids in (
-                ("a", prompts[index], ids[index]),
-                ("b", prompts[index] + generated[index], ids[index] + self.measure.ids(generated[index])),
-            ):
+            result.divergences = []
+        return result
+
+    def run_arguments(self, scenario: Scenario) -> ScenarioResult:
+        """Check c: each tool call's arguments as the model wrote them (compact JSON) against
+        how call N+1 renders them in history; the rest of the prompt is the other scenarios'
+        business, so a divergence before the tool call cannot hide this one."""
+        result = ScenarioResult(scenario)
+        try:
+            for index, call in enumerate(scenario.calls[:-1]):
+                if not (call.reply or {}).get("tool_calls"):
+                    continue
+                following = scenario.calls[index + 1]
+                next_text = self.render(scenario, following.messages, following.clock, True)
+                cached_text = as_written_in(next_text, call.reply)
+                if cached_text is None:
+                    continue  # printed in a form of its own (XML parameters...): nothing to compare
                 result.divergences.append(
                     compare_prompts(
                         scenario.name,
                         index,
-                        check,
+                        "c",
                         cached_text,
-                        cached_ids,
-                        prompts[index + 1],
-                        ids[index + 1],
+                        self.measure.ids(cached_text),
+                        next_text,
+                        self.measure.ids(next_text),
                         following.messages,
                         len(call.messages),
                         self.measure.unit,
                         self.block_size,
-                        opener,
+                        None,
                         scenario.kind,
                     )
                 )
+        except RenderError as error:
+            result.error = str(error)
+            result.limit_exceeded = isinstance(error, RenderLimitExceeded)
+            result.divergences = []
         return result
 
-    def generated_text(self, scenario: Scenario, call: Call, prompt: str) -> str:
-        """What the model wrote after the generation prompt: its reply as the latest turn."""
+    def generated(self, scenario: Scenario, call: Call, prompt: str) -> Reply | None:
+        """What the model wrote after the generation prompt: the template's render of its reply
+        as the latest turn, from where that render leaves the prompt to the end-of-turn
+        marker; with tool-call arguments as the model wrote them, and the reply's own text
+        where the template prints none of it."""
         if call.reply is None:
-            return ""
+            return None
         with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False)
-        text = stop_after_reply(with_reply[reply_start(prompt, with_reply) :], call.reply)
+        start = reply_start(prompt, with_reply)
+        text = stop_after_reply(with_reply[start:], call.reply)
+        end = start + len(text)
+        if not text.strip() and isinstance(call.reply.get("content"), str):
+            text = call.reply["content"]  # never replayed: the model still wrote it
         if scenario.compact_arguments:
-            for tool in call.reply.get("tool_calls") or ():
-                arguments = tool["function"]["arguments"]
-                if isinstance(arguments, str):
-                    arguments = json.loads(arguments)
-                text = text.replace(json.dumps(arguments), json.dumps(arguments, separators=(",", ":")))
-        return text
+            text = as_written(text, call.reply)
+        return Reply(text, with_reply, end)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The reply as the model generated it (``text``), and the render of call N's
+    conversation with the reply as its latest turn (``latest``), whose reply ends at
+    ``end``: how the reply renders while it is the newest message."""
+
+    text: str
+    latest: str
+    end: int
+
+
+def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
+    """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
+    the reply's first tool-call arguments, those arguments as the model wrote them, and the
+    rest of the reply to its end-of-turn marker. None when the render prints them in no
+    JSON form."""
+    for tool in reply.get("tool_calls") or ():
+        arguments = tool["function"]["arguments"]
+        mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
+        if mapping is None:
+            continue
+        written = json.dumps(mapping, separators=(",", ":"))
+        forms = [written, json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
+        if isinstance(arguments, str):
+            forms.append(json.dumps(arguments))
+        found = [(next_text.find(form), form) for form in forms if form in next_text]
+        if not found:
+            continue
+        position, form = min(found)
+        after = next_text[position + len(form) :]
+        marker = STOP_MARKER.search(after)  # the rest of the reply, to its end-of-turn marker
+        return next_text[:position] + written + (after[: marker.end()] if marker else "")
+    return None
+
+
+def as_written(text: str, reply: dict[str, Any]) -> str:
+    """``text`` with each tool call's arguments as the model wrote them (compact JSON),
+    wherever the render printed them otherwise: re-serialised from a mapping, or a string
+    passed through `tojson`."""
+    for tool in reply.get("tool_calls") or ():
+        arguments = tool["function"]["arguments"]
+        mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
+        if mapping is None:
+            continue
+        written = json.dumps(mapping, separators=(",", ":"))
+        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
+        if isinstance(arguments, str):
+            printed.insert(0, json.dumps(arguments))
+        for form in printed:
+            if form in text:
+                text = text.replace(form, written)
+                break
+    return text
 
 
 # An end-of-turn marker: <|im_end|>, <|end|>, <|eot_id|>, </s>, [/TOOL_CALLS], <｜end▁of▁sentence｜>...
@@ -382,15 +514,26 @@ def compare_prompts(
     block_size: int,
     generation_prompt: tuple[int, int] | None = None,
     scenario_kind: str = "",
+    *,
+    latest: Reply | None = None,
 ) -> Divergence:
     """Where ``next_ids`` stops extending ``cached_ids``, and why, from the rendered texts.
 
-    ``generation_prompt`` is the (start, end) of the generation prompt in ``cached_text``.
+    ``generation_prompt`` is the (start, end) of the generation prompt in ``cached_text``;
+    ``latest`` how the reply rendered while it was the newest message. A divergence in the
+    generation prompt or the reply is the generation prompt's (history never renders the
+    reply as it was generated), unless the reply itself renders differently now that it is
+    no longer the newest message: then history was rewritten.
     """
-    kind = {"scenario_kind": scenario_kind}
+    arrived = tuple(str(message.get("role")) for message in next_messages[reply_index + 1 :])
+    kind = {"scenario_kind": scenario_kind, "arrived": arrived}
     position = first_difference(cached_ids, next_ids)
     ideal = full_blocks(len(cached_ids), block_size)
     lengths = (len(cached_ids), len(next_ids))
+    if position is not None and position == len(next_ids):
+        # The next prompt is all in the cache (it stops where the cached one went on): nothing
+        # of it is recomputed, whatever of the cache goes unused.
+        position, ideal = None, full_blocks(len(next_ids), block_size)
     if position is None:
         return Divergence(
             scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, Cause.CLEAN, **kind
@@ -420,23 +563,24 @@ def compare_prompts(
     first_fields = [next_text.find(text) for _, text in message_fields(next_messages[0])] if next_messages else []
     first_start = min([found for found in first_fields if found >= 0], default=0)
     cause = classify(message_index, role, field_name, reply_index, char, first_start)
-    if generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1]:
-        cause = Cause.GENERATION_PROMPT  # the opener the reply was generated after is not in its history
-    elif (
-        generation_prompt is not None
-        and char < generation_prompt[0]
-        and message_index is not None
-        and message_index >= reply_index > 0
-    ):
+    opener_start = generation_prompt[0] if generation_prompt is not None else None
+    if opener_start is not None and char >= opener_start and cause not in (Cause.SYSTEM, Cause.TOOL_ARGUMENTS):
+        # In the generation prompt the reply was generated after, or in the reply itself: the
+        # generation prompt's, unless the reply renders one way while it is the newest
+        # message and another once something follows it (then history rewrote it).
+        cause = Cause.GENERATION_PROMPT
+        if latest is not None:
+            moved = first_difference(list(latest.latest), list(next_text))
+            if moved is not None and opener_start <= moved < latest.end:
+                cause = Cause.REPLY_REWRITE
+        if message_index is None or message_index > reply_index:
+            message_index, field_name = reply_index, "markup"
+            role = next_messages[reply_index].get("role") if reply_index < len(next_messages) else "assistant"
+    elif opener_start is not None and message_index is not None and message_index >= reply_index > 0:
         # Before prompt N's opener, so still inside its last message: the markup that closes
         # it changed once a message came after it (a `loop.last` test, say).
         message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
         role = next_messages[message_index].get("role")
-    elif cause is Cause.GENERATION_PROMPT and message_index < len(next_messages):
-        # The reply's own reasoning, cached as generated, is missing from its history render.
-        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
-        if reasoning and reasoning in cached_text[char:] and reasoning not in next_text[char:]:
-            cause = Cause.HISTORY_REWRITE
     return Divergence(
         scenario,
         index,
@@ -473,8 +617,54 @@ def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, lis
     return values
 
 
-def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]:
-    """Give each finding its proof; return findings of unexplained divergence for causes none explains."""
+def clocked_switches(findings: list[Finding]) -> frozenset[str]:
+    """Switches of findings proven only by the clock: their values are tried on the clock too."""
+    return frozenset(
+        finding.switch.name
+        for finding in findings
+        if finding.switch is not None and ScenarioKind.CLOCK in BY_CODE[finding.code].RULE.proven_in
+    )
+
+
+def _worst(divergences: list[Divergence]) -> Divergence:
+    return max(divergences, key=lambda d: (d.lost_tokens, -d.call))
+
+
+def _typical_worst(divergences: list[Divergence], report: ProofReport) -> Divergence:
+    """The worst divergence of a request as callers send it by default, if any shows it."""
+    default = [d for d in divergences if not _kwargs(d, report)]
+    return _worst(default or divergences)
+
+
+def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
+    scenario = report.scenario(divergence.scenario)
+    return scenario.kwargs if scenario is not None else {}
+
+
+def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
+    """A finding whose divergences all come from a template variable set to a value (none
+    from a request as callers send it) applies only when a caller opts in: informational,
+    with the switch that shows it. A switch the analysis named stays."""
+    if finding.switch is not None or not divergences:
+        return
+    asked = [_kwargs(d, report) for d in divergences]
+    if not all(asked):
+        return
+    (name, value), *_ = sorted(asked[0].items())
+    finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
+    finding.severity = "info"
+
+
+def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> list[Finding]:
+    """Give each finding its proof, and return the findings the proof itself found.
+
+    A divergence that several findings' rules prove is explained by one of them (the rule
+    that names its cause, then the one that names what moved it, then the first in the
+    template); the others point at it and are folded into that finding as related
+    locations. A divergence no finding explains becomes a finding of the rule that can be
+    found by proof for it (a generation-prompt mismatch), or else of the rule for
+    unexplained divergences, which says where the render changed.
+    """
     unit = report.unit
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
@@ -485,46 +675,135 @@ def attach_proofs(findings: list[Finding], report: ProofReport) -> list[Finding]
         extra.proof = Proof.not_provable(unit, reason)
         return [extra]
     divergences = report.divergences()
-    explained: set[Cause] = set()
     errors = [result.error for result in report.results if result.error]
     extra: list[Finding] = []
-    if not report.rendered and errors:
-        failure = reporting(Outcome.RENDER_ERROR).RULE.at(
-            _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
-        )
-        failure.proof = Proof.not_provable(unit, errors[0])
-        extra.append(failure)
+    if not report.rendered:
+        reason = errors[0] if errors else "the template does not parse"
+        if errors:
+            failure = reporting(Outcome.RENDER_ERROR).RULE.at(
+                _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
+            )
+            failure.proof = Proof.not_provable(unit, errors[0])
+            extra.append(failure)
+        for finding in findings:
+            finding.proof = Proof.not_provable(unit, reason)
+        return extra
+    explained: set[int] = set()
     if not report.deterministic:
         # Random output diverges anywhere; the rule that found the randomness accounts for all of it.
-        explained |= {d.cause for d in divergences}
-    tried = tuple(result.scenario.name for result in report.rendered)
+        explained |= set(range(len(divergences)))
+    generic = []
     for finding in findings:
         rule = BY_CODE[finding.code]
-        if not report.rendered:
-            finding.proof = Proof.not_provable(unit, errors[0] if errors else "the template does not parse")
-            continue
+        if finding.switch is not None:
+            verify_switch(finding, rule.RULE, report)
         if hasattr(rule, "prove"):
-            finding.proof = rule.prove(report)
+            finding.proof = rule.prove(report, finding)
+            if finding.proof.is_proven:
+                shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
+                explained |= shown
+                finding.proof = finding.proof.explaining([divergences[index] for index in sorted(shown)])
+        else:
+            generic.append(finding)
+    # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
+    # another rule's to explain.
+    matching = {
+        id(finding): {i for i, d in enumerate(divergences) if i not in explained and BY_CODE[finding.code].RULE.proves(d)}
+        for finding in generic
+    }
+    explainer: dict[int, Finding] = {}
+    for index, divergence in enumerate(divergences):
+        candidates = [finding for finding in generic if index in matching[id(finding)]]
+        if candidates:
+            explainer[index] = max(
+                candidates,
+                key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column),
+            )
+    explained |= set(explainer)
+    for finding in generic:
+        own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
+        if own:
+            worst = _typical_worst(own, report)
+        elif matching[id(finding)]:
+            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report)
+            finding.explained_by = explainer[divergences.index(worst)]
+        else:
+            finding.proof = Proof.not_reproduced(unit, report.tried())
             continue
-        explained |= rule.RULE.proven_by
-        matching = [d for d in divergences if rule.RULE.proves(d)]
-        if not matching:
-            finding.proof = Proof.not_reproduced(unit, tried)
-            continue
-        worst = max(matching, key=lambda d: (d.lost_tokens, -d.call))
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
+        only_when_asked(finding, own or [worst], report)
+    extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
     if report.note:
-        for finding in findings:
-            finding.proof = finding.proof.with_note(report.note)
-    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
-    for cause in sorted({d.cause for d in divergences} - explained):
-        worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
-        finding = unexplained.at(
-            _TEMPLATE_START, f"the next turn does not extend the previous prompt ({cause}) and no rule explains why"
-        )
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
-        extra.append(finding)
+        for finding in findings + extra:
+            if finding.proof is not None:
+                finding.proof = finding.proof.with_note(report.note)
     return extra
+
+
+def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[Finding]:
+    """Findings for divergences no static finding explains: one per rule that can be found by
+    its proof (it says where in the template), else one per cause of the rule for
+    unexplained divergences, saying which message and field changed."""
+    found = []
+    for rule in RULES:
+        if not hasattr(rule, "found_by_proof"):
+            continue
+        claimed = [d for d in divergences if rule.RULE.proves(d)]
+        if not claimed:
+            continue
+        worst = _typical_worst(claimed, report)
+        finding = rule.found_by_proof(facts, worst)
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
+        only_when_asked(finding, claimed, report)
+        found.append(finding)
+        divergences = [d for d in divergences if d not in claimed]
+    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
+    for cause in sorted({d.cause for d in divergences}):
+        claimed = [d for d in divergences if d.cause == cause]
+        worst = _typical_worst(claimed, report)
+        where = (
+            f"message {worst.message_index} ({worst.role}, {worst.field})"
+            if worst.message_index is not None
+            else "the rendered prompt"
+        )
+        finding = unexplained.at(
+            _TEMPLATE_START,
+            f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
+            f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
+        )
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
+        only_when_asked(finding, claimed, report)
+        found.append(finding)
+    return found
+
+
+def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
+    """Check a switch's advice by the renders: the default is called stable only if the
+    scenarios rendered without the variable show none of the rule's divergences, and a value
+    is advised only if the scenarios rendered with it show none. A claim the renders refute
+    is withdrawn (and a finding made informational by it gets its severity back); one no
+    scenario could check stays as the analysis made it."""
+    switch = finding.switch
+
+    def diverges(kwargs: dict[str, Any]) -> bool | None:
+        rendered = [
+            result
+            for result in report.rendered
+            if result.scenario.kwargs == kwargs and (not rule.proven_in or result.scenario.kind in rule.proven_in)
+        ]
+        if not rendered:
+            return None
+        return any(d.first_divergence is not None and rule.proves(d) for result in rendered for d in result.divergences)
+
+    advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
+    if switch.default_is_stable and diverges({}):
+        if switch.stable_value is not None and advised_diverges is False:
+            finding.switch = Switch(switch.name, switch.stable_value, False, switch.unstable_value)
+        else:
+            finding.switch = None
+        finding.severity = switch.demoted_from or finding.severity
+    elif not switch.default_is_stable and advised_diverges:
+        finding.switch = None
 
 
 # Where findings about the render as a whole stand: the cause is not at one place in the source.
@@ -543,8 +822,10 @@ def engine_findings(report: ProofReport) -> list[Finding]:
         return [finding]
     found = []
     divergences = report.divergences()
-    for cause in sorted({d.cause for d in divergences}):
-        worst = max((d for d in divergences if d.cause == cause), key=lambda d: (d.lost_tokens, -d.call))
+    # A reply rewritten once it is history is the engine dropping what it drops from history.
+    grouped = {d: Cause.HISTORY_REWRITE if d.cause is Cause.REPLY_REWRITE else d.cause for d in divergences}
+    for cause in sorted(set(grouped.values())):
+        worst = _worst([d for d in divergences if grouped[d] == cause])
         finding = engine_render.RULE.at(
             _TEMPLATE_START,
             f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}",

@@ -42,6 +42,11 @@ def text_report(
         out.append(" " * (len(gutter) - 2) + "| " + " " * caret + style("^", fg="red", bold=True))
         if finding.proof:
             out.extend("      " + line for line in proof_lines(finding.proof))
+        for other in finding.related_findings:
+            out.append(
+                f"      related: {other.line}:{other.column}: {other.code} [{other.name}] shows the same divergence: "
+                f"{other.message}"
+            )
     if not quiet:
         out.append(summary(findings, strict))
     return "\n".join(out) + ("\n" if out else "")
@@ -190,6 +195,7 @@ def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -
         key = f"{finding.code}:{uri}:{finding.template or ''}:{finding.source_line.strip()}"
         seen[key] += 1
         fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] + f":{seen[key]}"
+        artifact = {"uri": uri, "uriBaseId": "%SRCROOT%"} if not uri.startswith("file:") else {"uri": uri}
         result = {
             "ruleId": finding.code,
             "ruleIndex": index[finding.code],
@@ -198,14 +204,29 @@ def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -
             "locations": [
                 {
                     "physicalLocation": {
-                        "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}
-                        if not uri.startswith("file:")
-                        else {"uri": uri},
+                        "artifactLocation": artifact,
                         "region": {"startLine": file_line(finding), "startColumn": finding.column},
                     }
                 }
             ],
             "partialFingerprints": {"primaryLocationLineHash": fingerprint},
+            **(
+                {
+                    "relatedLocations": [
+                        {
+                            "id": number,
+                            "physicalLocation": {
+                                "artifactLocation": artifact,
+                                "region": {"startLine": file_line(other), "startColumn": other.column},
+                            },
+                            "message": {"text": f"{other.code} [{other.name}] shows the same divergence: {other.message}"},
+                        }
+                        for number, other in enumerate(finding.related_findings)
+                    ]
+                }
+                if finding.related_findings
+                else {}
+            ),
             "properties": {
                 "template": finding.template,
                 "templateLine": finding.line,

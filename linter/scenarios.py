@@ -6,6 +6,12 @@ one plus that reply plus what came back (a user message, tool results). Shapes v
 templates disagree (a system message or not, arguments as a mapping or a JSON string), and
 the prover keeps the first shape a template accepts, as minja and llama.cpp probe
 templates.
+
+Clock scenarios send one conversation twice, the clock stepped between the two calls (with
+and without tools and a system message, where a live date hides under `if tools` or in a
+default system prompt): whatever differs is the clock's. A first probe steps every field of
+the clock at once; only a template whose render it changes is stepped again by a second, a
+minute, an hour, a day and a year, so that the finding can say how often the prompt changes.
 """
 
 from __future__ import annotations
@@ -14,13 +20,33 @@ import copy
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 MIDDAY = datetime(2026, 3, 1, 12, 0, 0)
-BEFORE_MIDNIGHT = datetime(2026, 3, 1, 23, 59, 50)
-AFTER_MIDNIGHT = datetime(2026, 3, 2, 0, 0, 10)
+
+
+@dataclass(frozen=True)
+class ClockStep:
+    """How far the clock moves between two calls, and how often a render that changes with
+    it (and with no smaller step) changes its prompt."""
+
+    name: str  # "a minute"
+    later: datetime
+    granularity: str  # "per minute"
+
+
+# Each step moves one field of the clock from MIDDAY and nothing coarser (12:00:00 -> 12:01:00).
+CLOCK_STEPS = (
+    ClockStep("a second", MIDDAY + timedelta(seconds=1), "per request"),
+    ClockStep("a minute", MIDDAY + timedelta(minutes=1), "per minute"),
+    ClockStep("an hour", MIDDAY + timedelta(hours=1), "per hour"),
+    ClockStep("a day", MIDDAY + timedelta(days=1), "per day"),
+    ClockStep("a year", MIDDAY.replace(year=MIDDAY.year + 1), "per year"),
+)
+# Every field at once: the probe that decides whether the steps are worth rendering.
+EVERYTHING_LATER = MIDDAY.replace(year=MIDDAY.year + 1) + timedelta(days=1, hours=1, minutes=1, seconds=1)
 
 # Nine alphanumerics: Mistral's templates reject anything else, and others accept it.
 CALL_IDS = ("Ab3dE6gH9", "Xy7wV5uT3")
@@ -71,6 +97,12 @@ class Scenario:
     # client sends them back as a mapping: the replay check for PC004.
     compact_arguments: bool = False
     kind: ScenarioKind = ScenarioKind.CHAT
+    # Rendered only when this scenario (by name) diverged: the clock's steps after its probe.
+    refines: str | None = None
+    clock_step: ClockStep | None = None
+    # Run instead when this scenario cannot be rendered (arguments as a mapping where the
+    # template refuses strings).
+    fallback: Scenario | None = None
 
 
 def user(text: str) -> dict[str, Any]:
@@ -83,10 +115,20 @@ def answer(content: str, reasoning: str) -> dict[str, Any]:
     return {"role": "assistant", "content": content, "reasoning_content": reasoning, "reasoning": reasoning}
 
 
-def tool_call(call_id: str, city: str, reasoning: str, arguments_as_string: bool) -> dict[str, Any]:
+def raw_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """The reply as a client that keeps the model's raw text sends it back: the reasoning
+    inside ``content`` between think tags, no reasoning field."""
+    reasoning = message.pop("reasoning_content", None)
+    message.pop("reasoning", None)
+    if reasoning:
+        message["content"] = f"<think>\n{reasoning}\n</think>\n\n{message['content']}"
+    return message
+
+
+def tool_call(call_id: str, city: str, reasoning: str, arguments_as_string: bool, compact: bool = False) -> dict[str, Any]:
     arguments: Any = {"city": city}
     if arguments_as_string:
-        arguments = json.dumps(arguments)
+        arguments = json.dumps(arguments, separators=(",", ":")) if compact else json.dumps(arguments)
     message = answer("", reasoning)
     message["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]
     return message
@@ -109,26 +151,36 @@ def session(head: list[dict[str, Any]], steps: list[tuple[dict[str, Any], list[d
     return calls
 
 
-def chat(system: bool, clocks=None) -> list[Call]:
-    head = ([SYSTEM] if system else []) + [user("What is the capital of France?")]
+def chat_head(system: bool) -> list[dict[str, Any]]:
+    return ([SYSTEM] if system else []) + [user("What is the capital of France?")]
+
+
+def agent_head(system: bool) -> list[dict[str, Any]]:
+    return ([SYSTEM] if system else []) + [user("What is the weather in Paris?")]
+
+
+def chat(system: bool, clocks=None, reasoning_in_content: bool = False) -> list[Call]:
+    """Three user queries answered with reasoning. ``reasoning_in_content``: the client
+    replays the model's raw ``<think>...</think>`` inside ``content`` (many do)."""
+    replies = [answer("Paris.", "The user asks for a capital; France's is Paris."), answer("Rome.", "Italy's capital is Rome.")]
+    if reasoning_in_content:
+        replies = [raw_reasoning(reply) for reply in replies]
     return session(
-        head,
-        [
-            (answer("Paris.", "The user asks for a capital; France's is Paris."), [user("And of Italy?")]),
-            (answer("Rome.", "Italy's capital is Rome."), [user("Thanks. Which is larger?")]),
-        ],
+        chat_head(system),
+        [(replies[0], [user("And of Italy?")]), (replies[1], [user("Thanks. Which is larger?")])],
         clocks,
     )
 
 
-def agent(system: bool, arguments_as_string: bool, narrated: bool = False) -> list[Call]:
+def agent(system: bool, arguments_as_string: bool, narrated: bool = False, compact: bool = False) -> list[Call]:
     """Tool calls across two user queries. ``narrated``: the tool-call replies say something
-    ("Checking the weather.") instead of reasoning, as many models do."""
+    ("Checking the weather.") instead of reasoning, as many models do. ``compact``: argument
+    strings as models write them, without spaces."""
     first, second = CALL_IDS
-    head = ([SYSTEM] if system else []) + [user("What is the weather in Paris?")]
+    head = agent_head(system)
 
     def calling(call_id: str, city: str, reasoning: str) -> dict[str, Any]:
-        message = tool_call(call_id, city, reasoning, arguments_as_string)
+        message = tool_call(call_id, city, reasoning, arguments_as_string, compact)
         if narrated:
             message["content"] = f"Checking the weather in {city}."
             for key in ("reasoning_content", "reasoning"):
@@ -161,33 +213,85 @@ def chained_agent(arguments_as_string: bool) -> list[Call]:
     )
 
 
-def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False) -> list[Scenario]:
-    """Every scenario the prover renders, for one shape of tool-call arguments."""
+def clock_scenarios(kwargs: dict[str, Any] | None = None) -> list[Scenario]:
+    """One conversation sent twice, the clock stepped between the calls, in each shape a live
+    date can hide behind: a default system prompt (no system message), `if tools`."""
+    kwargs = kwargs or {}
+    label = "".join(f", {name}={json.dumps(value)}" for name, value in kwargs.items())
+    found = []
+    for tools in (False, True):
+        for system in (False, True):
+            head = agent_head(system) if tools else chat_head(system)
+            shape = "clock" + {(False, False): "", (True, False): " with system", (False, True): " with tools"}.get(
+                (system, tools), " with system and tools"
+            )
+            probe = f"{shape}{label}, everything later"
+            found.append(
+                Scenario(
+                    probe,
+                    [Call(head, None, MIDDAY), Call(head, None, EVERYTHING_LATER)],
+                    TOOLS if tools else None,
+                    kwargs=dict(kwargs),
+                    kind=ScenarioKind.CLOCK,
+                )
+            )
+            for step in CLOCK_STEPS:
+                found.append(
+                    Scenario(
+                        f"{shape}{label}, {step.name} later",
+                        [Call(head, None, MIDDAY), Call(head, None, step.later)],
+                        TOOLS if tools else None,
+                        kwargs=dict(kwargs),
+                        kind=ScenarioKind.CLOCK,
+                        refines=probe,
+                        clock_step=step,
+                    )
+                )
+    return found
+
+
+def arguments_scenario(arguments_as_string: bool) -> Scenario:
+    """The model wrote compact JSON arguments and the client replays them as it got them: the
+    string (the OpenAI API's shape), or the parsed mapping where the template takes no string."""
+    replayed_as_mapping = Scenario(
+        "compact tool arguments replayed as a mapping",
+        agent(False, False),
+        TOOLS,
+        compact_arguments=True,
+        kind=ScenarioKind.ARGUMENTS,
+    )
+    if not arguments_as_string:
+        return replayed_as_mapping
+    return Scenario(
+        "compact tool arguments replayed as sent",
+        agent(False, True, compact=True),
+        TOOLS,
+        compact_arguments=True,
+        kind=ScenarioKind.ARGUMENTS,
+        fallback=replayed_as_mapping,
+    )
+
+
+def scenarios(
+    switches: dict[str, list[Any]], arguments_as_string: bool = False, clocked: frozenset[str] = frozenset()
+) -> list[Scenario]:
+    """Every scenario the prover renders, for one shape of tool-call arguments (the replay of
+    compact arguments tries strings first whatever the shape). Switches are rendered at each
+    value in a chat and an agent session, and on the clock too where they are ``clocked``
+    (the switches of findings only the clock proves)."""
     found = [
         Scenario("chat", chat(system=False)),
         Scenario("chat with system", chat(system=True)),
+        Scenario("chat, reasoning replayed in content", chat(system=False, reasoning_in_content=True)),
         Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT),
         Scenario(
             "agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT
         ),
         Scenario("agent, narrated tool calls", agent(False, arguments_as_string, narrated=True), TOOLS, kind=ScenarioKind.AGENT),
         Scenario("agent, chained tool calls", chained_agent(arguments_as_string), TOOLS, kind=ScenarioKind.AGENT),
-        Scenario(
-            "midnight", chat(system=False, clocks=[BEFORE_MIDNIGHT, AFTER_MIDNIGHT, AFTER_MIDNIGHT]), kind=ScenarioKind.CLOCK
-        ),
+        *clock_scenarios(),
+        arguments_scenario(True),
     ]
-    if not arguments_as_string:
-        # A template that takes arguments only as strings gets back the string the model
-        # wrote; the replay of a parsed mapping applies where mappings render.
-        found.append(
-            Scenario(
-                "compact tool arguments replayed as a mapping",
-                agent(False, False),
-                TOOLS,
-                compact_arguments=True,
-                kind=ScenarioKind.ARGUMENTS,
-            )
-        )
     for name, values in sorted(switches.items()):
         for value in values:
             label = json.dumps(value)
@@ -204,6 +308,8 @@ def scenarios(switches: dict[str, list[Any]], arguments_as_string: bool = False)
                 if value is False and THINKING_ON_OFF.search(name):
                     drop_reasoning(scenario)  # with thinking off, the model writes none
                 found.append(scenario)
+            if name in clocked:
+                found.extend(clock_scenarios({name: value}))
     return found
 
 

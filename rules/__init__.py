@@ -7,7 +7,11 @@ severity, summary, which divergences prove it, what its fix must remove), and as
 - ``check(facts)``: findings from the facts of one analysis pass (``tmpl_lint.analysis``);
   rules never walk the template themselves;
 - ``fix(facts, finding, options)``: the edits that would fix a finding (``tmpl_lint.edits.Fix``);
-- ``prove(report)``: the proof of a finding when no divergence shows it (a ``Proof``);
+- ``prove(report, finding)``: the proof of a finding, where the rule chooses it (a ``Proof``;
+  it may say in the finding's message what the proof measured: how often a clock changes
+  the prompt), or where no divergence shows it (random output);
+- ``found_by_proof(facts, divergence)``: a finding for a divergence no static finding
+  explains, at the place in the template the rule knows (the generation prompt's test);
 - ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None).
 
 Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule

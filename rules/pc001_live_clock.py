@@ -4,10 +4,15 @@ clock global) whose value is printed, directly or through `{% set %}`, a macro, 
 namespace, or a default system prompt used only when the request has no system message.
 A clock value that is computed but never printed (Llama 4's `date_string`) is not
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
+The proof sends one conversation twice with the clock stepped between the calls, with and
+without tools and a system message (a date can hide under `if tools` or in a default
+system prompt), by a second, a minute, an hour, a day and a year, and the finding says how
+often the prompt changes: per request, per minute, per hour, per day or per year.
 
 ## Why is this bad?
-The date sits in the system block, in the first cache block of every prompt. At local
-midnight its text changes, the hash of block 0 changes, and because every block hash is
+The date sits in the system block, in the first cache block of every prompt. When its text
+changes (at local midnight for a date; every minute, or every request, for a clock with
+minutes or seconds: the proof says which), the hash of block 0 changes, and because every block hash is
 chained on its parent, the serving engine's whole prefix cache goes cold at once: every
 live session recomputes its full context on its next turn, with no log line saying why.
 
@@ -38,15 +43,17 @@ from jinja2 import nodes
 from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.proofs import Cause
+from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import ScenarioKind
 
+# Clock scenarios send one conversation twice: whatever changes before the generation
+# prompt is the clock's, in the first message or in any other.
 RULE = RuleInfo(
     "PC001",
     "live-clock",
     "warning",
     "the current time reaches the rendered prompt",
-    proven_by=frozenset({Cause.SYSTEM}),
+    proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE}),
     proven_in=frozenset({ScenarioKind.CLOCK}),
 )
 
@@ -70,6 +77,28 @@ def check(facts: Facts) -> list[Finding]:
             )
             findings[key] = RULE.at(label.site, message, labels)
     return list(findings.values())
+
+
+def prove(report, finding: Finding) -> Proof:
+    """Proven by the smallest step of the clock that changed the prompt, which the message
+    names: how often the prompt changes."""
+    matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
+    if not matching:
+        return Proof.not_reproduced(report.unit, report.tried())
+    stepped = []
+    for divergence in matching:
+        scenario = report.scenario(divergence.scenario)
+        if scenario is not None and scenario.clock_step is not None:
+            stepped.append((scenario.clock_step, divergence))
+    if not stepped:
+        chosen = max(matching, key=lambda divergence: divergence.lost_tokens)
+        return Proof.proven(chosen, report.rates(chosen.scenario))
+    finest = min(step.later for step, _ in stepped)
+    step, chosen = max(
+        ((step, divergence) for step, divergence in stepped if step.later == finest), key=lambda pair: pair[1].lost_tokens
+    )
+    finding.message += f"; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
+    return Proof.proven(chosen, report.rates(chosen.scenario))
 
 
 def fix(facts: Facts, finding: Finding, options) -> Fix:

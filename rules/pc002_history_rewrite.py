@@ -60,7 +60,8 @@ RULE = RuleInfo(
     "history-rewrite",
     "warning",
     "an earlier message renders differently once a new user message arrives",
-    proven_by=frozenset({Cause.HISTORY_REWRITE}),
+    proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE}),
+    moved_by=frozenset({"user"}),  # only a new user query moves the last query's position
 )
 
 

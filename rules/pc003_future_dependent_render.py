@@ -71,7 +71,7 @@ RULE = RuleInfo(
     "future-dependent-render",
     "warning",
     "a message renders differently once later messages exist",
-    proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.SYSTEM}),
+    proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE, Cause.SYSTEM}),
 )
 
 

@@ -44,7 +44,7 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
-def prove(report) -> Proof:
+def prove(report, finding) -> Proof:
     """Random output is shown by rendering one request twenty times, not by a turn pair."""
     evidence = "twenty renders of one request"
     if report.deterministic:

@@ -1,12 +1,18 @@
 r"""## What it does
-Finds a generation prompt that opens the reply with text (`<think>\n`, an empty
-`<think></think>`, a channel header) that the same assistant turn no longer starts with
-once it is history. The rule reads the literal text the template prints under
+Finds a generation prompt, or a reply as the model generated it, that history does not
+render the same way: the generation prompt opens the reply with text (`<think>\n`, an
+empty `<think></think>`, a channel header, a stray newline) that the same assistant turn no
+longer starts with once it is history, or history never replays the reply at all. The rule reads the literal text the template prints under
 `add_generation_prompt`; where it holds such an opener tag, it looks for the loop over
 messages printing that tag for every past assistant turn. A tag printed only for some
 turns (after the last user query, while the message is last) or not at all is reported,
 and so is a tag history prints with other text after it (Nemotron 3 writes `<think></think>`
 for a turn without reasoning where the reply was opened with `<think>\n`).
+Where no literal opener shows it (a whitespace difference, a header history never prints),
+the proof finds it: a divergence inside the generation prompt or the reply that no other
+finding explains is reported here, at the `add_generation_prompt` test. A reply that
+renders differently once a message follows it is reported by the rule that names that
+rewrite (PC002, PC003) when one does, with this finding as a related location.
 
 ## Why is this bad?
 The engine cached the prompt and the reply it generated after the opener. On the next
@@ -45,18 +51,24 @@ it generated them.
 
 from __future__ import annotations
 
+import os
 import re
 
-from tmpl_lint.analysis import Facts, LabelKind, Sink
-from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.proofs import Cause
+from jinja2 import nodes
 
+from tmpl_lint.analysis import Facts, LabelKind, Sink, Site
+from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.proofs import Cause, Divergence
+
+# A reply rewritten once a message follows it is a mismatch with what was generated too; a
+# rule that names the rewrite explains it where one is found.
 RULE = RuleInfo(
     "PC006",
     "generation-prompt-mismatch",
     "warning",
-    "the generation prompt opens the reply with text history drops",
-    proven_by=frozenset({Cause.GENERATION_PROMPT}),
+    "the generation prompt and the reply as generated are not how history renders the turn",
+    proven_by=frozenset({Cause.GENERATION_PROMPT, Cause.REPLY_REWRITE}),
+    explains=frozenset({Cause.GENERATION_PROMPT}),
 )
 
 # A tag a generation prompt can open the reply with beyond the role header.
@@ -122,3 +134,34 @@ def _every_turn(sink: Sink) -> bool:
     ) and not any(
         label.kind in POSITION_DEPENDENT - {LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG} for label in sink.all_labels()
     )
+
+
+def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
+    """A mismatch no literal opener shows (a stray newline, a header history never prints, a
+    reply never replayed) is found by its proof, and reported at the test of
+    `add_generation_prompt` that prints the generation prompt."""
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    cached, following = divergence.before[common:][:24], divergence.after[common:][:24]
+    where = f"message {divergence.message_index} ({divergence.role}, {divergence.field})"
+    message = (
+        f"history does not render the turn as it was generated after the generation prompt: at {where} the "
+        f"cached prompt has {cached!r} where the next turn has {following!r}; the reply's cache is lost every turn "
+        "(the whole context on models that cannot roll back)"
+    )
+    return RULE.at(_generation_prompt_site(facts), message)
+
+
+def _generation_prompt_site(facts: Facts | None) -> Site:
+    """The last `add_generation_prompt` test outside the loop over messages, else line 1."""
+    if facts is None or facts.tree is None:
+        return Site(1, "", fixed_column=1)
+    in_loops = {id(node) for loop in facts.tree.find_all(nodes.For) for node in loop.find_all(nodes.Name)}
+    tests = [
+        name
+        for branch in facts.tree.find_all(nodes.If)
+        for name in branch.test.find_all(nodes.Name)
+        if name.name == "add_generation_prompt" and id(name) not in in_loops
+    ]
+    if not tests:
+        return Site(1, "", fixed_column=1)
+    return facts.site(tests[-1], "add_generation_prompt")

@@ -61,6 +61,7 @@ RULE = RuleInfo(
 ADVICE = {
     Cause.SYSTEM: "vLLM writes the server's date into the system message of every request (pin it with VLLM_SYSTEM_START_DATE)",
     Cause.HISTORY_REWRITE: "vLLM drops the analysis of turns answered since (openai-harmony's format)",
+    Cause.REPLY_REWRITE: "vLLM drops the analysis of turns answered since (openai-harmony's format)",
 }
 
 

@@ -90,9 +90,13 @@ def test_diff_prints_and_writes_nothing(tmp_path):
         "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n"
         in out
     )
-    # what remains after the fix: the pass-through's own informational finding
-    assert code == 1
-    assert "PC004 [tool-args-reserialized] tool-call arguments pass through `tojson` when they are not a string" in out
+    # what remains after the fix: the pass-through's own informational finding, which never
+    # fails the run
+    assert code == 0
+    assert (
+        "PC004 [tool-args-reserialized] (not proven: --no-prove) tool-call arguments pass through `tojson` when they are "
+        "not a string" in out
+    )
 
 
 def test_second_fix_is_a_no_op(tmp_path):
@@ -107,7 +111,7 @@ def test_second_fix_is_a_no_op(tmp_path):
     assert "fixed" not in out.replace("not fixed", "")
     # what remains applies only to callers who pass keep_history_reasoning=false
     assert "PC002 [history-rewrite]" in out and "only when keep_history_reasoning=false" in out
-    assert code == 1
+    assert code == 0  # informational: it never fails the run
 
 
 def test_history_rewrite_fix_without_switch_keeps_reasoning(tmp_path):

@@ -143,7 +143,9 @@ def test_decoded_text_encodes_back_to_the_same_ids():
                 ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock, generation_prompt)
                 assert tokens.encode(harmony_encoding().decode_utf8(ids)) == ids
                 checked += 1
-    assert checked == 56  # every call of the seven scenarios, both ways
+    # every call of the scenarios (chat, agent and clock shapes, chained tool calls, the clock's steps, the
+    # argument replay), both ways
+    assert checked == 2 * sum(len(scenario.calls) for scenario in scenarios({}, arguments_as_string=True)) == 178
 
 
 @needs_shared

@@ -88,14 +88,18 @@ def test_gpt_oss_drops_analysis_after_a_final_answer(hf_tokenizers, monkeypatch)
     assert "analysis" in dropped.before and "analysis" not in dropped.after[len(dropped.before) - 60 :]
 
 
-def test_gpt_oss_date_stepped_across_midnight(hf_tokenizers, monkeypatch):
+@pytest.mark.parametrize(("step", "moves"), [("a second", False), ("a minute", False), ("a day", True)])
+def test_gpt_oss_date_moves_with_the_day_only(hf_tokenizers, monkeypatch, step, moves):
     template = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text()
-    expected, ids = independent_divergences(hf_tokenizers, "gpt-oss", template, "midnight", monkeypatch)
-    divergences = check_a(template, "gpt-oss", "midnight")
-    assert [d.first_divergence for d in divergences] == expected
-    assert divergences[0].first_divergence is not None and divergences[0].first_divergence < 40
-    assert divergences[0].cause == "system"
-    assert divergences[1].first_divergence is None  # same date on both sides of the second pair
+    name = f"clock with system, {step} later"
+    expected, ids = independent_divergences(hf_tokenizers, "gpt-oss", template, name, monkeypatch)
+    (divergence,) = check_a(template, "gpt-oss", name)
+    assert [divergence.first_divergence] == expected
+    if moves:
+        assert divergence.first_divergence is not None and divergence.first_divergence < 40
+        assert divergence.cause == "system"
+    else:
+        assert divergence.first_divergence is None
 
 
 def test_mistral_nemo_tool_list_moves_to_the_last_user_message(hf_tokenizers, monkeypatch):

@@ -153,12 +153,15 @@ def test_a_finding_the_proof_does_not_reproduce_is_reported_and_does_not_fail():
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == (
-        f"{UNPROVEN}:6:16: PC003 [future-dependent-render] (not reproduced in 7 scenarios) `loop.last` makes a "
+        f"{UNPROVEN}:6:16: PC003 [future-dependent-render] (not reproduced in 11 scenarios) `loop.last` makes a "
         "message render differently while it is the last one: the next turn renders it again without that"
     )
-    assert lines[3].startswith(
-        "      proof: not reproduced in 7 scenarios (unit: char), so it does not fail the run (--strict makes it fail); "
-        'tried: "chat", "chat with system", "agent"'
+    assert lines[3] == (
+        "      proof: not reproduced in 11 scenarios (unit: char), so it does not fail the run (--strict makes it fail); "
+        'tried: "chat", "chat with system", "chat, reasoning replayed in content", "agent", "agent with system", '
+        '"agent, narrated tool calls", "clock, everything later", "clock with system, everything later", '
+        '"clock with tools, everything later", "clock with system and tools, everything later", '
+        '"compact tool arguments replayed as sent"'
     )
     assert lines[-1] == "Found 1 finding (0 failing, 1 not reproduced)."
 
@@ -187,7 +190,7 @@ def test_json_says_whether_each_finding_fails_and_whether_it_is_proven():
     (finding,) = json.loads(out)
     assert (code, finding["fails"], finding["unproven"], finding["severity"]) == (0, False, True, "warning")
     assert finding["proof"]["status"] == "not-reproduced"
-    assert finding["proof"]["scenarios"][:3] == ["chat", "chat with system", "agent"]
+    assert finding["proof"]["scenarios"][:4] == ["chat", "chat with system", "chat, reasoning replayed in content", "agent"]
     _, out, _ = run(str(UNPROVEN), "--format", "json", "--strict")
     assert json.loads(out)[0]["fails"] is True
     _, out, _ = run(str(CORPUS / "PC001_live_clock.jinja"), "--format", "json")
@@ -204,7 +207,7 @@ def test_sarif_and_github_show_a_finding_that_does_not_fail_as_a_note(tmp_path, 
     assert (code, result["level"], result["properties"]["fails"]) == (0, "note", False)
     code, out, _ = run("chat_template.jinja", "--format", "github")
     assert out.startswith("::notice file=chat_template.jinja,line=6,col=16,")
-    assert "::(not reproduced in 7 scenarios) `loop.last`" in out
+    assert "::(not reproduced in 11 scenarios) `loop.last`" in out
 
 
 def test_info_findings_never_fail_even_when_strict():
