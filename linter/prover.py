@@ -570,7 +570,7 @@ def compare_prompts(
         # message and another once something follows it (then history rewrote it).
         cause = Cause.GENERATION_PROMPT
         if latest is not None:
-            moved = first_difference(list(latest.latest), list(next_text))
+            moved = first_difference(latest.latest, next_text)
             if moved is not None and opener_start <= moved < latest.end:
                 cause = Cause.REPLY_REWRITE
         if message_index is None or message_index > reply_index:
