@@ -90,9 +90,9 @@ def test_diff_prints_and_writes_nothing(tmp_path):
         "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n"
         in out
     )
-    # what remains after the fix: the pass-through's own informational finding, which never
-    # fails the run
-    assert code == 0
+    # --diff that would change a file exits 1, as ruff's; what remains after the fix is the
+    # pass-through's own informational finding, which never fails the run by itself
+    assert code == 1
     assert (
         "PC004 [tool-args-reserialized] (not proven: --no-prove) tool-call arguments pass through `tojson` when they are "
         "not a string" in out
