@@ -25,6 +25,7 @@ template variable set) are listed apart: they disagree with no verdict of the or
 also counts failing findings that are unproven (the goal is none).
 
 Run: python bench/accuracy.py [--engine hf|vllm] [--verbose]
+(the earlier "midnight" scenario, with a system message and no tools, counts as the clock's)
 (the oracle rendered as transformers does, so ``hf`` is the default here).
 """
 
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tmpl_lint.findings import Outcome
-from tmpl_lint.proofs import Cause
 from tmpl_lint.rules import RULES
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -52,30 +52,38 @@ UNEXPLAINED = next(rule.RULE.code for rule in RULES if rule.RULE.reports is Outc
 # Scenarios that render what the oracle's scenarios render (the clock: with a system
 # message and without tools), by name as the prover calls them.
 ORACLE_SCENARIOS = re.compile(
-    r"(chat|chat with system|agent|agent with system|clock with system, .* later|compact tool arguments replayed .*)$"
+    r"(chat|chat with system|agent|agent with system|clock with system, .* later|midnight|compact tool arguments replayed .*)$"
 )
 
 
+# Causes by their JSON names (reports from before a cause existed read the same).
+CAUSE_CLASSES = {
+    "tool-arguments": ARGUMENTS,
+    "generation-prompt": TAIL,
+    "reply-rewrite": TAIL,
+    "history-rewrite": HISTORY,
+    "system": HISTORY,
+}
+
+
 def divergence_class(scenario: str, cause: str) -> str | None:
-    if scenario.startswith("clock"):
+    if scenario.startswith(("clock", "midnight")):
         return CLOCK
-    if cause == Cause.TOOL_ARGUMENTS:
-        return ARGUMENTS
-    if cause in (Cause.GENERATION_PROMPT, Cause.REPLY_REWRITE):
-        return TAIL
-    if cause in (Cause.HISTORY_REWRITE, Cause.SYSTEM):
-        return HISTORY
-    return None
+    return CAUSE_CLASSES.get(cause)
 
 
 def shown(finding: dict, cls: str, comparable_only: bool = False) -> bool:
     """Whether a finding's proof explains a divergence of class ``cls`` (in a scenario that
-    matches the oracle's, if ``comparable_only``)."""
+    matches the oracle's, if ``comparable_only``). A report whose proofs do not list what
+    they explain (an older tmpl-lint) is read by its proving divergence alone."""
     proof = finding.get("proof") or {}
+    pairs = proof.get("explains")
+    if pairs is None and proof.get("status") == "proven" and "scenario" in proof:
+        pairs = [{"scenario": proof["scenario"], "cause": proof["cause"]}]
     return any(
         divergence_class(pair["scenario"], pair["cause"]) == cls
         and (not comparable_only or ORACLE_SCENARIOS.match(pair["scenario"]))
-        for pair in proof.get("explains", ())
+        for pair in pairs or ()
     )
 
 

@@ -636,6 +636,15 @@ def _typical_worst(divergences: list[Divergence], report: ProofReport) -> Diverg
     return _worst(default or divergences)
 
 
+def _first_shown(divergences: list[Divergence], report: ProofReport) -> Divergence:
+    """The worst divergence of the first scenario that shows one (the plainest: a chat before
+    an agent, a request as callers send it before a variable set): what a finding the proof
+    found describes."""
+    order = {result.scenario.name: position for position, result in enumerate(report.results)}
+    first = min(order.get(d.scenario, len(order)) for d in divergences)
+    return _worst([d for d in divergences if order.get(d.scenario, len(order)) == first])
+
+
 def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
     scenario = report.scenario(divergence.scenario)
     return scenario.kwargs if scenario is not None else {}
@@ -751,7 +760,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         claimed = [d for d in divergences if rule.RULE.proves(d)]
         if not claimed:
             continue
-        worst = _typical_worst(claimed, report)
+        worst = _first_shown(claimed, report)
         finding = rule.found_by_proof(facts, worst)
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)

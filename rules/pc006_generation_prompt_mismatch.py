@@ -159,8 +159,8 @@ def _generation_prompt_site(facts: Facts | None) -> Site:
     tests = [
         name
         for branch in facts.tree.find_all(nodes.If)
-        for name in branch.test.find_all(nodes.Name)
-        if name.name == "add_generation_prompt" and id(name) not in in_loops
+        for name in [branch.test, *branch.test.find_all(nodes.Name)]
+        if isinstance(name, nodes.Name) and name.name == "add_generation_prompt" and id(name) not in in_loops
     ]
     if not tests:
         return Site(1, "", fixed_column=1)
