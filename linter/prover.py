@@ -769,7 +769,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
-        worst = _typical_worst(claimed, report)
+        worst = _first_shown(claimed, report)
         where = (
             f"message {worst.message_index} ({worst.role}, {worst.field})"
             if worst.message_index is not None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tmpl_lint.checker import lint_source
+from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.sources import TemplateSource
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -27,6 +27,18 @@ def lint_text(text: str, name: str = "inline.jinja"):
 def lint_fixture(name: str):
     path = CORPUS / name
     return lint_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def prove_text(text: str, engine: str = "hf", name: str = "inline.jinja"):
+    """Findings for a template given as text, each with its proof (characters, no tokenizer).
+    ``hf`` renders the template as transformers does; ``vllm`` applies vLLM's preprocessing."""
+    findings = lint_source(TemplateSource(Path(name), None, text, "jinja"), prove=ProveOptions(engine=engine))
+    return [(f.code, f.line, f.column) for f in findings], findings
+
+
+def prove_fixture(name: str, engine: str = "hf"):
+    path = CORPUS / name
+    return prove_text(path.read_text(encoding="utf-8"), engine, str(path))
 
 
 def at(code: str, source: str, anchor: str, nth: int = 0) -> tuple[str, int, int]:

@@ -1,5 +1,10 @@
+import os
+from datetime import datetime
+
 import pytest
-from helpers import at, lint_fixture, lint_text
+from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
+
+from tmpl_lint.prover import Prover
 
 
 def test_fixture_clock_through_macro():
@@ -45,3 +50,61 @@ def test_clean_fixtures(fixture):
 )
 def test_cases(source, anchors):
     assert lint_text(source)[0] == [at("PC001", source, anchor) for anchor in anchors]
+
+
+# -- proven by the clock, with how often the prompt changes --------------------------------
+
+
+def test_a_date_under_if_tools_is_proven_only_where_tools_are_sent():
+    codes, (finding,) = prove_fixture("PC001_clock_under_tools.jinja")
+    assert codes == [("PC001", 4, 43)]
+    divergence = finding.proof.divergence
+    assert divergence.scenario == "clock with system and tools, a day later"
+    # "Today is 01 March 2026" against "02 March": the day's second digit, counted by hand
+    assert divergence.first_divergence == len("<|im_start|>system\nToday is 0")
+    assert (divergence.message_index, divergence.cause) == (0, "system")
+    assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
+    # only the shapes with tools show it
+    shown = {scenario for scenario, _ in finding.proof.explains}
+    assert shown == {
+        f"clock with {shape}, {step} later"
+        for shape in ("tools", "system and tools")
+        for step in ("everything", "a day", "a year")
+    }
+
+
+def test_a_clock_to_the_minute_changes_the_prompt_every_minute():
+    codes, (finding,) = prove_fixture("PC001_clock_per_minute.jinja")
+    assert codes == [("PC001", 2, 36)]
+    divergence = finding.proof.divergence
+    assert divergence.scenario == "clock with system, a minute later"
+    assert divergence.first_divergence == len("<|im_start|>system\nIt is 12:0")  # 12:00 against 12:01
+    assert finding.message.endswith("; the rendered prompt changes per minute: it changed when the clock moved a minute")
+
+
+@pytest.mark.parametrize(
+    ("format", "granularity", "step", "later"),
+    [
+        ("%H:%M:%S", "per request", "a second", datetime(2026, 3, 1, 12, 0, 1)),
+        ("%H:%M", "per minute", "a minute", datetime(2026, 3, 1, 12, 1)),
+        ("%H", "per hour", "an hour", datetime(2026, 3, 1, 13)),
+        ("%A", "per day", "a day", datetime(2026, 3, 2, 12)),
+        ("%Y-%m-%d", "per day", "a day", datetime(2026, 3, 2, 12)),
+        ("%Y", "per year", "a year", datetime(2027, 3, 1, 12)),
+    ],
+)
+def test_the_finding_says_how_often_the_prompt_changes(format, granularity, step, later):
+    source = "{{ 'Now: ' + strftime_now('" + format + "') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    (finding,) = prove_text(source)[1]
+    assert finding.message.endswith(f"; the rendered prompt changes {granularity}: it changed when the clock moved {step}")
+    # the clock starts at 2026-03-01 12:00:00 and moves by the step
+    before, after = datetime(2026, 3, 1, 12).strftime(format), later.strftime(format)
+    assert finding.proof.divergence.first_divergence == len("Now: ") + len(os.path.commonprefix([before, after]))
+    assert finding.proof.divergence.scenario.endswith(f", {step} later")
+
+
+def test_a_template_without_a_clock_renders_no_clock_step():
+    report = Prover((CORPUS / "clean_chatml.jinja").read_text(), None).run({})
+    tried = report.tried()
+    assert "clock with system and tools, everything later" in tried
+    assert not [name for name in tried if name.startswith("clock") and not name.endswith("everything later")]

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text
+from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
@@ -227,3 +227,17 @@ def test_switch_that_turns_the_decision_off_after_the_position_is_named():
     switch = findings[0].switch
     assert (switch.name, switch.default_is_stable, switch.unstable_value) == ("show_thinking", True, True)
     assert findings[0].severity == "info"
+
+
+def test_the_advised_value_is_checked_by_rendering_and_kept():
+    (finding,) = prove_fixture("PC002_history_rewrite_switch.jinja")[1]
+    assert finding.proof.status == "proven"
+    assert (finding.switch.name, finding.switch.stable_value, finding.switch.default_is_stable) == (
+        "keep_history_reasoning",
+        True,
+        False,
+    )
+    # proven where a new user query arrives, never with keep_history_reasoning=true
+    scenarios = {scenario for scenario, _ in finding.proof.explains}
+    assert "chat" in scenarios and not [name for name in scenarios if "keep_history_reasoning=true" in name]
+    assert finding.proof.divergence.arrived[-1] == "user"

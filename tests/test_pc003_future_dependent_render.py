@@ -1,5 +1,5 @@
 import pytest
-from helpers import at, lint_fixture, lint_text
+from helpers import at, lint_fixture, lint_text, prove_fixture
 
 from tmpl_lint.sources import TemplateSource
 
@@ -118,3 +118,41 @@ def test_separator_inside_a_message_is_reported():
         "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
     assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
+
+
+# -- proofs ------------------------------------------------------------------------------
+
+
+def test_reasoning_replayed_in_content_and_cut_from_all_but_the_last_turn_is_proven():
+    codes, (finding,) = prove_fixture("PC003_reasoning_in_content_dropped.jinja")
+    assert codes == [("PC003", 6, 48)]
+    # only a client that replays the raw "<think>...</think>" in content shows it
+    assert finding.proof.explains == (("chat, reasoning replayed in content", "reply-rewrite"),)
+    divergence = finding.proof.divergence
+    assert (divergence.call, divergence.check, divergence.message_index) == (0, "b", 1)
+    assert divergence.first_divergence == len(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert divergence.arrived == ("user",)
+
+
+def test_a_loop_last_that_only_gates_a_newline_after_the_end_marker_is_not_reproduced():
+    codes, (finding,) = prove_fixture("PC003_unproven_separator_after_end.jinja")
+    assert codes == [("PC003", 6, 16)]
+    assert finding.proof.status == "not-reproduced"
+    assert not finding.fails() and finding.fails(strict=True)
+
+
+def test_two_findings_at_one_divergence_fail_once():
+    codes, (finding,) = prove_fixture("PC003_future_dependent_render.jinja")
+    assert codes == [("PC003", 11, 37)]
+    assert [(f.code, f.line, f.column) for f in finding.related_findings] == [("PC003", 14, 16)]
+    assert finding.to_json()["related"] == [
+        {
+            "code": "PC003",
+            "name": "future-dependent-render",
+            "line": 14,
+            "column": 16,
+            "message": finding.related_findings[0].message,
+        }
+    ]

@@ -1,5 +1,5 @@
 import pytest
-from helpers import at, lint_fixture, lint_text
+from helpers import at, lint_fixture, lint_text, prove_fixture
 
 
 def test_fixture_unguarded_is_a_warning():
@@ -41,3 +41,39 @@ def test_guarded_severity_per_case():
         "{% for m in messages %}{% for c in m.tool_calls %}{{ c.arguments if c.arguments is string else c.arguments|tojson }}{% endfor %}{% endfor %}"
     )
     assert findings[0].severity == "info"
+
+
+# -- proofs: the arguments as the model wrote them against their render in history ---------
+
+# Call 2 of the argument replay, up to the arguments, counted by hand.
+BEFORE_ARGUMENTS = (
+    "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n"
+    '<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": '
+)
+
+
+def test_a_string_passed_through_tojson_is_proven_against_the_json_the_model_wrote():
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "hf")[1]
+    divergence = finding.proof.divergence
+    assert (divergence.scenario, divergence.check, divergence.call) == ("compact tool arguments replayed as sent", "c", 0)
+    # the model wrote {"city":"Paris"}; history prints the string quoted: "{\"city\":\"Paris\"}"
+    assert divergence.first_divergence == len(BEFORE_ARGUMENTS)
+    assert (divergence.message_index, divergence.field, divergence.cause) == (
+        1,
+        "tool_calls.function.arguments",
+        "tool-arguments",
+    )
+    assert divergence.before.endswith('"arguments": {"city":"Paris"}}</tool_call><|im_end|>')
+
+
+def test_vllm_parses_the_string_so_a_mapping_is_reserialised():
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "vllm")[1]
+    divergence = finding.proof.divergence
+    assert divergence.first_divergence == len(BEFORE_ARGUMENTS + '{"city":')  # '"Paris"' against ' "Paris"'
+
+
+def test_the_string_pass_through_replays_byte_for_byte_unless_vllm_parses_it():
+    (finding,) = prove_fixture("PC004_tool_args_guarded.jinja", "hf")[1]
+    assert (finding.severity, finding.proof.status) == ("info", "not-reproduced")
+    (finding,) = prove_fixture("PC004_tool_args_guarded.jinja", "vllm")[1]
+    assert (finding.severity, finding.proof.status, finding.proof.cause) == ("info", "proven", "tool-arguments")

@@ -1,4 +1,4 @@
-from helpers import lint_fixture, lint_text
+from helpers import lint_fixture, lint_text, prove_fixture
 
 
 def test_fixture_with_default_stable_switch():
@@ -43,3 +43,48 @@ def test_an_empty_opener_that_differs_from_the_generation_prompt_is_reported():
 def test_an_empty_opener_matching_the_generation_prompt_is_clean():
     matching = EMPTY_OPENER_DIFFERS.replace("{{ '<think></think>' }}", "{{ '<think>\\n</think>' }}")
     assert lint_text(matching)[0] == []
+
+
+# -- found by the proof -------------------------------------------------------------------
+
+# What every chat scenario's first call renders before the reply: counted by hand.
+CHATML_FIRST_TURN = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_stray_newline_no_opener_shows_is_found_by_the_proof_at_the_generation_prompt():
+    assert lint_fixture("PC006_stray_newline.jinja")[0] == []  # the analysis sees nothing
+    codes, (finding,) = prove_fixture("PC006_stray_newline.jinja")
+    assert codes == [("PC006", 7, 8)]  # `add_generation_prompt` in `{%- if add_generation_prompt %}`
+    assert finding.severity == "warning" and finding.fails()
+    divergence = finding.proof.divergence
+    assert (divergence.scenario, divergence.call, divergence.check) == ("chat", 0, "b")
+    # prompt N + the reply: "assistant\n\nParis."; history: "assistant\nParis."
+    assert divergence.first_divergence == len(CHATML_FIRST_TURN)
+    assert (divergence.message_index, divergence.role, divergence.cause) == (1, "assistant", "generation-prompt")
+    assert "the cached prompt has '\\nParis.<|im_end|>' where the next turn has 'Paris.<|im_end|>\\n<|im_st'" in (finding.message)
+
+
+def test_a_header_history_never_prints_is_found_by_the_proof():
+    codes, (finding,) = prove_fixture("PC006_header_never_replayed.jinja")
+    assert codes == [("PC006", 9, 8)]
+    divergence = finding.proof.divergence
+    assert divergence.first_divergence == len("USER: What is the capital of France?\n")
+    assert (divergence.message_index, divergence.cause) == (1, "generation-prompt")
+    # the reply the model wrote counts, though the template never prints it
+    assert divergence.before.endswith("ASSISTANT:Paris.")
+
+
+def test_a_default_that_still_diverges_is_never_called_stable():
+    # The analysis: an opener mismatch only when enable_thinking=false, "leave it unset".
+    _, static = lint_fixture("PC006_default_still_opens.jinja")
+    pc006 = next(f for f in static if f.code == "PC006")
+    assert (pc006.severity, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("info", True, False)
+    # The renders: the default opens "<think>\n" and history drops it once the next query
+    # arrives; true does the same. The advice is withdrawn and the severity restored; the
+    # last-query rewrite explains the divergence, and this finding is its related location.
+    codes, (finding,) = prove_fixture("PC006_default_still_opens.jinja")
+    assert codes == [("PC002", 13, 58)]
+    (related,) = finding.related_findings
+    assert (related.code, related.line, related.column) == ("PC006", 22, 13)
+    assert related.switch is None and related.severity == "warning"
+    assert ("chat", "reply-rewrite") in finding.proof.explains

@@ -1,9 +1,10 @@
 """The prover on fixtures written here, measured in characters (no tokenizer needed)."""
 
+import os
 from pathlib import Path
 
 import pytest
-from helpers import CORPUS
+from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start
@@ -124,6 +125,11 @@ def test_unexplained_divergence_is_pc100():
     assert [f.code for f in findings] == ["PC100"]
     assert findings[0].proof.status == "proven"
     assert findings[0].proof.cause == "system"
+    # it says where the render changed
+    assert findings[0].message == (
+        'the next turn does not extend the previous prompt: message 0 (user, markup) renders differently in "chat", '
+        "calls 2->3 (system), and no rule explains why"
+    )
 
 
 CLOSES_DIFFERENTLY_WHEN_LAST = (
@@ -161,3 +167,71 @@ def test_a_loop_last_closing_is_proven_as_pc003():
 )
 def test_the_reply_starts_after_the_shared_text_never_inside_a_tag(prompt, with_reply, start):
     assert reply_start(prompt, with_reply) == start
+
+
+# DeepSeek-R1 distills' idiom: a closing tag printed after the loop only while the last
+# message is a tool result; the assistant turn that follows the result never prints it.
+CLOSES_TOOL_OUTPUTS_AFTER_THE_LOOP = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>"
+    "{{ m.tool_calls[0].function.name }}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    "{%- elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"
+    "{%- elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if messages[-1].role == 'tool' %}<｜tool▁outputs▁end｜>{% endif %}"
+    "{%- if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+)
+
+
+def test_a_tool_result_as_the_last_message_then_an_assistant_turn_shows_an_after_loop_closer():
+    prover = Prover(CLOSES_TOOL_OUTPUTS_AFTER_THE_LOOP, None)
+    agent = next(s for s in scenarios({}) if s.name == "agent")
+    result = prover.run_scenario(agent)
+    diverging = [d for d in result.divergences if d.first_divergence is not None]
+    # calls 2 -> 3 and 4 -> 5: each time the tool result was the last message
+    assert sorted({(d.call, d.check) for d in diverging}) == [(1, "a"), (1, "b"), (3, "a"), (3, "b")]
+    first = next(d for d in diverging if (d.call, d.check) == (1, "b"))
+    prefix = (
+        "<｜User｜>What is the weather in Paris?<｜Assistant｜><｜tool▁calls▁begin｜>get_weather"
+        "<｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>18 C, sunny<｜tool▁output▁end｜>"
+    )
+    assert first.first_divergence == len(prefix + "<｜")  # "<｜tool▁outputs▁end｜>" against "<｜Assistant｜>"
+    assert (first.message_index, first.role, first.field, first.cause) == (2, "tool", "markup", "history-rewrite")
+    assert first.arrived == ("user",)
+
+
+def test_each_distinct_request_is_rendered_once():
+    text = (CORPUS / "PC002_history_rewrite_switch.jinja").read_text()
+    prover = Prover(text, None)
+    switches = {"keep_history_reasoning": [True, False]}
+    prover.run(switches)
+    rendered = prover.render_count
+    # the determinism check's twenty renders of one request are the only repeats, by design
+    assert rendered == len(prover.renders) + 20
+    prover.run(switches)
+    assert prover.render_count == rendered + 20  # a second run renders nothing else again
+
+
+def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_mismatch():
+    # The reply renders with its reasoning while it is the newest message and without it
+    # after: a rewrite, though the divergence falls inside the generation prompt's reply.
+    keeps_reasoning_while_last = (
+        "{%- for m in messages %}<|{{ m.role }}|>"
+        "{%- if m.role == 'assistant' and loop.last %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m.content }}<|end|>{% endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    (finding,) = prove_text(keeps_reasoning_while_last)[1]
+    assert (finding.code, finding.proof.cause) == ("PC003", "reply-rewrite")
+    # The same reply never rendered with its reasoning, but opened with "<think>": the
+    # generation prompt's.
+    opens_a_think_history_never_prints = (
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|><think>{% endif %}"
+    )
+    (finding,) = prove_text(opens_a_think_history_never_prints)[1]
+    assert (finding.code, finding.proof.cause) == ("PC006", "generation-prompt")
+    divergence = finding.proof.divergence
+    assert divergence.before[len(os.path.commonprefix([divergence.before, divergence.after])) :].startswith("<think>")

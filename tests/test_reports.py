@@ -215,3 +215,25 @@ def test_info_findings_never_fail_even_when_strict():
     finding = lint_text(source)[1][0]
     assert finding.severity == "info"
     assert not finding.fails() and not finding.fails(strict=True)
+
+
+def test_one_divergence_one_failing_finding_the_other_a_related_location(tmp_path, monkeypatch):
+    target = tmp_path / "chat_template.jinja"
+    target.write_text((CORPUS / "PC003_future_dependent_render.jinja").read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("chat_template.jinja", "--format", "sarif")
+    document = json.loads(out)
+    validate(document)
+    (result,) = document["runs"][0]["results"]
+    assert (code, result["ruleId"], result["locations"][0]["physicalLocation"]["region"]) == (
+        1,
+        "PC003",
+        {"startLine": 11, "startColumn": 37},
+    )
+    (related,) = result["relatedLocations"]
+    assert related["physicalLocation"]["region"] == {"startLine": 14, "startColumn": 16}
+    assert related["physicalLocation"]["artifactLocation"] == {"uri": "chat_template.jinja", "uriBaseId": "%SRCROOT%"}
+    assert related["message"]["text"].startswith("PC003 [future-dependent-render] shows the same divergence: `loop.last`")
+    code, out, _ = run("chat_template.jinja")
+    assert "      related: 14:16: PC003 [future-dependent-render] shows the same divergence: `loop.last`" in out
+    assert out.splitlines()[-1] == "Found 1 finding (1 failing)."
