@@ -1,10 +1,11 @@
 r"""## What it does
-Reports a template whose next turn does not extend the previous prompt when no static rule
+Reports a template whose next turn does not extend the previous prompt when no finding
 explains why. The prover renders synthetic sessions (chat with reasoning, an agent loop
-with tool calls across two user queries, the clock across midnight, compact tool
-arguments replayed as a mapping, each reasoning switch at both values) and diffs the token
-ids of consecutive calls; a divergence whose cause no finding claims becomes this finding,
-with its proof.
+with tool calls across two user queries, the clock stepped by a second to a year, tool
+arguments as the model wrote them, each reasoning switch at both values) and diffs the
+token ids of consecutive calls; a divergence no finding explains, and that is not in the
+generation prompt or the reply (those are PC006's), becomes this finding, with its proof
+and the message, role and field that changed.
 
 ## Why is this bad?
 Whatever the mechanism, the prompt of turn N+1 stops matching the prompt of turn N (or the
