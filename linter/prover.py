@@ -300,10 +300,22 @@ class Prover:
         for arguments_as_string in shapes:
             results = []
             by_name: dict[str, ScenarioResult] = {}
+            stepping: dict[str, str] = {}  # the probe whose steps measure the clock, by switch values
+            stepped: set[str] = set()  # switch values whose clock a step has changed already
             for scenario in scenarios(switches, arguments_as_string, clocked):
-                if scenario.refines is not None and not (scenario.refines in by_name and by_name[scenario.refines].diverged):
-                    continue  # the clock's steps are rendered only where its probe changed the render
+                if scenario.refines is not None:
+                    # The clock's steps, finest first, only after a probe that changed the render,
+                    # for one shape (the clock's format is the same in all), and only until one
+                    # changes it: that is how often the prompt changes.
+                    probe = by_name.get(scenario.refines)
+                    values = json.dumps(scenario.kwargs, sort_keys=True, default=str)
+                    if probe is None or not probe.diverged or values in stepped:
+                        continue
+                    if stepping.setdefault(values, scenario.refines) != scenario.refines:
+                        continue
                 result = self.run_scenario(scenario)
+                if scenario.refines is not None and result.diverged:
+                    stepped.add(json.dumps(scenario.kwargs, sort_keys=True, default=str))
                 if result.error is not None and not result.limit_exceeded and scenario.fallback is not None:
                     result = self.run_scenario(scenario.fallback)
                 results.append(result)

@@ -10,8 +10,9 @@ templates.
 Clock scenarios send one conversation twice, the clock stepped between the two calls (with
 and without tools and a system message, where a live date hides under `if tools` or in a
 default system prompt): whatever differs is the clock's. A first probe steps every field of
-the clock at once; only a template whose render it changes is stepped again by a second, a
-minute, an hour, a day and a year, so that the finding can say how often the prompt changes.
+the clock at once; only where it changes the render is the clock stepped again, by a second,
+a minute, an hour, a day and a year, finest first and until one changes it (in the first
+shape that showed it), so that the finding can say how often the prompt changes.
 """
 
 from __future__ import annotations

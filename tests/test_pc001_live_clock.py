@@ -59,25 +59,29 @@ def test_a_date_under_if_tools_is_proven_only_where_tools_are_sent():
     codes, (finding,) = prove_fixture("PC001_clock_under_tools.jinja")
     assert codes == [("PC001", 4, 43)]
     divergence = finding.proof.divergence
-    assert divergence.scenario == "clock with system and tools, a day later"
+    assert divergence.scenario == "clock with tools, a day later"
     # "Today is 01 March 2026" against "02 March": the day's second digit, counted by hand
     assert divergence.first_divergence == len("<|im_start|>system\nToday is 0")
     assert (divergence.message_index, divergence.cause) == (0, "system")
     assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
-    # only the shapes with tools show it
+    # only the shapes with tools show it; the first is stepped, finest step first, until one
+    # changes the render: a second, a minute, an hour did not, a day did
     shown = {scenario for scenario, _ in finding.proof.explains}
     assert shown == {
-        f"clock with {shape}, {step} later"
-        for shape in ("tools", "system and tools")
-        for step in ("everything", "a day", "a year")
+        "clock with tools, everything later",
+        "clock with system and tools, everything later",
+        "clock with tools, a day later",
     }
+    report = Prover((CORPUS / "PC001_clock_under_tools.jinja").read_text(), None).run({})
+    steps = [name for name in report.tried() if name.startswith("clock") and not name.endswith("everything later")]
+    assert steps == [f"clock with tools, {step} later" for step in ("a second", "a minute", "an hour", "a day")]
 
 
 def test_a_clock_to_the_minute_changes_the_prompt_every_minute():
     codes, (finding,) = prove_fixture("PC001_clock_per_minute.jinja")
     assert codes == [("PC001", 2, 36)]
     divergence = finding.proof.divergence
-    assert divergence.scenario == "clock with system, a minute later"
+    assert divergence.scenario == "clock, a minute later"
     assert divergence.first_divergence == len("<|im_start|>system\nIt is 12:0")  # 12:00 against 12:01
     assert finding.message.endswith("; the rendered prompt changes per minute: it changed when the clock moved a minute")
 
