@@ -93,8 +93,12 @@ class ProofReport:
         return next((result.scenario for result in self.results if result.scenario.name == name), None)
 
     def rates(self, scenario: str) -> tuple[float, float] | None:
-        """The projected hit rate of a rendered scenario (check a), and its ideal."""
-        return next((result.hit_rate("a") for result in self.rendered if result.scenario.name == scenario), None)
+        """The projected hit rate of a rendered scenario (check a), and its ideal; None for a
+        scenario without whole prompts compared (the argument replay compares tool calls)."""
+        result = next((result for result in self.rendered if result.scenario.name == scenario), None)
+        if result is None or not any(d.check == "a" for d in result.divergences):
+            return None
+        return result.hit_rate("a")
 
 
 def resolve_special_tokens(tokenizer: Tokenizer | None, from_config: dict[str, Any] | None) -> dict[str, Any]:

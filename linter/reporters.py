@@ -91,7 +91,11 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
     """Where two prompts part, what it costs, and both renders there."""
     unit, first, block = divergence.unit, divergence.first_divergence, divergence.block_size
     cached, _ = divergence.prompt_tokens
-    check = "prompt N vs N+1" if divergence.check == "a" else "prompt N + generated reply vs N+1"
+    check = {
+        "a": "prompt N vs N+1",
+        "b": "prompt N + generated reply vs N+1",
+        "c": "the tool call as the model wrote it vs its render in N+1",
+    }.get(divergence.check, divergence.check)
     rates = (
         f"; scenario hit rate {proof.hit_rate:.1%} (ideal {proof.ideal_hit_rate:.1%})"
         if proof is not None and proof.hit_rate is not None

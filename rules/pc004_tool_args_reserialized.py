@@ -25,6 +25,12 @@ under vLLM the `is string` pass-through never fires and the re-serialisation alw
 {%- endif %}
 ```
 
+The proof replays the compact JSON the model wrote (`{"city":"Paris"}`) as the client
+sends it back (the string; the parsed mapping where the template takes no string) and
+compares it with how the next call renders that tool call. Arguments it shows re-serialised
+where the analysis saw no `tojson` (a serialisation the template writes itself) are reported
+here too, where the template first reads `arguments`.
+
 ## Fix safety
 The fix adds the `is string` pass-through. Frameworks that keep the model's raw argument
 string then replay it byte for byte; mappings render as before.
@@ -32,10 +38,14 @@ string then replay it byte for byte; mappings render as before.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts, LabelKind
+import os
+
+from jinja2 import nodes
+
+from tmpl_lint.analysis import Facts, LabelKind, Site
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.proofs import Cause
+from tmpl_lint.proofs import Cause, Divergence
 
 RULE = RuleInfo(
     "PC004",
@@ -99,6 +109,41 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
     replacement = f"({argument} if {argument} is string else {serialised})"
     return Fix(title, [[Edit(start, filter_end, replacement)]])
+
+
+def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
+    """Arguments the replay shows re-serialised where no `tojson` the analysis follows does
+    it (a guard the analysis does not read, a serialisation of its own): reported where the
+    template first reads `arguments`."""
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    written, printed = _object_at(divergence.before, common), _object_at(divergence.after, common)
+    message = (
+        f"tool-call arguments replay as {printed!r} where the model wrote {written!r}: found by the proof, the "
+        "template re-serialises them (vLLM passes them as a mapping)"
+    )
+    return RULE.at(_first_arguments_read(facts), message)
+
+
+def _object_at(text: str, offset: int) -> str:
+    """The JSON object around ``offset`` in a proof's snippet (the arguments), as printed."""
+    start = text.rfind("{", 0, offset + 1)
+    end = text.find("}", offset)
+    return text[start : end + 1] if start >= 0 and end >= 0 else text[offset : offset + 24]
+
+
+def _first_arguments_read(facts: Facts | None) -> Site:
+    if facts is None or facts.tree is None:
+        return Site(1, "", fixed_column=1)
+    reads = [
+        node
+        for node in facts.tree.find_all((nodes.Getattr, nodes.Getitem))
+        if getattr(node, "attr", None) == "arguments"
+        or (isinstance(getattr(node, "arg", None), nodes.Const) and node.arg.value == "arguments")
+    ]
+    if not reads:
+        return Site(1, "", fixed_column=1)
+    first = min(reads, key=lambda node: node.lineno)
+    return facts.site(first, "arguments")
 
 
 # The arguments as a model writes them: a string the client sends back as it came.

@@ -77,3 +77,22 @@ def test_the_string_pass_through_replays_byte_for_byte_unless_vllm_parses_it():
     assert (finding.severity, finding.proof.status) == ("info", "not-reproduced")
     (finding,) = prove_fixture("PC004_tool_args_guarded.jinja", "vllm")[1]
     assert (finding.severity, finding.proof.status, finding.proof.cause) == ("info", "proven", "tool-arguments")
+
+
+@pytest.mark.parametrize(
+    ("engine", "scenario"),
+    # transformers hands the template the string, which `.items()` refuses: the replay falls
+    # back to the parsed mapping; vLLM parses the string itself
+    [("hf", "compact tool arguments replayed as a mapping"), ("vllm", "compact tool arguments replayed as sent")],
+)
+def test_arguments_the_template_serialises_itself_are_found_by_the_proof(engine, scenario):
+    assert lint_fixture("PC004_found_by_proof.jinja")[0] == []  # no `tojson` for the analysis
+    codes, (finding,) = prove_fixture("PC004_found_by_proof.jinja", engine)
+    assert codes == [("PC004", 8, 31)]  # where the template first reads `arguments`
+    assert finding.message.startswith(
+        'tool-call arguments replay as \'{"city": "Paris"}\' where the model wrote \'{"city":"Paris"}\''
+    )
+    divergence = finding.proof.divergence
+    assert (divergence.scenario, divergence.check, divergence.cause) == (scenario, "c", "tool-arguments")
+    assert divergence.first_divergence == len(BEFORE_ARGUMENTS + '{"city":')
+    assert finding.proof.hit_rate is None  # tool calls compared, not whole prompts
