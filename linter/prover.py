@@ -669,14 +669,20 @@ def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
 def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
     """A finding whose divergences all come from a template variable set to a value (none
     from a request as callers send it) applies only when a caller opts in: informational,
-    with the switch that shows it. A switch the analysis named stays."""
-    if finding.switch is not None or not divergences:
+    with the switch that shows it (the analysis's own switch, its default now called stable
+    since the renders show that, where it named one)."""
+    if not divergences or (finding.switch is not None and finding.switch.default_is_stable):
         return
     asked = [_kwargs(d, report) for d in divergences]
     if not all(asked):
         return
-    (name, value), *_ = sorted(asked[0].items())
-    finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
+    switch = finding.switch
+    if switch is not None:
+        unstable = next((kwargs[switch.name] for kwargs in asked if switch.name in kwargs), switch.unstable_value)
+        finding.switch = Switch(switch.name, switch.stable_value, True, unstable, demoted_from=finding.severity)
+    else:
+        (name, value), *_ = sorted(asked[0].items())
+        finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
     finding.severity = "info"
 
 

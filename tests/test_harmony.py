@@ -145,7 +145,7 @@ def test_decoded_text_encodes_back_to_the_same_ids():
                 checked += 1
     # every call of the scenarios (chat, agent and clock shapes, chained tool calls, the clock's steps, the
     # argument replay), both ways
-    assert checked == 2 * sum(len(scenario.calls) for scenario in scenarios({}, arguments_as_string=True)) == 178
+    assert checked == 2 * sum(len(scenario.calls) for scenario in scenarios({}, arguments_as_string=True)) == 162
 
 
 @needs_shared

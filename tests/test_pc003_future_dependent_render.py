@@ -136,9 +136,9 @@ def test_reasoning_replayed_in_content_and_cut_from_all_but_the_last_turn_is_pro
     assert divergence.arrived == ("user",)
 
 
-def test_a_loop_last_that_only_gates_a_newline_after_the_end_marker_is_not_reproduced():
-    codes, (finding,) = prove_fixture("PC003_unproven_separator_after_end.jinja")
-    assert codes == [("PC003", 6, 16)]
+def test_a_loop_last_whose_branches_print_the_same_text_is_not_reproduced():
+    codes, (finding,) = prove_fixture("PC003_unproven_same_text_either_way.jinja")
+    assert codes == [("PC003", 5, 12)]
     assert finding.proof.status == "not-reproduced"
     assert not finding.fails() and finding.fails(strict=True)
 

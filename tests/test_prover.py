@@ -224,7 +224,9 @@ def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_m
         "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
     )
     (finding,) = prove_text(keeps_reasoning_while_last)[1]
-    assert (finding.code, finding.proof.cause) == ("PC003", "reply-rewrite")
+    # only the reply can be the last assistant message, so no history rule reads it: the
+    # proof finds it, a mismatch between the reply as generated and its history
+    assert (finding.code, finding.proof.cause) == ("PC006", "reply-rewrite")
     # The same reply never rendered with its reasoning, but opened with "<think>": the
     # generation prompt's.
     opens_a_think_history_never_prints = (

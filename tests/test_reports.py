@@ -145,7 +145,7 @@ def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkey
 
 # -- what fails the run: the proof decides ------------------------------------------------
 
-UNPROVEN = CORPUS / "PC003_unproven_separator_after_end.jinja"
+UNPROVEN = CORPUS / "PC003_unproven_same_text_either_way.jinja"
 
 
 def test_a_finding_the_proof_does_not_reproduce_is_reported_and_does_not_fail():
@@ -153,13 +153,13 @@ def test_a_finding_the_proof_does_not_reproduce_is_reported_and_does_not_fail():
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == (
-        f"{UNPROVEN}:6:16: PC003 [future-dependent-render] (not reproduced in 11 scenarios) `loop.last` makes a "
+        f"{UNPROVEN}:5:12: PC003 [future-dependent-render] (not reproduced in 12 scenarios) `loop.last` makes a "
         "message render differently while it is the last one: the next turn renders it again without that"
     )
     assert lines[3] == (
-        "      proof: not reproduced in 11 scenarios (unit: char), so it does not fail the run (--strict makes it fail); "
+        "      proof: not reproduced in 12 scenarios (unit: char), so it does not fail the run (--strict makes it fail); "
         'tried: "chat", "chat with system", "chat, reasoning replayed in content", "agent", "agent with system", '
-        '"agent, narrated tool calls", "clock, everything later", "clock with system, everything later", '
+        '"agent, narrated tool calls", "agent, chained tool calls", "clock, everything later", "clock with system, everything later", '
         '"clock with tools, everything later", "clock with system and tools, everything later", '
         '"compact tool arguments replayed as sent"'
     )
@@ -206,8 +206,8 @@ def test_sarif_and_github_show_a_finding_that_does_not_fail_as_a_note(tmp_path, 
     (result,) = json.loads(out)["runs"][0]["results"]
     assert (code, result["level"], result["properties"]["fails"]) == (0, "note", False)
     code, out, _ = run("chat_template.jinja", "--format", "github")
-    assert out.startswith("::notice file=chat_template.jinja,line=6,col=16,")
-    assert "::(not reproduced in 11 scenarios) `loop.last`" in out
+    assert out.startswith("::notice file=chat_template.jinja,line=5,col=12,")
+    assert "::(not reproduced in 12 scenarios) `loop.last`" in out
 
 
 def test_info_findings_never_fail_even_when_strict():

@@ -5,7 +5,7 @@ and a clock crossing midnight, and says where each turn first stopped extending 
 previous one (read its header). Expectations come from it, never from tmpl-lint's output:
 
 - a template the oracle calls stable in every scenario has no failing finding;
-- ``history`` (or ``system`` in a turn scenario) -> a failing PC002 or PC003;
+- ``history`` (or ``system`` in a turn scenario) -> a failing PC002, PC003 or PC007;
 - ``tail`` (the generation prompt or the reply) -> a failing PC006;
 - ``system-date`` -> a failing PC001;
 - ``args`` ``spaced`` -> a failing PC004, ``verbatim`` -> none;
@@ -32,7 +32,7 @@ pytestmark = needs_shared
 
 ORACLE = SHARED / "corpus" / "ORACLE.tsv"
 HISTORY, TAIL, CLOCK, ARGUMENTS = "history", "tail", "clock", "args"
-CODES = {HISTORY: {"PC002", "PC003"}, TAIL: {"PC006"}, CLOCK: {"PC001"}, ARGUMENTS: {"PC004"}}
+CODES = {HISTORY: {"PC002", "PC003", "PC007"}, TAIL: {"PC006"}, CLOCK: {"PC001"}, ARGUMENTS: {"PC004"}}
 
 # Why the oracle said it.
 REPLY_REWRITE = (
@@ -44,58 +44,16 @@ DEFAULT_SYSTEM_PROMPT = (
     "the oracle's clock sends a system message and no tools"
 )
 # template -> class -> (the failing codes of that class tmpl-lint reports, the reason)
+COHERE_HEADER = "stable: the oracle's reply starts after the always-printed <|CHATBOT_TOKEN|> and repeats <|START_RESPONSE|>"
+PHI_EOS = "stable: the oracle's reply ends with the eos printed only without a generation prompt; the model stops at <|end|>"
 DISAGREEMENTS: dict[str, dict[str, tuple[set[str], str]]] = {
-    "CohereForAI--c4ai-command-r-plus--tool_use": {
-        HISTORY: (set(), "PC100 only: an instruction block printed after the last message moves; no rule names it yet"),
-    },
-    "CohereLabs--c4ai-command-a-03-2025--rag": {
-        TAIL: (
-            set(),
-            "stable: the oracle's reply starts after the always-printed <|CHATBOT_TOKEN|> and repeats <|START_RESPONSE|>",
-        ),
-    },
-    "CohereLabs--c4ai-command-a-03-2025--tool_use": {
-        TAIL: (
-            set(),
-            "stable: the oracle's reply starts after the always-printed <|CHATBOT_TOKEN|> and repeats <|START_RESPONSE|>",
-        ),
-    },
-    "CohereLabs--c4ai-command-a-03-2025": {
-        TAIL: (
-            set(),
-            "stable: the oracle's reply starts after the always-printed <|CHATBOT_TOKEN|> and repeats <|START_RESPONSE|>",
-        ),
-    },
-    "Qwen--QwQ-32B": {
-        HISTORY: (
-            {"PC003"},
-            "the reasoning a client replays inside content is cut once a message follows (not an oracle scenario)",
-        ),
-    },
-    "Qwen--Qwen3-0.6B--rev-2025-05-19": {TAIL: ({"PC002", "PC003"}, REPLY_REWRITE)},
-    "Qwen--Qwen3-0.6B": {TAIL: ({"PC002", "PC003"}, REPLY_REWRITE)},
+    "CohereLabs--c4ai-command-a-03-2025--rag": {TAIL: (set(), COHERE_HEADER)},
+    "CohereLabs--c4ai-command-a-03-2025--tool_use": {TAIL: (set(), COHERE_HEADER)},
+    "CohereLabs--c4ai-command-a-03-2025": {TAIL: (set(), COHERE_HEADER)},
     "Qwen--Qwen3.5-4B": {TAIL: ({"PC002"}, REPLY_REWRITE)},
-    "ServiceNow-AI--Apriel-1.6-15b-Thinker": {HISTORY: ({"PC003"}, REPLY_REWRITE)},
-    "deepseek-ai--DeepSeek-R1": {
-        HISTORY: (
-            set(),
-            "the oracle's history divergence begins where the generation prompt begins: history never replays "
-            "<｜Assistant｜><think> before a second tool call (ns.is_first is never reset); PC006 explains it",
-        ),
-    },
     "ibm-granite--granite-3.3-2b-instruct": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
-    "microsoft--Phi-3-mini-4k-instruct": {
-        TAIL: (
-            set(),
-            "stable: the oracle's reply ends with the eos printed only without a generation prompt; the model stops at <|end|>",
-        ),
-    },
-    "microsoft--Phi-3.5-mini-instruct": {
-        TAIL: (
-            set(),
-            "stable: the oracle's reply ends with the eos printed only without a generation prompt; the model stops at <|end|>",
-        ),
-    },
+    "microsoft--Phi-3-mini-4k-instruct": {TAIL: (set(), PHI_EOS)},
+    "microsoft--Phi-3.5-mini-instruct": {TAIL: (set(), PHI_EOS)},
     "mistralai--Mistral-Small-24B-Instruct-2501": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
     "mistralai--Mistral-Small-3.2-24B-Instruct-2506": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
     "muse--Glimmer": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
@@ -195,7 +153,7 @@ def test_a_template_stable_in_every_scenario_has_no_failing_finding(report, name
 @pytest.mark.parametrize(("name", "cls"), [(name, cls) for name, row in sorted(ROWS.items()) for cls in CODES if row.judges(cls)])
 def test_each_class_the_oracle_judges_is_reported_as_it_says(report, name, cls):
     row = ROWS[name]
-    # a tail the rewrite of the reply explains is PC002's or PC003's (see REPLY_REWRITE)
+    # a tail the rewrite of the reply explains is a history rule's (see REPLY_REWRITE)
     found = failing(report, name) & ((CODES[cls] | CODES[HISTORY]) if cls == TAIL else CODES[cls])
     if cls in DISAGREEMENTS.get(name, {}):
         expected, _reason = DISAGREEMENTS[name][cls]
@@ -230,7 +188,7 @@ def test_a_reply_rewrite_is_explained_by_the_rule_named_for_it(report, name):
     assert {(code, "reply-rewrite") for code in codes} & explained
 
 
-@pytest.mark.parametrize("name", ["CohereForAI--c4ai-command-r-plus--tool_use", "speakleash--Bielik-11B-v3.0-Instruct"])
+@pytest.mark.parametrize("name", ["speakleash--Bielik-11B-v3.0-Instruct"])
 def test_history_no_rule_names_yet_is_still_a_failing_unexplained_divergence(report, name):
     (unexplained,) = [f for f in report[1][name] if f["code"] == "PC100"]
     assert unexplained["fails"] and unexplained["proof"]["cause"] == "history-rewrite"
