@@ -188,16 +188,15 @@ class PrefixEncoder:
         if previous is not None and previous.anchors:
             shared = common_prefix_length(previous.text, text)
             anchors = previous.anchors
-            index = bisect.bisect_right(anchors, (shared, -1)) - 1  # the last anchor starting before the difference
-            while index >= 0:
-                start, position = anchors[index]
-                end = start + self._length.get(previous.ids[position], 1 << 30)
-                if end <= shared:
-                    tail = self._encode_from(text, start, position)
-                    if tail is not None and tail.ids and tail.ids[0] == previous.ids[position]:
-                        return Encoded(text, previous.ids[:position] + tail.ids, anchors[:index] + tail.anchors)
-                    break
+            # The last anchor that ends inside the shared text.
+            index = bisect.bisect_right(anchors, (shared, -1)) - 1
+            while index >= 0 and anchors[index][0] + self._length[previous.ids[anchors[index][1]]] > shared:
                 index -= 1
+            if index >= 0:
+                start, position = anchors[index]
+                tail = self._encode_from(text, start, position)
+                if tail.ids and tail.ids[0] == previous.ids[position]:
+                    return Encoded(text, previous.ids[:position] + tail.ids, anchors[:index] + tail.anchors)
         return self._encode_from(text, 0, 0)
 
     def _encode_from(self, text: str, start: int, position: int) -> Encoded:
