@@ -24,6 +24,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Clock = Callable[[], datetime]
 DICT_ATTRIBUTES = frozenset(dir(dict))
+STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -131,6 +132,10 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except KeyError:
                 return self.undefined(obj=obj, name=attribute)
+        # ``content.startswith``: a public str method other than format and format_map is
+        # what jinja2 returns after checking (it wraps those two, and refuses "_" names).
+        if type(obj) is str and attribute in STR_METHODS:
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj, attr, value) -> bool:
