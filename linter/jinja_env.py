@@ -25,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 Clock = Callable[[], datetime]
 DICT_ATTRIBUTES = frozenset(dir(dict))
 STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+PLAIN_DATA = frozenset({str, int, float, bool, type(None), list, dict, tuple})
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -136,6 +137,12 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
         # what jinja2 returns after checking (it wraps those two, and refuses "_" names).
         if type(obj) is str and attribute in STR_METHODS:
             return getattr(obj, attribute)
+        # ``ns.last_query_index``: a namespace's value, when it is plain data (a bound
+        # str.format stored there still takes jinja2's path, which wraps it).
+        if type(obj) is TemplateNamespace and not attribute.startswith("_"):
+            value = object.__getattribute__(obj, "_Namespace__attrs").get(attribute, self)
+            if type(value) in PLAIN_DATA:
+                return value
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj, attr, value) -> bool:
