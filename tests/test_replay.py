@@ -430,3 +430,27 @@ def test_a_choice_that_is_not_an_object_is_no_reply():
         "role": "assistant",
         "content": "x",
     }
+
+
+def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
+    """Forked workers (200 requests and more) report exactly what one process does."""
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer, sessions=20, turns=10)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    base = [
+        log,
+        "--tokenizer",
+        QWEN3,
+        "--template",
+        template,
+        "--session-key",
+        "user",
+        "--cache-blocks",
+        "120,400",
+        "--format",
+        "json",
+    ]
+    serial, parallel = (json.loads(replay(*base, "--jobs", jobs).stdout) for jobs in ("1", "2"))
+    assert serial["template"]["requests"] == 200
+    assert serial == parallel
