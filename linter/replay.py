@@ -362,6 +362,8 @@ def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> D
             detail = "message removed"
         elif any(_plain(later) == old_plain for later in sent[index + 1 :]):
             detail = "messages reordered"
+        elif new.get("role") != role:  # another kind of message in its place: it is gone
+            detail = "message removed"
         else:
             detail = "message edited"
         return Departure(TokenCause.CLIENT, detail, index, role)

@@ -454,3 +454,50 @@ def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
     serial, parallel = (json.loads(replay(*base, "--jobs", jobs).stdout) for jobs in ("1", "2"))
     assert serial["template"]["requests"] == 200
     assert serial == parallel
+
+
+@pytest.mark.parametrize(
+    ("change", "detail", "index"),
+    [
+        (lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]], "system prompt changed", 0),
+        (lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]], "message edited", 3),
+        (lambda m: [*m[:2], *m[3:]], "message removed", 2),
+        (lambda m: [m[0], m[3], m[2], m[1], *m[4:]], "messages reordered", 1),
+        (lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]], "reasoning dropped", 2),
+        (lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]], "reasoning edited", 4),
+        (lambda m: m[:4], "message removed", 4),
+    ],
+)
+def test_what_the_client_changed(change, detail, index):
+    from tmpl_lint.replay import Call, client_change
+
+    history = [
+        {"role": "system", "content": "Be helpful."},
+        {"role": "user", "content": "A shirt, please."},
+        {"role": "assistant", "content": "Which colour?", "reasoning_content": "Ask for the colour."},
+        {"role": "user", "content": "Red."},
+    ]
+    reply = {"role": "assistant", "content": "Red it is.", "reasoning_content": "Confirm.", "refusal": None}
+    previous = Call(1, {"messages": history})
+    sent = [*history, {key: value for key, value in reply.items() if value is not None}]
+    assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
+    found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
+    assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
+
+
+def test_what_else_the_client_changed():
+    from tmpl_lint.replay import Call, client_change
+
+    messages = [{"role": "user", "content": "Weather?"}]
+    reply = {
+        "role": "assistant",
+        "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Paris"}'}}],
+    }
+    previous = Call(1, {"messages": messages, "tools": TOOLS})
+    echoed = {**reply, "tool_calls": [{**reply["tool_calls"][0], "function": {"name": "w", "arguments": '{"city": "Paris"}'}}]}
+    found = client_change(previous, reply, Call(2, {"messages": [*messages, echoed], "tools": TOOLS}))
+    assert (found.detail, found.message_index) == ("tool-call arguments re-serialized", 1)
+    found = client_change(previous, reply, Call(2, {"messages": [*messages, reply], "tools": TOOLS[:0]}))
+    assert (found.detail, found.message_index) == ("tools changed", None)
+    options = {"messages": [*messages, reply], "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
+    assert client_change(previous, reply, Call(2, options)).detail == "request options changed"
