@@ -567,14 +567,7 @@ def replay(
         results, failed = [], []
         for label, path, text, special in templates:
             renderer = engine_for(engine, text, path)
-            tracer = replaying.Tracer(
-                text,
-                loaded,
-                resolve_special_tokens(loaded, special),
-                renderer,
-                replaying.rules_by_cause(text, renderer),
-                server_ids,
-            )
+            tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
             summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if server else jobs)
             results.append((label, summary))
             failed.extend(f"{log}:{line}: {reason}" for line, reason in refused)

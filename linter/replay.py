@@ -31,6 +31,7 @@ Two passes:
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import json
 import os
@@ -433,7 +434,6 @@ class Tracer:
         tokenizer: Tokenizer | None,
         special_tokens: dict[str, Any],
         engine: str,
-        rules: dict[str, str],
         server_ids: Callable[[dict[str, Any]], list[int]] | None = None,
     ):
         self.template = template
@@ -441,10 +441,14 @@ class Tracer:
         self.encoder = PrefixEncoder(tokenizer)
         self.special = special_tokens
         self.engine = engine
-        self.rules = rules  # divergence cause -> the rule that explains it
-        self.unexplained = _unexplained_rule()
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
+
+    @functools.cached_property
+    def rules(self) -> dict[Cause, str]:
+        """Divergence cause -> the rule that explains it; linted where the renders run (a
+        limited child), the first time a prompt departs."""
+        return rules_by_cause(self.template, self.engine)
 
     @property
     def unit(self) -> str:
@@ -580,7 +584,7 @@ class Tracer:
             self.unit,
             1,
         )
-        code = self.rules.get(divergence.cause) or ("rule unknown" if divergence.cause == Cause.UNKNOWN else self.unexplained)
+        code = self.rules.get(divergence.cause) or ("rule unknown" if divergence.cause == Cause.UNKNOWN else _unexplained_rule())
         return Departure(
             TokenCause.TEMPLATE,
             f"{code} {divergence.cause}",

@@ -358,7 +358,7 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     from tmpl_lint.replay import Call, Tracer, reply_message
 
     text, special = read_template(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")
-    tracer = Tracer(text, None, special, "vllm", {})
+    tracer = Tracer(text, None, special, "vllm")
     reply = {
         "role": "assistant",
         "content": "",
