@@ -18,6 +18,7 @@ from datetime import datetime
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -26,6 +27,7 @@ Clock = Callable[[], datetime]
 DICT_ATTRIBUTES = frozenset(dir(dict))
 STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
 PLAIN_DATA = frozenset({str, int, float, bool, type(None), list, dict, tuple})
+LOOP_NUMBERS = frozenset({"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0"})
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -136,6 +138,9 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
         # ``content.startswith``: a public str method other than format and format_map is
         # what jinja2 returns after checking (it wraps those two, and refuses "_" names).
         if type(obj) is str and attribute in STR_METHODS:
+            return getattr(obj, attribute)
+        # ``loop.last``, ``loop.index0``: always an int or a bool, which jinja2 returns as is.
+        if type(obj) is jinja2.runtime.LoopContext and attribute in LOOP_NUMBERS:
             return getattr(obj, attribute)
         # ``ns.last_query_index``: a namespace's value, when it is plain data (a bound
         # str.format stored there still takes jinja2's path, which wraps it).
