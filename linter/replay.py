@@ -671,7 +671,13 @@ def trace_sessions(tracer: Tracer, groups: list[Session], jobs: int = 1) -> tupl
         parts[lightest].append(index)
         loads[lightest] += len(groups[index].calls)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
-    done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, groups, part), seconds=None), parts, shares)
+    import gc
+
+    gc.freeze()  # the log's objects, inherited: no collection in a child walks (and copies) them
+    try:
+        done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, groups, part), seconds=None), parts, shares)
+    finally:
+        gc.unfreeze()
     traces = [trace for traced, _ in done for trace in traced]
     traces.sort(key=lambda trace: trace.order)
     return traces, sorted(problem for _, failed in done for problem in failed)
