@@ -1,61 +1,147 @@
-"""Replay throughput: requests per second over a 10,000-request log (500 agent sessions of
-20 calls, Qwen3 template and tokenizer). Run: python bench/replay_speed.py"""
+"""Replay throughput beside its naive floor, both whole processes in the same run.
+
+(a) 10,000 requests: 500 chat sessions of 20 calls (short prompts).
+(b) 1,008 requests: 16 agent sessions of 63 calls whose prompts grow to about 64k tokens
+    (each call adds a tool result, a source file of Python's standard library), with the
+    responses logged, sessions interleaved.
+
+The floor renders every prompt and tokenizes it whole, as replay did before it tokenized
+only what a prompt adds. Qwen3's template and tokenizer from ../shared.
+Run: python bench/replay_speed.py [--skip-floor-b]
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-SESSIONS, CALLS = 500, 20
+TOKENIZER = SHARED / "tokenizers" / "qwen3"
+FLOOR = """
+import sys
+from datetime import datetime
+from pathlib import Path
+from tmpl_lint.diff import read_template
+from tmpl_lint.engines import render_prompt
+from tmpl_lint.render import FrozenClock
+from tmpl_lint.replay import read_log
+from tmpl_lint.tokenizer import load_tokenizer
+tokenizer = load_tokenizer(Path(sys.argv[2]))
+template, _ = read_template(Path(sys.argv[2]))
+clock = FrozenClock(datetime(2026, 3, 1))
+tokens = 0
+for call in read_log(Path(sys.argv[1]))[0]:
+    clock.set(call.timestamp or datetime(2026, 3, 1))
+    text = render_prompt("vllm", template, call.messages, clock=clock, tools=call.tools,
+                         special_tokens=tokenizer.special_tokens)
+    tokens += len(tokenizer.encode(text))
+print(tokens)
+"""
+
+
+def chat_log(path: Path, sessions: int = 500, calls: int = 20) -> None:
+    with path.open("w") as stream:
+        for session in range(sessions):
+            messages = [{"role": "system", "content": f"You are agent {session}."}]
+            for call in range(calls):
+                messages = messages + [{"role": "user", "content": f"Step {call}: what next?"}]
+                stream.write(json.dumps({"request": {"user": f"s{session}", "messages": messages}}) + "\n")
+                messages = messages + [
+                    {"role": "assistant", "content": f"Done step {call}.", "reasoning_content": f"Thinking about step {call}."}
+                ]
+
+
+def agent_log(path: Path, sessions: int = 16, calls: int = 63) -> None:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if 2400 < p.stat().st_size < 4400)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        }
+    ]
+    histories = {
+        session: [
+            {"role": "system", "content": "You are a coding agent. Read files with the tools and answer precisely."},
+            {"role": "user", "content": f"Task {session}: review the standard library."},
+        ]
+        for session in range(sessions)
+    }
+    with path.open("w") as stream:
+        for call in range(calls):
+            for session in range(sessions):
+                source = files[(session * calls + call) % len(files)]
+                reply = {
+                    "role": "assistant",
+                    "content": "",
+                    "reasoning_content": f"I should read {source.name} next.",
+                    "tool_calls": [
+                        {
+                            "id": f"call_{session}_{call}",
+                            "type": "function",
+                            "function": {"name": "read_file", "arguments": json.dumps({"path": source.name})},
+                        }
+                    ],
+                }
+                request = {"user": f"s{session}", "model": "m", "tools": tools, "messages": histories[session]}
+                entry = {"timestamp": 1_770_000_000 + call * 60 + session, "request": request}
+                stream.write(json.dumps({**entry, "response": {"choices": [{"message": reply}]}}) + "\n")
+                histories[session] = histories[session] + [
+                    reply,
+                    {"role": "tool", "tool_call_id": f"call_{session}_{call}", "content": source.read_text()},
+                ]
+
+
+def timed(command: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command[:4])}...: exit {result.returncode}\n{result.stderr}")
+    return elapsed, result.stdout
+
+
+def measure(name: str, log: Path, requests: int, floor: bool) -> None:
+    replay = [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--tokenizer", str(TOKENIZER), "--session-key", "user"]
+    figures = {}
+    for jobs in ("1", str(os.cpu_count() or 1)):
+        elapsed, output = timed([*replay, "--format", "json", "--jobs", jobs])
+        figures[jobs] = elapsed
+        report = json.loads(output)["template"]
+    tokens = report["prefix_cache_queries"]
+    print(f"({name}) {requests} requests, {tokens:,} prompt tokens, Prefix cache hit rate {report['prefix_cache_hit_rate']:.1%}")
+    for jobs, elapsed in figures.items():
+        print(
+            f"    replay --jobs {jobs}: {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s"
+        )
+    if floor:
+        elapsed, output = timed([sys.executable, "-c", FLOOR, str(log), str(TOKENIZER)])
+        assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
+        print(f"    naive floor:    {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s")
+        for jobs, replayed in figures.items():
+            print(f"    replay --jobs {jobs} is {elapsed / replayed:.1f}x the floor")
 
 
 def main() -> None:
-    if not SHARED.is_dir():
-        sys.exit(f"needs {SHARED}")
+    if not TOKENIZER.is_dir():
+        sys.exit(f"needs {TOKENIZER}")
     with tempfile.TemporaryDirectory() as folder:
-        log = Path(folder) / "traffic.jsonl"
-        with log.open("w") as stream:
-            for session in range(SESSIONS):
-                messages = [{"role": "system", "content": f"You are agent {session}."}]
-                for call in range(CALLS):
-                    messages = messages + [{"role": "user", "content": f"Step {call}: what next?"}]
-                    stream.write(json.dumps({"request": {"user": f"s{session}", "messages": messages}}) + "\n")
-                    messages = messages + [
-                        {
-                            "role": "assistant",
-                            "content": f"Done step {call}.",
-                            "reasoning_content": f"Thinking about step {call}.",
-                        }
-                    ]
-        start = time.perf_counter()
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tmpl_lint",
-                "replay",
-                str(log),
-                "--tokenizer",
-                str(SHARED / "tokenizers" / "qwen3"),
-                "--session-key",
-                "user",
-                "--format",
-                "json",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        elapsed = time.perf_counter() - start
-        figures = json.loads(result.stdout)["template"]
-        print(
-            f"{SESSIONS * CALLS} requests in {elapsed:.1f} s: {SESSIONS * CALLS / elapsed:.0f} requests/s "
-            f"(projected hit rate {figures['hit_rate']:.1%}, ideal {figures['ideal_hit_rate']:.1%})"
-        )
+        chat = Path(folder) / "chat.jsonl"
+        chat_log(chat)
+        measure("a", chat, 10_000, True)
+        agent = Path(folder) / "agent.jsonl"
+        agent_log(agent)
+        measure("b", agent, 1_008, "--skip-floor-b" not in sys.argv)
 
 
 if __name__ == "__main__":

@@ -465,25 +465,83 @@ def audit(
 )
 @click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory.")
 @click.option(
-    "--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed side by side."
+    "--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed on the same cache."
 )
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
 @click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+@click.option(
+    "--cache-model",
+    type=click.Choice(["vllm", "sglang", "llamacpp"]),
+    default="vllm",
+    show_default=True,
+    help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots.",
+)
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True, help="vLLM's block size.")
+@click.option(
+    "--cache-blocks",
+    metavar="N[,N...]",
+    help="Pool size in vLLM blocks (num_gpu_blocks, null block included); several sizes: the hit-rate curve. Default: unbounded.",
+)
+@click.option(
+    "--kv-cache-gib",
+    type=click.FloatRange(0, min_open=True),
+    help="KV-cache memory of the engine instead: blocks = GiB * 2^30 / (block size * bytes per token).",
+)
+@click.option(
+    "--model-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The model's config.json, for the bytes per token of --kv-cache-gib.",
+)
+@click.option("--num-layers", type=click.IntRange(1), help="Layers, for --kv-cache-gib (overrides --model-config).")
+@click.option("--num-kv-heads", type=click.IntRange(1), help="KV heads, for --kv-cache-gib (overrides --model-config).")
+@click.option("--head-dim", type=click.IntRange(1), help="Head dimension, for --kv-cache-gib (overrides --model-config).")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM's --kv-cache-dtype (auto: the model's dtype).")
+@click.option("--page-size", type=click.IntRange(1), default=1, show_default=True, help="SGLang's page size.")
+@click.option(
+    "--slots", type=click.IntRange(1), help="llama.cpp: slots the sessions share (--parallel); default one per session."
+)
+@click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
+@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
     "--html",
     "html_file",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Chart of cumulative tokens recomputed per turn, worst sessions.",
+    help="Page with the hit-rate curve and the tokens the worst sessions lost.",
 )
-def replay(log, tokenizer, template, compare, session_key, server, model, block_size, engine, output_format, html_file) -> None:
-    """Projected prefix-cache hit rate of logged traffic, before and after a fix."""
+def replay(
+    log,
+    tokenizer,
+    template,
+    compare,
+    session_key,
+    server,
+    model,
+    engine,
+    cache_model,
+    block_size,
+    cache_blocks,
+    kv_cache_gib,
+    model_config,
+    num_layers,
+    num_kv_heads,
+    head_dim,
+    kv_cache_dtype,
+    page_size,
+    slots,
+    cache_reuse,
+    jobs,
+    output_format,
+    html_file,
+) -> None:
+    """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
+    recomputed token was recomputed; before and after a fix."""
+    from . import kv_cache
     from . import replay as replaying
     from .diff import RequestError, read_template
-    from .isolation import IsolationError, run_isolated
+    from .isolation import IsolationError
     from .prover import resolve_special_tokens
     from .server import ServerError, prompt_token_ids
     from .tokenizer import load_tokenizer
@@ -491,41 +549,45 @@ def replay(log, tokenizer, template, compare, session_key, server, model, block_
     try:
         if (template or tokenizer) is None:
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
+        shape = None
+        if kv_cache_gib is not None:
+            config = kv_cache.read_model_config(model_config) if model_config else None
+            shape = kv_cache.kv_shape(config, kv_cache_dtype, num_layers, num_kv_heads, head_dim)
+        capacities = kv_cache.capacities(cache_blocks, kv_cache_gib, block_size, shape)
+        if cache_model == "llamacpp" and capacities != [None] and not slots:
+            raise click.UsageError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
+        settings = replaying.CacheSettings(cache_model, block_size, page_size, slots, cache_reuse)
         calls, problems = replaying.read_log(log)
         loaded = load_tokenizer(tokenizer) if tokenizer else None
         templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
         if compare:
             templates.append(("compare", compare, *read_template(compare)))
         server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
-        replayers = [
-            (
-                label,
-                replaying.Replayer(
-                    text, loaded, resolve_special_tokens(loaded, special), block_size, engine_for(engine, text, path), server_ids
-                ),
-            )
-            for label, path, text, special in templates
-        ]
-        # Rendering is untrusted code: in a child with check's memory limit (each render
-        # has its own time and size limits, so the whole needs no wall-clock one).
-        results, failed = run_isolated(replaying.replay_all, (log, calls, replayers, session_key), seconds=None)
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError) as error:
+        groups = replaying.sessions(calls, session_key)
+        results, failed = [], []
+        for label, path, text, special in templates:
+            renderer = engine_for(engine, text, path)
+            tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
+            summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if server else jobs)
+            results.append((label, summary))
+            failed.extend(f"{log}:{line}: {reason}" for line, reason in refused)
+    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     except IsolationError as error:
         click.echo(f"tmpl-lint: error: replay stopped: {error}", err=True)
         sys.exit(EXIT_ERROR)
-    for problem in [*problems, *failed]:
+    for problem in dict.fromkeys([*map(str, problems), *failed]):
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if output_format == "json":
-        click.echo(json.dumps({label: figures for label, figures in results}, indent=2))
+        click.echo(json.dumps({label: summary.to_json() for label, summary in results}, indent=2))
     else:
         click.echo(replaying.text_report(results), nl=False)
     if html_file:
         try:
-            write_report(html_file, replaying.html_chart(results))
+            write_report(html_file, replaying.html_report(results))
         except WriteError as error:
-            click.echo(f"tmpl-lint: error: cannot write the chart: {error}", err=True)
+            click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)
     sys.exit(EXIT_ERROR if problems or failed else EXIT_CLEAN)
 

@@ -18,11 +18,16 @@ from datetime import datetime
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Clock = Callable[[], datetime]
+DICT_ATTRIBUTES = frozenset(dir(dict))
+STR_METHODS = frozenset(name for name in dir(str) if not name.startswith("_")) - {"format", "format_map"}
+PLAIN_DATA = frozenset({str, int, float, bool, type(None), list, dict, tuple})
+LOOP_NUMBERS = frozenset({"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0"})
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -119,6 +124,31 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, optimized=False, **kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj, attribute):
+        # ``message.role``: for a plain dict jinja2 tries the attribute, catches the
+        # AttributeError and then looks the key up. A dict has no instance attributes, so
+        # the lookup is the answer exactly when the name is not one of dict's own: this
+        # skips the exception, a fifth of rendering a long conversation.
+        if type(obj) is dict and attribute not in DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        # ``content.startswith``: a public str method other than format and format_map is
+        # what jinja2 returns after checking (it wraps those two, and refuses "_" names).
+        if type(obj) is str and attribute in STR_METHODS:
+            return getattr(obj, attribute)
+        # ``loop.last``, ``loop.index0``: always an int or a bool, which jinja2 returns as is.
+        if type(obj) is jinja2.runtime.LoopContext and attribute in LOOP_NUMBERS:
+            return getattr(obj, attribute)
+        # ``ns.last_query_index``: a namespace's value, when it is plain data (a bound
+        # str.format stored there still takes jinja2's path, which wraps it).
+        if type(obj) is TemplateNamespace and not attribute.startswith("_"):
+            value = object.__getattribute__(obj, "_Namespace__attrs").get(attribute, self)
+            if type(value) in PLAIN_DATA:
+                return value
+        return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj, attr, value) -> bool:
         key = (type(obj), attr)

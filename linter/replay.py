@@ -1,33 +1,57 @@
-"""``tmpl-lint replay LOG``: the projected prefix-cache hit rate of real agent traffic.
+"""``tmpl-lint replay LOG``: the hit rate a serving engine's prefix cache reports on logged
+traffic, and why every prompt token it recomputes is recomputed.
 
 LOG is JSON lines: a chat completion request body per line, or ``{"request": body,
 "response": ..., "timestamp": ...}`` with the response the model gave (an OpenAI chat
-completion, a message, or ``{"token_ids": [...]}``). Calls are grouped into sessions by a
-field (``--session-key user`` or ``metadata.session_id``) or, without one, by prefix
-continuity: a call continues the session whose last call's messages it extends.
+completion, a message, or ``{"token_ids": [...]}``; vLLM's ``return_token_ids`` puts the
+generated ids in ``choices[0].token_ids``). Requests are replayed in arrival order: by
+``timestamp`` where the log has one (a line without one keeps its place), else in file
+order. They are grouped into sessions by a field (``--session-key user``), else by prefix
+continuity.
 
-For each consecutive pair of calls of a session, the prompt of call N+1 is compared with
-prompt N (and, where the response is logged, with prompt N plus the generated reply): the
-first divergence, its cause and the tokens reusable in full blocks. The serving engine's
-own hit-rate line is token-weighted over its last 1,000 requests of all traffic; this is
-per session, against the ideal of a clean extension.
+Two passes:
+
+1. Each session alone (``--jobs`` sessions at a time): every request is rendered as the
+   engine renders it and tokenized, only the text after what it shares with the session's
+   previous prompt (``PrefixEncoder``); where the response is logged, the reply as the model
+   generated it. Where a prompt stops extending what the session's previous request left
+   computed, the request is rendered once more with the client's own changes undone (the
+   previous messages and reply as they were, its tools and options), to tell the tokens the
+   client cost from those the template costs, and the rule and message responsible.
+2. All requests in arrival order through one cache model (``kv_cache``: vLLM's block pool,
+   SGLang's radix tree or llama.cpp's slots) at each capacity asked for. The headline is the
+   engine's own figure: vLLM's "Prefix cache hit rate", hits / queries in tokens over every
+   request (``PrefixCacheStats``). Each prompt token not served from cache gets one cause:
+   cold (the session had not sent it before), partial block (the engine caches whole blocks
+   and computes the last token), template, client, or capacity (its blocks were evicted);
+   hits on blocks another session computed (a shared system prompt and tools) are counted
+   apart.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import html
 import json
 import os
-from collections import Counter
-from dataclasses import dataclass, field
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .engines import EngineError, engine_tokenizer, render_prompt
-from .proofs import Divergence
-from .prover import Measure, compare_prompts, reply_start
+from .engines import ENGINES, HARMONY, EngineError, RenderedPrompt, engine_tokenizer, prepare, render_prompt
+from .kv_cache import CacheError, CacheModel, CacheRequest, make_cache
+from .proofs import Cause
+from .prover import STOP_MARKER, Measure, compare_prompts, reply_start, stop_after_reply
 from .render import FrozenClock, RenderError
+from .tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
+
+# Below this many requests, forking workers costs more than it saves.
+PARALLEL_MINIMUM = 200
 
 
 class ReplayError(Exception):
@@ -40,21 +64,31 @@ class Call:
     body: dict[str, Any]
     response: Any = None
     timestamp: datetime | None = None
+    order: int = 0  # arrival position
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self.body["messages"]
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self.body.get("tools")
+
+    @property
+    def options(self) -> tuple[Any, Any]:
+        """What else of the request reaches the template."""
+        return self.body.get("chat_template_kwargs") or {}, self.body.get("reasoning_effort")
+
+    @property
+    def salt(self) -> str | None:
+        salt = self.body.get("cache_salt")
+        return salt if isinstance(salt, str) else None
 
 
 @dataclass
 class Session:
     key: str
     calls: list[Call] = field(default_factory=list)
-    pairs: list[Divergence] = field(default_factory=list)
-
-    @property
-    def lost(self) -> int:
-        return sum(pair.lost_tokens for pair in self.pairs)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -81,8 +115,9 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 def read_log(path: Path) -> tuple[list[Call], list[ReplayError]]:
-    """The calls of a JSON-lines log, and one error for each line that is not one (the
-    rest are replayed). A log may be a regular file or a pipe (``<(zcat log.gz)``)."""
+    """The calls of a JSON-lines log in arrival order, and one error for each line that is
+    not one (the rest are replayed). A log may be a regular file or a pipe
+    (``<(zcat log.gz)``)."""
     import stat
 
     calls, problems = [], []
@@ -104,7 +139,7 @@ def read_log(path: Path) -> tuple[list[Call], list[ReplayError]]:
                     calls.append(call)
     except OSError as error:
         raise ReplayError(f"{path}: cannot read: {error.strerror or error}") from None
-    return calls, problems
+    return arrival_order(calls), problems
 
 
 def _call(number: int, line: bytes) -> Call | None:
@@ -140,6 +175,19 @@ def _call(number: int, line: bytes) -> Call | None:
     return Call(number, body, response, timestamp)
 
 
+def arrival_order(calls: list[Call]) -> list[Call]:
+    """By timestamp, stably; a call without one arrives with the call logged before it."""
+    latest = datetime.min
+    keyed = []
+    for call in calls:
+        latest = call.timestamp or latest
+        keyed.append((latest, call))
+    keyed.sort(key=lambda pair: pair[0])
+    for order, (_, call) in enumerate(keyed):
+        call.order = order
+    return [call for _, call in keyed]
+
+
 def _lookup(document: dict[str, Any], dotted: str) -> Any:
     value: Any = document
     for part in dotted.split("."):
@@ -149,7 +197,24 @@ def _lookup(document: dict[str, Any], dotted: str) -> Any:
     return value
 
 
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a template would see it: no empty fields."""
+    return {key: value for key, value in message.items() if value is not None and value != [] and value != {}}
+
+
+def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in _plain(message).items() if key not in REASONING_KEYS}
+
+
 def sessions(calls: list[Call], session_key: str | None) -> list[Session]:
+    """Sessions in order of their first request. Without a key, a request continues the
+    session whose last request's messages it starts with (reasoning aside: clients drop
+    it); failing that, the most recent of those that open with the same messages (the
+    system prompt and first user message) and share most with it: a client that edits
+    history stays in its session."""
     found: dict[str, Session] = {}
     if session_key:
         for call in calls:
@@ -157,19 +222,37 @@ def sessions(calls: list[Call], session_key: str | None) -> list[Session]:
             key = "(none)" if key is None else str(key)
             found.setdefault(key, Session(key)).calls.append(call)
         return list(found.values())
-    # Prefix continuity: a call extends the session whose last call it starts with.
     ordered: list[Session] = []
+    by_last: dict[int, list[Session]] = defaultdict(list)  # the last request's messages -> sessions
+    by_opening: dict[int, list[Session]] = defaultdict(list)
+    last: dict[int, tuple[int, list[dict[str, Any]]]] = {}  # id(session) -> (its key in by_last, messages)
     for call in calls:
+        messages = [_without_reasoning(message) for message in call.messages]
+        chain = [0]
+        for message in messages:
+            chain.append(hash((chain[-1], json.dumps(message, sort_keys=True, default=str))))
+        opening = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), 0) + 1
         home = None
-        for session in reversed(ordered):
-            previous = session.calls[-1].messages
-            if len(previous) < len(call.messages) and call.messages[: len(previous)] == previous:
-                home = session
+        for length in range(len(messages) - 1, opening - 1, -1):
+            if by_last.get(chain[length]):
+                home = by_last[chain[length]][-1]
                 break
+        if home is None:
+            best = opening - 1
+            for session in reversed(by_opening[chain[opening]][-32:]):
+                previous = last[id(session)][1]
+                shared = common_prefix_length(previous, messages)
+                if shared > best and len(messages) > shared:
+                    home, best = session, shared
         if home is None:
             home = Session(f"session-{len(ordered) + 1}")
             ordered.append(home)
+            by_opening[chain[opening]].append(home)
+        else:
+            by_last[last[id(home)][0]].remove(home)
         home.calls.append(call)
+        by_last[chain[-1]].append(home)
+        last[id(home)] = (chain[-1], messages)
     return ordered
 
 
@@ -186,15 +269,190 @@ def reply_message(response: Any) -> dict[str, Any] | None:
     return None
 
 
-class Replayer:
-    def __init__(self, template: str, tokenizer, special_tokens: dict[str, Any], block_size: int, engine: str, server_ids=None):
+def generated_ids(response: Any) -> list[int] | None:
+    """The token ids the model generated, where the log has them."""
+    if not isinstance(response, dict):
+        return None
+    ids = response.get("token_ids")
+    if ids is None and isinstance(response.get("choices"), list) and response["choices"]:
+        choice = response["choices"][0]
+        ids = choice.get("token_ids") if isinstance(choice, dict) else None
+    if isinstance(ids, list) and all(isinstance(token, int) and not isinstance(token, bool) for token in ids):
+        return ids
+    return None
+
+
+# --- why a prompt departs from what its session computed -----------------------------
+
+
+class TokenCause(StrEnum):
+    """Where each prompt token came from, or why it was computed."""
+
+    HIT = "hit"  # from blocks this session's requests computed
+    SHARED = "shared-hit"  # from blocks another session computed (a shared system prompt, tools)
+    COLD = "cold"  # first sight: the session had not sent these tokens before
+    PARTIAL = "partial-block"  # sent before, but in a block the engine does not cache, or the last token
+    TEMPLATE = "template"  # the template renders the same history differently
+    CLIENT = "client"  # the client changed what it sent
+    CAPACITY = "capacity"  # cached once, evicted since
+
+
+LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY)
+CAUSE_NOTES = {
+    TokenCause.HIT: "from blocks the session's own requests computed",
+    TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
+    TokenCause.COLD: "first sight: not sent by the session before",
+    TokenCause.PARTIAL: "sent before, but in a partial block, or the one token the engine always computes",
+    TokenCause.TEMPLATE: "the template rendered the same history differently",
+    TokenCause.CLIENT: "the client changed what it sent",
+    TokenCause.CAPACITY: "cached once, evicted before the session came back",
+}
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Why a prompt stops extending what its session's previous request left computed."""
+
+    cause: TokenCause  # TEMPLATE or CLIENT
+    detail: str  # "PC002 history-rewrite", "reasoning dropped"...
+    message_index: int | None = None
+    role: str | None = None
+    field: str | None = None
+    before: str = ""
+    after: str = ""
+
+    def describe(self) -> str:
+        where = ""
+        if self.message_index is not None:
+            parts = ", ".join(part for part in (self.role, self.field) if part)
+            where = f", message {self.message_index}" + (f" ({parts})" if parts else "")
+        return f"{self.cause} {self.detail}{where}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cause": str(self.cause),
+            "detail": self.detail,
+            "message_index": self.message_index,
+            "role": self.role,
+            "field": self.field,
+        }
+        if self.before or self.after:
+            out["renders"] = {"before": self.before, "after": self.after}
+        return out
+
+
+def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> Departure | None:
+    """What the client changed, if anything: the earliest change it made to the previous
+    request's messages (and the reply, where logged), tools and options."""
+    if (previous.tools or None) != (call.tools or None):
+        return Departure(TokenCause.CLIENT, "tools changed")
+    expected = previous.messages + ([reply] if reply is not None else [])
+    sent = call.messages
+    for index, (old, new) in enumerate(zip(expected, sent)):
+        old_plain, new_plain = _plain(old), _plain(new)
+        if old_plain == new_plain:
+            continue
+        role = old.get("role")
+        if index == 0 and role in ("system", "developer"):
+            detail = "system prompt changed"
+        elif _without_reasoning(old) == _without_reasoning(new) and any(old_plain.get(key) for key in REASONING_KEYS):
+            detail = "reasoning dropped" if not any(new_plain.get(key) for key in REASONING_KEYS) else "reasoning edited"
+        elif _same_arguments(old_plain, new_plain):
+            detail = "tool-call arguments re-serialized"
+        elif index + 1 < len(expected) and _plain(expected[index + 1]) == new_plain:
+            detail = "message removed"
+        elif any(_plain(later) == old_plain for later in sent[index + 1 :]):
+            detail = "messages reordered"
+        elif new.get("role") != role:  # another kind of message in its place: it is gone
+            detail = "message removed"
+        else:
+            detail = "message edited"
+        return Departure(TokenCause.CLIENT, detail, index, role)
+    if len(sent) < len(expected):
+        index = len(sent)
+        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"))
+    if previous.options != call.options:
+        return Departure(TokenCause.CLIENT, "request options changed")
+    return None
+
+
+def _same_arguments(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Equal but for how tool-call arguments are written."""
+
+    def parsed(message: dict[str, Any]) -> Any:
+        calls = []
+        for call in message.get("tool_calls") or ():
+            function = dict(call.get("function") or {}) if isinstance(call, dict) else {}
+            if isinstance(function.get("arguments"), str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    function["arguments"] = json.loads(function["arguments"])
+            calls.append({**call, "function": function} if isinstance(call, dict) else call)
+        return {**message, "tool_calls": calls}
+
+    return bool(old.get("tool_calls")) and old != new and parsed(old) == parsed(new)
+
+
+# --- pass 1: each session alone ------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """One request as its session's replay saw it: its prompt's token ids (as the tokens it
+    shares with the session's previous prompt, and the rest), and where and why it departs
+    from what the previous request left computed."""
+
+    order: int
+    line: int
+    session: int
+    shared: int
+    tail: list[int]
+    prompt_tokens: int
+    generated: list[int] = field(default_factory=list)
+    salt: str | None = None
+    first: bool = True
+    previous: int = 0  # tokens the session's previous request left computed
+    departure: int | None = None  # the first prompt token that does not extend them
+    template_departure: int | None = None  # the same with the client's changes undone
+    reasons: tuple[Departure, ...] = ()  # the client's change (if it came first), then the template's
+
+
+@dataclass
+class _Previous:
+    call: Call
+    prompt: Encoded
+    generated: list[int]
+    generated_text: str
+    reply: dict[str, Any] | None
+
+
+class Tracer:
+    """Renders and tokenizes each request of a session, and says why a prompt departs."""
+
+    def __init__(
+        self,
+        template: str,
+        tokenizer: Tokenizer | None,
+        special_tokens: dict[str, Any],
+        engine: str,
+        server_ids: Callable[[dict[str, Any]], list[int]] | None = None,
+    ):
         self.template = template
         self.measure = Measure(tokenizer or engine_tokenizer(engine))
+        self.encoder = PrefixEncoder(tokenizer)
         self.special = special_tokens
-        self.block_size = block_size
         self.engine = engine
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
+
+    @functools.cached_property
+    def rules(self) -> dict[Cause, str]:
+        """Divergence cause -> the rule that explains it; linted where the renders run (a
+        limited child), the first time a prompt departs."""
+        return rules_by_cause(self.template, self.engine)
+
+    @property
+    def unit(self) -> str:
+        return "token" if self.server_ids else self.measure.unit
 
     def render(self, call: Call, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         self.clock.set(call.timestamp or datetime.now())
@@ -204,7 +462,7 @@ class Replayer:
                 self.template,
                 messages,
                 clock=self.clock,
-                tools=call.body.get("tools"),
+                tools=call.tools,
                 kwargs=call.body.get("chat_template_kwargs"),
                 add_generation_prompt=generation_prompt,
                 special_tokens=self.special,
@@ -216,153 +474,614 @@ class Replayer:
             # A logged request of a shape the engine's preprocessing does not expect.
             raise RenderError(f"{type(error).__name__}: {error}") from None
 
-    def prompt(self, call: Call) -> tuple[str, list[int]]:
+    def prompt(self, call: Call, previous: Encoded | None) -> Encoded:
         text = self.render(call, call.messages, True)
-        ids = self.server_ids(call.body) if self.server_ids else self.measure.ids(text)
-        return text, ids
+        if self.server_ids:
+            return Encoded(text, self.server_ids(call.body))
+        if isinstance(text, RenderedPrompt):
+            return Encoded(str(text), list(text.token_ids))  # the engine's own tokenization
+        return self.encoder.encode(text, previous)
 
-    def generated(self, call: Call, prompt: str) -> tuple[str, list[int]] | None:
-        if isinstance(call.response, dict) and isinstance(call.response.get("token_ids"), list):
-            return "", call.response["token_ids"]
-        message = reply_message(call.response)
-        if message is None:
-            return None
-        reply = {key: value for key, value in message.items() if value is not None}
+    def generated(self, call: Call, prompt: str, reply: dict[str, Any] | None) -> tuple[list[int], str]:
+        """The reply as the model generated it: its logged token ids, else the template's
+        render of it after the generation prompt, up to its end-of-turn marker."""
+        ids = generated_ids(call.response)
+        if ids is not None:
+            tokenizer = self.measure.tokenizer
+            text = tokenizer.backend.decode(ids, skip_special_tokens=False) if isinstance(tokenizer, Tokenizer) else ""
+            return ids, text
+        if reply is None:
+            return [], ""
+        reply = {key: value for key, value in reply.items() if value is not None}
         with_reply = self.render(call, call.messages + [reply], False)
         text = with_reply[reply_start(prompt, with_reply) :]
         # The arguments as the model wrote them, not as the template re-serialises a mapping.
         for tool in reply.get("tool_calls") or ():
-            arguments = (tool.get("function") or {}).get("arguments")
+            arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
             if isinstance(arguments, str):
-                with contextlib.suppress(json.JSONDecodeError):
+                with contextlib.suppress(json.JSONDecodeError, TypeError):
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
-        return text, self.measure.ids(text)
+        text = _as_generated(text, reply)
+        return self.measure.ids(text), text
 
-    def replay(self, session: Session) -> list[tuple[int, str]]:
-        """Compare each call of ``session`` with the next; a call the template cannot
-        render is left out (and returned with its log line and why), the others are still
-        compared."""
-        rendered, kept, problems = [], [], []
+    def trace(self, index: int, session: Session) -> tuple[list[Trace], list[tuple[int, str]]]:
+        """The session's traces, and (line, why) for each request the template cannot render:
+        the engine answers 400 and caches nothing, and the session goes on without it."""
+        traces, problems = [], []
+        previous: _Previous | None = None
         for call in session.calls:
             try:
-                rendered.append(self.prompt(call))
-                kept.append(call)
+                prompt = self.prompt(call, previous.prompt if previous else None)
             except RenderError as error:
                 problems.append((call.line, f"the template fails on this request: {error}"))
-        session.calls = kept
-        for index in range(len(session.calls) - 1):
-            call, following = session.calls[index], session.calls[index + 1]
-            (text, ids), (next_text, next_ids) = rendered[index], rendered[index + 1]
-            cached_text, cached_ids, check = text, ids, "a"
+                continue
+            reply = reply_message(call.response)
             try:
-                generated = self.generated(call, text)
+                generated, generated_text = self.generated(call, prompt.text, reply)
             except RenderError as error:
                 problems.append((call.line, f"the template fails on this request's reply: {error}"))
-                generated = None
-            if generated is not None:
-                cached_text, cached_ids, check = text + generated[0], ids + generated[1], "b"
-            session.pairs.append(
-                compare_prompts(
-                    session.key,
-                    index,
-                    check,
-                    None if self.server_ids else cached_text,
-                    cached_ids,
-                    None if self.server_ids else next_text,
-                    next_ids,
-                    following.messages,
-                    len(call.messages),
-                    "token" if self.server_ids else self.measure.unit,
-                    self.block_size,
-                )
-            )
-        return problems
+                generated, generated_text = [], ""
+            shared = common_prefix_length(previous.prompt.ids, prompt.ids) if previous else 0
+            trace = Trace(call.order, call.line, index, shared, prompt.ids[shared:], len(prompt.ids), generated, call.salt)
+            if previous is not None:
+                try:
+                    self.attribute(trace, previous, call, prompt)
+                except RenderError as error:  # the request with the client's changes undone
+                    problems.append((call.line, f"the template fails on this request as first sent: {error}"))
+            traces.append(trace)
+            previous = _Previous(call, prompt, generated, generated_text, reply)
+        return traces, problems
+
+    def attribute(self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded) -> None:
+        trace.first = False
+        computed = previous.generated[:-1]  # the last sampled token is never fed back
+        trace.previous = len(previous.prompt.ids) + len(computed)
+        departure = _departure(previous.prompt.ids, computed, prompt.ids, trace.shared)
+        if departure is None:
+            return
+        trace.departure = departure
+        change = client_change(previous.call, previous.reply, call)
+        if change is None:
+            clean, clean_messages = prompt, call.messages
+        else:
+            # The request as a client that changed nothing would have sent it.
+            expected = previous.call.messages + ([previous.reply] if previous.reply is not None else [])
+            clean_messages = expected + call.messages[len(expected) :]
+            body = {key: value for key, value in call.body.items() if key not in ("tools", "chat_template_kwargs")}
+            body.update({key: previous.call.body[key] for key in ("tools", "chat_template_kwargs") if key in previous.call.body})
+            body["messages"] = clean_messages
+            body.pop("reasoning_effort", None)
+            if "reasoning_effort" in previous.call.body:
+                body["reasoning_effort"] = previous.call.body["reasoning_effort"]
+            clean = self.prompt(replace(call, body=body), previous.prompt)
+        template_departure = departure if clean is prompt else _departure(previous.prompt.ids, computed, clean.ids)
+        trace.template_departure = template_departure
+        reasons = []
+        if change is not None and (template_departure is None or template_departure > departure):
+            reasons.append(change)
+        if template_departure is not None:
+            reasons.append(self.template_reason(trace, previous, call, clean, clean_messages))
+        trace.reasons = tuple(reasons)
+
+    def template_reason(
+        self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded, messages: list[dict[str, Any]]
+    ) -> Departure:
+        known = not self.server_ids
+        if self.engine in ENGINES:  # locate the divergence in the messages as the template saw them
+            messages = prepare(self.engine, self.template, messages)[0]
+        divergence = compare_prompts(
+            "replay",
+            0,
+            "b" if previous.generated else "a",
+            previous.prompt.text + previous.generated_text
+            if known and (previous.generated_text or not previous.generated)
+            else None,
+            previous.prompt.ids + previous.generated[:-1],
+            prompt.text if known else None,
+            prompt.ids,
+            messages,
+            len(previous.call.messages),
+            self.unit,
+            1,
+        )
+        code = self.rules.get(divergence.cause) or ("rule unknown" if divergence.cause == Cause.UNKNOWN else _unexplained_rule())
+        return Departure(
+            TokenCause.TEMPLATE,
+            f"{code} {divergence.cause}",
+            divergence.message_index,
+            divergence.role,
+            divergence.field,
+            divergence.before,
+            divergence.after,
+        )
 
 
-def replay_all(log: Path, calls: list[Call], renderers: list[tuple[str, Replayer]], session_key: str | None):
-    """Every template's summary over the same traffic, and the calls that failed, one line
-    each. Run in a limited child process (the templates render there; see isolation.py)."""
-    results, problems = [], []
-    for label, replayer in renderers:
-        groups = sessions(calls, session_key)
-        for group in groups:
-            problems.extend(f"{log}:{line}: {reason}" for line, reason in replayer.replay(group))
-        results.append((label, summary(groups)))
-    return results, list(dict.fromkeys(problems))
+def _as_generated(text: str, reply: dict[str, Any]) -> str:
+    """The reply as the model generated it: what the template prints for it, up to the first
+    end-of-turn marker after its last text. A tool call's closing markup (``}``,
+    ``</tool_call>``) comes before that marker and was generated too; the prover's
+    ``stop_after_reply`` takes a marker only right after the last text."""
+    cut = stop_after_reply(text, reply)
+    if any(found.end() == len(cut) for found in STOP_MARKER.finditer(cut, max(0, len(cut) - 64))):
+        return cut  # it ends with its marker already
+    marker = STOP_MARKER.search(text, len(cut))
+    return cut if marker is None else text[: marker.end()]
 
 
-def summary(replayed: list[Session]) -> dict[str, Any]:
-    pairs = [pair for session in replayed for pair in session.pairs]
-    total = sum(pair.prompt_tokens[1] for pair in pairs)
-    causes: Counter = Counter()
-    for pair in pairs:
-        if pair.lost_tokens:
-            causes[pair.cause] += pair.lost_tokens
-    worst = sorted(replayed, key=lambda session: session.lost, reverse=True)[:5]
-    return {
-        "unit": pairs[0].unit if pairs else "token",
-        "sessions": len(replayed),
-        "pairs": len(pairs),
-        "hit_rate": sum(p.reusable_tokens for p in pairs) / total if total else 0.0,
-        "ideal_hit_rate": sum(p.ideal_tokens for p in pairs) / total if total else 0.0,
-        "recomputed_per_turn": sum(p.lost_tokens for p in pairs) / len(pairs) if pairs else 0.0,
-        "top_causes": [{"cause": cause, "lost_tokens": lost} for cause, lost in causes.most_common()],
-        "worst_sessions": [{"session": s.key, "lost_tokens": s.lost, "cumulative_lost": _cumulative(s)} for s in worst if s.lost],
+def _departure(prompt: list[int], computed: list[int], following: list[int], shared: int | None = None) -> int | None:
+    """The first token of ``following`` that does not extend ``prompt + computed``, or None."""
+    if shared is None:
+        shared = common_prefix_length(prompt, following)
+    if shared < len(prompt):
+        return shared if shared < len(following) else None
+    extra = common_prefix_length(computed, following[len(prompt) : len(prompt) + len(computed)])
+    position = len(prompt) + extra
+    return position if extra < len(computed) and position < len(following) else None
+
+
+def rules_by_cause(template: str, engine: str) -> dict[Cause, str]:
+    """Which rule explains each cause of divergence in this template: the lint's own
+    findings (PC100 where none does; PC103 where the engine renders without the template)."""
+    from .findings import Outcome
+    from .rules import BY_CODE, reporting
+
+    if engine == HARMONY:
+        code = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
+        return {cause: code for cause in Cause if cause not in (Cause.CLEAN, Cause.UNKNOWN)}
+    from .checker import lint_source
+    from .sources import TemplateSource
+
+    found: dict[Cause, str] = {}
+    for finding in lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja")):
+        rule = BY_CODE.get(finding.code)
+        for cause in rule.RULE.proven_by if rule is not None else ():
+            found.setdefault(cause, finding.code)
+    return found
+
+
+def _unexplained_rule() -> str:
+    from .findings import Outcome
+    from .rules import reporting
+
+    return reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE.code
+
+
+def _trace_group(tracer: Tracer, groups: list[Session], indices: list[int]) -> tuple[list[Trace], list[tuple[int, str]]]:
+    traces, problems = [], []
+    for index in indices:
+        traced, failed = tracer.trace(index, groups[index])
+        traces.extend(traced)
+        problems.extend(failed)
+    return traces, problems
+
+
+def trace_sessions(tracer: Tracer, groups: list[Session], jobs: int = 1) -> tuple[list[Trace], list[tuple[int, str]]]:
+    """Every request's trace in arrival order, and the requests the template refused.
+
+    Rendering runs untrusted template code, so it runs in limited child processes
+    (isolation.py), ``jobs`` of them at once, each with a share of the sessions (the
+    sessions with the most requests first, each to the least loaded share)."""
+    from .isolation import parallel_map, run_isolated
+
+    requests = sum(len(group.calls) for group in groups)
+    shares = max(1, min(jobs, len(groups))) if requests >= PARALLEL_MINIMUM else 1
+    loads, parts = [0] * shares, [[] for _ in range(shares)]
+    for index in sorted(range(len(groups)), key=lambda i: len(groups[i].calls), reverse=True):
+        lightest = loads.index(min(loads))
+        parts[lightest].append(index)
+        loads[lightest] += len(groups[index].calls)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
+    import gc
+
+    gc.freeze()  # the log's objects, inherited: no collection in a child walks (and copies) them
+    try:
+        done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, groups, part), seconds=None), parts, shares)
+    finally:
+        gc.unfreeze()
+    traces = [trace for traced, _ in done for trace in traced]
+    traces.sort(key=lambda trace: trace.order)
+    return traces, sorted(problem for _, failed in done for problem in failed)
+
+
+# --- pass 2: all requests through one cache ------------------------------------------
+
+
+def _blocks(count: int, size: int) -> int:
+    return count // size * size
+
+
+def split_tokens(trace: Trace, hit: int, shared: int, granularity: int) -> Counter:
+    """Every prompt token of a request by cause (see ``TokenCause``)."""
+    size = trace.prompt_tokens
+    split = Counter({TokenCause.HIT: hit - shared, TokenCause.SHARED: shared})
+    if trace.first:
+        split[TokenCause.COLD] = size - hit
+        return split
+    previous, cap = trace.previous, size - 1
+    departure = min(previous, size) if trace.departure is None else trace.departure
+    reusable = _blocks(min(departure, previous, cap), granularity)  # the session's own, up to the departure
+    ideal = _blocks(min(previous, cap), granularity)  # the session's own, had nothing departed
+    low, middle, high = (max(hit, mark) for mark in (reusable, ideal, min(previous, size)))
+    split[TokenCause.CAPACITY] = low - hit
+    lost = middle - low
+    client = 0
+    if any(reason.cause is TokenCause.CLIENT for reason in trace.reasons):
+        template_at = previous if trace.template_departure is None else trace.template_departure
+        client = min(max(hit, _blocks(min(template_at, previous, cap), granularity)), middle) - low
+    split[TokenCause.CLIENT] = client
+    split[TokenCause.TEMPLATE] = lost - client
+    split[TokenCause.PARTIAL] = high - middle
+    split[TokenCause.COLD] = size - high
+    return split
+
+
+@dataclass
+class SessionFigures:
+    key: str
+    requests: int = 0
+    tokens: Counter = field(default_factory=Counter)
+    cumulative_lost: list[int] = field(default_factory=list)
+    first_departure: tuple[Trace, int] | None = None  # the trace and its request number in the session
+
+    @property
+    def lost(self) -> int:
+        return sum(self.tokens[cause] for cause in LOST)
+
+
+@dataclass
+class Summary:
+    """What one cache model made of the log at one capacity."""
+
+    cache_model: str
+    metric: str
+    unit: str
+    granularity: int
+    capacity_blocks: int | None
+    requests: int = 0
+    sessions: int = 0
+    queries: int = 0
+    hits: int = 0
+    steady_queries: int = 0
+    steady_hits: int = 0
+    tokens: Counter = field(default_factory=Counter)
+    departures: Counter = field(default_factory=Counter)  # (cause, detail) -> tokens
+    departure_requests: Counter = field(default_factory=Counter)  # (cause, detail) -> requests
+    per_session: list[SessionFigures] = field(default_factory=list)
+    sweep: list[Summary] = field(default_factory=list)
+    error: str | None = None  # the capacity could not hold a request
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def steady_hit_rate(self) -> float:
+        return self.steady_hits / self.steady_queries if self.steady_queries else 0.0
+
+    @property
+    def ideal_hit_rate(self) -> float:
+        unavoidable = self.tokens[TokenCause.COLD] + self.tokens[TokenCause.PARTIAL]
+        return 1 - unavoidable / self.queries if self.queries else 0.0
+
+    def worst(self, count: int = 5) -> list[SessionFigures]:
+        ranked = sorted((figures for figures in self.per_session if figures.lost), key=lambda f: f.lost, reverse=True)
+        return ranked[:count]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cache_model": self.cache_model,
+            "metric": self.metric,
+            "unit": self.unit,
+            "block_size": self.granularity,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "sessions": self.sessions,
+        }
+        out.update(
+            {
+                "prefix_cache_queries": self.queries,
+                "prefix_cache_hits": self.hits,
+                "prefix_cache_hit_rate": self.hit_rate,
+                "steady_state_hit_rate": self.steady_hit_rate,
+                "ideal_hit_rate": self.ideal_hit_rate,
+                "tokens_by_cause": {str(cause): self.tokens[cause] for cause in TokenCause},
+                "lost_tokens": sum(self.tokens[cause] for cause in LOST),
+                "causes": [
+                    {
+                        "cause": str(cause),
+                        "detail": detail,
+                        "tokens": tokens,
+                        "requests": self.departure_requests[(cause, detail)],
+                    }
+                    for (cause, detail), tokens in self.departures.most_common()
+                ],
+                "worst_sessions": [_session_json(figures) for figures in self.worst()],
+            }
+        )
+        if self.sweep:
+            out["sweep"] = [
+                {"capacity_blocks": point.capacity_blocks, "prefix_cache_hit_rate": None if point.error else point.hit_rate}
+                | ({"error": point.error} if point.error else {"capacity_tokens_lost": point.tokens[TokenCause.CAPACITY]})
+                for point in self.sweep
+            ]
+        return out
+
+
+def _session_json(figures: SessionFigures) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "session": figures.key,
+        "requests": figures.requests,
+        "lost_tokens": figures.lost,
+        "by_cause": {str(cause): figures.tokens[cause] for cause in LOST if figures.tokens[cause]},
+        "cumulative_lost": figures.cumulative_lost,
     }
-
-
-def _cumulative(session: Session) -> list[int]:
-    total, out = 0, []
-    for pair in session.pairs:
-        total += pair.lost_tokens
-        out.append(total)
+    if figures.first_departure is not None:
+        trace, number = figures.first_departure
+        out["first_departure"] = {
+            "line": trace.line,
+            "request": number,
+            "token": trace.departure,
+            "reasons": [reason.to_json() for reason in trace.reasons],
+        }
     return out
 
 
-def text_report(results: list[tuple[str, dict[str, Any]]]) -> str:
+def simulate(
+    traces: list[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
+) -> Summary:
+    """Every request, in arrival order, through ``cache``."""
+    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(keys))
+    figures = [SessionFigures(key) for key in keys]
+    prompts: dict[int, list[int]] = {}
+    for trace in traces:
+        earlier = prompts.get(trace.session)
+        prompt = earlier[: trace.shared] + trace.tail if earlier is not None and trace.shared else trace.tail
+        prompts[trace.session] = prompt
+        try:
+            served = cache.serve(
+                CacheRequest(trace.session, prompt, trace.generated, trace.salt, None if trace.first else trace.shared)
+            )
+        except CacheError as error:
+            summary.error = f"line {trace.line}: {error}"
+            return summary
+        split = split_tokens(trace, served.hit, served.shared, cache.granularity)
+        summary.requests += 1
+        summary.queries += trace.prompt_tokens
+        summary.hits += served.hit
+        if not trace.first:
+            summary.steady_queries += trace.prompt_tokens
+            summary.steady_hits += served.hit
+        summary.tokens.update(split)
+        session = figures[trace.session]
+        session.requests += 1
+        session.tokens.update(split)
+        session.cumulative_lost.append(session.lost)
+        if trace.reasons and session.first_departure is None:
+            session.first_departure = (trace, session.requests)
+        for cause, detail in [(reason.cause, reason.detail) for reason in trace.reasons] + [(TokenCause.CAPACITY, "evicted")]:
+            if split[cause]:
+                summary.departures[(cause, detail)] += split[cause]
+                summary.departure_requests[(cause, detail)] += 1
+    summary.per_session = figures
+    return summary
+
+
+# --- reports -------------------------------------------------------------------------
+
+ENGINE_NAMES = {"vllm": "vLLM prefix cache", "sglang": "SGLang radix cache", "llamacpp": "llama.cpp slots"}
+
+
+def _capacity(summary: Summary) -> str:
+    size = summary.granularity
+    if summary.cache_model == "vllm":
+        pool = "unbounded pool" if summary.capacity_blocks is None else f"{summary.capacity_blocks} blocks"
+        return f"blocks of {size}, {pool}"
+    if summary.capacity_blocks is None:
+        return "unbounded" if summary.cache_model == "llamacpp" else f"page size {size}, unbounded"
+    return f"{summary.capacity_blocks} blocks' worth of tokens"
+
+
+def text_report(results: list[tuple[str, Summary]]) -> str:
     lines = []
-    for label, figures in results:
-        unit = figures["unit"]
+    for label, summary in results:
+        unit = summary.unit
         lines.append(
-            f"{label}: {figures['sessions']} sessions, {figures['pairs']} turn pairs: projected hit rate "
-            f"{figures['hit_rate']:.1%} (ideal {figures['ideal_hit_rate']:.1%}), "
-            f"{figures['recomputed_per_turn']:.0f} {unit}s recomputed per turn beyond the ideal"
+            f"{label}: {summary.requests} requests in {summary.sessions} sessions, "
+            f"{ENGINE_NAMES[summary.cache_model]} ({_capacity(summary)})"
         )
-        for cause in figures["top_causes"]:
-            lines.append(f"  cause {cause['cause']}: {cause['lost_tokens']} {unit}s lost")
-        for session in figures["worst_sessions"]:
-            lines.append(f"  worst session {session['session']}: {session['lost_tokens']} {unit}s lost")
+        name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
+        lines.append(
+            f"  {name}: {summary.hit_rate:.1%} ({summary.metric}, every request: {summary.hits:,} of {summary.queries:,} {unit}s)"
+        )
+        lines.append(f"  steady state, each session's first request left out: {summary.steady_hit_rate:.1%}")
+        lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+        lines.append(f"  prompt {unit}s by cause:")
+        for cause in TokenCause:
+            count = summary.tokens[cause]
+            share = count / summary.queries if summary.queries else 0.0
+            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
+        for (cause, detail), tokens in summary.departures.most_common():
+            requests = summary.departure_requests[(cause, detail)]
+            lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {requests} requests")
+        for figures in summary.worst():
+            by_cause = ", ".join(f"{cause} {figures.tokens[cause]:,}" for cause in LOST if figures.tokens[cause])
+            line = f"  worst session {figures.key}: {figures.lost:,} {unit}s lost ({by_cause})"
+            if figures.first_departure is not None:
+                trace, number = figures.first_departure
+                reasons = "; ".join(reason.describe() for reason in trace.reasons)
+                line += f"; first departs at request {number} (line {trace.line}, {unit} {trace.departure}): {reasons}"
+            lines.append(line)
+        if summary.sweep:
+            points = ", ".join(
+                f"{point.capacity_blocks}: {'does not fit' if point.error else f'{point.hit_rate:.1%}'}"
+                for point in summary.sweep
+            )
+            lines.append(f"  hit rate by --cache-blocks: {points}")
     return "\n".join(lines) + "\n"
 
 
-def html_chart(results: list[tuple[str, dict[str, Any]]]) -> str:
-    """Cumulative tokens recomputed per turn for the worst sessions, before and after."""
-    import html as escape
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 760, 380, 70, 50, 20, 20
 
-    colours = ["#c33", "#3a7", "#36c", "#a6c", "#c93"]
-    width, height = 720, 360
-    series = [(label, s) for label, figures in results for s in figures["worst_sessions"]]
-    peak = max((max(s["cumulative_lost"]) for _, s in series if s["cumulative_lost"]), default=1) or 1
-    turns = max((len(s["cumulative_lost"]) for _, s in series), default=1) or 1
-    lines = []
-    for _index, (label, session) in enumerate(series):
-        points = " ".join(
-            f"{40 + (turn + 1) * (width - 60) / turns:.1f},{height - 30 - value * (height - 60) / peak:.1f}"
-            for turn, value in enumerate(session["cumulative_lost"])
+
+def _axes(x_label: str, y_label: str, x_ticks: list[tuple[float, str]], y_ticks: list[tuple[float, str]]) -> str:
+    """Axis lines, ticks and labels; tick positions are fractions of the plot area."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    parts = [
+        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP + plot_h}" stroke="#444"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" stroke="#444"/>',
+    ]
+    for fraction, text in x_ticks:
+        x = LEFT + fraction * plot_w
+        parts.append(f'<line x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 5}" stroke="#444"/>')
+        parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 18}" text-anchor="middle" font-size="11">{html.escape(text)}</text>')
+    for fraction, text in y_ticks:
+        y = TOP + plot_h - fraction * plot_h
+        parts.append(f'<line x1="{LEFT - 5}" y1="{y:.1f}" x2="{LEFT}" y2="{y:.1f}" stroke="#444"/>')
+        parts.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{html.escape(text)}</text>')
+    parts.append(
+        f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle" font-size="12">{html.escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text transform="translate(16,{TOP + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle" font-size="12">'
+        f"{html.escape(y_label)}</text>"
+    )
+    return "".join(parts)
+
+
+def _legend(entries: list[tuple[str, str, bool]]) -> str:
+    items = []
+    for text, colour, dashed in entries:
+        dash = ' stroke-dasharray="6 3"' if dashed else ""
+        items.append(
+            f'<li><svg width="28" height="10"><line x1="0" y1="5" x2="28" y2="5" stroke="{colour}" stroke-width="3"{dash}/>'
+            f"</svg> {html.escape(text)}</li>"
         )
-        colour = colours[[name for name, _ in results].index(label) % len(colours)]
-        dash = "" if label == results[0][0] else ' stroke-dasharray="6 3"'
+    return f'<ul style="list-style:none;padding-left:0">{"".join(items)}</ul>'
+
+
+def _sweep_chart(results: list[tuple[str, Summary]]) -> str:
+    points = sorted({point.capacity_blocks for _, summary in results for point in summary.sweep if point.capacity_blocks})
+    if len(points) < 2:
+        return ""
+    import math
+
+    low, high = math.log(points[0]), math.log(points[-1])
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(blocks: int) -> float:
+        return (math.log(blocks) - low) / (high - low) if high > low else 0.5
+
+    lines, legend = [], []
+    for index, (label, summary) in enumerate(results):
+        colour = COLOURS[index % len(COLOURS)]
+        fitted = [(point.capacity_blocks, point.hit_rate) for point in summary.sweep if not point.error]
+        coordinates = [(LEFT + x(blocks) * plot_w, TOP + plot_h - rate * plot_h) for blocks, rate in fitted]
+        dash = ' stroke-dasharray="6 3"' if index else ""
         lines.append(
-            f'<polyline fill="none" stroke="{colour}"{dash} stroke-width="2" points="40,{height - 30} {points}"><title>{escape.escape(label)}: {escape.escape(session["session"])}</title></polyline>'
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} '
+            f'points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in coordinates)}"/>'
         )
-    legend = "".join(
-        f"<li>{escape.escape(label)}: {figures['hit_rate']:.1%} projected hit rate (ideal {figures['ideal_hit_rate']:.1%})</li>"
-        for label, figures in results
+        lines.extend(
+            f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3.5" fill="{colour}"><title>{html.escape(label)}: '
+            f"{blocks} blocks, {rate:.1%}</title></circle>"
+            for (a, b), (blocks, rate) in zip(coordinates, fitted)
+        )
+        legend.append((f"{label}: {summary.cache_model}", colour, bool(index)))
+    axes = _axes(
+        "KV cache capacity (--cache-blocks, log scale)",
+        "prefix cache hit rate",
+        [(x(blocks), f"{blocks:,}") for blocks in points],
+        [(step / 4, f"{step * 25}%") for step in range(5)],
     )
     return (
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint replay</title></head>'
-        '<body style="font-family:sans-serif"><h1>Cumulative tokens recomputed per turn, worst sessions</h1>'
-        f'<ul>{legend}</ul><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-        f'<line x1="40" y1="{height - 30}" x2="{width}" y2="{height - 30}" stroke="#999"/>'
-        f'<line x1="40" y1="0" x2="40" y2="{height - 30}" stroke="#999"/>{"".join(lines)}</svg></body></html>\n'
+        "<h2>Hit rate by cache capacity</h2>"
+        + _legend(legend)
+        + f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}">{axes}{"".join(lines)}</svg>'
     )
+
+
+def _sessions_chart(results: list[tuple[str, Summary]]) -> str:
+    series = [(label, figures) for label, summary in results for figures in summary.worst() if figures.cumulative_lost]
+    if not series:
+        return "<p>No session lost any tokens to the template, the client or capacity.</p>"
+    peak = max(max(figures.cumulative_lost) for _, figures in series) or 1
+    turns = max(len(figures.cumulative_lost) for _, figures in series)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    unit = results[0][1].unit
+    keys = list(dict.fromkeys(figures.key for _, figures in series))
+    lines, legend = [], []
+    for label, figures in series:
+        colour = COLOURS[keys.index(figures.key) % len(COLOURS)]
+        dashed = label != results[0][0]
+        points = " ".join(
+            f"{LEFT + (turn + 1) / turns * plot_w:.1f},{TOP + plot_h - value / peak * plot_h:.1f}"
+            for turn, value in enumerate(figures.cumulative_lost)
+        )
+        dash = ' stroke-dasharray="6 3"' if dashed else ""
+        lines.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{LEFT},{TOP + plot_h} {points}">'
+            f"<title>{html.escape(label)}: session {html.escape(figures.key)}</title></polyline>"
+        )
+        legend.append((f"{label}: session {figures.key} ({figures.lost:,} {unit}s lost)", colour, dashed))
+    x_ticks = [(turn / turns, str(turn)) for turn in sorted({0, turns // 2, turns})]
+    y_ticks = [(step / 4, f"{round(peak * step / 4):,}") for step in range(5)]
+    axes = _axes("request of the session", f"{unit}s lost, cumulative", x_ticks, y_ticks)
+    return (
+        "<h2>Worst sessions: tokens lost to template, client and capacity</h2>"
+        + _legend(legend)
+        + f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}">{axes}{"".join(lines)}</svg>'
+    )
+
+
+def html_report(results: list[tuple[str, Summary]]) -> str:
+    """One self-contained page: the headline figures, the hit-rate curve over the capacities
+    swept, and the tokens the worst sessions lost, request by request."""
+    rows = "".join(
+        f"<tr><td>{html.escape(label)}</td><td>{html.escape(summary.cache_model)}</td>"
+        f"<td>{html.escape(_capacity(summary))}</td><td>{summary.hit_rate:.1%}</td>"
+        f"<td>{summary.steady_hit_rate:.1%}</td><td>{summary.ideal_hit_rate:.1%}</td></tr>"
+        for label, summary in results
+    )
+    table = (
+        "<table><tr><th>template</th><th>cache</th><th>capacity</th><th>prefix cache hit rate (every request)</th>"
+        f"<th>steady state</th><th>ideal</th></tr>{rows}</table>"
+    )
+    return (
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint replay</title>'
+        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style></head><body>"
+        f"<h1>tmpl-lint replay</h1>{table}{_sweep_chart(results)}{_sessions_chart(results)}</body></html>\n"
+    )
+
+
+# --- the command ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    model: str = "vllm"
+    block_size: int = 16
+    page_size: int = 1
+    slots: int | None = None
+    cache_reuse: int = 0
+
+
+def replay(
+    tracer: Tracer, groups: list[Session], settings: CacheSettings, capacities: list[int | None], jobs: int = 1
+) -> tuple[Summary, list[tuple[int, str]]]:
+    """The log through ``settings``' cache at each capacity: the summary of the first
+    capacity that holds every request, with all of them as its sweep."""
+    traces, problems = trace_sessions(tracer, groups, jobs)
+    keys = [group.key for group in groups]
+    summaries = []
+    for capacity in capacities:
+        cache = make_cache(
+            settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse
+        )
+        summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
+    fitting = [summary for summary in summaries if not summary.error]
+    if not fitting:
+        raise ReplayError(summaries[0].error)
+    if len(summaries) > 1:
+        fitting[0].sweep = summaries
+    return fitting[0], problems

@@ -102,6 +102,42 @@ def test_remembered_attribute_verdicts_refuse_every_time():
     assert render("{{ {'append': 1}.append }}", [], clock=clock) == "1"  # a key, not list.append
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ messages[0].role }}|{{ messages[0].missing is defined }}|{{ messages[0].items() | list }}",
+        "{{ messages[0].update }}",
+        "{{ messages[0].update({'role': 'x'}) }}",
+        "{{ messages[0].__class__ }}",
+        "{{ messages[0].content.startswith('h') }}|{{ messages[0].content.upper() }}",
+        "{{ messages[0].content.format('{}', 1) }}",
+        "{{ '{0.__class__}'.format(messages) }}",
+        "{{ messages[0].content.__class__ }}",
+        "{% set ns = namespace(a=1, b='x', f='{0.__class__}'.format) %}{{ ns.a }}{{ ns.b }}{{ ns.f(1) }}",
+        "{% set ns = namespace(a=1) %}{{ ns._Namespace__attrs }}",
+        "{% for m in messages %}{{ loop.index0 }}{{ loop.last }}{{ loop.revindex }}{{ loop.length }}{% endfor %}",
+        "{% for m in messages %}{{ loop.__class__ }}{% endfor %}",
+        "{% for m in messages %}{{ loop.changed(m) }}{{ loop.cycle('a', 'b') }}{% endfor %}",
+    ],
+)
+def test_fast_attribute_paths_give_what_jinja2s_own_sandbox_gives(source):
+    """The sandbox's shortcuts for dict keys, str methods, namespace values and loop numbers
+    answer exactly as jinja2's immutable sandbox does, refusals included."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from tmpl_lint.jinja_env import make_environment
+
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    outcomes = []
+    for environment in (make_environment(), ImmutableSandboxedEnvironment()):
+        environment.globals.setdefault("namespace", __import__("jinja2").utils.Namespace)
+        try:
+            outcomes.append(environment.from_string(source).render(messages=messages))
+        except Exception as error:  # noqa: BLE001 - the kind of refusal is what is compared
+            outcomes.append(type(error).__name__)
+    assert outcomes[0] == outcomes[1]
+
+
 # -- one limit policy: nothing of a template runs outside the limits, in any command -------
 
 FOLDED = "{{ strftime_now('%Y') }}{{ 'a'|center(3000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}"

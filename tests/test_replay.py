@@ -1,149 +1,327 @@
-"""`tmpl-lint replay` on a generated multi-session log, checked against transformers."""
+"""`tmpl-lint replay` on generated multi-session logs, its figures checked against an
+independent computation: transformers renders, a full tokenization and a straightforward
+chained-hash pool (test_kv_cache.straightforward_vllm)."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
+import re
 import shutil
+import stat
 import subprocess
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
 from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+from test_kv_cache import straightforward_vllm
 
 from tmpl_lint.cli import main
-from tmpl_lint.prover import first_difference, full_blocks
-from tmpl_lint.scenarios import TOOLS, agent, chat
+from tmpl_lint.scenarios import TOOLS, agent
 
 pytestmark = needs_shared
 transformers = pytest.importorskip("transformers")
 
-MODELS = [("Qwen--Qwen3-0.6B.jinja", "qwen3"), ("openai--gpt-oss-120b.jinja", "gpt-oss")]
+QWEN3 = SHARED_TOKENIZERS / "qwen3"
+# Keeps every turn's reasoning: a clean extension when the client sends history back as is.
+STABLE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SYSTEM = "You are the support agent of a large online shop. " * 8  # shared by every session, several blocks
+DROPPING = "s4"  # the client that sends the history back without the reasoning
 
 
-def build_log(path):
-    """Three sessions: an agent loop, a chat, and a chat that crosses midnight."""
+@pytest.fixture(scope="module")
+def tokenizer():
+    return transformers.AutoTokenizer.from_pretrained(str(QWEN3))
+
+
+def build_log(path, tokenizer, sessions=5, turns=5, seed=7):
+    """Interleaved chat sessions with a shared system prompt, every response logged with
+    the ids the model generated; written out of arrival order (timestamps decide)."""
+    rng = random.Random(seed)
+    start = datetime(2026, 3, 1, 9)
     entries = []
-    stamps = {
-        "alice": [datetime(2026, 3, 1, 10, minute) for minute in range(10)],
-        "bob": [datetime(2026, 3, 1, 11, minute) for minute in range(10)],
-        "carol": [datetime(2026, 3, 1, 23, 59, 40), datetime(2026, 3, 2, 0, 0, 20), datetime(2026, 3, 2, 0, 1)],
-    }
-    sessions = {"alice": (agent(False, False), TOOLS), "bob": (chat(True), None), "carol": (chat(False), None)}
-    # interleaved, as a proxy logs concurrent sessions
-    for index in range(5):
-        for user, (calls, tools) in sessions.items():
-            if index < len(calls):
-                body = {"model": "m", "user": user, "messages": calls[index].messages}
-                if tools:
-                    body["tools"] = tools
-                entries.append({"timestamp": stamps[user][index].isoformat(), "request": body})
-    path.write_text("\n".join(json.dumps(entry) for entry in entries) + "\n")
-    return entries
-
-
-def independent_rate(entries, template, tokenizer, monkeypatch):
-    from transformers.utils import chat_template_utils
-
-    by_user = {}
-    for entry in entries:
-        by_user.setdefault(entry["request"]["user"], []).append(entry)
-    reusable = ideal = total = 0
-    for calls in by_user.values():
-        ids = []
-        for entry in calls:
-            instant = datetime.fromisoformat(entry["timestamp"])
-
-            class Frozen(datetime):
-                @classmethod
-                def now(cls, tz=None, instant=instant):
-                    return instant
-
-            monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
-            text = tokenizer.apply_chat_template(
-                entry["request"]["messages"],
-                tools=entry["request"].get("tools"),
-                chat_template=template,
-                add_generation_prompt=True,
-                tokenize=False,
+    for number in range(sessions):
+        user = f"s{number}"
+        history = [{"role": "system", "content": SYSTEM}]
+        for turn in range(turns):
+            history = history + [{"role": "user", "content": f"Order {number}-{turn}: where is it? " * rng.randrange(1, 6)}]
+            reasoning = f"The user {user} asks about order {number}-{turn}. " * rng.randrange(1, 4)
+            content = f"Order {number}-{turn} ships tomorrow." + " Thanks for waiting." * rng.randrange(0, 4)
+            generated = tokenizer.encode(f"<think>\n{reasoning}\n</think>\n\n{content}<|im_end|>", add_special_tokens=False)
+            reply = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+            entries.append(
+                {
+                    "timestamp": (start + timedelta(minutes=turn, seconds=number)).isoformat(),
+                    "request": {"model": "m", "user": user, "messages": history},
+                    "response": {"choices": [{"message": reply, "token_ids": generated}]},
+                }
             )
-            ids.append(tokenizer.encode(text, add_special_tokens=False))
-        for earlier, later in zip(ids, ids[1:]):
-            position = first_difference(earlier, later)
-            reusable += full_blocks(len(earlier) if position is None else position, 16)
-            ideal += full_blocks(len(earlier), 16)
-            total += len(later)
-    return reusable / total, ideal / total
+            sent = {"role": "assistant", "content": content} if user == DROPPING else reply
+            history = history + [sent]
+    shuffled = list(entries)
+    random.Random(seed).shuffle(shuffled)
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in shuffled))
+    return sorted(entries, key=lambda entry: entry["timestamp"])
 
 
-@pytest.mark.parametrize(("template_name", "tokenizer_name"), MODELS)
-def test_projected_hit_rate_matches_an_independent_computation_and_the_fix_reaches_the_ideal(
-    tmp_path, monkeypatch, template_name, tokenizer_name
-):
+def independent_hits(entries, template, tokenizer, block_size, num_blocks):
+    requests = []
+    for entry in entries:
+        text = tokenizer.apply_chat_template(
+            entry["request"]["messages"], chat_template=template, add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        requests.append((prompt, entry["response"]["choices"][0]["token_ids"]))
+    hits = straightforward_vllm(requests, block_size, num_blocks)
+    return sum(hits), sum(len(prompt) for prompt, _ in requests)
+
+
+def replay(*args):
+    result = CliRunner().invoke(main, ["replay", *map(str, args)])
+    return result
+
+
+def test_hit_rate_is_what_a_straightforward_pool_hits_at_every_capacity(tmp_path, tokenizer):
     log = tmp_path / "traffic.jsonl"
-    entries = build_log(log)
-    template = tmp_path / "original.jinja"
-    shutil.copyfile(SHARED_TEMPLATES / template_name, template)
-    fixed = tmp_path / "fixed.jinja"
-    shutil.copyfile(template, fixed)
-    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
+    entries = build_log(log, tokenizer)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    unbounded_hits, queries = independent_hits(entries, STABLE, tokenizer, 16, None)
+    small, medium = 50, 90  # the largest request needs under 40 blocks, all of them 110
+    expected = {blocks: independent_hits(entries, STABLE, tokenizer, 16, blocks)[0] for blocks in (small, medium)}
+    assert expected[small] < expected[medium] < unbounded_hits  # eviction costs hits
 
-    result = CliRunner().invoke(
-        main,
-        [
-            "replay",
-            str(log),
-            "--tokenizer",
-            str(SHARED_TOKENIZERS / tokenizer_name),
-            "--template",
-            str(template),
-            "--compare",
-            str(fixed),
-            "--session-key",
-            "user",
-            "--engine",
-            "hf",
-            "--format",
-            "json",
-        ],
+    result = replay(log, "--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["template"]
+    assert report["capacity_blocks"] is None
+    assert (report["prefix_cache_queries"], report["prefix_cache_hits"]) == (queries, unbounded_hits)
+    assert report["prefix_cache_hit_rate"] == unbounded_hits / queries
+
+    result = replay(
+        log, "--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--cache-blocks", f"{small},{medium}"
     )
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / tokenizer_name))
-    expected_rate, expected_ideal = independent_rate(entries, template.read_text(), tokenizer, monkeypatch)
-    original = report["template"]
-    assert original["sessions"] == 3 and original["unit"] == "token"
-    assert original["hit_rate"] == pytest.approx(expected_rate, abs=1e-9)
-    assert original["ideal_hit_rate"] == pytest.approx(expected_ideal, abs=1e-9)
-    assert original["hit_rate"] < original["ideal_hit_rate"]
-    after = report["compare"]
-    assert after["hit_rate"] == pytest.approx(after["ideal_hit_rate"])
-    assert after["top_causes"] == []
-
-
-def test_sessions_by_prefix_continuity_and_html(tmp_path):
-    log = tmp_path / "traffic.jsonl"
-    build_log(log)
-    page = tmp_path / "replay.html"
-    result = CliRunner().invoke(
-        main,
-        [
-            "replay",
-            str(log),
-            "--template",
-            str(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja"),
-            "--format",
-            "json",
-            "--html",
-            str(page),
-        ],
+    assert (
+        f"hit rate by --cache-blocks: {small}: {expected[small] / queries:.1%}, {medium}: {expected[medium] / queries:.1%}"
+        in result.stdout
+    )
+    result = replay(
+        log,
+        "--tokenizer",
+        QWEN3,
+        "--template",
+        template,
+        "--session-key",
+        "user",
+        "--cache-blocks",
+        f"{small},{medium}",
+        "--format",
+        "json",
     )
     report = json.loads(result.stdout)["template"]
-    assert report["sessions"] == 3  # found without --session-key
-    assert report["unit"] == "char"
-    assert report["worst_sessions"]
-    assert "<polyline" in page.read_text()
+    assert report["capacity_blocks"] == small
+    assert report["prefix_cache_hits"] == expected[small]
+    assert [(point["capacity_blocks"], point["prefix_cache_hit_rate"]) for point in report["sweep"]] == [
+        (small, expected[small] / queries),
+        (medium, expected[medium] / queries),
+    ]
+
+
+def test_every_token_has_a_cause(tmp_path, tokenizer):
+    log = tmp_path / "traffic.jsonl"
+    entries = build_log(log, tokenizer)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    base = [log, "--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--format", "json"]
+    report = json.loads(replay(*base).stdout)["template"]
+    causes = report["tokens_by_cause"]
+    assert sum(causes.values()) == report["prefix_cache_queries"]
+    assert causes["hit"] + causes["shared-hit"] == report["prefix_cache_hits"]
+    # on every request, four sessions hit the blocks of the shared system prompt that s0 computed
+    first_prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template(entry["request"]["messages"], chat_template=STABLE, tokenize=False))
+        for entry in entries[:2]
+    ]
+    shared = next(i for i, (a, b) in enumerate(zip(*first_prompts)) if a != b) // 16 * 16
+    assert shared >= 80
+    assert causes["shared-hit"] == 4 * 5 * shared
+    assert causes["template"] == 0 and causes["capacity"] == 0
+    assert causes["client"] > 0
+    assert [(cause["cause"], cause["detail"], cause["requests"]) for cause in report["causes"]] == [
+        ("client", "reasoning dropped", 4)
+    ]
+    worst = report["worst_sessions"][0]
+    assert worst["session"] == DROPPING and worst["lost_tokens"] == causes["client"]
+    first = worst["first_departure"]
+    dropping = [entry for entry in entries if entry["request"]["user"] == DROPPING]
+    assert first["request"] == 2
+    assert first["line"] == 1 + [json.loads(line) for line in log.read_text().splitlines()].index(dropping[1])
+    assert first["reasons"][0] == {
+        "cause": "client",
+        "detail": "reasoning dropped",
+        "message_index": 2,
+        "role": "assistant",
+        "field": None,
+    }
+    # with a pool that must evict, the lost blocks are counted as capacity
+    report = json.loads(replay(*base, "--cache-blocks", "50").stdout)["template"]
+    assert report["tokens_by_cause"]["capacity"] > 0
+    assert sum(report["tokens_by_cause"].values()) == report["prefix_cache_queries"]
+    assert ("capacity", "evicted") in [(cause["cause"], cause["detail"]) for cause in report["causes"]]
+
+
+def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
+    """Qwen3 drops the reasoning of answered turns: every session loses the reply it
+    generated (PC002), the dropping client's too, since the template drops it anyway.
+    Fixed, only the dropping client still loses it."""
+    log = tmp_path / "traffic.jsonl"
+    entries = build_log(log, tokenizer)
+    original = tmp_path / "qwen3.jinja"
+    shutil.copyfile(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", original)
+    fixed = tmp_path / "fixed.jinja"
+    shutil.copyfile(original, fixed)
+    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
+    assert fixed.read_text() != original.read_text()
+    page = tmp_path / "replay.html"
+    result = replay(
+        log, "--tokenizer", QWEN3, "--template", original, "--compare", fixed, "--session-key", "user",
+        "--cache-blocks", "50,90,100000", "--format", "json", "--html", page,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    before, after = report["template"], report["compare"]
+    hits, queries = independent_hits(entries, original.read_text(), tokenizer, 16, 50)
+    assert (before["prefix_cache_hits"], before["prefix_cache_queries"]) == (hits, queries)
+    assert [(c["cause"], c["detail"]) for c in before["causes"] if c["cause"] != "capacity"] == [
+        ("template", "PC002 history-rewrite")
+    ]
+    assert before["tokens_by_cause"]["client"] == 0
+    assert [(c["cause"], c["detail"]) for c in after["causes"] if c["cause"] != "capacity"] == [("client", "reasoning dropped")]
+    assert after["tokens_by_cause"]["template"] == 0
+    # with room for everything the fix pays; in 50 blocks its longer prompts (reasoning kept) evict more
+    assert after["sweep"][-1]["prefix_cache_hit_rate"] > before["sweep"][-1]["prefix_cache_hit_rate"]
+    assert after["tokens_by_cause"]["capacity"] > before["tokens_by_cause"]["capacity"]
+
+    html_page = page.read_text()
+    assert "KV cache capacity (--cache-blocks, log scale)" in html_page and "prefix cache hit rate" in html_page
+    assert "tokens lost, cumulative" in html_page and "request of the session" in html_page
+    sweep_chart = html_page.split("<h2>Hit rate by cache capacity</h2>")[1].split("<h2>")[0]
+    assert sweep_chart.count("<polyline") == 2  # both templates
+    assert "<li>" in sweep_chart and "template: vllm" in sweep_chart and "compare: vllm" in sweep_chart
+    sessions_chart = html_page.split("<h2>Worst sessions")[1]
+    legend = re.findall(r"<li>.*?</li>", sessions_chart)
+    assert any(f"session {DROPPING}" in item for item in legend)  # named in the legend, not only in tooltips
+    colours = set(re.findall(r'<polyline fill="none" stroke="(#[0-9a-f]+)"', sessions_chart))
+    assert len(colours) == len({re.search(r"session (s\d)", item).group(1) for item in legend})
+
+
+def test_html_report_follows_the_umask(tmp_path, tokenizer):
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer, sessions=2, turns=2)
+    page = tmp_path / "replay.html"
+    previous = os.umask(0o022)
+    try:
+        result = replay(log, "--tokenizer", QWEN3, "--template", SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", "--html", page)
+    finally:
+        os.umask(previous)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(page.stat().st_mode) == 0o644
+
+
+def test_sessions_by_prefix_continuity_survive_a_client_that_drops_reasoning(tmp_path, tokenizer):
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    keyed = json.loads(
+        replay(log, "--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--format", "json").stdout
+    )
+    found = json.loads(replay(log, "--tokenizer", QWEN3, "--template", template, "--format", "json").stdout)
+    assert found["template"]["sessions"] == 5
+    assert found["template"]["tokens_by_cause"] == keyed["template"]["tokens_by_cause"]
+
+
+def test_arrival_order_is_by_timestamp(tmp_path, tokenizer):
+    """The same log in another file order gives the same pool figures."""
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer)
+    other = tmp_path / "other.jsonl"
+    lines = log.read_text().splitlines()
+    other.write_text("\n".join(reversed(lines)) + "\n")
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    runs = [
+        json.loads(replay(path, "--tokenizer", QWEN3, "--template", template, "--cache-blocks", "50", "--format", "json").stdout)
+        for path in (log, other)
+    ]
+    assert runs[0]["template"]["prefix_cache_hits"] == runs[1]["template"]["prefix_cache_hits"]
+    assert runs[0]["template"]["tokens_by_cause"] == runs[1]["template"]["tokens_by_cause"]
+
+
+@pytest.mark.parametrize("model", ["sglang", "llamacpp"])
+def test_other_cache_models(tmp_path, tokenizer, model):
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    result = replay(
+        log, "--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--cache-model", model, "--format", "json"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["template"]
+    assert report["cache_model"] == model and report["block_size"] == 1
+    causes = report["tokens_by_cause"]
+    assert sum(causes.values()) == report["prefix_cache_queries"]
+    # token granularity: no block rounding, only the one token always computed, at most once a request
+    assert causes["partial-block"] <= report["requests"]
+    assert causes["client"] > 0
+    # SGLang's tree is shared by all sessions; llama.cpp gives each session its own slot
+    assert (causes["shared-hit"] > 0) == (model == "sglang")
+
+
+def test_capacity_from_memory_and_errors(tmp_path, tokenizer):
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer, sessions=2, turns=2)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "float16"}))
+    # 2 * 2 layers * 2 heads * 64 * 2 bytes = 1024 bytes per token: 1 MiB holds 1024 tokens, 64 blocks
+    result = replay(
+        log,
+        "--tokenizer",
+        QWEN3,
+        "--template",
+        template,
+        "--kv-cache-gib",
+        1 / 1024,
+        "--model-config",
+        config,
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["template"]["capacity_blocks"] == 64
+
+    result = replay(log, "--tokenizer", QWEN3, "--template", template, "--cache-blocks", "3")
+    assert result.exit_code == 2
+    assert re.fullmatch(
+        r"tmpl-lint: error: line \d+: a request needs \d+ blocks \(\d+ tokens\) and the pool holds 2: "
+        r"vLLM does not start with a max_model_len that does not fit\n",
+        result.stderr,
+    )
+    result = replay(log, "--tokenizer", QWEN3, "--template", template, "--kv-cache-gib", "1")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("tmpl-lint: error: the KV cache size per token needs the model's layers")
 
 
 def test_logged_responses_enter_the_check(tmp_path):
@@ -157,11 +335,10 @@ def test_logged_responses_enter_the_check(tmp_path):
     ]
     log = tmp_path / "traffic.jsonl"
     log.write_text("\n".join(json.dumps(line) for line in lines))
-    result = CliRunner().invoke(
-        main, ["replay", str(log), "--template", str(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"), "--format", "json"]
-    )
+    result = replay(log, "--template", SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja", "--format", "json")
     report = json.loads(result.stdout)["template"]
-    assert [cause["cause"] for cause in report["top_causes"]] == ["tool-arguments"]
+    assert report["unit"] == "char"
+    assert [(cause["cause"], cause["detail"]) for cause in report["causes"]] == [("template", "PC004 tool-arguments")]
 
 
 def test_bad_log_is_a_one_line_error(tmp_path):
@@ -172,6 +349,28 @@ def test_bad_log_is_a_one_line_error(tmp_path):
     )
     assert result.exit_code == 2
     assert result.stderr == f"tmpl-lint: error: {log}:1: no messages in this request\n"
+
+
+def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
+    """What the model wrote: the arguments as it wrote them and the closing markup up to
+    <|im_end|> (the last token, never fed back, is left out of the cache later)."""
+    from tmpl_lint.diff import read_template
+    from tmpl_lint.replay import Call, Tracer, reply_message
+
+    text, special = read_template(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")
+    tracer = Tracer(text, None, special, "vllm")
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}],
+    }
+    call = Call(
+        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+    )
+    prompt = tracer.prompt(call, None)
+    ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
+    assert generated == '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call><|im_end|>'
+    assert ids == [ord(char) for char in generated]
 
 
 def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_path):
@@ -219,7 +418,7 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
     )
     assert result.stderr == "".join(f"tmpl-lint: error: {log}:{number}: {reason}\n" for number, (_, reason) in enumerate(bad, 2))
     report = json.loads(result.stdout)["template"]
-    assert (report["sessions"], report["pairs"]) == (1, 1)  # the two good calls, one session
+    assert (report["sessions"], report["requests"]) == (1, 2)  # the two good calls, one session
     assert result.returncode == 2
 
 
@@ -231,3 +430,74 @@ def test_a_choice_that_is_not_an_object_is_no_reply():
         "role": "assistant",
         "content": "x",
     }
+
+
+def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
+    """Forked workers (200 requests and more) report exactly what one process does."""
+    log = tmp_path / "traffic.jsonl"
+    build_log(log, tokenizer, sessions=20, turns=10)
+    template = tmp_path / "stable.jinja"
+    template.write_text(STABLE)
+    base = [
+        log,
+        "--tokenizer",
+        QWEN3,
+        "--template",
+        template,
+        "--session-key",
+        "user",
+        "--cache-blocks",
+        "120,400",
+        "--format",
+        "json",
+    ]
+    serial, parallel = (json.loads(replay(*base, "--jobs", jobs).stdout) for jobs in ("1", "2"))
+    assert serial["template"]["requests"] == 200
+    assert serial == parallel
+
+
+@pytest.mark.parametrize(
+    ("change", "detail", "index"),
+    [
+        (lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]], "system prompt changed", 0),
+        (lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]], "message edited", 3),
+        (lambda m: [*m[:2], *m[3:]], "message removed", 2),
+        (lambda m: [m[0], m[3], m[2], m[1], *m[4:]], "messages reordered", 1),
+        (lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]], "reasoning dropped", 2),
+        (lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]], "reasoning edited", 4),
+        (lambda m: m[:4], "message removed", 4),
+    ],
+)
+def test_what_the_client_changed(change, detail, index):
+    from tmpl_lint.replay import Call, client_change
+
+    history = [
+        {"role": "system", "content": "Be helpful."},
+        {"role": "user", "content": "A shirt, please."},
+        {"role": "assistant", "content": "Which colour?", "reasoning_content": "Ask for the colour."},
+        {"role": "user", "content": "Red."},
+    ]
+    reply = {"role": "assistant", "content": "Red it is.", "reasoning_content": "Confirm.", "refusal": None}
+    previous = Call(1, {"messages": history})
+    sent = [*history, {key: value for key, value in reply.items() if value is not None}]
+    assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
+    found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
+    assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
+
+
+def test_what_else_the_client_changed():
+    from tmpl_lint.replay import Call, client_change
+
+    messages = [{"role": "user", "content": "Weather?"}]
+    reply = {
+        "role": "assistant",
+        "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Paris"}'}}],
+    }
+    previous = Call(1, {"messages": messages, "tools": TOOLS})
+    echoed = {**reply, "tool_calls": [{**reply["tool_calls"][0], "function": {"name": "w", "arguments": '{"city": "Paris"}'}}]}
+    found = client_change(previous, reply, Call(2, {"messages": [*messages, echoed], "tools": TOOLS}))
+    assert (found.detail, found.message_index) == ("tool-call arguments re-serialized", 1)
+    found = client_change(previous, reply, Call(2, {"messages": [*messages, reply], "tools": TOOLS[:0]}))
+    assert (found.detail, found.message_index) == ("tools changed", None)
+    options = {"messages": [*messages, reply], "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
+    assert client_change(previous, reply, Call(2, options)).detail == "request options changed"
