@@ -306,7 +306,7 @@ class Prover:
             by_name: dict[str, ScenarioResult] = {}
             stepping: dict[str, str] = {}  # the probe whose steps measure the clock, by switch values
             stepped: set[str] = set()  # switch values whose clock a step has changed already
-            for scenario in scenarios(switches, arguments_as_string, clocked):
+            for scenario in scenarios(switches, arguments_as_string, clocked, "think" in self.template.lower()):
                 if scenario.refines is not None:
                     # The clock's steps, finest first, only after a probe that changed the render,
                     # for one shape (the clock's format is the same in all), and only until one

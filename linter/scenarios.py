@@ -274,16 +274,25 @@ def arguments_scenario(arguments_as_string: bool) -> Scenario:
 
 
 def scenarios(
-    switches: dict[str, list[Any]], arguments_as_string: bool = False, clocked: frozenset[str] = frozenset()
+    switches: dict[str, list[Any]],
+    arguments_as_string: bool = False,
+    clocked: frozenset[str] = frozenset(),
+    reasoning_in_content: bool = True,
 ) -> list[Scenario]:
     """Every scenario the prover renders, for one shape of tool-call arguments (the replay of
     compact arguments tries strings first whatever the shape). Switches are rendered at each
     value in a chat and an agent session, and on the clock too where they are ``clocked``
-    (the switches of findings only the clock proves)."""
+    (the switches of findings only the clock proves). ``reasoning_in_content``: the chat whose
+    client replays raw ``<think>...</think>`` in content (only a template that names think
+    tags can render it otherwise than any other text)."""
     found = [
         Scenario("chat", chat(system=False)),
         Scenario("chat with system", chat(system=True)),
-        Scenario("chat, reasoning replayed in content", chat(system=False, reasoning_in_content=True)),
+        *(
+            [Scenario("chat, reasoning replayed in content", chat(system=False, reasoning_in_content=True))]
+            if reasoning_in_content
+            else []
+        ),
         Scenario("agent", agent(system=False, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT),
         Scenario(
             "agent with system", agent(system=True, arguments_as_string=arguments_as_string), TOOLS, kind=ScenarioKind.AGENT

@@ -101,17 +101,15 @@ def test_text_after_the_messages_on_every_turn_is_reported_and_not_fixable(tmp_p
     proven = prove(source)
     assert [finding.code for finding in proven] == ["PC007"]
     divergence = proven[0].proof.divergence
-    # the most it costs: the reply a client replays with its raw reasoning (the longest), in
-    # call 1 + reply, where call 2 renders it where the instruction block was
-    assert (divergence.scenario, divergence.call, divergence.cause) == (
-        "chat, reasoning replayed in content",
-        0,
-        Cause.HISTORY_REWRITE,
+    # the longest prompt it costs: the chained agent's call 2, which ends with the second
+    # tool result (message 4); call 3 renders the answer where the instruction block was
+    assert (divergence.scenario, divergence.call, divergence.cause) == ("agent, chained tool calls", 2, Cause.HISTORY_REWRITE)
+    assert (divergence.message_index, divergence.role) == (4, "tool")
+    shared = (
+        "<|user|>Is it warmer in Paris or in Rome?<|end|><|assistant|><|end|><|tool|>18 C, sunny<|end|>"
+        "<|assistant|><|end|><|tool|>24 C, clear<|end|><|"
     )
-    assert (divergence.message_index, divergence.role) == (0, "user")
-    assert divergence.first_divergence == len("<|user|>What is the capital of France?<|end|><|")
-    # the chained agent shows it at a tool result (message 4), as every scenario does
-    assert ("agent, chained tool calls", Cause.HISTORY_REWRITE) in proven[0].proof.explains
+    assert divergence.first_divergence == len(shared)
     path = tmp_path / "t.jinja"
     path.write_text(source, encoding="utf-8")
     result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
