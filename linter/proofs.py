@@ -57,6 +57,10 @@ class Divergence:
     reply_index: int | None = None  # index of call N's reply in call N+1's messages
     scenario_kind: str = ""  # chat, agent, clock, arguments... (see scenarios.py)
     arrived: tuple[str, ...] = ()  # roles of the messages that came after call N's reply
+    # The reasoning the model generated in its reply is what history leaves out: the
+    # model's own format where a template drops past reasoning (gpt-oss drops a final
+    # answer's analysis); only the reply is recomputed, not the history before it.
+    drops_reply_reasoning: bool = False
 
     @property
     def in_reply(self) -> bool:

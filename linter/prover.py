@@ -33,6 +33,7 @@ from .tokenizer import Tokenizer
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 SNIPPET = 48
+COMPACT_SEPARATORS = (",", ":")
 
 
 @dataclass
@@ -251,6 +252,7 @@ class Prover:
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
         self._renders: dict[str, str] | None = None
+        self._model_separators: tuple[str, str] | None = None
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
         """The prompt for one request, rendered once per request while ``_renders`` keeps
@@ -396,7 +398,7 @@ class Prover:
                     continue
                 following = scenario.calls[index + 1]
                 next_text = self.render(scenario, following.messages, following.clock, True)
-                cached_text = as_written_in(next_text, call.reply)
+                cached_text = as_written_in(next_text, call.reply, self.model_separators())
                 if cached_text is None:
                     continue  # printed in a form of its own (XML parameters...): nothing to compare
                 result.divergences.append(
@@ -422,6 +424,15 @@ class Prover:
             result.divergences = []
         return result
 
+    def model_separators(self) -> tuple[str, str]:
+        """How the model writes tool-call arguments: compact ({"city":"Paris"}), unless the
+        template names the separators it writes them with (a fix with --tool-args-style does)."""
+        if self._model_separators is None:
+            from .analysis import analyze, argument_separators
+
+            self._model_separators = argument_separators(analyze(self.template)) or COMPACT_SEPARATORS
+        return self._model_separators
+
     def generated(self, scenario: Scenario, call: Call, prompt: str) -> Reply | None:
         """What the model wrote after the generation prompt: the template's render of its reply
         as the latest turn, from where that render leaves the prompt to the end-of-turn
@@ -436,7 +447,7 @@ class Prover:
         if not text.strip() and isinstance(call.reply.get("content"), str):
             text = call.reply["content"]  # never replayed: the model still wrote it
         if scenario.compact_arguments:
-            text = as_written(text, call.reply)
+            text = as_written(text, call.reply, self.model_separators())
         return Reply(text, with_reply, end)
 
 
@@ -451,7 +462,7 @@ class Reply:
     end: int
 
 
-def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
+def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str | None:
     """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
     the reply's first tool-call arguments, those arguments as the model wrote them, and the
     rest of the reply to its end-of-turn marker. None when the render prints them in no
@@ -461,7 +472,7 @@ def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        written = json.dumps(mapping, separators=(",", ":"))
+        written = json.dumps(mapping, separators=separators)
         forms = [written, json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
         if isinstance(arguments, str):
             forms.append(json.dumps(arguments))
@@ -475,7 +486,7 @@ def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
     return None
 
 
-def as_written(text: str, reply: dict[str, Any]) -> str:
+def as_written(text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str:
     """``text`` with each tool call's arguments as the model wrote them (compact JSON),
     wherever the render printed them otherwise: re-serialised from a mapping, or a string
     passed through `tojson`."""
@@ -484,7 +495,7 @@ def as_written(text: str, reply: dict[str, Any]) -> str:
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        written = json.dumps(mapping, separators=(",", ":"))
+        written = json.dumps(mapping, separators=separators)
         printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
         if isinstance(arguments, str):
             printed.insert(0, json.dumps(arguments))
@@ -597,6 +608,10 @@ def compare_prompts(
         # it changed once a message came after it (a `loop.last` test, say).
         message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
         role = next_messages[message_index].get("role")
+    drops_reply_reasoning = False
+    if message_index is not None and message_index == reply_index and message_index < len(next_messages):
+        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
+        drops_reply_reasoning = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
     return Divergence(
         scenario,
         index,
@@ -615,6 +630,7 @@ def compare_prompts(
         snippet(cached_text, char),
         snippet(next_text, char),
         reply_index,
+        drops_reply_reasoning=drops_reply_reasoning,
         **kind,
     )
 
@@ -788,7 +804,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         only_when_asked(finding, claimed, report)
         found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
-    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
+    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
         worst = _first_shown(claimed, report)
@@ -797,10 +813,11 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             if worst.message_index is not None
             else "the rendered prompt"
         )
-        finding = unexplained.at(
+        finding = unexplained.unexplained(
             _TEMPLATE_START,
             f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
             f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
+            claimed,
         )
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
