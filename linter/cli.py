@@ -110,7 +110,8 @@ def use_colour() -> bool:
 @click.option(
     "--tool-args-style",
     type=click.Choice(["compact", "spaced"]),
-    help="With --fix: render tool-call argument mappings with the separators the model generates.",
+    help="With --fix: how the model writes tool-call arguments, so mappings are written the same way: compact "
+    '({"city":"Paris"}, the default, as proofs assume) or spaced ({"city": "Paris"}).',
 )
 @click.option(
     "--jobs",
