@@ -15,6 +15,7 @@ from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens, top_le
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
+from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
@@ -45,6 +46,9 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
         limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
         finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
         finding.path, finding.template = str(source.path), source.name
+        placed = placement(source.path, source.container, source.name, source.text, source.file_text)
+        if placed is not None:
+            finding.file_line, finding.file_column = placed.position(1, 1)
         return [finding] if selection.includes(finding.code) else []
 
 
@@ -131,10 +135,13 @@ def lint_with_facts(
     findings = [finding for finding in findings if selection.includes(finding.code)]
     findings = apply_suppressions(findings, source_map, selection)
     findings = fold_related(findings)
+    placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
     for finding in with_related(findings):
         finding.path = str(source.path)
         finding.template = source.name
         finding.source_line = source_map.line_text(finding.line)
+        if placed is not None:
+            finding.file_line, finding.file_column = placed.position(finding.line, finding.column)
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
     return facts, findings
 

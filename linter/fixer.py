@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -295,12 +296,20 @@ def _fix_for_parent(source: TemplateSource, options: FixOptions, selection: Sele
     return result
 
 
-def fix_files(sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> list[FileFix]:
-    """Fix the templates of each file; with ``write``, write each changed file."""
+def fix_files(
+    sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool, advance=None
+) -> list[FileFix]:
+    """Fix the templates of each file; with ``write``, write each changed file; call
+    ``advance`` as each file is done."""
     by_path: dict[Path, list[TemplateSource]] = {}
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
-    return [_fix_file(path, found, options, selection, write) for path, found in by_path.items()]
+    results = []
+    for path, found in by_path.items():
+        results.append(_fix_file(path, found, options, selection, write))
+        if advance is not None:
+            advance()
+    return results
 
 
 def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> FileFix:
@@ -339,9 +348,14 @@ def put_back(path: Path, text: str, fixes: list[TemplateFix]) -> str:
 
 
 def unified_diff(path: Path, before: str, after: str) -> str:
-    """The change to a file as ``git apply`` and ``patch -p1`` take it."""
+    """The change to a file as ``git apply`` and ``patch -p1`` take it: ``a/`` and ``b/``
+    paths relative to the working directory when the file is under it."""
+    try:
+        name = Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
+    except ValueError:
+        name = path.as_posix()
     # Lines end at \n only, as patch reads them (str.splitlines also splits at \x0c, \u2028...).
-    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{path}", f"b/{path}")
+    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{name}", f"b/{name}")
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 

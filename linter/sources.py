@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -53,6 +53,9 @@ class TemplateSource:
     # The special tokens the template renders with, when they come with it rather than from
     # a file beside it (a GGUF's metadata read over the network): (name, token) pairs.
     special_tokens: tuple[tuple[str, str], ...] = ()
+    # The file's text as it holds this template, when it is not the file on disk (what
+    # --diff would write): where findings are placed in the file.
+    file_text: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:

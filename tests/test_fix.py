@@ -83,15 +83,17 @@ def test_live_clock_fix_on_a_jinja_file(tmp_path):
 def test_diff_prints_and_writes_nothing(tmp_path):
     path = copy(CORPUS / "PC004_tool_args_reserialized.jinja", tmp_path)
     before = path.read_bytes()
-    code, out, _ = run(str(path), "--diff", "--no-prove")
+    code, out, err = run(str(path), "--diff", "--no-prove")
     assert path.read_bytes() == before
-    assert f"--- a/{path}\n+++ b/{path}\n" in out
+    assert out.startswith(f"--- a/{path.as_posix()}\n+++ b/{path.as_posix()}\n@@ -2,7 +2,7 @@\n")  # the patch, and only it
     assert (
         '+        {{- \'<tool_call>{"name": "\' + call.name + \'", "arguments": \' + (call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":"))) + \'}</tool_call>\' }}\n'
         in out
     )
+    assert err.startswith(f"{path}:5:89: would fix PC004 [tool-args-reserialized]: ")
     # nothing remains after the fix: the template now names the separators its model writes
-    assert "PC004 [tool-args-reserialized]" not in out.replace("would fix PC004 [tool-args-reserialized]", "")
+    assert err.endswith("All checks passed!\n")
+    assert code == 1  # as ruff: --diff exits 1 when it would change a file
 
 
 def test_second_fix_is_a_no_op(tmp_path):
@@ -152,7 +154,8 @@ def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.py", tmp_path)
     before = path.read_text()
     code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert f"{path}:chat_template@6:1:17: fixed PC001 [live-clock]" in out
+    column = before.splitlines()[5].index("strftime_now") + 1  # the call, in the file's line 6
+    assert f"{path}:6:{column}: fixed PC001 [live-clock] (template chat_template@6): " in out
     after = path.read_text()
     old_literal = "\"{{- 'Today: ' + strftime_now('%Y-%m-%d') + '\\\\n' }}"
     assert old_literal in before and old_literal not in after
@@ -169,7 +172,8 @@ def test_yaml_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.yaml", tmp_path)
     before = path.read_text().splitlines(keepends=True)
     code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert f"{path}:model.chat_template:1:40: fixed PC001 [live-clock]" in out
+    column = before[5].index("strftime_now") + 1  # a literal block: the template's line 1 is the file's line 6
+    assert f"{path}:6:{column}: fixed PC001 [live-clock] (template model.chat_template): " in out
     after = path.read_text().splitlines(keepends=True)
     # everything but the block scalar's lines is identical, comments and order included
     assert after[:5] == before[:5]
