@@ -149,3 +149,40 @@ def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
     assert err == f"tmpl-lint: error: {missing}: no such file or directory\n"
     code, out, _ = run(str(missing), str(CORPUS / "PC001_live_clock.jinja"), "--no-prove")
     assert out.splitlines()[-1] == "Found 1 finding (1 warning); 1 input could not be read (see the errors above)."
+
+
+def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
+    import os
+    import pty
+    import sys
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    for source in sorted(CORPUS.glob("PC00*.jinja"))[:8]:  # a few seconds of proving, one at a time
+        shutil.copyfile(source, templates / source.name)
+    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q"]
+    environment = {**os.environ, "COLUMNS": "100"}
+    # stderr a terminal: the bar is drawn there, and standard output is the report alone.
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, env=environment)
+    os.close(secondary)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    out = process.stdout.read().decode()
+    process.wait()
+    os.close(primary)
+    count = len([path for path in templates.iterdir() if path.suffix == ".jinja"])
+    assert b"proving templates" in drawn
+    assert f"/{count}".encode() in drawn
+    assert "proving templates" not in out
+    # stderr a pipe: nothing but what the run has to say
+    quiet = subprocess.run(command, capture_output=True, text=True, env=environment)
+    assert quiet.stderr == ""
+    assert quiet.stdout == out
