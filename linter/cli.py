@@ -730,6 +730,14 @@ def run() -> None:
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
+        if isinstance(error, ModuleNotFoundError):
+            from .extras import missing_message
+
+            # An optional part not installed: which extra installs it.
+            message = missing_message(error)
+            if message is not None:
+                click.echo(f"tmpl-lint: error: {message}", err=True)
+                sys.exit(EXIT_ERROR)
         click.echo(
             f"tmpl-lint: internal error: {type(error).__name__}: {error} (TMPL_LINT_DEBUG=1 shows the traceback)", err=True
         )

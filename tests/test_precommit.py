@@ -1,100 +1,24 @@
 """The real pre-commit program runs this repository's hooks, configured with the README's
 snippet, in temporary git repositories: a bad template fails, the fix hook repairs it, and
-stock Qwen3 and gpt-oss configs pass once fixed.
-
-pre-commit installs a hook repository into an environment of its own, which takes most of
-the time: one repository (this working tree, committed and tagged with the README's rev)
-and one environment serve every test of the session.
-"""
+stock Qwen3 and gpt-oss configs pass once fixed. (The hook repository and pre-commit's
+environment, built once per session, are in conftest.py.)"""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import CORPUS, PROJECT, SHARED_TOKENIZERS, needs_shared
+from conftest import PRE_COMMIT, consumer, needs_pre_commit
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
-from tmpl_lint import __version__
-
-pre_commit = shutil.which("pre-commit") or (shutil.which("pre-commit", path=os.path.dirname(sys.executable)))
-pytestmark = pytest.mark.skipif(not pre_commit or not (PROJECT / ".git").exists(), reason="needs pre-commit and a git checkout")
-
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "test",
-    "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "test",
-    "GIT_COMMITTER_EMAIL": "test@example.invalid",
-}
-
-
-def readme_snippet() -> str:
-    """The README's .pre-commit-config.yaml, as a user copies it."""
-    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
-    return re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", readme, re.DOTALL).group(1)
-
-
-def snippet_rev() -> str:
-    return re.search(r"^\s+rev: (\S+)$", readme_snippet(), re.MULTILINE).group(1)
-
-
-def git(*args, cwd, env=None):
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env)
-
-
-@pytest.fixture(scope="session")
-def hook_repository(tmp_path_factory) -> Path:
-    """This working tree as pre-commit fetches a hook repository: committed (uncommitted
-    changes included) and tagged with the README's rev."""
-    snapshot = tmp_path_factory.mktemp("tmpl-lint")
-    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=PROJECT).stdout.split("\0")
-    for name in filter(None, listed):
-        source = PROJECT / name
-        if source.is_file():
-            (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, snapshot / name)
-    environment = {**os.environ, **IDENTITY}
-    git("init", "-q", cwd=snapshot)
-    git("add", ".", cwd=snapshot)
-    git("commit", "-qm", "snapshot", cwd=snapshot, env=environment)
-    git("tag", snippet_rev(), cwd=snapshot)
-    return snapshot
-
-
-@pytest.fixture(scope="session")
-def environment(tmp_path_factory, hook_repository) -> dict[str, str]:
-    """pre-commit's environment, with the hooks installed once for the session."""
-    home = tmp_path_factory.mktemp("pre-commit-home")
-    env = {**os.environ, **IDENTITY, "PRE_COMMIT_HOME": str(home), "NO_COLOR": "1"}
-    repo = consumer(tmp_path_factory.mktemp("install"), hook_repository, {})
-    subprocess.run([pre_commit, "install-hooks"], cwd=repo, env=env, check=True, capture_output=True, timeout=900)
-    return env
-
-
-def consumer(root: Path, hook_repository: Path, files: dict[str, Path]) -> Path:
-    """A git repository with the README's pre-commit config and ``files`` (name: source),
-    committed."""
-    repo = root / "repo"
-    repo.mkdir()
-    config = readme_snippet().replace(re.search(r"repo: (\S+)", readme_snippet()).group(1), str(hook_repository))
-    (repo / ".pre-commit-config.yaml").write_text(config)
-    for name, source in files.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, repo / name)
-        (repo / name).chmod(0o644)
-    git("init", "-q", cwd=repo)
-    git("add", ".", cwd=repo)
-    git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "start", "--no-verify", cwd=repo)
-    return repo
+pytestmark = needs_pre_commit
 
 
 def run_hooks(repo: Path, env, *hooks: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [pre_commit, "run", *hooks, "--all-files"], cwd=repo, env=env, capture_output=True, text=True, timeout=900
+        [PRE_COMMIT, "run", *hooks, "--all-files"], cwd=repo, env=env, capture_output=True, text=True, timeout=900
     )
 
 
@@ -102,15 +26,10 @@ def hook_lines(result) -> list[str]:
     """pre-commit's one status line per hook: 'tmpl-lint....Passed' as ('tmpl-lint', 'Passed')."""
     return [
         (match.group(1), match.group(2))
-        for match in re.finditer(r"^(tmpl-lint(?: \(fix\))?)\.+(Passed|Failed|\(no files to check\)Skipped)$", result.stdout, re.M)
+        for match in re.finditer(
+            r"^(tmpl-lint(?: \(fix\))?)\.+(Passed|Failed|\(no files to check\)Skipped)$", result.stdout, re.M
+        )
     ]
-
-
-def test_the_readme_snippet_names_a_tag_of_this_repository_and_the_version():
-    rev = snippet_rev()
-    assert rev == f"v{__version__}"
-    found = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{rev}"], cwd=PROJECT, capture_output=True)
-    assert found.returncode == 0, f"tag {rev} does not exist: make it on the commit that releases {__version__}"
 
 
 def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path, hook_repository, environment):
