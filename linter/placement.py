@@ -111,16 +111,17 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
     import libcst as cst
 
-    from .containers import _python_literals
+    from .containers import _parse_python, _python_literals
 
-    _, found = _python_literals(cst.parse_module(text))
-    literal = next((node for key, line, node in found if f"{key}@{line}" == name), None)
-    if literal is None:
-        return None
-    # The literal's source is unique enough to find from its line: libcst gives the line.
-    line = int(name.rsplit("@", 1)[1])
+    _, found = _python_literals(_parse_python(text))
+    literal = next((node for key, node in found if key == name), None)
+    if not isinstance(literal, cst.SimpleString):
+        return None  # adjacent literals are placed at their first line only (python_template_line)
+    # The name holds the literal's line, and its column where the line holds two.
+    where = name.rsplit("@", 1)[1].split(":")
+    line, column = int(where[0]), int(where[1]) if len(where) > 1 else 1
     starts = _line_starts(text)
-    start = text.find(literal.value, starts[line - 1])
+    start = text.find(literal.value, starts[line - 1] + column - 1)
     if start < 0:
         return None
     prefix, quote = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", literal.value).groups()

@@ -310,7 +310,9 @@ def test_yaml_with_distant_edits_changes_no_byte_outside_the_template(tmp_path):
     path.write_text(DISTANT)
     code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
     assert err == ""
-    assert f"{path}:templates.0.chat_template:7:22: fixed PC001 [live-clock]" in out
+    (line,) = [number for number, text in enumerate(DISTANT.splitlines(), 1) if "strftime_now" in text]
+    column = DISTANT.splitlines()[line - 1].index("strftime_now") + 1  # the template's line 7, in the file
+    assert f"{path}:{line}:{column}: fixed PC001 [live-clock] (template templates.0.chat_template): " in out
     after = path.read_text()
     # the fix edits the template's first line and its last, far apart; around the block's
     # lines not one byte changes
@@ -380,9 +382,17 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
         text=True,
         cwd=tmp_path,
     )
-    assert result.returncode == 1 and result.stderr == ""
+    assert result.returncode == 1
+    # what would be fixed goes to stderr; stdout is the patch and nothing else
+    assert result.stderr.splitlines() == [
+        "PC001_live_clock.jinja:3:28: would fix PC001 [live-clock]: the model sees the date 2026-01-15 instead of "
+        "today's unless the caller passes date_string",
+        f"tokenizer_config.json:2:{config.read_text().splitlines()[1].index('strftime_now') + 1}: would fix PC001 "
+        "[live-clock]: the model sees the date 2026 instead of today's unless the caller passes date_string",
+    ]
     assert {file: file.read_bytes() for file in before} == before  # --diff writes nothing
-    patch = result.stdout[result.stdout.index("--- a/") :]
+    patch = result.stdout
+    assert patch.startswith("--- a/PC001_live_clock.jinja\n+++ b/PC001_live_clock.jinja\n")
     assert subprocess.run(["patch", "-p1", "--quiet"], input=patch, text=True, cwd=tmp_path).returncode == 0
     fixed = {file: file.read_bytes() for file in before}
     for file, data in before.items():
