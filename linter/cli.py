@@ -667,15 +667,18 @@ def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, say
 
 def _say_fixed(say, fix, write: bool) -> None:
     done = "fixed" if write else "would fix"
-    named = f" (template {fix.source.name})" if fix.source.name else ""
     for finding, title in fix.applied:
-        say(f"{finding.location()}: {done} {finding.code} [{finding.name}]{named}: {title}")
+        say(f"{_headline(finding, done)}: {title}")
 
 
 def _say_skipped(say, fix, quiet: bool) -> None:
-    named = f" (template {fix.source.name})" if fix.source.name else ""
     for finding, reason in fix.skipped if not quiet else ():
-        say(f"{finding.location()}: not fixed {finding.code} [{finding.name}]{named}: {reason}")
+        say(f"{_headline(finding, 'not fixed')}: {reason}")
+
+
+def _headline(finding, verb: str) -> str:
+    """``path:line:col: fixed PC001 [live-clock] (template NAME)``."""
+    return f"{finding.location()}: {verb} {finding.code} [{finding.name}] {finding.template_label()}".rstrip()
 
 
 def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None, say, show_patch):
