@@ -308,7 +308,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     from .engines import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
-    from .server import ServerError, prompt_token_ids
+    from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
     try:
@@ -318,7 +318,10 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         if text is None and server is None:
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        vllm = VLLMServer(server, model, note_on_stderr) if server else None
+        if vllm is not None:
+            vllm.discover(request.body.get("model") for request in (first, second))
+        server_ids = vllm.prompt_token_ids if vllm is not None else None
         if text is not None:
             engine = engine_for(engine, text, template_source)
         # Rendering is untrusted code: in a child with check's memory limit; each render has
@@ -553,7 +556,7 @@ def replay(
     from .diff import RequestError, read_template
     from .isolation import IsolationError
     from .prover import resolve_special_tokens
-    from .server import ServerError, prompt_token_ids
+    from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
     try:
@@ -572,7 +575,10 @@ def replay(
         templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
         if compare:
             templates.append(("compare", compare, *read_template(compare)))
-        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        vllm = VLLMServer(server, model, note_on_stderr) if server else None
+        if vllm is not None:
+            vllm.discover(call.body.get("model") for call in calls)
+        server_ids = vllm.prompt_token_ids if vllm is not None else None
         groups = replaying.sessions(calls, session_key)
         results, failed = [], []
         for label, path, text, special in templates:
@@ -613,6 +619,10 @@ def _diff_or_error(function, args):
         return function(*args)
     except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
         return str(error)
+
+
+def note_on_stderr(text: str) -> None:
+    click.echo(f"tmpl-lint: note: {text}", err=True)
 
 
 def engine_for(engine: str, template: str, path: Path) -> str:
