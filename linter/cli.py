@@ -451,6 +451,8 @@ def audit(
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
+        elif repo.warning:
+            click.echo(f"tmpl-lint: warning: {repo.repo}: {repo.warning}", err=True)
     for problem in cache.problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if html_file:
