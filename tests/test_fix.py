@@ -401,3 +401,25 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
     assert {file: file.read_bytes() for file in before} == fixed  # the diff is what --fix writes
     clean = run(str(CORPUS / "clean_chatml.jinja"), "--diff", "--no-prove")
     assert clean[0] == 0
+
+
+@needs_shared
+@pytest.mark.parametrize("style", ["compact", "spaced"])
+def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp_path, style):
+    # Qwen3 already passes strings through: the finding (informational) names --fix and the
+    # style, and the fix with either style removes it.
+    config = copy(SHARED_TOKENIZERS / "qwen3" / "tokenizer_config.json", tmp_path)
+    code, out, _ = run(str(config), "--format", "json", "--no-prove")
+    (advice,) = [finding["message"] for finding in json.loads(out) if finding["code"] == "PC004"]
+    assert advice.endswith(
+        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+    )
+    code, out, err = run(str(config), "--fix", "--no-prove", "--tool-args-style", style, "--format", "json")
+    shown = '{"city":"Paris"}' if style == "compact" else '{"city": "Paris"}'
+    assert (
+        f"fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) renders as the model writes it: {shown}\n"
+        in err
+    )
+    assert [finding["code"] for finding in json.loads(out) if finding["code"] == "PC004"] == []
+    separators = '(",", ":")' if style == "compact" else '(", ", ": ")'
+    assert f"tool_call.arguments | tojson(separators={separators})" in json.loads(config.read_text())["chat_template"]
