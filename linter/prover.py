@@ -34,6 +34,8 @@ DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 SNIPPET = 48
 COMPACT_SEPARATORS = (",", ":")
+# A reasoning block's opening tag: <think>, <thinking>, <|begin_of_thought|>, <reasoning>...
+REASONING_BLOCK = re.compile(r"<[^<>\s]*(?:think|thought|reason)[^<>\s]*>", re.IGNORECASE)
 
 
 @dataclass
@@ -610,8 +612,12 @@ def compare_prompts(
         role = next_messages[message_index].get("role")
     drops_reply_reasoning = False
     if message_index is not None and message_index == reply_index and message_index < len(next_messages):
+        # The reply's reasoning, or its (empty) reasoning block, as generated, is what its
+        # history render leaves out (gpt-oss's analysis; Qwen3's empty <think></think>).
         reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
-        drops_reply_reasoning = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
+        dropped_text = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
+        dropped_block = REASONING_BLOCK.match(cached_text, char) is not None and REASONING_BLOCK.match(next_text, char) is None
+        drops_reply_reasoning = dropped_text or dropped_block
     return Divergence(
         scenario,
         index,

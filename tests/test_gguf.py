@@ -572,7 +572,7 @@ def test_audit_reads_gguf_models_in_the_local_cache_and_dedupes_them(tmp_path):
     report = json.loads(result.stdout)
     rows = [(row["repo"], row["template"], row["codes"]) for row in report["rows"]]
     assert rows == [
-        ("someone/Model", None, ["PC001"]),
+        ("someone/Model", "chat_template.jinja", ["PC001"]),
         ("someone/Model-GGUF", "Model-Q4_K_M.gguf:default", ["PC001"]),
         ("someone/Model-GGUF", "Model-Q4_K_M.gguf:tool_use", ["PC004"]),
     ]
@@ -685,7 +685,7 @@ def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypat
         "big-00001-of-00002.gguf:default",
         "big-00001-of-00002.gguf:tool_use",
     ]
-    assert [name for name, _ in by_repo["org/plain"].templates] == [None]
+    assert [name for name, _ in by_repo["org/plain"].templates] == ["chat_template.jinja"]
     assert by_repo["org/broken-GGUF"].error == "x.gguf: not a GGUF file (it does not start with the GGUF magic)"
     assert hub.opened == [
         ("org/header-GGUF/big-00001-of-00002.gguf", hashlib.sha1(b"org/header-GGUF").hexdigest()),
@@ -699,7 +699,7 @@ def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypat
         "gguf:default": ["PC001"],
         "big-00001-of-00002.gguf:default": ["PC001"],
         "big-00001-of-00002.gguf:tool_use": ["PC004"],
-        None: ["PC001"],
+        "chat_template.jinja": ["PC001"],
     }
 
 

@@ -246,7 +246,7 @@ def test_one_divergence_one_failing_finding_the_other_a_related_location(tmp_pat
 def test_locations_are_in_the_file_and_json_names_the_templates_own(tmp_path, monkeypatch):
     # A two-line chat_template.json whose template has many lines: the finding is on line 2
     # of the file, at the call's column counted in the file (escapes included).
-    template = "{%- for m in messages %}\n{{ m.content }}\n{%- endfor %}\n" * 3 + '{{ "Today: " + strftime_now("%Y") }}'
+    template = "{#- a note #}\n" * 9 + '{{ "Today: " + strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
     document = '{\n  "chat_template": ' + json.dumps(template) + "}\n"
     (tmp_path / "chat_template.json").write_text(document)
     monkeypatch.chdir(tmp_path)
@@ -259,4 +259,7 @@ def test_locations_are_in_the_file_and_json_names_the_templates_own(tmp_path, mo
     assert (finding["template_line"], finding["template_column"]) == (10, template.splitlines()[9].index("strftime_now") + 1)
     # the text report shows the template's own line under it, and says it is the template's
     code, out, _ = run("chat_template.json", "--no-prove")
-    assert out.splitlines()[1] == 'template line 10 | {{ "Today: " + strftime_now("%Y") }}'
+    assert (
+        out.splitlines()[1]
+        == 'template line 10 | {{ "Today: " + strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    )
