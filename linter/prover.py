@@ -610,14 +610,21 @@ def compare_prompts(
         # it changed once a message came after it (a `loop.last` test, say).
         message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
         role = next_messages[message_index].get("role")
-    drops_reply_reasoning = False
+    reply_as_trained = ""
     if message_index is not None and message_index == reply_index and message_index < len(next_messages):
         # The reply's reasoning, or its (empty) reasoning block, as generated, is what its
-        # history render leaves out (gpt-oss's analysis; Qwen3's empty <think></think>).
+        # history render leaves out (gpt-oss's analysis; Qwen3's empty <think></think>); or
+        # only its end marker differs (gpt-oss generates <|return|>, history writes <|end|>:
+        # a generated stop token is never fed back, so never cached).
         reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
         dropped_text = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
         dropped_block = REASONING_BLOCK.match(cached_text, char) is not None and REASONING_BLOCK.match(next_text, char) is None
-        drops_reply_reasoning = dropped_text or dropped_block
+        end_marker = any(
+            marker.start() <= char and marker.end() == len(cached_text)
+            for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
+        )
+        kinds = (("reasoning", dropped_text), ("reasoning-block", dropped_block), ("end-marker", end_marker))
+        reply_as_trained = next((kind for kind, found in kinds if found), "")
     return Divergence(
         scenario,
         index,
@@ -636,7 +643,7 @@ def compare_prompts(
         snippet(cached_text, char),
         snippet(next_text, char),
         reply_index,
-        drops_reply_reasoning=drops_reply_reasoning,
+        reply_as_trained=reply_as_trained,
         **kind,
     )
 
@@ -808,6 +815,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         finding = rule.found_by_proof(facts, worst)
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
+        model_format(finding, claimed)
         found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
@@ -831,6 +839,20 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     return found
 
 
+def model_format(finding: Finding, claimed: list[Divergence]) -> None:
+    """A finding whose divergences are all how the model's format writes a reply once it is
+    history (gpt-oss drops a final answer's analysis and ends it with <|end|> for the
+    <|return|> it generated, Qwen3 drops an empty <think></think>) costs that reply, not the
+    history before it, and changing it would show the model a history it was not trained
+    on. It is reported, and informational."""
+    if claimed and all(divergence.reply_as_trained for divergence in claimed):
+        finding.severity = "info"
+        finding.message = (
+            f"{finding.message}; here only as the model's format writes a past reply (its reasoning left out, "
+            "its end marker history's own): informational"
+        )
+
+
 def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
@@ -847,7 +869,13 @@ def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
         ]
         if not rendered:
             return None
-        return any(d.first_divergence is not None and rule.proves(d) for result in rendered for d in result.divergences)
+        # An empty reasoning block or an end marker history writes its own way is the model's
+        # format, not what a switch decides (see model_format).
+        return any(
+            d.first_divergence is not None and rule.proves(d) and d.reply_as_trained not in ("reasoning-block", "end-marker")
+            for result in rendered
+            for d in result.divergences
+        )
 
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):

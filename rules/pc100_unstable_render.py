@@ -52,7 +52,7 @@ def unexplained(site, message: str, divergences) -> Finding:
     """The finding for divergences no rule explains (``message`` says where). Where each is
     only the reply's own reasoning left out of history (the model's format: gpt-oss drops a
     final answer's analysis), it costs the reply, not the history before it: informational."""
-    if divergences and all(divergence.drops_reply_reasoning for divergence in divergences):
+    if divergences and all(divergence.reply_as_trained for divergence in divergences):
         return RULE.at(
             site,
             "history leaves out the reasoning of the reply the model just generated, as the model's format has it: "

@@ -148,7 +148,9 @@ def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
     assert out == "No findings; 1 input could not be read (see the errors above).\n"
     assert err == f"tmpl-lint: error: {missing}: no such file or directory\n"
     code, out, _ = run(str(missing), str(CORPUS / "PC001_live_clock.jinja"), "--no-prove")
-    assert out.splitlines()[-1] == "Found 1 finding (1 warning); 1 input could not be read (see the errors above)."
+    assert out.splitlines()[-1] == (
+        "Found 1 finding (1 failing; 1 of the failing unproven); 1 input could not be read (see the errors above)."
+    )
 
 
 def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):

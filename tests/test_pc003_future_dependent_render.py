@@ -151,8 +151,10 @@ def test_two_findings_at_one_divergence_fail_once():
         {
             "code": "PC003",
             "name": "future-dependent-render",
-            "line": 14,
+            "line": 14,  # in the file (a .jinja file: the template's own place)
             "column": 16,
+            "template_line": 14,
+            "template_column": 16,
             "message": finding.related_findings[0].message,
         }
     ]

@@ -252,7 +252,7 @@ def test_locations_are_in_the_file_and_json_names_the_templates_own(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     column = document.splitlines()[1].index("strftime_now") + 1
     code, out, _ = run("chat_template.json", "-q", "--no-prove")
-    assert out.startswith(f"chat_template.json:2:{column}: PC001 [live-clock] `strftime_now(...)`")
+    assert out.startswith(f"chat_template.json:2:{column}: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)`")
     code, out, _ = run("chat_template.json", "--format", "json", "--no-prove")
     (finding,) = json.loads(out)
     assert (finding["line"], finding["column"]) == (2, column)
