@@ -215,6 +215,39 @@ class JsonUse:
     labels: frozenset[Label]
     controls: tuple[Control, ...]
 
+    @property
+    def separators(self) -> tuple[str, str] | None:
+        """The separators the call names (``tojson(separators=(",", ":"))``), else None."""
+        return declared_separators(self.node)
+
+    @property
+    def names_layout(self) -> bool:
+        """The call names its JSON layout (separators or indent): the template states how
+        the JSON it writes looks."""
+        return any(keyword.key in ("separators", "indent") for keyword in self.node.kwargs) or len(self.node.args) >= 2
+
+
+def declared_separators(node: nodes.Filter) -> tuple[str, str] | None:
+    for keyword in node.kwargs:
+        if keyword.key == "separators":
+            try:
+                value = keyword.value.as_const()
+            except nodes.Impossible:
+                return None
+            if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(part, str) for part in value):
+                return (value[0], value[1])
+    return None
+
+
+def argument_separators(facts: Facts) -> tuple[str, str] | None:
+    """The separators a template names for ``tojson`` of tool-call arguments, if it names
+    any: a template that states how it writes arguments is taken to write them as its model
+    does."""
+    for use in facts.json_uses:
+        if use.separators is not None and any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
+            return use.separators
+    return None
+
 
 @dataclass(frozen=True)
 class FlagReset:

@@ -30,7 +30,9 @@ from .sources import SourceError, TemplateSource, collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
-TOKENIZER_FILES = ["tokenizer.json"]
+# What tmpl-lint's tokenizer loader reads: tokenizer.json, else (through transformers) a
+# SentencePiece model with its special tokens.
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer.model", "special_tokens_map.json"]
 
 
 @dataclass
@@ -59,6 +61,7 @@ class RepoResult:
     revision: str | None = None
     templates: list[tuple[str | None, str]] = field(default_factory=list)  # (template name, analysis key)
     error: str | None = None
+    warning: str | None = None  # said on its row and on stderr; the audit of the repo goes on
 
 
 @dataclass
@@ -276,12 +279,13 @@ def run_audit(
         if errors and not sources:
             result.error = "; ".join(error.message for error in errors)
             continue
+        if with_tokenizer and prove is not None:
+            result.warning = _tokens_problem([source for source in sources if source.container != "gguf"])
         for source in sources:
             key = template_key(source, prove, selection)
             if not dedupe:
                 key = f"{key}:{result.repo}"
-            # a GGUF's template is named with its file: a repo holds several models
-            result.templates.append((f"{source.path.name}:{source.name}" if source.container == "gguf" else source.name, key))
+            result.templates.append((template_label(source, folder), key))
             if key not in cache.entries and key not in pending:
                 pending[key] = source
 
@@ -302,6 +306,34 @@ def run_audit(
     return Audit(repos, analyses, len(pending))
 
 
+def template_label(source: TemplateSource, folder: Path) -> str:
+    """Which template of a repo a row is: its file, and its name in a list of named
+    templates (a GGUF's templates are named with their file: a repo holds several models)."""
+    if source.container == "gguf":
+        return f"{source.path.name}:{source.name}"
+    try:
+        where = source.path.relative_to(folder).as_posix()
+    except ValueError:
+        where = source.path.name
+    return f"{where}:{source.name}" if source.name and source.container != "jinja" else where
+
+
+def _tokens_problem(sources: list[TemplateSource]) -> str | None:
+    """Why --tokens cannot measure these templates in tokens, or None when it can."""
+    from .tokenizer import TokenizerError, load_tokenizer
+
+    if not sources:
+        return None
+    directory = find_tokenizer_directory(sources[0].path)
+    if directory is None:
+        return "--tokens: the repo has no tokenizer.json or tokenizer.model; figures are in characters"
+    try:
+        load_tokenizer(directory)
+    except TokenizerError as error:
+        return f"--tokens: {error}; figures are in characters"
+    return None
+
+
 # -- reports -----------------------------------------------------------------------------
 
 
@@ -316,6 +348,7 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "template": None,
                     "codes": [],
                     "error": repo.error or "no chat template",
+                    "warning": repo.warning,
                     "first_divergence": None,
                     "hit_rate": None,
                     "ideal_hit_rate": None,
@@ -333,6 +366,7 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "template": name,
                     "codes": analysis.codes,
                     "error": None,
+                    "warning": repo.warning,
                     "first_divergence": proof["first_divergence"] if proof else None,
                     "unit": proof["unit"] if proof else None,
                     "hit_rate": proof.get("hit_rate") if proof else None,

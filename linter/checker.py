@@ -11,10 +11,11 @@ from pathlib import Path
 
 from jinja2 import nodes
 
-from .analysis import UNDEFINED, Facts, Site, analyze, parse_with_tokens, top_level_scan
+from .analysis import CLOCK_GLOBALS, UNDEFINED, Facts, Site, analyze, parse_with_tokens, top_level_scan
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
+from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
@@ -45,6 +46,9 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
         limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
         finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
         finding.path, finding.template = str(source.path), source.name
+        placed = placement(source.path, source.container, source.name, source.text, source.file_text)
+        if placed is not None:
+            finding.file_line, finding.file_column = placed.position(1, 1)
         return [finding] if selection.includes(finding.code) else []
 
 
@@ -131,10 +135,13 @@ def lint_with_facts(
     findings = [finding for finding in findings if selection.includes(finding.code)]
     findings = apply_suppressions(findings, source_map, selection)
     findings = fold_related(findings)
+    placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
     for finding in with_related(findings):
         finding.path = str(source.path)
         finding.template = source.name
         finding.source_line = source_map.line_text(finding.line)
+        if placed is not None:
+            finding.file_line, finding.file_column = placed.position(finding.line, finding.column)
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
     return facts, findings
 
@@ -189,12 +196,16 @@ class SwitchTrials:
         self._traces: dict[str, list] = {}  # per variable: the traces its trials may take over from
         self.taken_over = 0  # top-level statements the trials took over instead of analysing
 
-    def values(self, name: str) -> list[object]:
-        """Unset (the default), a fixed date for a date-like name, else the constants the
-        template compares it with, true and false."""
+    def values(self, name: str, finding: Finding | None = None) -> list[object]:
+        """Unset (the default), a fixed date for a date-like name (as the template's own
+        clock call writes it: "26 Jul 2024", not ISO), else the constants the template
+        compares it with, and true and false, or -1 for a variable it uses as a number."""
         if DATE_LIKE.search(name):
-            return [UNDEFINED, date.today().isoformat()]
+            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts.tree))]
         compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(self.facts)[1]))
+        numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts.tree))
+        if name in numeric:  # an index or a count: true and false are no values to suggest for it
+            return [UNDEFINED, *dict.fromkeys([*compared.get(name, ()), -1])]
         return [UNDEFINED, *compared.get(name, ()), True, False]
 
     def keys(self, name: str, value: object) -> set[tuple[str, int, int]]:
@@ -225,7 +236,7 @@ def name_switches(findings: list[Finding], facts: Facts, rules, *, reanalyse: bo
     trials = SwitchTrials(facts, rules, findings, reanalyse=reanalyse)
     for finding in findings:
         for name in sorted(finding.candidates):
-            values = trials.values(name)
+            values = trials.values(name, finding)
             stable = [value for value in values if finding.key not in trials.keys(name, value)]
             if not stable or len(stable) == len(values):
                 continue
@@ -260,6 +271,57 @@ def _compared_constants(compares: list[nodes.Compare]) -> dict[str, list[object]
                 ):
                     found[name].append(constant)
     return found
+
+
+_ARITHMETIC = (nodes.Add, nodes.Sub, nodes.Mul, nodes.Div, nodes.FloorDiv, nodes.Mod)
+_ORDERING = frozenset({"lt", "lteq", "gt", "gteq"})
+_LOOP_NUMBERS = frozenset({"index", "index0", "revindex", "revindex0", "length"})
+
+
+def _is_number(node) -> bool:
+    """An expression whose value is a number: arithmetic, an integer, a loop counter, a length."""
+    if isinstance(node, _ARITHMETIC):
+        return True
+    if isinstance(node, nodes.Const):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, nodes.Getattr):
+        return isinstance(node.node, nodes.Name) and node.node.name == "loop" and node.attr in _LOOP_NUMBERS
+    return isinstance(node, nodes.Filter) and node.name in ("length", "count")
+
+
+def _numeric_names(tree) -> set[str]:
+    """Variables the template uses as numbers: in arithmetic, as an index, ordered, compared
+    with or assigned a number."""
+    found: set[str] = set()
+    for node in tree.find_all(_ARITHMETIC):
+        found |= {side.name for side in (node.left, node.right) if isinstance(side, nodes.Name)}
+    for node in tree.find_all(nodes.Getitem):
+        if isinstance(node.arg, nodes.Name):
+            found.add(node.arg.name)
+    for compare in tree.find_all(nodes.Compare):
+        operands = [compare.expr] + [operand.expr for operand in compare.ops]
+        if any(operand.op in _ORDERING for operand in compare.ops) or any(map(_is_number, operands)):
+            found |= {operand.name for operand in operands if isinstance(operand, nodes.Name)}
+    for assign in tree.find_all(nodes.Assign):
+        if isinstance(assign.target, nodes.Name) and _is_number(assign.node):
+            found.add(assign.target.name)
+    return found
+
+
+def _clock_format(finding: Finding | None, tree) -> str:
+    """The strftime format of the clock call a finding is at, else of the template's first
+    clock call with a literal format, else ISO (2026-03-01)."""
+    calls = [
+        node
+        for node in tree.find_all(nodes.Call)
+        if isinstance(node.node, nodes.Name) and node.node.name in CLOCK_GLOBALS and node.args
+    ]
+    at = finding.site.node if finding is not None and finding.site is not None else None
+    calls.sort(key=lambda node: node is not at)
+    for call in calls:
+        if isinstance(call.args[0], nodes.Const) and isinstance(call.args[0].value, str):
+            return call.args[0].value
+    return "%Y-%m-%d"
 
 
 def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):

@@ -6,7 +6,9 @@ import json
 import os
 import signal
 import sys
+from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import click
@@ -14,7 +16,7 @@ import click
 from . import __version__
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
-from .containers import file_line as container_file_line
+from .progress import ProgressBar
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
 from .selection import Selection, SelectionError
@@ -110,7 +112,8 @@ def use_colour() -> bool:
 @click.option(
     "--tool-args-style",
     type=click.Choice(["compact", "spaced"]),
-    help="With --fix: render tool-call argument mappings with the separators the model generates.",
+    help="With --fix: how the model writes tool-call arguments, so mappings are written the same way: compact "
+    '({"city":"Paris"}, the default, as proofs assume) or spaced ({"city": "Paris"}).',
 )
 @click.option(
     "--jobs",
@@ -184,18 +187,23 @@ def check(
     sources, errors = collect(list(paths))
     if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise click.UsageError("--gguf-copy names one file, and several GGUF models are given: name a directory")
+    if not sources and not errors:
+        click.echo("tmpl-lint: warning: no chat templates found in the given paths", err=True)
+    # Standard output carries one thing a program can read: the report in a machine format,
+    # else --diff's patch; what --fix says and the text report then go to standard error.
+    machine = output_format != "text" and not statistics and output is None
+    say = partial(click.echo, err=machine or show_diff)
     would_change = False
     if apply_fixes or show_diff:
         from .fixer import FixOptions
 
         limits = RenderLimits(render_timeout, render_max_bytes)
         options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine, limits)
-        sources, would_change = run_fixes(
-            sources, errors, options, selection, write=apply_fixes and not show_diff, quiet=quiet, gguf_copy=gguf_copy
-        )
+        write = apply_fixes and not show_diff
+        patch = partial(click.echo, nl=False, err=machine)
+        sources, would_change = run_fixes(sources, errors, options, selection, write, quiet, say, patch, gguf_copy)
     findings = []
     notes = []
-    by_template = {}
     # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
     # process, several at once; what every child needs is made ready first.
     if prove and tokenizer is None:
@@ -206,20 +214,22 @@ def check(
     from .isolation import parallel_map
 
     if prove:
-        results = parallel_map(lambda source: lint_isolated(source, selection, prove), sources, jobs)
+
+        def proven(source):
+            found = lint_isolated(source, selection, prove)
+            bar.advance()
+            return found
+
+        with ProgressBar("proving templates", len(sources)) as bar:
+            results = parallel_map(proven, sources, jobs)
     else:
         results = lint_many_isolated(sources, selection, jobs)
     for source, found in zip(sources, results):
-        by_template[(str(source.path), source.name)] = source
         if source.note:
             notes.append(f"{source.path.parent}: {source.note}")
         findings.extend(found)
     for error in errors:
         click.echo(f"tmpl-lint: error: {error}", err=True)
-
-    def file_line(finding):
-        source = by_template[(finding.path, finding.template)]
-        return container_file_line(source.path, source.container, source.name, finding.line)
 
     colour = use_colour() and output is None
     if statistics:
@@ -227,11 +237,11 @@ def check(
     elif output_format == "json":
         report = json_report(findings, strict)
     elif output_format == "sarif":
-        report = sarif_report(findings, file_line, strict)
+        report = sarif_report(findings, strict)
     elif output_format == "github":
-        report = github_report(findings, file_line, strict)
+        report = github_report(findings, strict)
     else:
-        report = text_report(findings, notes, colour, quiet, strict)
+        report = text_report(findings, notes, colour, quiet, strict, linted=len(sources), unread=len(errors))
     if output is not None:
         try:
             write_report(output, report)
@@ -239,7 +249,7 @@ def check(
             click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             sys.exit(EXIT_ERROR)
     else:
-        click.echo(report, nl=False, color=colour)
+        click.echo(report, nl=False, color=colour, err=show_diff and not machine)
     if errors:
         sys.exit(EXIT_ERROR)
     # As ruff: --diff exits 1 when it would change a file. Only failing findings count (the
@@ -298,7 +308,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     from .engines import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
-    from .server import ServerError, prompt_token_ids
+    from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
     try:
@@ -308,7 +318,10 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         if text is None and server is None:
             raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        vllm = VLLMServer(server, model, note_on_stderr) if server else None
+        if vllm is not None:
+            vllm.discover(request.body.get("model") for request in (first, second))
+        server_ids = vllm.prompt_token_ids if vllm is not None else None
         if text is not None:
             engine = engine_for(engine, text, template_source)
         # Rendering is untrusted code: in a child with check's memory limit; each render has
@@ -438,6 +451,8 @@ def audit(
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
+        elif repo.warning:
+            click.echo(f"tmpl-lint: warning: {repo.repo}: {repo.warning}", err=True)
     for problem in cache.problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if html_file:
@@ -543,7 +558,7 @@ def replay(
     from .diff import RequestError, read_template
     from .isolation import IsolationError
     from .prover import resolve_special_tokens
-    from .server import ServerError, prompt_token_ids
+    from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
     try:
@@ -562,7 +577,10 @@ def replay(
         templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
         if compare:
             templates.append(("compare", compare, *read_template(compare)))
-        server_ids = (lambda body: prompt_token_ids(server, body, model)) if server else None
+        vllm = VLLMServer(server, model, note_on_stderr) if server else None
+        if vllm is not None:
+            vllm.discover(call.body.get("model") for call in calls)
+        server_ids = vllm.prompt_token_ids if vllm is not None else None
         groups = replaying.sessions(calls, session_key)
         results, failed = [], []
         for label, path, text, special in templates:
@@ -605,6 +623,10 @@ def _diff_or_error(function, args):
         return str(error)
 
 
+def note_on_stderr(text: str) -> None:
+    click.echo(f"tmpl-lint: note: {text}", err=True)
+
+
 def engine_for(engine: str, template: str, path: Path) -> str:
     """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
     from .engines import HARMONY, resolve_engine
@@ -620,47 +642,58 @@ def engine_for(engine: str, template: str, path: Path) -> str:
     return resolved
 
 
-def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None = None):
-    """Fix every file, print what changed (or the diff); return the templates as they now
-    are, for the lint that follows, and whether any file would change."""
+def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, say, show_patch, gguf_copy=None):
+    """Fix every file, ``say`` what changed (or would), and ``show_patch`` each file's
+    unified diff when not writing; return the templates as they now are, for the lint that
+    follows, and whether any file would change."""
     from .fixer import fix_files, unified_diff
 
     now, would_change = [], False
-    for result in fix_files([source for source in sources if source.container != "gguf"], options, selection, write):
+    files = [source for source in sources if source.container != "gguf"]
+    with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
+        results = fix_files(files, options, selection, write, bar.advance)
+    for result in results:
         for fix in result.fixes:
             if fix.refusal:
-                click.echo(f"{fix.source.label}: not fixed: {fix.refusal}")
+                say(f"{fix.source.label}: not fixed: {fix.refusal}")
             elif result.error is None:
-                _print_fixed(fix, write)
-            _print_skipped(fix, quiet)
+                _say_fixed(say, fix, write)
+            _say_skipped(say, fix, quiet)
         if result.error is not None:
             errors.append(result.error)
             now.extend(fix.source for fix in result.fixes)
             continue
         if not write and result.changed:
-            click.echo(unified_diff(result.path, result.original, result.updated), nl=False)
+            show_patch(unified_diff(result.path, result.original, result.updated))
         would_change = would_change or (not write and result.changed)
-        now.extend(fix.now for fix in result.fixes)
+        # Under --diff the file on disk is not what the lint that follows reads: its findings
+        # are placed in the file as it would be.
+        now.extend(replace(fix.now, file_text=None if write else result.updated) for fix in result.fixes)
     models = [source for source in sources if source.container == "gguf"]
     if models:
-        current, changed = _fix_models(models, errors, options, selection, write, quiet, gguf_copy)
+        current, changed = _fix_models(models, errors, options, selection, write, quiet, gguf_copy, say, show_patch)
         now.extend(current)
         would_change = would_change or changed
     return now, would_change
 
 
-def _print_fixed(fix, write: bool) -> None:
+def _say_fixed(say, fix, write: bool) -> None:
     done = "fixed" if write else "would fix"
     for finding, title in fix.applied:
-        click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: {done} {finding.code} [{finding.name}]: {title}")
+        say(f"{_headline(finding, done)}: {title}")
 
 
-def _print_skipped(fix, quiet: bool) -> None:
+def _say_skipped(say, fix, quiet: bool) -> None:
     for finding, reason in fix.skipped if not quiet else ():
-        click.echo(f"{fix.source.label}:{finding.line}:{finding.column}: not fixed {finding.code} [{finding.name}]: {reason}")
+        say(f"{_headline(finding, 'not fixed')}: {reason}")
 
 
-def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None):
+def _headline(finding, verb: str) -> str:
+    """``path:line:col: fixed PC001 [live-clock] (template NAME)``."""
+    return f"{finding.location()}: {verb} {finding.code} [{finding.name}] {finding.template_label()}".rstrip()
+
+
+def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None, say, show_patch):
     """GGUF models are never rewritten in place: the fixed templates go beside the model, or
     into a new copy (``--gguf-copy``)."""
     from .fixer import fix_isolated, unified_diff
@@ -673,10 +706,10 @@ def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gg
     for model, found in by_model.items():
         fixes = [fix_isolated(source, options, selection) for source in found]
         for fix in fixes:
-            _print_fixed(fix, write)
-            _print_skipped(fix, quiet)
+            _say_fixed(say, fix, write)
+            _say_skipped(say, fix, quiet)
             if not write and fix.changed:
-                click.echo(unified_diff(Path(fix.source.label), fix.source.text, fix.patched), nl=False)
+                show_patch(unified_diff(Path(fix.source.label), fix.source.text, fix.patched))
                 would_change = True
         try:
             lines, current = apply_fixes(model, fixes, write, gguf_copy)
@@ -685,7 +718,7 @@ def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gg
             now.extend(fix.source for fix in fixes)
             continue
         for line in lines:
-            click.echo(line)
+            say(line)
         now.extend(current)
     return now, would_change
 
@@ -712,6 +745,14 @@ def run() -> None:
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
+        if isinstance(error, ModuleNotFoundError):
+            from .extras import missing_message
+
+            # An optional part not installed: which extra installs it.
+            message = missing_message(error)
+            if message is not None:
+                click.echo(f"tmpl-lint: error: {message}", err=True)
+                sys.exit(EXIT_ERROR)
         click.echo(
             f"tmpl-lint: internal error: {type(error).__name__}: {error} (TMPL_LINT_DEBUG=1 shows the traceback)", err=True
         )

@@ -8,6 +8,7 @@ insertions at one offset are kept in order, overlapping replacements are refused
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from jinja2 import nodes
@@ -124,8 +125,13 @@ def filter_span(source_map: SourceMap, node: nodes.Filter) -> tuple[tuple[int, i
 
 
 def replace_at(facts: Facts, site: Site, text: str) -> Edit | None:
+    """An edit replacing the expression at ``site``, or None when the source there is not
+    the expression the site names (a value that reached it through another name)."""
     span = expression_span(facts.source_map, site.node) if site.node is not None else None
-    return Edit(span[0], span[1], text) if span else None
+    anchor = leftmost_name(site.node) if span is not None else None
+    if anchor is None or re.match(r"\w*", site.text).group(0) != anchor.name:
+        return None
+    return Edit(span[0], span[1], text)
 
 
 def default_header(name: str, literal: str) -> Edit:

@@ -79,14 +79,27 @@ class Finding:
     # Set by the prover on a finding whose divergences another finding explains; the checker
     # folds it into that finding's related_findings.
     explained_by: Finding | None = field(default=None, repr=False, compare=False)
+    # Where the finding is in the file that holds the template (``line``/``column`` are the
+    # template's own): the same for a .jinja file; for a template inside JSON, Python or
+    # YAML, the character's place in that file. None when the file no longer holds it.
+    file_line: int | None = None
+    file_column: int | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.code, self.line, self.column)
 
     def location(self) -> str:
+        """``path:line:col`` in the file, as editors read it (the template's own place where
+        the file no longer holds the template)."""
+        if self.file_line is not None:
+            return f"{self.path}:{self.file_line}:{self.file_column}"
         where = f"{self.path}:{self.template}" if self.template else self.path
         return f"{where}:{self.line}:{self.column}"
+
+    def template_label(self) -> str:
+        """ "(template NAME) " for a named template whose name the location does not give."""
+        return f"(template {self.template}) " if self.template and self.file_line is not None else ""
 
     def verdict(self, strict: bool = False) -> Verdict:
         """The one place the severity policy lives (README, "Proofs decide what fails")."""
@@ -126,13 +139,24 @@ class Finding:
             "unproven": self.unproven,
             "path": self.path,
             "template": self.template,
-            "line": self.line,
-            "column": self.column,
+            # In the file (null if the file no longer holds the template), then in the template.
+            "line": self.file_line,
+            "column": self.file_column,
+            "template_line": self.line,
+            "template_column": self.column,
             "message": self.full_message(),
             "switch": self.switch.to_json() if self.switch else None,
             "proof": self.proof.to_json() if self.proof else None,
             "related": [
-                {"code": other.code, "name": other.name, "line": other.line, "column": other.column, "message": other.message}
+                {
+                    "code": other.code,
+                    "name": other.name,
+                    "line": other.file_line,
+                    "column": other.file_column,
+                    "template_line": other.line,
+                    "template_column": other.column,
+                    "message": other.message,
+                }
                 for other in self.related_findings
             ],
         }

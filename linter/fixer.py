@@ -14,7 +14,9 @@ changing no other byte (containers.py), and compare-and-swap the file.
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +31,7 @@ from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, resolve_engine
 from .findings import Finding
 from .proofs import Cause
-from .prover import Prover, resolve_special_tokens
+from .prover import Prover, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, render
 from .rules import BY_CODE
 from .sources import SourceError, TemplateSource, model_type_beside, reread
@@ -90,6 +92,7 @@ class Verifier:
 
     def __init__(self, source: TemplateSource, options: FixOptions):
         self.source = source
+        self.options = options
         self.tokenizer, config = prover_inputs(source, options.tokenizer)
         self.special = resolve_special_tokens(self.tokenizer, config)
         self.block_size = options.block_size
@@ -101,20 +104,21 @@ class Verifier:
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
         self.original_report = self.prove(source.text)
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
-        self.original_codes = self.severe_codes(source.text)
+        original = self.findings(source.text)
+        self.original_codes = self.severe_codes(original)
+        self.original_found_by_proof = found_by_proof(self.original_report, original)
 
     def prove(self, text: str):
         return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine).run({})
 
-    def severe_codes(self, text: str) -> Counter:
-        """Findings that apply by default: not informational, and not only when a caller
-        sets a switch to its unstable value."""
-        findings = lint_source(TemplateSource(self.source.path, self.source.name, text, self.source.container))
-        return Counter(
-            finding.code
-            for finding in findings
-            if finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
-        )
+    def findings(self, text: str) -> list[Finding]:
+        return lint_source(TemplateSource(self.source.path, self.source.name, text, self.source.container))
+
+    @staticmethod
+    def severe_codes(findings: list[Finding]) -> Counter:
+        """Findings by (code, whether they apply by default): a fix of a finding that applies
+        must leave one fewer that applies; a fix of an informational one, one fewer at all."""
+        return Counter((finding.code, applies_by_default(finding)) for finding in findings)
 
     def single_turns(self, text: str) -> list[str | None]:
         out = []
@@ -142,10 +146,17 @@ class Verifier:
         tree, error = parse(patched)
         if error is not None:
             return f"the patched template does not parse: {error.message}"
-        codes = self.severe_codes(patched)
-        for code, count in Counter(finding.code for finding in fixed).items():
-            if codes[code] > self.original_codes[code] - count:
+        found = self.findings(patched)
+        codes = self.severe_codes(found)
+        for (code, applies), count in Counter((finding.code, applies_by_default(finding)) for finding in fixed).items():
+            now = codes[(code, True)] + (0 if applies else codes[(code, False)])
+            before = self.original_codes[(code, True)] + (0 if applies else self.original_codes[(code, False)])
+            if now > before - count:
                 return f"{code} is still found in the patched template"
+        fixed_codes = {finding.code for finding in fixed}
+        for code, applies in codes:
+            if applies and code not in fixed_codes and codes[(code, True)] > self.original_codes[(code, True)]:
+                return f"the patched template has a {code} finding the original does not"
         if self.single_turns(patched) != self.single_turns(self.source.text):
             return "a single-turn conversation would render differently"
         report = self.prove(patched)
@@ -155,7 +166,7 @@ class Verifier:
         if missing:
             return f"the patched template no longer renders: {', '.join(sorted(missing))}"
         fixed_rules = [BY_CODE[code] for code in {finding.code for finding in fixed}]
-        still_found = [BY_CODE[code].RULE for code in codes if code not in {rule.RULE.code for rule in fixed_rules}]
+        still_found = [BY_CODE[code].RULE for code, _ in codes if code not in {rule.RULE.code for rule in fixed_rules}]
         # A reply that renders differently as history than as generated is the model's own
         # format (gpt-oss drops a final answer's analysis by design): only a fix of a rule the
         # generation prompt proves is asked to change it.
@@ -168,18 +179,49 @@ class Verifier:
                 continue
             if any(rule.RULE.fix_removes_proof and rule.RULE.proves(divergence) for rule in fixed_rules):
                 return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
+        # What the check after the fix reports: no divergence left that no finding explains
+        # (a fix that removes the finding explaining it must remove the divergence too).
+        for code, cause in sorted(found_by_proof(report, found) - self.original_found_by_proof):
+            return f"the check after the fix would report {code} (a {cause} divergence no finding explains)"
         for rule in fixed_rules:
             reason = rule.verify_fix(self, patched) if hasattr(rule, "verify_fix") else None
             if reason is not None:
                 return reason
         return None
 
-    def render(self, text: str, messages: list[dict]) -> str | None:
+    def render(self, text: str, messages: list[dict], tools=None, kwargs=None) -> str | None:
         """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
-            return render(text, messages, clock=self.clock, special_tokens=self.special, limits=self.limits)
+            return render(
+                text,
+                messages,
+                clock=self.clock,
+                tools=tools,
+                template_kwargs=kwargs,
+                special_tokens=self.special,
+                limits=self.limits,
+            )
         except RenderError:
             return None
+
+    def rendered_scenarios(self):
+        """The scenarios the original template rendered: conversations in shapes it accepts."""
+        return [result.scenario for result in self.original_report.rendered]
+
+
+def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
+    """(code, cause) of each failing finding the proof itself would add to ``findings``: a
+    divergence no finding explains (PC100), or one a rule finds by its proof. The reply's
+    own reasoning left out of history is informational, and so not among them."""
+    if not report.rendered:
+        return set()
+    extra = attach_proofs([copy.copy(finding) for finding in findings], report)
+    return {(finding.code, str(finding.proof.cause)) for finding in extra if finding.fails() and finding.proof is not None}
+
+
+def applies_by_default(finding: Finding) -> bool:
+    """Not informational, and not only when a caller sets a switch to its unstable value."""
+    return finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
 
 
 def fix_template(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
@@ -230,9 +272,9 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
                     pending.remove((finding, fix))
                     progress = True
                     break
-                reasons[id(finding)] = reason
+                reasons.setdefault(id(finding), reason)  # the first candidate's: the most direct edit
     for finding, _fix in pending:
-        result.skipped.append((finding, f"not fixed: {reasons.get(id(finding), 'no candidate edit')}"))
+        result.skipped.append((finding, reasons.get(id(finding), "no candidate edit")))
     return result
 
 
@@ -254,12 +296,20 @@ def _fix_for_parent(source: TemplateSource, options: FixOptions, selection: Sele
     return result
 
 
-def fix_files(sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> list[FileFix]:
-    """Fix the templates of each file; with ``write``, write each changed file."""
+def fix_files(
+    sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool, advance=None
+) -> list[FileFix]:
+    """Fix the templates of each file; with ``write``, write each changed file; call
+    ``advance`` as each file is done."""
     by_path: dict[Path, list[TemplateSource]] = {}
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
-    return [_fix_file(path, found, options, selection, write) for path, found in by_path.items()]
+    results = []
+    for path, found in by_path.items():
+        results.append(_fix_file(path, found, options, selection, write))
+        if advance is not None:
+            advance()
+    return results
 
 
 def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> FileFix:
@@ -298,9 +348,14 @@ def put_back(path: Path, text: str, fixes: list[TemplateFix]) -> str:
 
 
 def unified_diff(path: Path, before: str, after: str) -> str:
-    """The change to a file as ``git apply`` and ``patch -p1`` take it."""
+    """The change to a file as ``git apply`` and ``patch -p1`` take it: ``a/`` and ``b/``
+    paths relative to the working directory when the file is under it."""
+    try:
+        name = Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
+    except ValueError:
+        name = path.as_posix()
     # Lines end at \n only, as patch reads them (str.splitlines also splits at \x0c, \u2028...).
-    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{path}", f"b/{path}")
+    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{name}", f"b/{name}")
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 

@@ -57,6 +57,11 @@ class Divergence:
     reply_index: int | None = None  # index of call N's reply in call N+1's messages
     scenario_kind: str = ""  # chat, agent, clock, arguments... (see scenarios.py)
     arrived: tuple[str, ...] = ()  # roles of the messages that came after call N's reply
+    # The divergence is only how the model's format writes a reply once it is history: its
+    # reasoning (or empty reasoning block) left out (gpt-oss's analysis, Qwen3's
+    # <think></think>), or the end marker it generated (<|return|>) written as history's
+    # (<|end|>). It costs that reply, not the history before it.
+    reply_as_trained: str = ""  # "reasoning", "reasoning-block" or "end-marker"; "" otherwise
 
     @property
     def in_reply(self) -> bool:

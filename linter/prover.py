@@ -33,6 +33,9 @@ from .tokenizer import Tokenizer
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 SNIPPET = 48
+COMPACT_SEPARATORS = (",", ":")
+# A reasoning block's opening tag: <think>, <thinking>, <|begin_of_thought|>, <reasoning>...
+REASONING_BLOCK = re.compile(r"<[^<>\s]*(?:think|thought|reason)[^<>\s]*>", re.IGNORECASE)
 
 
 @dataclass
@@ -251,6 +254,7 @@ class Prover:
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
         self._renders: dict[str, str] | None = None
+        self._model_separators: tuple[str, str] | None = None
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
         """The prompt for one request, rendered once per request while ``_renders`` keeps
@@ -396,7 +400,7 @@ class Prover:
                     continue
                 following = scenario.calls[index + 1]
                 next_text = self.render(scenario, following.messages, following.clock, True)
-                cached_text = as_written_in(next_text, call.reply)
+                cached_text = as_written_in(next_text, call.reply, self.model_separators())
                 if cached_text is None:
                     continue  # printed in a form of its own (XML parameters...): nothing to compare
                 result.divergences.append(
@@ -422,6 +426,15 @@ class Prover:
             result.divergences = []
         return result
 
+    def model_separators(self) -> tuple[str, str]:
+        """How the model writes tool-call arguments: compact ({"city":"Paris"}), unless the
+        template names the separators it writes them with (a fix with --tool-args-style does)."""
+        if self._model_separators is None:
+            from .analysis import analyze, argument_separators
+
+            self._model_separators = argument_separators(analyze(self.template)) or COMPACT_SEPARATORS
+        return self._model_separators
+
     def generated(self, scenario: Scenario, call: Call, prompt: str) -> Reply | None:
         """What the model wrote after the generation prompt: the template's render of its reply
         as the latest turn, from where that render leaves the prompt to the end-of-turn
@@ -436,7 +449,7 @@ class Prover:
         if not text.strip() and isinstance(call.reply.get("content"), str):
             text = call.reply["content"]  # never replayed: the model still wrote it
         if scenario.compact_arguments:
-            text = as_written(text, call.reply)
+            text = as_written(text, call.reply, self.model_separators())
         return Reply(text, with_reply, end)
 
 
@@ -451,7 +464,7 @@ class Reply:
     end: int
 
 
-def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
+def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str | None:
     """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
     the reply's first tool-call arguments, those arguments as the model wrote them, and the
     rest of the reply to its end-of-turn marker. None when the render prints them in no
@@ -461,7 +474,7 @@ def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        written = json.dumps(mapping, separators=(",", ":"))
+        written = json.dumps(mapping, separators=separators)
         forms = [written, json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
         if isinstance(arguments, str):
             forms.append(json.dumps(arguments))
@@ -475,7 +488,7 @@ def as_written_in(next_text: str, reply: dict[str, Any]) -> str | None:
     return None
 
 
-def as_written(text: str, reply: dict[str, Any]) -> str:
+def as_written(text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str:
     """``text`` with each tool call's arguments as the model wrote them (compact JSON),
     wherever the render printed them otherwise: re-serialised from a mapping, or a string
     passed through `tojson`."""
@@ -484,7 +497,7 @@ def as_written(text: str, reply: dict[str, Any]) -> str:
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        written = json.dumps(mapping, separators=(",", ":"))
+        written = json.dumps(mapping, separators=separators)
         printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
         if isinstance(arguments, str):
             printed.insert(0, json.dumps(arguments))
@@ -597,6 +610,21 @@ def compare_prompts(
         # it changed once a message came after it (a `loop.last` test, say).
         message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
         role = next_messages[message_index].get("role")
+    reply_as_trained = ""
+    if message_index is not None and message_index == reply_index and message_index < len(next_messages):
+        # The reply's reasoning, or its (empty) reasoning block, as generated, is what its
+        # history render leaves out (gpt-oss's analysis; Qwen3's empty <think></think>); or
+        # only its end marker differs (gpt-oss generates <|return|>, history writes <|end|>:
+        # a generated stop token is never fed back, so never cached).
+        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
+        dropped_text = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
+        dropped_block = REASONING_BLOCK.match(cached_text, char) is not None and REASONING_BLOCK.match(next_text, char) is None
+        end_marker = any(
+            marker.start() <= char and marker.end() == len(cached_text)
+            for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
+        )
+        kinds = (("reasoning", dropped_text), ("reasoning-block", dropped_block), ("end-marker", end_marker))
+        reply_as_trained = next((kind for kind, found in kinds if found), "")
     return Divergence(
         scenario,
         index,
@@ -615,6 +643,7 @@ def compare_prompts(
         snippet(cached_text, char),
         snippet(next_text, char),
         reply_index,
+        reply_as_trained=reply_as_trained,
         **kind,
     )
 
@@ -786,9 +815,10 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         finding = rule.found_by_proof(facts, worst)
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
+        model_format(finding, claimed)
         found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
-    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE
+    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
         worst = _first_shown(claimed, report)
@@ -797,15 +827,30 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             if worst.message_index is not None
             else "the rendered prompt"
         )
-        finding = unexplained.at(
+        finding = unexplained.unexplained(
             _TEMPLATE_START,
             f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
             f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
+            claimed,
         )
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
         found.append(finding)
     return found
+
+
+def model_format(finding: Finding, claimed: list[Divergence]) -> None:
+    """A finding whose divergences are all how the model's format writes a reply once it is
+    history (gpt-oss drops a final answer's analysis and ends it with <|end|> for the
+    <|return|> it generated, Qwen3 drops an empty <think></think>) costs that reply, not the
+    history before it, and changing it would show the model a history it was not trained
+    on. It is reported, and informational."""
+    if claimed and all(divergence.reply_as_trained for divergence in claimed):
+        finding.severity = "info"
+        finding.message = (
+            f"{finding.message}; here only as the model's format writes a past reply (its reasoning left out, "
+            "its end marker history's own): informational"
+        )
 
 
 def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
@@ -824,7 +869,13 @@ def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
         ]
         if not rendered:
             return None
-        return any(d.first_divergence is not None and rule.proves(d) for result in rendered for d in result.divergences)
+        # An empty reasoning block or an end marker history writes its own way is the model's
+        # format, not what a switch decides (see model_format).
+        return any(
+            d.first_divergence is not None and rule.proves(d) and d.reply_as_trained not in ("reasoning-block", "end-marker")
+            for result in rendered
+            for d in result.divergences
+        )
 
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):

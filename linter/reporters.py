@@ -19,8 +19,15 @@ MAX_SHOWN_LINE = 120
 
 
 def text_report(
-    findings: Sequence[Finding], notes: Sequence[str], colour: bool, quiet: bool = False, strict: bool = False
+    findings: Sequence[Finding],
+    notes: Sequence[str],
+    colour: bool,
+    quiet: bool = False,
+    strict: bool = False,
+    linted: int | None = None,
+    unread: int = 0,
 ) -> str:
+    """ruff's text report; ``linted`` templates were read, ``unread`` inputs could not be."""
     out: list[str] = []
 
     def style(text: str, **options) -> str:
@@ -33,22 +40,25 @@ def text_report(
         colour_of = SEVERITY_COLOURS.get(finding.severity) if finding.fails(strict) else SEVERITY_COLOURS["info"]
         code = style(finding.code, fg=colour_of, bold=True)
         label = f"({finding.unproven_reason()}) " if finding.unproven else ""
-        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {label}{finding.full_message()}")
+        named = finding.template_label()
+        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {named}{label}{finding.full_message()}")
         if quiet or not finding.source_line:
             continue
         shown, caret = _excerpt(finding.source_line, finding.column)
-        gutter = f"{finding.line:>5} | "
+        # A template inside another file is shown by its own lines, and says so.
+        in_file = finding.file_line is None or (finding.file_line, finding.file_column) == (finding.line, finding.column)
+        gutter = f"{finding.line:>5} | " if in_file else f"template line {finding.line} | "
         out.append(gutter + shown)
         out.append(" " * (len(gutter) - 2) + "| " + " " * caret + style("^", fg="red", bold=True))
         if finding.proof:
             out.extend("      " + line for line in proof_lines(finding.proof))
         for other in finding.related_findings:
             out.append(
-                f"      related: {other.line}:{other.column}: {other.code} [{other.name}] shows the same divergence: "
+                f"      related: {':'.join(map(str, file_position(other)))}: {other.code} [{other.name}] shows the same divergence: "
                 f"{other.message}"
             )
-    if not quiet:
-        out.append(summary(findings, strict))
+    if not quiet and (linted != 0 or unread):
+        out.append(summary(findings, strict, unread))
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -124,11 +134,13 @@ def _escaped(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def summary(findings: Sequence[Finding], strict: bool = False) -> str:
+def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0) -> str:
     """ "Found 4 findings (1 failing, 2 not reproduced, 1 info)."; failing findings that no
-    render showed (--no-prove, not provable, --strict) are counted as unproven after a ";"."""
+    render showed (--no-prove, not provable, --strict) are counted as unproven after a ";".
+    "All checks passed!" only when every input was read and nothing was found."""
+    unread_part = f"; {unread} input{'s' if unread != 1 else ''} could not be read (see the errors above)" if unread else ""
     if not findings:
-        return "All checks passed!"
+        return f"No findings{unread_part}." if unread else "All checks passed!"
     verdicts = Counter(finding.verdict(strict) for finding in findings)
     unproven = sum(1 for finding in findings if finding.fails(strict) and finding.unproven)
     parts = [f"{verdicts[Verdict.FAILS]} failing"]
@@ -138,7 +150,7 @@ def summary(findings: Sequence[Finding], strict: bool = False) -> str:
         parts.append(f"{verdicts[Verdict.INFO]} info")
     noun = "finding" if len(findings) == 1 else "findings"
     unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
-    return f"Found {len(findings)} {noun} ({', '.join(parts)}{unproven_part})."
+    return f"Found {len(findings)} {noun} ({', '.join(parts)}{unproven_part}){unread_part}."
 
 
 def level(finding: Finding, strict: bool = False) -> str:
@@ -174,9 +186,16 @@ def _first_paragraph(doc: str) -> str:
     return " ".join(body.split())
 
 
-def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -> str:
-    """SARIF 2.1.0 with what GitHub code scanning reads; ``file_line(finding)`` maps a
-    template line to the line in the file on disk."""
+def file_position(finding: Finding) -> tuple[int, int]:
+    """Where the finding is in the file on disk; the file's start where the template has
+    no place in it as text (a GGUF's metadata)."""
+    if finding.file_line is not None:
+        return finding.file_line, finding.file_column
+    return 1, 1
+
+
+def sarif_report(findings: Sequence[Finding], strict: bool = False) -> str:
+    """SARIF 2.1.0 with what GitHub code scanning reads; regions are in the file on disk."""
     from . import __version__
     from .rules import RULES
 
@@ -209,7 +228,7 @@ def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -
                 {
                     "physicalLocation": {
                         "artifactLocation": artifact,
-                        "region": {"startLine": file_line(finding), "startColumn": finding.column},
+                        "region": dict(zip(("startLine", "startColumn"), file_position(finding))),
                     }
                 }
             ],
@@ -221,7 +240,7 @@ def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -
                             "id": number,
                             "physicalLocation": {
                                 "artifactLocation": artifact,
-                                "region": {"startLine": file_line(other), "startColumn": other.column},
+                                "region": dict(zip(("startLine", "startColumn"), file_position(other))),
                             },
                             "message": {"text": f"{other.code} [{other.name}] shows the same divergence: {other.message}"},
                         }
@@ -234,6 +253,7 @@ def sarif_report(findings: Sequence[Finding], file_line, strict: bool = False) -
             "properties": {
                 "template": finding.template,
                 "templateLine": finding.line,
+                "templateColumn": finding.column,
                 "fails": finding.fails(strict),
                 "unproven": finding.unproven,
                 "proof": finding.proof.to_json() if finding.proof else None,
@@ -256,7 +276,7 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_report(findings: Sequence[Finding], file_line, strict: bool = False) -> str:
+def github_report(findings: Sequence[Finding], strict: bool = False) -> str:
     """GitHub Actions workflow commands: one annotation per finding."""
     levels = {"error": "error", "warning": "warning", "info": "notice"}
     lines = []
@@ -264,8 +284,8 @@ def github_report(findings: Sequence[Finding], file_line, strict: bool = False) 
         properties = ",".join(
             [
                 f"file={_escape_property(finding.path)}",
-                f"line={file_line(finding)}",
-                f"col={finding.column}",
+                f"line={file_position(finding)[0]}",
+                f"col={file_position(finding)[1]}",
                 f"title={_escape_property(f'{finding.code} [{finding.name}]')}",
             ]
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -53,6 +53,9 @@ class TemplateSource:
     # The special tokens the template renders with, when they come with it rather than from
     # a file beside it (a GGUF's metadata read over the network): (name, token) pairs.
     special_tokens: tuple[tuple[str, str], ...] = ()
+    # The file's text as it holds this template, when it is not the file on disk (what
+    # --diff would write): where findings are placed in the file.
+    file_text: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -284,7 +287,9 @@ def _read_json(path: Path, required: bool, text: str | None = None) -> list[Temp
     if not isinstance(document, dict):
         raise SourceError(path, "expected a JSON object with a chat_template key")
     if "chat_template" not in document or document["chat_template"] is None:
-        if required:
+        # A tokenizer config whose model keeps its template in a file beside it (gpt-oss:
+        # chat_template.jinja) holds none, as transformers reads it: nothing to lint here.
+        if required and not template_file_beside(path):
             raise SourceError(path, "no chat_template key")
         return []
     return [TemplateSource(path, name, text, "json") for name, text in named_templates(path, document["chat_template"])]
@@ -301,6 +306,14 @@ def reread(previous: list[TemplateSource], text: str) -> list[TemplateSource]:
     else:
         found = _read_embedded(first.path, text)
     return [replace(source, note=first.note) for source in found]
+
+
+def template_file_beside(path: Path) -> bool:
+    """``path`` is a tokenizer config beside the chat_template.jinja or .json that
+    transformers reads instead of it."""
+    return path.name == TOKENIZER_CONFIG and any(
+        (path.parent / name).is_file() for name in (CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON)
+    )
 
 
 def named_templates(path: Path, value: object) -> list[tuple[str | None, str]]:

@@ -118,7 +118,9 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     title = f"every assistant turn keeps its reasoning in history, whatever follows it (`{name}` no longer decides)"
     alternatives = []
     for constant in ("-1", "(messages|length)"):
-        edits = [replace_at(facts, site, constant) for site in reads.values()]
-        if edits and all(edits):
+        # Reads where the source is the position itself (a value that reached another name
+        # is left to the verifier: the divergence must go).
+        edits = [edit for site in reads.values() if (edit := replace_at(facts, site, constant)) is not None]
+        if edits:
             alternatives.append(edits)
     return Fix(title, alternatives) if alternatives else Fix.refuse(f"cannot locate the reads of `{name}`")

@@ -16,12 +16,16 @@ under vLLM the `is string` pass-through never fires and the re-serialisation alw
 {{- '{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}' }}
 ```
 
+A template that names the separators (`tojson(separators=(",", ":"))`) states how its
+model writes arguments and is taken at its word: no finding, and the proof replays
+arguments written with those separators.
+
 ## Use instead
 ```jinja
 {%- if tool_call.arguments is string %}
     {{- tool_call.arguments }}
 {%- else %}
-    {{- tool_call.arguments | tojson }}
+    {{- tool_call.arguments | tojson(separators=(",", ":")) }}
 {%- endif %}
 ```
 
@@ -32,12 +36,18 @@ where the analysis saw no `tojson` (a serialisation the template writes itself) 
 here too, where the template first reads `arguments`.
 
 ## Fix safety
-The fix adds the `is string` pass-through. Frameworks that keep the model's raw argument
-string then replay it byte for byte; mappings render as before.
+The fix adds the `is string` pass-through where there is none, so a client that keeps the
+model's raw argument string replays it byte for byte, and names the separators mappings
+are written with (vLLM always passes a mapping): `--tool-args-style compact` (the default,
+`{"city":"Paris"}`, what the proof assumes the model wrote) or `spaced` (`{"city": "Paris"}`,
+for a model that writes `", "` and `": "`). It changes what the model sees for mappings when
+the style is compact: choose the style the model generates.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 
 from jinja2 import nodes
@@ -46,6 +56,7 @@ from tmpl_lint.analysis import Facts, LabelKind, Site
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Divergence
+from tmpl_lint.scenarios import ScenarioKind
 
 RULE = RuleInfo(
     "PC004",
@@ -57,25 +68,33 @@ RULE = RuleInfo(
 )
 
 
+# How a model writes tool-call arguments, by --tool-args-style: the separators a fix names.
+SEPARATORS = {"compact": (",", ":"), "spaced": (", ", ": ")}
+DEFAULT_STYLE = "compact"  # what the proof assumes the model wrote ({"city":"Paris"})
+REMEDY = '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+
+
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     for use in facts.json_uses:
         kinds = {label.kind for label in use.labels}
         if not kinds & {LabelKind.TOOL_ARGS, LabelKind.TOOL_CALL}:
             continue
+        if use.names_layout:
+            continue  # the template states how it writes the JSON (separators, indent): taken at its word
         guarded = any(label.kind is LabelKind.STRING_GUARD for control in use.controls for label in control.labels)
         site = facts.site(use.node, "tojson")
         what = "tool-call arguments" if LabelKind.TOOL_ARGS in kinds else "a tool call (with its arguments)"
         if guarded:
             message = (
-                f"{what} pass through `tojson` when they are not a string: a mapping replays with "
-                '", " and ": " separators (vLLM always passes a mapping)'
+                f"{what} pass through `tojson` when they are not a string: a mapping (vLLM always passes one) replays "
+                f'with ", " and ": " separators, not as a model writing compact JSON wrote it; {REMEDY}'
             )
             severity = "info"
         else:
             message = (
                 f'{what} pass through `tojson`, which re-serialises them with ", " and ": " separators: '
-                "the replay differs from the JSON the model generated"
+                f"the replay differs from the compact JSON the model generated; {REMEDY}"
             )
             severity = None
         key = (site.line, site.column)
@@ -86,29 +105,37 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
+def _style(options) -> str:
+    return getattr(options, "tool_args_style", None) or DEFAULT_STYLE
+
+
 def fix(facts: Facts, finding: Finding, options) -> Fix:
-    """Wrap ``args | tojson`` as ``(args if args is string else args | tojson)``."""
-    if finding.severity == "info":
-        return Fix.refuse("already passes strings through")
+    """``args | tojson`` becomes ``(args if args is string else args | tojson(separators=...))``,
+    the separators the model writes; behind an existing pass-through, only the separators."""
     use = next((use for use in facts.json_uses if use.node is finding.site.node), None)
     if use is None or not any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
-        return Fix.refuse("the whole tool call is serialised, so its arguments have no string pass-through")
+        return Fix.refuse(
+            "the whole tool call is serialised (its name with its arguments), so the arguments cannot be written on their own"
+        )
     spans = filter_span(facts.source_map, use.node)
     if spans is None:
         return Fix.refuse("cannot locate the tojson call in the source")
-    (start, end), (_, filter_end) = spans
+    (start, end), (pipe, filter_end) = spans
     argument = facts.text[start:end]
-    serialised = facts.text[start:filter_end]
-    style = getattr(options, "tool_args_style", None)
-    if style == "compact":
-        # vLLM parses every argument string into a mapping, so the pass-through never
-        # fires there: write mappings the way the model wrote them.
-        serialised = f'{argument} | tojson(separators=(",", ":"))'
-        title = 'arguments render as compact JSON ({"city":"Paris"}), as the model generates them; strings pass through'
-    else:
-        title = "arguments given as a string (the model's own JSON) render byte for byte; mappings render as before"
-    replacement = f"({argument} if {argument} is string else {serialised})"
-    return Fix(title, [[Edit(start, filter_end, replacement)]])
+    call = facts.text[pipe:filter_end].rstrip()
+    style = _style(options)
+    separators = "separators=({}, {})".format(*(json.dumps(part) for part in SEPARATORS[style]))
+    if not call.endswith(")"):
+        serialised = f"{argument} | tojson({separators})"
+    else:  # tojson(...) with arguments of its own: the separators join them
+        joiner = "" if call.replace(" ", "").endswith("()") else ", "
+        serialised = f"{argument} {call[:-1].rstrip()}{joiner}{separators})"
+    shown = json.dumps({"city": "Paris"}, separators=SEPARATORS[style])
+    if finding.severity == "info":  # behind an `is string` pass-through already
+        title = f"a mapping of tool-call arguments (vLLM always passes one) renders as the model writes it: {shown}"
+        return Fix(title, [[Edit(start, filter_end, serialised)]])
+    title = f"tool-call arguments render as the model writes them: a string byte for byte, a mapping as {shown}"
+    return Fix(title, [[Edit(start, filter_end, f"({argument} if {argument} is string else {serialised})")]])
 
 
 def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
@@ -151,20 +178,42 @@ COMPACT_ARGUMENTS = '{"city":"Paris"}'
 
 
 def verify_fix(verifier, patched: str) -> str | None:
-    """The fixed template replays a compact argument string byte for byte (the proof's
-    tool-arguments divergence may have other causes the fix leaves alone)."""
-    messages = [
-        {"role": "user", "content": "Weather?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "Ab3dE6gH9", "type": "function", "function": {"name": "get_weather", "arguments": COMPACT_ARGUMENTS}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "Ab3dE6gH9", "name": "get_weather", "content": "sunny"},
+    """In a conversation with tool calls the original template rendered, the fixed one
+    replays an argument string byte for byte and writes a mapping with the separators of the
+    style asked for (the proof's tool-arguments divergence may have other causes the fix
+    leaves alone)."""
+    mapping = json.loads(COMPACT_ARGUMENTS)
+    written = json.dumps(mapping, separators=SEPARATORS[_style(verifier.options)])
+    conversations = [
+        scenario
+        for scenario in verifier.rendered_scenarios()
+        if scenario.kind is ScenarioKind.AGENT and any(message.get("tool_calls") for message in scenario.calls[-1].messages)
     ]
-    rendered = verifier.render(patched, messages)
-    if rendered is None or COMPACT_ARGUMENTS not in rendered:
-        return "arguments given as a string are still re-serialised"
+
+    def render(text: str, scenario, arguments) -> str | None:
+        messages = copy.deepcopy(scenario.calls[-1].messages)
+        for message in messages:
+            for call in message.get("tool_calls") or ():
+                call["function"]["arguments"] = copy.deepcopy(arguments)
+        return verifier.render(text, messages, scenario.tools, scenario.kwargs)
+
+    # Where the original prints the arguments at all (some templates show tool calls only
+    # with fields of their own).
+    printing = [
+        scenario
+        for scenario in conversations
+        if '"Paris"' in (render(verifier.source.text, scenario, COMPACT_ARGUMENTS) or "")
+        or '"Paris"' in (render(verifier.source.text, scenario, mapping) or "")
+    ]
+    if not printing:
+        return "no conversation the template renders prints tool-call arguments, so the fix cannot be checked"
+    scenario = printing[0]
+    for arguments, expected in ((COMPACT_ARGUMENTS, COMPACT_ARGUMENTS), (mapping, written)):
+        rendered = render(patched, scenario, arguments)
+        if rendered is None:
+            return f'the fixed template no longer renders "{scenario.name}"'
+        if expected not in rendered:
+            if isinstance(arguments, str):
+                return "arguments given as a string are still re-serialised"
+            return f"a mapping of arguments is not written as {written}"
     return None

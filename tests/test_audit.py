@@ -224,3 +224,44 @@ def test_a_results_cache_on_a_full_disk_is_one_error_and_the_audit_goes_on(tmp_p
     assert row["repo"] == "qwen/qwen25-chat" and row["error"] is None and row["codes"]
     assert result.stderr == "tmpl-lint: error: /dev/full: cannot write the results cache: No space left on device\n"
     assert result.returncode == 2
+
+
+def test_the_template_column_names_the_file_the_template_is_in(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    templates = {row["repo"]: row["template"] for row in json.loads(result.stdout)["rows"]}
+    assert templates == {repo: next(iter(files)) for repo, files in REPOS.items()}
+    table = audit(tmp_path, "--from-cache", "--no-cache", "--no-prove")
+    line = next(line for line in table.stdout.splitlines() if "qwen/qwen3-chat" in line)
+    assert "tokenizer_config.json" in line
+
+
+def test_tokens_without_a_tokenizer_says_the_figures_are_characters(tmp_path):
+    build_cache(tmp_path)
+    result = audit(tmp_path, "--from-cache", "--tokens", "--format", "json", "--no-cache")
+    reason = "--tokens: the repo has no tokenizer.json or tokenizer.model; figures are in characters"
+    assert result.stderr.splitlines() == [f"tmpl-lint: warning: {repo}: {reason}" for repo in sorted(REPOS)]
+    rows = json.loads(result.stdout)["rows"]
+    assert {row["warning"] for row in rows} == {reason}
+    # (vLLM's openai-harmony render of gpt-oss is measured in harmony's own tokens, tokenizer or not)
+    template_units = {finding["proof"]["unit"] for row in rows for finding in row["findings"] if finding["code"] != "PC103"}
+    assert template_units == {"char"}
+
+
+def test_audit_and_check_measure_a_template_alike(tmp_path):
+    model = tmp_path / "qwen3"
+    shutil.copytree(SHARED / "tokenizers" / "qwen3", model)
+    env = {**os.environ, "NO_COLOR": "1"}
+    checked = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(model), "--format", "json"], capture_output=True, text=True, env=env, timeout=600
+    )
+    audited = audit(tmp_path, str(model), "--tokens", "--format", "json", "--no-cache")
+    assert audited.stderr == ""  # the tokenizer beside the template loads: no warning
+    (row,) = json.loads(audited.stdout)["rows"]
+    assert row["template"] == "tokenizer_config.json"
+
+    def figures(findings):
+        return [(f["code"], f["proof"]["unit"], f["proof"]["prompt_tokens"], f["proof"]["first_divergence"]) for f in findings]
+
+    assert figures(row["findings"]) == figures(json.loads(checked.stdout))
+    assert {unit for _, unit, _, _ in figures(row["findings"])} == {"token"}

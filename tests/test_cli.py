@@ -57,7 +57,7 @@ def test_named_templates_are_reported_under_their_name(tmp_path):
     assert code == 1
     assert (
         out
-        == f"{config}:tool_use:1:4: PC001 [live-clock] `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes; the rendered prompt changes per year: it changed when the clock moved a year\n"
+        == f"{config}:1:{config.read_text().index('strftime_now') + 1}: PC001 [live-clock] (template tool_use) `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes; the rendered prompt changes per year: it changed when the clock moved a year\n"
     )
 
 

@@ -87,8 +87,9 @@ def test_explicit_config_file(tmp_path, monkeypatch):
 def test_per_file_ignores_apply_to_diff_and_fix(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nper-file-ignores = { "b.jinja" = ["PC001"] }\n')
     before = (tmp_path / "b.jinja").read_bytes()
-    code, out, _ = run("b.jinja", "--diff", "--no-prove")
-    assert (code, out) == (0, "All checks passed!\n")
+    code, out, err = run("b.jinja", "--diff", "--no-prove")
+    # --diff: standard output is the patch (none), the report goes to standard error
+    assert (code, out, err) == (0, "", "All checks passed!\n")
     run("b.jinja", "--fix", "--no-prove")
     assert (tmp_path / "b.jinja").read_bytes() == before
 

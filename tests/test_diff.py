@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,7 +131,11 @@ class FakeVLLM(BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append((self.path, request))
         ids = [100 + len(message["content"]) for message in request["messages"]]
-        if self.path == "/v1/chat/completions/render":
+        if request["model"] not in self.models:
+            # as vLLM answers a model it does not serve
+            message = f"The model `{request['model']}` does not exist."
+            self.reply(404, {"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}})
+        elif self.path == "/v1/chat/completions/render":
             if not self.render_enabled:
                 self.reply(404, {"detail": "Not Found"})
             elif self.render_status != 200:
@@ -144,15 +149,24 @@ class FakeVLLM(BaseHTTPRequestHandler):
             self.reply(404, {"detail": "Not Found"})
 
 
-@pytest.fixture
-def server():
+@contextlib.contextmanager
+def serving():
+    """A FakeVLLM on a free local port: (its handler class, its URL)."""
     handler = type("Handler", (FakeVLLM,), {"seen": [], "models": ["served-model"], "render_enabled": True, "render_status": 200})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield handler, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield handler, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    with serving() as running:
+        yield running
 
 
 def test_render_endpoint_gives_token_ids_and_model_from_v1_models(server):
@@ -182,7 +196,50 @@ def test_server_error_message_is_reported(server):
     handler, url = server
     handler.render_status = 400
     with pytest.raises(ServerError, match="answered HTTP 400: model does not exist"):
+        prompt_token_ids(url, {"messages": [USER_1]}, model="served-model")
+
+
+def test_a_model_the_server_does_not_serve_is_reported_as_such(server):
+    handler, url = server
+    with pytest.raises(ServerError) as raised:
         prompt_token_ids(url, {"messages": [USER_1]}, model="x")
+    assert str(raised.value) == f"{url} does not serve model 'x' (HTTP 404: The model `x` does not exist.): pass --model"
+    # not mistaken for a render endpoint that is off: no fallback asked
+    assert [path for path, _ in handler.seen] == ["/v1/chat/completions/render"]
+
+
+def test_the_served_model_replaces_one_it_does_not_serve_and_says_so(server, tmp_path):
+    handler, url = server
+    turns = write_turns(
+        tmp_path, {"model": "Qwen/Qwen3-8B", "messages": [USER_1]}, {"model": "Qwen/Qwen3-8B", "messages": [USER_1, USER_2]}
+    )
+    code, out, err = run(*turns, "--server", url, "--format", "json")
+    assert code == 0
+    assert json.loads(out)["first_divergence_token"] is None
+    assert (
+        err
+        == f"tmpl-lint: note: {url} does not serve 'Qwen/Qwen3-8B', the request's model: using 'served-model', the model it serves\n"
+    )
+    assert [request["model"] for _, request in handler.seen] == ["served-model", "served-model"]
+    # a model it serves is used as the request names it, with nothing to say
+    handler.models = ["served-model", "Qwen/Qwen3-8B"]
+    code, _, err = run(*turns, "--server", url)
+    assert (code, err) == (0, "")
+    assert handler.seen[-1][1]["model"] == "Qwen/Qwen3-8B"
+    # several served, none the request's: the user chooses
+    handler.models = ["a", "b"]
+    code, _, err = run(*turns, "--server", url)
+    assert (code, err) == (2, f"tmpl-lint: error: {url} serves several models (a, b), not 'Qwen/Qwen3-8B': pass --model\n")
+
+
+def test_diff_with_a_model_it_does_not_serve_exits_2_naming_it(server, tmp_path):
+    handler, url = server
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    code, _, err = run(*turns, "--server", url, "--model", "nope")
+    assert code == 2
+    assert (
+        err == f"tmpl-lint: error: {url} does not serve model 'nope' (HTTP 404: The model `nope` does not exist.): pass --model\n"
+    )
 
 
 def test_unreachable_server_is_a_clear_error():

@@ -101,7 +101,10 @@ def test_compact_tool_args_style_fix_makes_the_replay_match(tmp_path):
     path = tmp_path / "t.jinja"
     shutil.copyfile(CORPUS / "PC004_tool_args_reserialized.jinja", path)
     result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--tool-args-style", "compact"])
-    assert "arguments render as compact JSON" in result.stdout
+    assert (
+        f"{path}:5:89: fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes them: "
+        'a string byte for byte, a mapping as {"city":"Paris"}\n'
+    ) in result.stdout
     patched = path.read_text()
     assert '(call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":")))' in patched
     report = Prover(patched, None, engine="vllm").run({})

@@ -83,20 +83,17 @@ def test_live_clock_fix_on_a_jinja_file(tmp_path):
 def test_diff_prints_and_writes_nothing(tmp_path):
     path = copy(CORPUS / "PC004_tool_args_reserialized.jinja", tmp_path)
     before = path.read_bytes()
-    code, out, _ = run(str(path), "--diff", "--no-prove")
+    code, out, err = run(str(path), "--diff", "--no-prove")
     assert path.read_bytes() == before
-    assert f"--- a/{path}\n+++ b/{path}\n" in out
+    assert out.startswith(f"--- a/{path.as_posix()}\n+++ b/{path.as_posix()}\n@@ -2,7 +2,7 @@\n")  # the patch, and only it
     assert (
-        "+        {{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}\n"
+        '+        {{- \'<tool_call>{"name": "\' + call.name + \'", "arguments": \' + (call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":"))) + \'}</tool_call>\' }}\n'
         in out
     )
-    # --diff that would change a file exits 1, as ruff's; what remains after the fix is the
-    # pass-through's own informational finding, which never fails the run by itself
-    assert code == 1
-    assert (
-        "PC004 [tool-args-reserialized] (not proven: --no-prove) tool-call arguments pass through `tojson` when they are "
-        "not a string" in out
-    )
+    assert err.startswith(f"{path}:5:89: would fix PC004 [tool-args-reserialized]: ")
+    # nothing remains after the fix: the template now names the separators its model writes
+    assert err.endswith("All checks passed!\n")
+    assert code == 1  # as ruff: --diff exits 1 when it would change a file
 
 
 def test_second_fix_is_a_no_op(tmp_path):
@@ -138,7 +135,7 @@ def test_failed_verification_leaves_the_file_untouched(tmp_path, monkeypatch):
     monkeypatch.setattr(Verifier, "check", lambda self, patched, fixed: "a single-turn conversation would render differently")
     code, out, _ = run(str(path), "--fix", "--no-prove")
     assert path.read_bytes() == before
-    assert "not fixed PC001 [live-clock]: not fixed: a single-turn conversation would render differently" in out
+    assert "not fixed PC001 [live-clock]: a single-turn conversation would render differently" in out
     assert code == 1
 
 
@@ -157,7 +154,8 @@ def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.py", tmp_path)
     before = path.read_text()
     code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert f"{path}:chat_template@6:1:17: fixed PC001 [live-clock]" in out
+    column = before.splitlines()[5].index("strftime_now") + 1  # the call, in the file's line 6
+    assert f"{path}:6:{column}: fixed PC001 [live-clock] (template chat_template@6): " in out
     after = path.read_text()
     old_literal = "\"{{- 'Today: ' + strftime_now('%Y-%m-%d') + '\\\\n' }}"
     assert old_literal in before and old_literal not in after
@@ -174,7 +172,8 @@ def test_yaml_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.yaml", tmp_path)
     before = path.read_text().splitlines(keepends=True)
     code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert f"{path}:model.chat_template:1:40: fixed PC001 [live-clock]" in out
+    column = before[5].index("strftime_now") + 1  # a literal block: the template's line 1 is the file's line 6
+    assert f"{path}:6:{column}: fixed PC001 [live-clock] (template model.chat_template): " in out
     after = path.read_text().splitlines(keepends=True)
     # everything but the block scalar's lines is identical, comments and order included
     assert after[:5] == before[:5]
@@ -311,7 +310,9 @@ def test_yaml_with_distant_edits_changes_no_byte_outside_the_template(tmp_path):
     path.write_text(DISTANT)
     code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
     assert err == ""
-    assert f"{path}:templates.0.chat_template:7:22: fixed PC001 [live-clock]" in out
+    (line,) = [number for number, text in enumerate(DISTANT.splitlines(), 1) if "strftime_now" in text]
+    column = DISTANT.splitlines()[line - 1].index("strftime_now") + 1  # the template's line 7, in the file
+    assert f"{path}:{line}:{column}: fixed PC001 [live-clock] (template templates.0.chat_template): " in out
     after = path.read_text()
     # the fix edits the template's first line and its last, far apart; around the block's
     # lines not one byte changes
@@ -381,9 +382,17 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
         text=True,
         cwd=tmp_path,
     )
-    assert result.returncode == 1 and result.stderr == ""
+    assert result.returncode == 1
+    # what would be fixed goes to stderr; stdout is the patch and nothing else
+    assert result.stderr.splitlines() == [
+        "PC001_live_clock.jinja:3:28: would fix PC001 [live-clock]: the model sees the date 2026-01-15 instead of "
+        "today's unless the caller passes date_string",
+        f"tokenizer_config.json:2:{config.read_text().splitlines()[1].index('strftime_now') + 1}: would fix PC001 "
+        "[live-clock]: the model sees the date 2026 instead of today's unless the caller passes date_string",
+    ]
     assert {file: file.read_bytes() for file in before} == before  # --diff writes nothing
-    patch = result.stdout[result.stdout.index("--- a/") :]
+    patch = result.stdout
+    assert patch.startswith("--- a/PC001_live_clock.jinja\n+++ b/PC001_live_clock.jinja\n")
     assert subprocess.run(["patch", "-p1", "--quiet"], input=patch, text=True, cwd=tmp_path).returncode == 0
     fixed = {file: file.read_bytes() for file in before}
     for file, data in before.items():
@@ -392,3 +401,25 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
     assert {file: file.read_bytes() for file in before} == fixed  # the diff is what --fix writes
     clean = run(str(CORPUS / "clean_chatml.jinja"), "--diff", "--no-prove")
     assert clean[0] == 0
+
+
+@needs_shared
+@pytest.mark.parametrize("style", ["compact", "spaced"])
+def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp_path, style):
+    # Qwen3 already passes strings through: the finding (informational) names --fix and the
+    # style, and the fix with either style removes it.
+    config = copy(SHARED_TOKENIZERS / "qwen3" / "tokenizer_config.json", tmp_path)
+    code, out, _ = run(str(config), "--format", "json", "--no-prove")
+    (advice,) = [finding["message"] for finding in json.loads(out) if finding["code"] == "PC004"]
+    assert advice.endswith(
+        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+    )
+    code, out, err = run(str(config), "--fix", "--no-prove", "--tool-args-style", style, "--format", "json")
+    shown = '{"city":"Paris"}' if style == "compact" else '{"city": "Paris"}'
+    assert (
+        f"fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) renders as the model writes it: {shown}\n"
+        in err
+    )
+    assert [finding["code"] for finding in json.loads(out) if finding["code"] == "PC004"] == []
+    separators = '(",", ":")' if style == "compact" else '(", ", ": ")'
+    assert f"tool_call.arguments | tojson(separators={separators})" in json.loads(config.read_text())["chat_template"]

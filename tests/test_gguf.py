@@ -114,7 +114,9 @@ def test_findings_and_lines_are_the_templates_own(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     code, out, _ = run(model, "--no-prove", "--format", "json")
     assert code == 1
-    found = [(f["template"], f["code"], f["line"], f["column"]) for f in json.loads(out)]
+    # The template has no lines in the binary file: JSON gives its own, and no file position.
+    assert {(f["line"], f["column"]) for f in json.loads(out)} == {(None, None)}
+    found = [(f["template"], f["code"], f["template_line"], f["template_column"]) for f in json.loads(out)]
     clock = at("PC001", CLOCK, 'strftime_now("%Y-%m-%d")')
     tool_args = at("PC004", TOOL_ARGS, "tojson")
     assert (clock, tool_args) == (("PC001", 3, 28), ("PC004", 5, 89))
@@ -570,7 +572,7 @@ def test_audit_reads_gguf_models_in_the_local_cache_and_dedupes_them(tmp_path):
     report = json.loads(result.stdout)
     rows = [(row["repo"], row["template"], row["codes"]) for row in report["rows"]]
     assert rows == [
-        ("someone/Model", None, ["PC001"]),
+        ("someone/Model", "chat_template.jinja", ["PC001"]),
         ("someone/Model-GGUF", "Model-Q4_K_M.gguf:default", ["PC001"]),
         ("someone/Model-GGUF", "Model-Q4_K_M.gguf:tool_use", ["PC004"]),
     ]
@@ -683,7 +685,7 @@ def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypat
         "big-00001-of-00002.gguf:default",
         "big-00001-of-00002.gguf:tool_use",
     ]
-    assert [name for name, _ in by_repo["org/plain"].templates] == [None]
+    assert [name for name, _ in by_repo["org/plain"].templates] == ["chat_template.jinja"]
     assert by_repo["org/broken-GGUF"].error == "x.gguf: not a GGUF file (it does not start with the GGUF magic)"
     assert hub.opened == [
         ("org/header-GGUF/big-00001-of-00002.gguf", hashlib.sha1(b"org/header-GGUF").hexdigest()),
@@ -697,7 +699,7 @@ def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypat
         "gguf:default": ["PC001"],
         "big-00001-of-00002.gguf:default": ["PC001"],
         "big-00001-of-00002.gguf:tool_use": ["PC004"],
-        None: ["PC001"],
+        "chat_template.jinja": ["PC001"],
     }
 
 

@@ -1,5 +1,5 @@
 import os
-from datetime import datetime
+from datetime import date, datetime
 
 import pytest
 from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
@@ -112,3 +112,15 @@ def test_a_template_without_a_clock_renders_no_clock_step():
     tried = report.tried()
     assert "clock with system and tools, everything later" in tried
     assert not [name for name in tried if name.startswith("clock") and not name.endswith("everything later")]
+
+
+def test_the_advised_date_is_written_in_the_templates_own_format():
+    # Llama 3.x: date_string defaults to the clock as "%d %b %Y" ("26 Jul 2024").
+    source = (
+        '{%- if not date_string is defined %}{%- set date_string = strftime_now("%d %b %Y") %}{%- endif %}\n'
+        '{{- "Today Date: " + date_string }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    )
+    _, (finding,) = lint_text(source)
+    assert finding.switch.name == "date_string"
+    assert finding.switch.stable_value == date.today().strftime("%d %b %Y")
+    assert f"set date_string={date.today().strftime('%d %b %Y')!r} to avoid it" in finding.full_message()

@@ -151,8 +151,25 @@ def test_two_findings_at_one_divergence_fail_once():
         {
             "code": "PC003",
             "name": "future-dependent-render",
-            "line": 14,
+            "line": 14,  # in the file (a .jinja file: the template's own place)
             "column": 16,
+            "template_line": 14,
+            "template_column": 16,
             "message": finding.related_findings[0].message,
         }
     ]
+
+
+def test_an_index_variable_is_advised_an_index_not_true():
+    source = (
+        "{%- if real_last_index is not defined %}{%- set real_last_index = messages|length - 1 %}{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "{%- if loop.index0 == real_last_index and message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}\n"
+        "{{- message.content }}\n"
+        "{%- endfor %}"
+    )
+    codes, (finding,) = lint_text(source)
+    assert codes == [at("PC003", source, "messages|length")]
+    assert (finding.switch.name, finding.switch.stable_value) == ("real_last_index", -1)
+    assert "set real_last_index=-1 to avoid it" in finding.full_message()
+    assert "true" not in finding.full_message()

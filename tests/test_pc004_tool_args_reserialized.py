@@ -1,5 +1,15 @@
+import shutil
+from pathlib import Path
+
 import pytest
-from helpers import at, lint_fixture, lint_text, prove_fixture
+from click.testing import CliRunner
+from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture
+
+from tmpl_lint.checker import lint_with_facts
+from tmpl_lint.cli import main
+from tmpl_lint.prover import Prover
+from tmpl_lint.rules import BY_CODE
+from tmpl_lint.sources import TemplateSource
 
 
 def test_fixture_unguarded_is_a_warning():
@@ -96,3 +106,88 @@ def test_arguments_the_template_serialises_itself_are_found_by_the_proof(engine,
     assert (divergence.scenario, divergence.check, divergence.cause) == (scenario, "c", "tool-arguments")
     assert divergence.first_divergence == len(BEFORE_ARGUMENTS + '{"city":')
     assert finding.proof.hit_rate is None  # tool calls compared, not whole prompts
+
+
+# -- named separators, and the fix that writes them ----------------------------------------
+
+LOOP = "{% for m in messages %}{% for c in m.tool_calls %}{{ X }}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'c.function.arguments|tojson(separators=(",", ":"))',
+        'c.function.arguments|tojson(separators=(", ", ": "))',
+        "c.function.arguments|tojson(indent=4)",
+    ],
+)
+def test_a_template_that_names_its_json_layout_is_taken_at_its_word(expression):
+    assert lint_text(LOOP.replace("X", expression))[0] == []
+
+
+def fix_file(tmp_path, name, *options):
+    path = tmp_path / name
+    shutil.copyfile(CORPUS / name, path)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", *options])
+    return path, result
+
+
+def test_the_fix_writes_compact_mappings_by_default_and_nothing_is_found_after(tmp_path):
+    path, result = fix_file(tmp_path, "PC004_tool_args_reserialized.jinja")
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:5:89: fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes them: "
+        'a string byte for byte, a mapping as {"city":"Paris"}'
+    )
+    patched = path.read_text()
+    assert '+ (call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":"))) +' in patched
+    assert lint_text(patched)[0] == []
+    proof = Prover(patched, None, engine="vllm").run({})
+    assert [d for d in proof.divergences() if d.cause == "tool-arguments"] == []
+    assert result.exit_code == 0
+
+
+def test_behind_a_pass_through_the_fix_names_the_separators_only(tmp_path):
+    path, result = fix_file(tmp_path, "PC004_tool_args_guarded.jinja")
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:8:43: fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) "
+        'renders as the model writes it: {"city":"Paris"}'
+    )
+    assert path.read_text().splitlines()[7] == '            {{- call.function.arguments | tojson(separators=(",", ":")) }}'
+    assert lint_text(path.read_text())[0] == []
+
+
+def test_spaced_style_writes_the_default_separators_and_the_proof_replays_them(tmp_path):
+    path, result = fix_file(tmp_path, "PC004_tool_args_guarded.jinja", "--tool-args-style", "spaced")
+    assert 'renders as the model writes it: {"city": "Paris"}' in result.stdout
+    patched = path.read_text()
+    assert patched.splitlines()[7] == '            {{- call.function.arguments | tojson(separators=(", ", ": ")) }}'
+    # The model is taken to write what the template names: nothing diverges, nothing is unexplained.
+    proof = Prover(patched, None, engine="vllm").run({})
+    assert proof.divergences() == []
+
+
+def test_separators_join_the_arguments_tojson_already_has():
+    source = LOOP.replace("X", "c.function.arguments|tojson(ensure_ascii=False)")
+    facts, findings = lint_with_facts(TemplateSource(Path("t.jinja"), None, source, "jinja"))
+    fix = BY_CODE["PC004"].fix(facts, findings[0], None)
+    (edit,) = fix.alternatives[0]
+    assert edit.text == (
+        "(c.function.arguments if c.function.arguments is string else "
+        'c.function.arguments |tojson(ensure_ascii=False, separators=(",", ":")))'
+    )
+
+
+def test_a_template_that_never_prints_arguments_is_not_fixed_and_says_why(tmp_path):
+    # No conversation tried sets show_arguments: nothing to check a fix against.
+    source = (
+        "{% for m in messages %}{{ m.content }}{% if m.show_arguments %}{% for c in m.tool_calls %}"
+        "{{ c.function.arguments|tojson }}{% endfor %}{% endif %}{% endfor %}"
+    )
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:1:{at('PC004', source, 'tojson')[2]}: not fixed PC004 [tool-args-reserialized]: no conversation the template renders prints "
+        "tool-call arguments, so the fix cannot be checked"
+    )
+    assert path.read_text() == source

@@ -1,4 +1,9 @@
-from helpers import lint_fixture, lint_text, prove_fixture
+from click.testing import CliRunner
+from helpers import CORPUS, lint_fixture, lint_text, prove_fixture
+
+from tmpl_lint.cli import main
+from tmpl_lint.fixer import found_by_proof
+from tmpl_lint.prover import Prover
 
 
 def test_fixture_with_default_stable_switch():
@@ -88,3 +93,34 @@ def test_a_default_that_still_diverges_is_never_called_stable():
     assert (related.code, related.line, related.column) == ("PC006", 22, 13)
     assert related.switch is None and related.severity == "warning"
     assert ("chat", "reply-rewrite") in finding.proof.explains
+
+
+AS_TRAINED = CORPUS / "PC006_reply_as_trained.jinja"
+
+
+def test_a_reply_whose_reasoning_history_leaves_out_as_trained_is_informational():
+    # Every past answer loses its reasoning, as gpt-oss's format drops a final answer's
+    # analysis: only the reply just generated differs from its history render.
+    codes, (finding,) = prove_fixture("PC006_reply_as_trained.jinja")
+    assert codes == [("PC006", 8, 8)]  # found by the proof, at the generation prompt's test
+    assert finding.severity == "info"
+    assert finding.message.endswith(
+        "; here only as the model's format writes a past reply (its reasoning left out, its end marker history's own): "
+        "informational"
+    )
+    divergence = finding.proof.divergence
+    # "<|user|>What is the capital of France?<|end|><|assistant|>" is 58 characters: the reply's
+    # "<think>" is where the history render ("Paris.") parts from what the model generated.
+    assert (divergence.check, divergence.first_divergence, divergence.message_index) == ("b", 58, 1)
+    assert divergence.reply_as_trained == "reasoning"
+    result = CliRunner().invoke(main, [str(AS_TRAINED)])
+    assert result.exit_code == 0  # informational findings never fail a run
+    assert result.stdout.splitlines()[-1] == "Found 1 finding (0 failing, 1 info)."
+
+
+def test_the_fixer_does_not_count_it_as_failing_and_other_divergences_do():
+    text = AS_TRAINED.read_text()
+    assert found_by_proof(Prover(text, None).run({}), []) == set()
+    # The same template counting its turns in the system line: every turn rewrites the start.
+    counting = "{{- 'turns: ' ~ (messages|length) ~ '\\n' }}" + text
+    assert ("PC100", "system") in found_by_proof(Prover(counting, None).run({}), [])

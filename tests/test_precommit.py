@@ -1,69 +1,80 @@
-"""The real pre-commit program runs this repository's hooks (pre-commit try-repo) in a
-temporary git repository: a bad template fails, the fix hook repairs it."""
+"""The real pre-commit program runs this repository's hooks, configured with the README's
+snippet, in temporary git repositories: a bad template fails, the fix hook repairs it, and
+stock Qwen3 and gpt-oss configs pass once fixed. (The hook repository and pre-commit's
+environment, built once per session, are in conftest.py.)"""
 
 from __future__ import annotations
 
-import os
-import shutil
+import re
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
-from helpers import CORPUS, PROJECT
+from conftest import PRE_COMMIT, consumer, needs_pre_commit
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
-pre_commit = shutil.which("pre-commit") or (shutil.which("pre-commit", path=os.path.dirname(sys.executable)))
-pytestmark = pytest.mark.skipif(not pre_commit or not (PROJECT / ".git").exists(), reason="needs pre-commit and a git checkout")
-
-
-def git(*args, cwd):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+pytestmark = needs_pre_commit
 
 
-def try_repo(hook, cwd, env):
+def run_hooks(repo: Path, env, *hooks: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [pre_commit, "try-repo", str(PROJECT), hook, "--files", "chat_template.jinja"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+        [PRE_COMMIT, "run", *hooks, "--all-files"], cwd=repo, env=env, capture_output=True, text=True, timeout=900
     )
 
 
-def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git("init", "-q", cwd=repo)
-    git("config", "user.email", "test@example.invalid", cwd=repo)
-    git("config", "user.name", "test", cwd=repo)
-    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", repo / "chat_template.jinja")
-    git("add", ".", cwd=repo)
-    identity = {
-        "GIT_AUTHOR_NAME": "test",
-        "GIT_AUTHOR_EMAIL": "test@example.invalid",
-        "GIT_COMMITTER_NAME": "test",
-        "GIT_COMMITTER_EMAIL": "test@example.invalid",
-    }
-    env = {**os.environ, **identity, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "NO_COLOR": "1"}
+def hook_lines(result) -> list[str]:
+    """pre-commit's one status line per hook: 'tmpl-lint....Passed' as ('tmpl-lint', 'Passed')."""
+    return [
+        (match.group(1), match.group(2))
+        for match in re.finditer(
+            r"^(tmpl-lint(?: \(fix\))?)\.+(Passed|Failed|\(no files to check\)Skipped)$", result.stdout, re.M
+        )
+    ]
 
-    checked = try_repo("tmpl-lint", repo, env)
+
+def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path, hook_repository, environment):
+    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    checked = run_hooks(repo, environment, "tmpl-lint")
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert "tmpl-lint....." in checked.stdout and "Failed" in checked.stdout
+    assert hook_lines(checked) == [("tmpl-lint", "Failed")]
     assert "chat_template.jinja:3:28: PC001 [live-clock]" in checked.stdout
 
-    fixed = try_repo("tmpl-lint-fix", repo, env)
+    fixed = run_hooks(repo, environment, "tmpl-lint-fix")
     assert fixed.returncode == 1  # pre-commit fails a hook that modifies files
     assert "files were modified by this hook" in fixed.stdout
-    assert "fixed PC001 [live-clock]" in fixed.stdout
+    assert "chat_template.jinja:3:28: fixed PC001 [live-clock]" in fixed.stdout
     assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
 
-    again = try_repo("tmpl-lint", repo, env)
+    again = run_hooks(repo, environment, "tmpl-lint")
     assert again.returncode == 0, again.stdout
-    assert "Passed" in again.stdout
+    assert hook_lines(again) == [("tmpl-lint", "Passed")]
 
-    # A template vLLM never reads (gpt-oss's harmony markup) does not fail on vLLM's own
-    # render: PC103 is not the file's to fix.
-    shutil.copyfile(CORPUS / "PC103_engine_render_unstable.jinja", repo / "chat_template.jinja")
-    engine_only = try_repo("tmpl-lint", repo, env)
+
+def test_a_template_vllm_never_reads_does_not_fail_on_vllms_render(tmp_path, hook_repository, environment):
+    # gpt-oss's harmony markup: PC103 is about the engine, not the file's to fix.
+    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC103_engine_render_unstable.jinja"})
+    engine_only = run_hooks(repo, environment, "tmpl-lint")
     assert engine_only.returncode == 0, engine_only.stdout
     assert "PC103" not in engine_only.stdout
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    ("model", "files"),
+    [
+        ("qwen3", ["tokenizer_config.json"]),
+        # the template in chat_template.jinja, beside a tokenizer_config.json without one
+        ("gpt-oss", ["tokenizer_config.json", "chat_template.jinja"]),
+    ],
+)
+def test_a_stock_config_passes_the_readme_hooks_once_fixed(tmp_path, hook_repository, environment, model, files):
+    repo = consumer(tmp_path, hook_repository, {f"{model}/{name}": SHARED_TOKENIZERS / model / name for name in files})
+    first = run_hooks(repo, environment)
+    # the check fails on the stock template, the fix hook rewrites it
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert hook_lines(first) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Failed")]
+    assert "files were modified by this hook" in first.stdout
+    assert "not fixed" not in first.stdout.replace("not fixed PC006", "")  # every failing finding had a fix
+    second = run_hooks(repo, environment)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert hook_lines(second) == [("tmpl-lint", "Passed"), ("tmpl-lint (fix)", "Passed")]

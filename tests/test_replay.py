@@ -501,3 +501,34 @@ def test_what_else_the_client_changed():
     assert (found.detail, found.message_index) == ("tools changed", None)
     options = {"messages": [*messages, reply], "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
     assert client_change(previous, reply, Call(2, options)).detail == "request options changed"
+
+
+def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path):
+    from test_diff import serving
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    log = tmp_path / "traffic.jsonl"
+    calls = [
+        {"model": "gpt-4o", "user": "s1", "messages": [{"role": "user", "content": "Hi"}]},
+        {
+            "model": "gpt-4o",
+            "user": "s1",
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "Bye"},
+            ],
+        },
+    ]
+    log.write_text("".join(json.dumps(call) + "\n" for call in calls))
+    with serving() as (handler, url):
+        result = CliRunner().invoke(
+            main, ["replay", str(log), "--template", str(template), "--server", url, "--session-key", "user", "--format", "json"]
+        )
+        assert [request["model"] for _, request in handler.seen] == ["served-model", "served-model"]
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"tmpl-lint: note: {url} does not serve 'gpt-4o', the request's model: using 'served-model', the model it serves\n"
+    )
+    json.loads(result.stdout)

@@ -133,13 +133,17 @@ def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkey
             r["properties"]["template"],
             r["properties"]["templateLine"],
             r["locations"][0]["physicalLocation"]["region"]["startLine"],
+            r["locations"][0]["physicalLocation"]["region"]["startColumn"],
         )
         for r in json.loads(out)["runs"][0]["results"]
     ]
+    lines = (tmp_path / "serving.py").read_text().splitlines()
     assert found == [
-        ("PC001", "chat_template@2", 3, 2),  # escaped newlines: the whole template is on line 2
-        ("PC001", "chat_template@6", 3, 8),  # a backslash continuation joins file lines 8 and 9
-        ("PC005", "chat_template@6", 4, 10),
+        # escaped newlines: the whole template is on line 2, the call where it is written
+        ("PC001", "chat_template@2", 3, 2, lines[1].index("strftime_now") + 1),
+        # a backslash continuation joins file lines 8 and 9: the call is on line 9
+        ("PC001", "chat_template@6", 3, 9, lines[8].index("strftime_now") + 1),
+        ("PC005", "chat_template@6", 4, 10, lines[9].index("lipsum") + 1),
     ]
 
 
@@ -238,3 +242,25 @@ def test_one_divergence_one_failing_finding_the_other_a_related_location(tmp_pat
     code, out, _ = run("chat_template.jinja")
     assert "      related: 14:16: PC003 [future-dependent-render] shows the same divergence: `loop.last`" in out
     assert out.splitlines()[-1] == "Found 1 finding (1 failing)."
+
+
+def test_locations_are_in_the_file_and_json_names_the_templates_own(tmp_path, monkeypatch):
+    # A two-line chat_template.json whose template has many lines: the finding is on line 2
+    # of the file, at the call's column counted in the file (escapes included).
+    template = "{#- a note #}\n" * 9 + '{{ "Today: " + strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    document = '{\n  "chat_template": ' + json.dumps(template) + "}\n"
+    (tmp_path / "chat_template.json").write_text(document)
+    monkeypatch.chdir(tmp_path)
+    column = document.splitlines()[1].index("strftime_now") + 1
+    code, out, _ = run("chat_template.json", "-q", "--no-prove")
+    assert out.startswith(f"chat_template.json:2:{column}: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)`")
+    code, out, _ = run("chat_template.json", "--format", "json", "--no-prove")
+    (finding,) = json.loads(out)
+    assert (finding["line"], finding["column"]) == (2, column)
+    assert (finding["template_line"], finding["template_column"]) == (10, template.splitlines()[9].index("strftime_now") + 1)
+    # the text report shows the template's own line under it, and says it is the template's
+    code, out, _ = run("chat_template.json", "--no-prove")
+    assert (
+        out.splitlines()[1]
+        == 'template line 10 | {{ "Today: " + strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    )

@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from tmpl_lint.cli import main
 from tmpl_lint.sources import SourceError, collect, read_bytes
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -179,3 +181,19 @@ def test_deeply_nested_json_is_one_error_and_the_batch_goes_on(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"tmpl-lint: error: {deep}: invalid JSON: nested too deeply to read\n"
     assert [(finding["path"], finding["code"]) for finding in json.loads(result.stdout)] == [(str(fine), "PC001")]
+
+
+def test_a_template_less_tokenizer_config_beside_a_template_file_is_not_an_error(tmp_path):
+    # gpt-oss: the template is chat_template.jinja; tokenizer_config.json has none, and
+    # pre-commit names both files.
+    config = write(tmp_path / "tokenizer_config.json", {"eos_token": "<|return|>"})
+    template = write(tmp_path / "chat_template.jinja", TEMPLATE)
+    sources, errors = collect([config, template])
+    assert (errors, [source.path for source in sources]) == ([], [template])
+    # named alone, it holds nothing to lint: a warning, not an error
+    result = CliRunner().invoke(main, [str(config), "--no-prove"])
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert result.stderr == "tmpl-lint: warning: no chat templates found in the given paths\n"
+    # without the template file beside it, it is the error it was
+    template.unlink()
+    assert [str(error) for error in collect([config])[1]] == [f"{config}: no chat_template key"]

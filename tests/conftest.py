@@ -1,0 +1,99 @@
+"""Session fixtures: this project as pre-commit installs it.
+
+pre-commit installs a hook repository into an environment of its own, which takes most of
+the time of a pre-commit test: one repository (this working tree, committed and tagged
+with the README's rev) and one environment serve the whole session. The environment is
+also this project installed the way a user installs it, without extras (test_packaging).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import PROJECT
+
+PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
+needs_pre_commit = pytest.mark.skipif(
+    not PRE_COMMIT or not (PROJECT / ".git").exists(), reason="needs pre-commit and a git checkout"
+)
+
+
+def readme_snippet() -> str:
+    """The README's .pre-commit-config.yaml, as a user copies it."""
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    return re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", readme, re.DOTALL).group(1)
+
+
+def snippet_rev() -> str:
+    return re.search(r"^\s+rev: (\S+)$", readme_snippet(), re.MULTILINE).group(1)
+
+
+def git(*args, cwd, env=None):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env)
+
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
+}
+
+
+@pytest.fixture(scope="session")
+def hook_repository(tmp_path_factory) -> Path:
+    """This working tree as pre-commit fetches a hook repository: committed (uncommitted
+    changes included) and tagged with the README's rev."""
+    snapshot = tmp_path_factory.mktemp("tmpl-lint")
+    listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=PROJECT).stdout.split("\0")
+    for name in filter(None, listed):
+        source = PROJECT / name
+        if source.is_file():
+            (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, snapshot / name)
+    environment = {**os.environ, **IDENTITY}
+    git("init", "-q", cwd=snapshot)
+    git("add", ".", cwd=snapshot)
+    git("commit", "-qm", "snapshot", cwd=snapshot, env=environment)
+    git("tag", snippet_rev(), cwd=snapshot)
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def environment(tmp_path_factory, hook_repository) -> dict[str, str]:
+    """pre-commit's environment, with the hooks installed once for the session."""
+    home = tmp_path_factory.mktemp("pre-commit-home")
+    env = {**os.environ, **IDENTITY, "PRE_COMMIT_HOME": str(home), "NO_COLOR": "1"}
+    repo = consumer(tmp_path_factory.mktemp("install"), hook_repository, {})
+    subprocess.run([PRE_COMMIT, "install-hooks"], cwd=repo, env=env, check=True, capture_output=True, timeout=900)
+    return env
+
+
+def consumer(root: Path, hook_repository: Path, files: dict[str, Path]) -> Path:
+    """A git repository with the README's pre-commit config and ``files`` (name: source),
+    committed."""
+    repo = root / "repo"
+    repo.mkdir()
+    config = readme_snippet().replace(re.search(r"repo: (\S+)", readme_snippet()).group(1), str(hook_repository))
+    (repo / ".pre-commit-config.yaml").write_text(config)
+    for name, source in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, repo / name)
+        (repo / name).chmod(0o644)
+    git("init", "-q", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "start", "--no-verify", cwd=repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def installed(environment) -> Path:
+    """The bin directory of pre-commit's environment: tmpl-lint installed without extras."""
+    (found,) = Path(environment["PRE_COMMIT_HOME"]).glob("repo*/py_env-*/bin/tmpl-lint")
+    return found.parent

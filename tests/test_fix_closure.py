@@ -1,0 +1,100 @@
+"""Fix closure over the shared corpus: after --fix, a plain run reports none of the
+findings the fixer said it fixed, nothing new fails, and every finding of a fixable rule
+was either fixed or declined with a reason (ruff's "fix sometimes available").
+
+The 67 templates are fixed in chunks, one test each, so the run can be spread over
+workers (pytest -n) and a failure names its templates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import SHARED_TEMPLATES, needs_shared
+
+from tmpl_lint.rules import RULES
+
+pytestmark = needs_shared
+
+FIXABLE = {rule.RULE.code for rule in RULES if hasattr(rule, "fix")}
+TEMPLATES = sorted(SHARED_TEMPLATES.glob("*.jinja")) if SHARED_TEMPLATES.is_dir() else []
+CHUNKS = 8
+FIX_LINE = re.compile(r"^(?P<path>.+?):\d+:\d+: (?P<verb>fixed|not fixed) (?P<code>PC\d{3}) \[[\w-]+\]: (?P<said>.+)$")
+
+
+def lint(directory: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(directory), "--format", "json", "--frozen-date", "2026-01-15", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+def by_template(findings: list[dict]) -> dict[str, list[dict]]:
+    grouped: dict[str, list[dict]] = {}
+    for finding in findings:
+        grouped.setdefault(Path(finding["path"]).name, []).append(finding)
+    return grouped
+
+
+def fails(finding: dict) -> bool:
+    return finding["fails"]
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_fix_closure(tmp_path, chunk):
+    names = [path.name for path in TEMPLATES[chunk::CHUNKS]]
+    assert names, "the shared corpus has templates"
+    for name in names:
+        shutil.copyfile(SHARED_TEMPLATES / name, tmp_path / name)
+        (tmp_path / name).chmod(0o644)
+    before = lint(tmp_path)
+    assert before.returncode in (0, 1), before.stderr
+    found_before = by_template(json.loads(before.stdout))
+    # What the fixer works from: the static findings (a proven run folds findings one
+    # divergence shows into one, and adds those only its proof finds).
+    static = lint(tmp_path, "--no-prove")
+    static_before = by_template(json.loads(static.stdout))
+
+    fixing = lint(tmp_path, "--fix")
+    # --fix --format json: standard output is the report of what remains, and only that
+    remaining_after_fix = json.loads(fixing.stdout)
+    said: dict[str, Counter] = {}
+    for line in fixing.stderr.splitlines():
+        match = FIX_LINE.match(line)
+        assert match, f"--fix says something that is not a fix line: {line!r}"
+        assert match["said"].strip(), line  # a fix says what it changes; a declined one why
+        said.setdefault(Path(match["path"]).name, Counter())[(match["verb"], match["code"])] += 1
+
+    after = lint(tmp_path)
+    assert json.loads(after.stdout) == remaining_after_fix  # what --fix reported is what the file now holds
+    found_after = by_template(remaining_after_fix)
+    assert after.returncode == (1 if any(fails(f) for f in remaining_after_fix) else 0)
+
+    for name in names:
+        told = said.get(name, Counter())
+        was, now = found_before.get(name, []), found_after.get(name, [])
+        # every finding of a fixable rule was fixed, or declined with its reason
+        for code in FIXABLE:
+            count = sum(1 for finding in static_before.get(name, []) if finding["code"] == code)
+            assert told[("fixed", code)] + told[("not fixed", code)] == count, (name, code)
+        for code in FIXABLE:
+            if not told[("fixed", code)]:
+                continue  # not fixed here: whatever stays is what was there (checked below)
+            declined = told[("not fixed", code)]
+            # what stays of a rule the fixer fixed is a finding it declined, or one that now
+            # applies only to a caller who opts in (the switch's default became stable)
+            stays = [f for f in now if f["code"] == code and not (f["switch"] or {}).get("default_is_stable")]
+            assert len(stays) <= declined, (name, code, [f["message"] for f in stays])
+        # nothing fails that did not fail before the fix
+        failing_before = {finding["code"] for finding in was if fails(finding)}
+        new = [f"{f['code']}: {f['message']}" for f in now if fails(f) and f["code"] not in failing_before]
+        assert new == [], name

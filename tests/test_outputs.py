@@ -1,0 +1,188 @@
+"""What a script reads: standard output holds one format in every mode, --diff is a patch
+of the real file that git apply and patch -p1 apply, and every outcome is said honestly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
+
+from tmpl_lint.cli import main
+
+FROZEN = "2026-01-15"
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def git(*args, cwd):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def repository(tmp_path, files):
+    """A git repository holding ``files`` (name: source path), committed."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, source in files.items():
+        shutil.copyfile(source, repo / name)
+        (repo / name).chmod(0o644)
+    git("init", "-q", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "start", cwd=repo)
+    return repo
+
+
+def fixed_bytes(repo, name, monkeypatch):
+    """What --fix writes for ``name``, leaving the repository as it was."""
+    original = (repo / name).read_bytes()
+    monkeypatch.chdir(repo)
+    run(name, "--fix", "--no-prove", "--frozen-date", FROZEN)
+    written = (repo / name).read_bytes()
+    (repo / name).write_bytes(original)
+    return written
+
+
+def check_patch_applies(repo, name, patch, expected):
+    (repo.parent / "fix.patch").write_text(patch)
+    git("apply", "--check", str(repo.parent / "fix.patch"), cwd=repo)
+    git("apply", str(repo.parent / "fix.patch"), cwd=repo)
+    assert (repo / name).read_bytes() == expected
+    git("checkout", "-q", name, cwd=repo)
+    subprocess.run(["patch", "-p1", "-s", "-i", str(repo.parent / "fix.patch")], cwd=repo, check=True)
+    assert (repo / name).read_bytes() == expected
+
+
+CASES = [
+    ("chat_template.jinja", CORPUS / "PC004_tool_args_reserialized.jinja"),
+    ("chat_template.jinja", CORPUS / "PC001_live_clock.jinja"),
+]
+
+
+@pytest.mark.parametrize(("name", "source"), CASES)
+def test_diff_is_the_patch_fix_would_write_and_nothing_else(tmp_path, monkeypatch, name, source):
+    repo = repository(tmp_path, {name: source})
+    expected = fixed_bytes(repo, name, monkeypatch)
+    assert expected != source.read_bytes()
+    code, out, err = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert code == 1  # as ruff: --diff exits 1 when it would change a file
+    assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ ")
+    assert " would fix " in err and ": fixed " not in err
+    assert (repo / name).read_bytes() == source.read_bytes()  # --diff writes nothing
+    check_patch_applies(repo, name, out, expected)
+
+
+def test_diff_of_a_file_without_a_final_newline_applies(tmp_path, monkeypatch):
+    source = tmp_path / "source.jinja"
+    source.write_text("{%- for m in messages %}{{ m.content }}{%- endfor %}\n{{- 'Date: ' + strftime_now('%Y-%m-%d') }}")
+    repo = repository(tmp_path, {"chat_template.jinja": source})
+    expected = fixed_bytes(repo, "chat_template.jinja", monkeypatch)
+    code, out, _ = run("chat_template.jinja", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert out.endswith("\n\\ No newline at end of file\n")
+    check_patch_applies(repo, "chat_template.jinja", out, expected)
+
+
+@needs_shared
+def test_diff_of_a_stock_qwen3_config_is_file_relative_and_applies(tmp_path, monkeypatch):
+    name = "tokenizer_config.json"
+    repo = repository(tmp_path, {name: SHARED_TOKENIZERS / "qwen3" / name})
+    expected = fixed_bytes(repo, name, monkeypatch)
+    code, out, err = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    # The template is the value on line 230 of the file: the hunk is there, not at a template line.
+    assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ -227,7 +227,7 @@\n")
+    assert out.count("\n-") == 1 and out.count("\n+") == 2  # one line of the file changes
+    check_patch_applies(repo, name, out, expected)
+
+
+@pytest.mark.parametrize("mode", [[], ["--fix"], ["--diff"], ["-q"], ["--fix", "-q"]])
+def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
+    shutil.copyfile(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path / "a.jinja")
+    shutil.copyfile(CORPUS / "PC006_generation_prompt_mismatch.jinja", tmp_path / "b.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("a.jinja", "b.jinja", "missing.jinja", "--format", "json", "--no-prove", *mode)
+    findings = json.loads(out)
+    fixing = bool(mode) and mode[0] in ("--fix", "--diff")
+    # --fix and --diff make PC002's switch default stable (it stays for callers who opt in:
+    # informational); PC006 (only with enable_thinking=false) has no fix
+    found = {(finding["code"], finding["severity"]) for finding in findings}
+    assert found == {("PC002", "info" if fixing else "warning"), ("PC006", "info")}
+    assert code == 2  # the missing input
+    assert "tmpl-lint: error: missing.jinja: no such file or directory\n" in err
+    if fixing:
+        verb = "fixed" if mode[0] == "--fix" else "would fix"
+        assert f"a.jinja:11:87: {verb} PC002 [history-rewrite]" in err
+    expected_patch = "--- a/a.jinja" in err
+    assert expected_patch == (mode[:1] == ["--diff"])  # the patch goes where the report does not
+
+
+@pytest.mark.parametrize("output_format", ["sarif", "github"])
+def test_sarif_and_github_stdout_hold_only_their_format_when_fixing(tmp_path, monkeypatch, output_format):
+    shutil.copyfile(CORPUS / "PC006_generation_prompt_mismatch.jinja", tmp_path / "b.jinja")
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "a.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("a.jinja", "b.jinja", "--fix", "--no-prove", "--format", output_format)
+    if output_format == "sarif":
+        results = json.loads(out)["runs"][0]["results"]
+        assert [result["ruleId"] for result in results] == ["PC006"]
+    else:
+        assert out.splitlines() and all(line.startswith("::notice file=b.jinja,") for line in out.splitlines())
+    assert "a.jinja:3:28: fixed PC001 [live-clock]" in err
+
+
+def test_no_templates_found_is_a_warning_and_nothing_passes(tmp_path):
+    code, out, err = run(str(tmp_path), "--no-prove")
+    assert (code, out, err) == (0, "", "tmpl-lint: warning: no chat templates found in the given paths\n")
+    code, out, err = run(str(tmp_path), "--no-prove", "--format", "json")
+    assert (code, json.loads(out)) == (0, [])
+
+
+def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
+    missing = tmp_path / "missing.jinja"
+    code, out, err = run(str(missing), str(CORPUS / "clean_chatml.jinja"), "--no-prove")
+    assert code == 2
+    assert out == "No findings; 1 input could not be read (see the errors above).\n"
+    assert err == f"tmpl-lint: error: {missing}: no such file or directory\n"
+    code, out, _ = run(str(missing), str(CORPUS / "PC001_live_clock.jinja"), "--no-prove")
+    assert out.splitlines()[-1] == (
+        "Found 1 finding (1 failing; 1 of the failing unproven); 1 input could not be read (see the errors above)."
+    )
+
+
+def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
+    import os
+    import pty
+    import sys
+
+    templates = tmp_path / "templates"
+    shutil.copytree(CORPUS, templates)  # several seconds of proving, one template at a time
+    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q"]
+    environment = {**os.environ, "COLUMNS": "100"}
+    # stderr a terminal: the bar is drawn there, and standard output is the report alone.
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, env=environment)
+    os.close(secondary)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    out = process.stdout.read().decode()
+    process.wait()
+    os.close(primary)
+    count = len([path for path in templates.iterdir() if path.suffix == ".jinja"])
+    assert b"proving templates" in drawn
+    assert f"/{count}".encode() in drawn
+    assert "proving templates" not in out
+    # stderr a pipe: nothing but what the run has to say
+    quiet = subprocess.run(command, capture_output=True, text=True, env=environment)
+    assert quiet.stderr == ""
+    assert quiet.stdout == out
