@@ -12,6 +12,7 @@ import re
 import subprocess
 import tomllib
 
+import pytest
 from click.testing import CliRunner
 from conftest import needs_pre_commit, snippet_rev
 from helpers import CORPUS, PROJECT
@@ -32,6 +33,9 @@ def test_version_is_one_figure_everywhere():
 @needs_pre_commit
 def test_the_readme_snippet_names_a_tag_of_this_repository():
     rev = snippet_rev()
+    tags = subprocess.run(["git", "tag", "--list"], cwd=PROJECT, capture_output=True, text=True).stdout
+    if not tags.strip():
+        pytest.skip("this checkout carries no tags (a clone made without them)")
     found = subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/tags/{rev}"], cwd=PROJECT, capture_output=True)
     assert found.returncode == 0, f"tag {rev} does not exist: make it on the commit that releases {__version__}"
 
