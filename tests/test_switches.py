@@ -156,7 +156,7 @@ def switch_templates(draw) -> str:
     return "\n".join(parts)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(switch_templates())
 def test_generated_templates_trials_match_reanalysis(text: str):
     compare_paths(text)
