@@ -16,6 +16,7 @@ import click
 from . import __version__
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
+from .engines import ENGINES
 from .progress import ProgressBar
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
@@ -46,6 +47,16 @@ def main() -> None:
     `tmpl-lint PATH...` lints tokenizer_config.json, chat_template.jinja / .json, *.jinja
     files, model directories and directories of them.
     """
+
+
+# One --engine for every command that renders: check, diff, audit and replay.
+engine_option = click.option(
+    "--engine",
+    type=click.Choice(list(ENGINES)),
+    default="vllm",
+    show_default=True,
+    help="Whose request preprocessing to apply before rendering (see `engines.py`).",
+)
 
 
 def use_colour() -> bool:
@@ -102,13 +113,7 @@ def use_colour() -> bool:
     show_default=True,
     help="Characters one render may print.",
 )
-@click.option(
-    "--engine",
-    type=click.Choice(["vllm", "hf"]),
-    default="vllm",
-    show_default=True,
-    help="Whose request preprocessing proofs apply before rendering.",
-)
+@engine_option
 @click.option(
     "--tool-args-style",
     type=click.Choice(["compact", "spaced"]),
@@ -295,13 +300,7 @@ def rules() -> None:
 @click.option("--model", help="Served model name for --server (default: the only one served).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option(
-    "--engine",
-    type=click.Choice(["vllm", "hf"]),
-    default="vllm",
-    show_default=True,
-    help="Whose request preprocessing to apply before rendering.",
-)
+@engine_option
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
@@ -366,7 +365,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 @click.option(
     "--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report."
 )
-@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+@engine_option
 def audit(
     specs,
     from_file,
@@ -485,7 +484,7 @@ def audit(
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
-@click.option("--engine", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+@engine_option
 @click.option(
     "--cache-model",
     type=click.Choice(["vllm", "sglang", "llamacpp"]),
