@@ -96,7 +96,7 @@ def render_floor(text: str, requests: list[tuple], tokenizer) -> None:
         except (RenderError, EngineError):
             continue  # the proof meets the same refusal
         if engine != HARMONY:
-            tokenizer.encode(prompt)
+            tokenizer.encode(prompt.text)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ tokens = 0
 for call in read_log(Path(sys.argv[1]))[0]:
     clock.set(call.timestamp or datetime(2026, 3, 1))
     text = render_prompt("vllm", template, call.messages, clock=clock, tools=call.tools,
-                         special_tokens=tokenizer.special_tokens)
+                         special_tokens=tokenizer.special_tokens).text
     tokens += len(tokenizer.encode(text))
 print(tokens)
 """

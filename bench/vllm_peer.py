@@ -71,7 +71,7 @@ def main() -> None:
                 tools=scenario.tools,
                 kwargs=scenario.kwargs,
                 special_tokens=tokenizer.special_tokens,
-            )
+            ).text
             body = {"messages": request_messages, "chat_template_kwargs": scenario.kwargs}
             if scenario.tools:
                 body["tools"] = scenario.tools

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .engines import EngineError, engine_tokenizer, render_prompt
+from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
 from .proofs import Divergence
 from .prover import Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock, RenderError
@@ -105,14 +105,13 @@ def diff_requests(
     engine: str = "vllm",
 ) -> Divergence:
     measure = Measure(tokenizer or engine_tokenizer(engine))
-    texts: list[str | None] = [None, None]
+    prompts: list[Prompt] = []
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now
         tokens = resolve_special_tokens(tokenizer, special_tokens)
-        texts = []
         for request in (first, second):
             try:
-                texts.append(
+                prompts.append(
                     render_prompt(
                         engine,
                         template,
@@ -126,11 +125,12 @@ def diff_requests(
                 )
             except (RenderError, EngineError) as error:
                 raise RequestError(f"{request.path}: the template fails on this request: {error}") from None
+    texts: list[str | None] = [prompt.text for prompt in prompts] if prompts else [None, None]
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"
     else:
-        ids = [measure.ids(text) for text in texts]
+        ids = [measure.prompt_ids(prompt) for prompt in prompts]
         unit = measure.unit
     return compare_prompts(
         "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size

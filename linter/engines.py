@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -147,17 +148,15 @@ def prepare(
     return prepared, merged
 
 
-class RenderedPrompt(str):
-    """A prompt's text that also carries the token ids the engine itself produced, where it
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: its text, and the token ids the engine itself produced where it
     tokenizes piece by piece (harmony encodes message text as text: a literal "<|end|>" in
-    a message is not the special token its decoded text would encode to)."""
+    a message is not the special token its decoded text would encode to). ``token_ids`` is
+    None where the engine tokenizes the whole text, as vLLM does a template's render."""
 
-    token_ids: list[int]
-
-    def __new__(cls, text: str, token_ids: list[int]):
-        prompt = super().__new__(cls, text)
-        prompt.token_ids = token_ids
-        return prompt
+    text: str
+    token_ids: tuple[int, ...] | None = None
 
 
 def render_prompt(
@@ -172,8 +171,8 @@ def render_prompt(
     special_tokens: dict[str, Any] | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
     reasoning_effort: str | None = None,
-) -> str:
-    """The prompt ``engine`` would tokenize for a request, as text.
+) -> Prompt:
+    """The prompt ``engine`` would tokenize for a request.
 
     Without a generation prompt the conversation is taken to end in the model's latest
     reply as it was generated (the prover's "reply as generated").
@@ -182,9 +181,9 @@ def render_prompt(
         from .harmony import harmony_encoding, harmony_prompt_ids
 
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
-        return RenderedPrompt(harmony_encoding().decode_utf8(ids), ids)
+        return Prompt(harmony_encoding().decode_utf8(ids), tuple(ids))
     prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
-    return render(
+    text = render(
         template,
         prepared,
         clock=clock,
@@ -194,6 +193,7 @@ def render_prompt(
         template_kwargs=merged,
         limits=limits,
     )
+    return Prompt(text)
 
 
 # --- gpt-oss on vLLM: openai-harmony, not the template -------------------------------

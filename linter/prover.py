@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from .analysis import Site
-from .engines import HARMONY, EngineError, RenderedPrompt, engine_tokenizer, render_prompt
+from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prompt
 from .findings import Finding, Outcome, Switch
 from .proofs import Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
@@ -49,9 +49,12 @@ class Measure:
         return "token" if self.tokenizer else "char"
 
     def ids(self, text: str) -> list[int]:
-        if isinstance(text, RenderedPrompt):
-            return list(text.token_ids)  # the engine's own tokenization
         return self.tokenizer.encode(text) if self.tokenizer else list(map(ord, text))
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        if prompt.token_ids is not None:
+            return list(prompt.token_ids)  # the engine's own tokenization
+        return self.ids(prompt.text)
 
 
 @dataclass
@@ -253,10 +256,10 @@ class Prover:
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
-        self._renders: dict[str, str] | None = None
+        self._renders: dict[str, Prompt] | None = None
         self._model_separators: tuple[str, str] | None = None
 
-    def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
+    def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> Prompt:
         """The prompt for one request, rendered once per request while ``_renders`` keeps
         them: scenarios repeat requests (the chat scenarios again for the second shape of
         tool-call arguments, say)."""
@@ -270,7 +273,7 @@ class Prover:
                 return self._renders[key]
         self.clock.set(at)
         try:
-            text = render_prompt(
+            prompt = render_prompt(
                 self.engine,
                 self.template,
                 messages,
@@ -284,8 +287,8 @@ class Prover:
         except EngineError as error:
             raise RenderError(f"{self.engine} rejects the request: {error}") from None
         if key is not None:
-            self._renders[key] = text
-        return text
+            self._renders[key] = prompt
+        return prompt
 
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
         self._renders = {}
@@ -349,22 +352,23 @@ class Prover:
         result = ScenarioResult(scenario)
         try:
             prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
-            replies = [self.generated(scenario, call, prompt) for call, prompt in zip(scenario.calls, prompts)]
-            ids = [self.measure.ids(prompt) for prompt in prompts]
+            replies = [self.generated(scenario, call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
+            ids = [self.measure.prompt_ids(prompt) for prompt in prompts]
             for index in range(len(prompts) - 1):
                 call, following = scenario.calls[index], scenario.calls[index + 1]
                 reply = replies[index]
-                checks = [("a", prompts[index], ids[index])]
+                text = prompts[index].text
+                checks = [("a", text, ids[index])]
                 if reply is not None:
-                    checks.append(("b", prompts[index] + reply.text, ids[index] + self.measure.ids(reply.text)))
+                    checks.append(("b", text + reply.text, ids[index] + self.measure.ids(reply.text)))
                 for check, cached_text, cached_ids in checks:
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
                         # Where the generation prompt sits in prompt N: after the text it shares
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
-                        bare = self.render(scenario, call.messages, call.clock, False)
-                        opener = (common_prefix(bare, prompts[index]), len(prompts[index]))
+                        bare = self.render(scenario, call.messages, call.clock, False).text
+                        opener = (common_prefix(bare, text), len(text))
                     result.divergences.append(
                         compare_prompts(
                             scenario.name,
@@ -372,7 +376,7 @@ class Prover:
                             check,
                             cached_text,
                             cached_ids,
-                            prompts[index + 1],
+                            prompts[index + 1].text,
                             ids[index + 1],
                             following.messages,
                             len(call.messages),
@@ -399,7 +403,8 @@ class Prover:
                 if not (call.reply or {}).get("tool_calls"):
                     continue
                 following = scenario.calls[index + 1]
-                next_text = self.render(scenario, following.messages, following.clock, True)
+                next_prompt = self.render(scenario, following.messages, following.clock, True)
+                next_text = next_prompt.text
                 cached_text = as_written_in(next_text, call.reply, self.model_separators())
                 if cached_text is None:
                     continue  # printed in a form of its own (XML parameters...): nothing to compare
@@ -411,7 +416,7 @@ class Prover:
                         cached_text,
                         self.measure.ids(cached_text),
                         next_text,
-                        self.measure.ids(next_text),
+                        self.measure.prompt_ids(next_prompt),
                         following.messages,
                         len(call.messages),
                         self.measure.unit,
@@ -442,7 +447,7 @@ class Prover:
         where the template prints none of it."""
         if call.reply is None:
             return None
-        with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False)
+        with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False).text
         start = reply_start(prompt, with_reply)
         text = stop_after_reply(with_reply[start:], call.reply)
         end = start + len(text)

@@ -43,7 +43,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .engines import ENGINES, HARMONY, EngineError, RenderedPrompt, engine_tokenizer, prepare, render_prompt
+from .engines import ENGINES, HARMONY, EngineError, Prompt, engine_tokenizer, prepare, render_prompt
 from .kv_cache import CacheError, CacheModel, CacheRequest, make_cache
 from .proofs import Cause
 from .prover import STOP_MARKER, Measure, compare_prompts, reply_start, stop_after_reply
@@ -454,7 +454,7 @@ class Tracer:
     def unit(self) -> str:
         return "token" if self.server_ids else self.measure.unit
 
-    def render(self, call: Call, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def render(self, call: Call, messages: list[dict[str, Any]], generation_prompt: bool) -> Prompt:
         self.clock.set(call.timestamp or datetime.now())
         try:
             return render_prompt(
@@ -475,12 +475,12 @@ class Tracer:
             raise RenderError(f"{type(error).__name__}: {error}") from None
 
     def prompt(self, call: Call, previous: Encoded | None) -> Encoded:
-        text = self.render(call, call.messages, True)
+        rendered = self.render(call, call.messages, True)
         if self.server_ids:
-            return Encoded(text, self.server_ids(call.body))
-        if isinstance(text, RenderedPrompt):
-            return Encoded(str(text), list(text.token_ids))  # the engine's own tokenization
-        return self.encoder.encode(text, previous)
+            return Encoded(rendered.text, self.server_ids(call.body))
+        if rendered.token_ids is not None:
+            return Encoded(rendered.text, list(rendered.token_ids))  # the engine's own tokenization
+        return self.encoder.encode(rendered.text, previous)
 
     def generated(self, call: Call, prompt: str, reply: dict[str, Any] | None) -> tuple[list[int], str]:
         """The reply as the model generated it: its logged token ids, else the template's
@@ -493,7 +493,7 @@ class Tracer:
         if reply is None:
             return [], ""
         reply = {key: value for key, value in reply.items() if value is not None}
-        with_reply = self.render(call, call.messages + [reply], False)
+        with_reply = self.render(call, call.messages + [reply], False).text
         text = with_reply[reply_start(prompt, with_reply) :]
         # The arguments as the model wrote them, not as the template re-serialises a mapping.
         for tool in reply.get("tool_calls") or ():

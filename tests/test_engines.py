@@ -88,7 +88,7 @@ def test_under_vllm_the_string_pass_through_never_fires():
     template = (CORPUS / "PC004_tool_args_guarded.jinja").read_text()
     messages = [{"role": "user", "content": "Weather?"}, assistant('{"city":"Paris"}')]
     renders = {
-        engine: render_prompt(engine, template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False)
+        engine: render_prompt(engine, template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False).text
         for engine in ("hf", "vllm")
     }
     # transformers hands the template the string as sent, which the guard passes through;

@@ -44,7 +44,7 @@ TOOLS = [
 def text(messages, tools=None, at=NOON, add_generation_prompt=True):
     return render_prompt(
         HARMONY, HARMONY_TEMPLATE, messages, clock=FrozenClock(at), tools=tools, add_generation_prompt=add_generation_prompt
-    )
+    ).text
 
 
 def call(arguments, reasoning=None):
@@ -190,7 +190,7 @@ def test_diff_under_vllm_measures_harmony_tokens_without_a_tokenizer(tmp_path):
 def test_the_requests_reasoning_effort_sets_harmonys_and_none_is_refused():
     chat = [{"role": "user", "content": "Hi"}]
     rendered = render_prompt(HARMONY, HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="high")
-    assert "\n\nReasoning: high\n\n" in rendered
+    assert "\n\nReasoning: high\n\n" in rendered.text
     with pytest.raises(EngineError, match="not supported by Harmony"):
         render_prompt(HARMONY, HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON), reasoning_effort="none")
 
@@ -216,9 +216,10 @@ def test_special_token_text_inside_a_message_is_measured_as_harmony_encodes_it()
 
     chat = [{"role": "user", "content": "say <|end|> please"}]
     expected = harmony_prompt_ids(chat, None, NOON)
-    rendered = text(chat)
-    assert Measure(HarmonyTokenizer()).ids(rendered) == expected
-    assert HarmonyTokenizer().encode(str(rendered)) != expected  # what re-encoding the text would give
+    prompt = render_prompt(HARMONY, HARMONY_TEMPLATE, chat, clock=FrozenClock(NOON))
+    assert prompt.token_ids == tuple(expected)
+    assert Measure(HarmonyTokenizer()).prompt_ids(prompt) == expected
+    assert HarmonyTokenizer().encode(prompt.text) != expected  # what re-encoding the text would give
 
 
 @pytest.mark.parametrize("system_instructions", ["0", "1"])
