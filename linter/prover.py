@@ -28,7 +28,7 @@ from .proofs import Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .rules import BY_CODE, RULES, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, common_prefix_length
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
@@ -119,33 +119,16 @@ def resolve_special_tokens(tokenizer: Tokenizer | None, from_config: dict[str, A
 
 def first_difference(a: list, b: list) -> int | None:
     """Index of the first difference, or None when ``a`` is a prefix of ``b``."""
-    shared = common_prefix(a, b)
+    shared = common_prefix_length(a, b)
     if shared < min(len(a), len(b)):
         return shared
     return None if len(a) <= len(b) else len(b)
 
 
-def common_prefix(a, b) -> int:
-    """How many leading items (characters, token ids) ``a`` and ``b`` share: slices are
-    compared in halves, at C speed, rather than item by item in Python."""
-    if type(a) is not type(b):  # a tuple's slice never equals a list's
-        a, b = list(a), list(b)
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while high - low > 1:  # a[:low] == b[:low], a[:high] != b[:high]
-        middle = (low + high) // 2
-        if a[low:middle] == b[low:middle]:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 def reply_start(prompt: str, with_reply: str) -> int:
     """Where the reply begins in the render that ends with it: after what it shares with the
     prompt, but never inside a tag (`<think>` against `</think>` share only "<")."""
-    shared = common_prefix(prompt, with_reply)
+    shared = common_prefix_length(prompt, with_reply)
     for opening, closing in (("<", ">"), ("[", "]")):
         start = with_reply.rfind(opening, 0, shared)
         if start >= 0 and closing not in with_reply[start:shared]:
@@ -368,7 +351,7 @@ class Prover:
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
                         bare = self.render(scenario, call.messages, call.clock, False).text
-                        opener = (common_prefix(bare, text), len(text))
+                        opener = (common_prefix_length(bare, text), len(text))
                     result.divergences.append(
                         compare_prompts(
                             scenario.name,

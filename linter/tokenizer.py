@@ -118,6 +118,8 @@ def common_prefix_length(a, b, start: int = 0) -> int:
     """How many leading items (characters, token ids) two sequences share, given that the
     first ``start`` are known equal. Compares growing slices, so the work is done by C
     comparisons, not a Python loop: replay compares prompts of 100k tokens per request."""
+    if type(a) is not type(b):  # a tuple's slice never equals a list's
+        a, b = list(a), list(b)
     limit = min(len(a), len(b))
     low, step = min(start, limit), 256
     while low < limit:

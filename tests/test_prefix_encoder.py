@@ -84,3 +84,4 @@ def test_without_a_tokenizer_ids_are_characters():
 def test_common_prefix_length(a, b, expected):
     assert common_prefix_length(a, b) == expected
     assert common_prefix_length(list(a), list(b)) == expected
+    assert common_prefix_length(tuple(a), list(b)) == expected  # a tuple's slice never equals a list's
