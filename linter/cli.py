@@ -6,26 +6,20 @@ import json
 import os
 import signal
 import sys
-from dataclasses import replace
-from datetime import datetime
-from functools import partial
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
-from .config import Config, ConfigError, find_config, load_config
+from .checker import ProveOptions
 from .engines import ENGINES
-from .progress import ProgressBar
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
-from .selection import Selection, SelectionError
-from .sources import SourceError, collect
+from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
+from .selection import Selection
+from .sources import SourceError
 from .tokenizer import TokenizerError
 from .writes import WriteError
-
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 
 class DefaultCommandGroup(click.Group):
@@ -161,81 +155,47 @@ def check(
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
-    try:
-        config = load_config(config_path) if config_path else None
-        if config is None:
-            found = find_config(Path.cwd())
-            config = load_config(found) if found else Config()
-    except ConfigError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
-    try:
-        root = config.path.parent if config.path else None
-        selection = Selection.parse(list(select) or config.select, list(ignore) or config.ignore, config.per_file_ignores, root)
-    except SelectionError as error:
-        raise click.UsageError(str(error)) from None
-    tokenizer = tokenizer or config.tokenizer
-    strict = strict or config.strict
-    block_size = block_size or config.block_size or 16
-    frozen = frozen_date.date() if frozen_date else (config.frozen_date or datetime.now().date())
-    prove = None if no_prove else ProveOptions(tokenizer, block_size, RenderLimits(render_timeout, render_max_bytes), engine)
-    if prove is not None and tokenizer is not None:
-        from .tokenizer import load_tokenizer
-
-        try:
-            # Once, here: a bad directory is the caller's mistake, not each template's, and
-            # the processes that prove each template inherit it loaded.
-            load_tokenizer(tokenizer)
-        except TokenizerError as error:
-            click.echo(f"tmpl-lint: error: {error}", err=True)
-            sys.exit(EXIT_ERROR)
-    sources, errors = collect(list(paths))
-    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
-        raise click.UsageError("--gguf-copy names one file, and several GGUF models are given: name a directory")
-    if not sources and not errors:
-        click.echo("tmpl-lint: warning: no chat templates found in the given paths", err=True)
+    options = CheckOptions(
+        paths=tuple(paths),
+        select=select,
+        ignore=ignore,
+        config_path=config_path,
+        strict=strict,
+        exit_zero=exit_zero,
+        quiet=quiet,
+        prove=not no_prove,
+        tokenizer=tokenizer,
+        block_size=block_size,
+        fix=FixMode.DIFF if show_diff else FixMode.WRITE if apply_fixes else FixMode.NONE,
+        frozen_date=frozen_date.date() if frozen_date else None,
+        limits=RenderLimits(render_timeout, render_max_bytes),
+        engine=engine,
+        tool_args_style=tool_args_style,
+        jobs=jobs,
+        gguf_copy=gguf_copy,
+    )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
     machine = output_format != "text" and not statistics and output is None
-    say = partial(click.echo, err=machine or show_diff)
-    would_change = False
-    if apply_fixes or show_diff:
-        from .fixer import FixOptions
 
-        limits = RenderLimits(render_timeout, render_max_bytes)
-        options = FixOptions(frozen, tokenizer, block_size, tool_args_style, engine, limits)
-        write = apply_fixes and not show_diff
-        patch = partial(click.echo, nl=False, err=machine)
-        sources, would_change = run_fixes(sources, errors, options, selection, write, quiet, say, patch, gguf_copy)
-    findings = []
-    notes = []
-    # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
-    # process, several at once; what every child needs is made ready first.
-    if prove and tokenizer is None:
-        from .gguf import preload_tokenizers
+    def print_fix_line(line: FixLine) -> None:
+        if line.patch:
+            click.echo(line.text, nl=False, err=machine)
+        else:
+            click.echo(line.text, err=machine or show_diff)
 
-        preload_tokenizers(sources)  # built once here, inherited by every proving process
-    ready_to_fork(sources, prove)
-    from .isolation import parallel_map
-
-    if prove:
-
-        def proven(source):
-            found = lint_isolated(source, selection, prove)
-            bar.advance()
-            return found
-
-        with ProgressBar("proving templates", len(sources)) as bar:
-            results = parallel_map(proven, sources, jobs)
-    else:
-        results = lint_many_isolated(sources, selection, jobs)
-    for source, found in zip(sources, results):
-        if source.note:
-            notes.append(f"{source.path.parent}: {source.note}")
-        findings.extend(found)
-    for error in errors:
+    try:
+        result = run_check(options, on_fix_line=print_fix_line)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
-
+        sys.exit(EXIT_ERROR)
+    for warning in result.warnings:
+        click.echo(f"tmpl-lint: warning: {warning}", err=True)
+    for error in result.errors:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+    findings, strict = result.findings, result.strict
     colour = use_colour() and output is None
     if statistics:
         report = statistics_report(findings)
@@ -246,7 +206,7 @@ def check(
     elif output_format == "github":
         report = github_report(findings, strict)
     else:
-        report = text_report(findings, notes, colour, quiet, strict, linted=len(sources), unread=len(errors))
+        report = text_report(findings, result.notes, colour, quiet, strict, linted=len(result.linted), unread=len(result.errors))
     if output is not None:
         try:
             write_report(output, report)
@@ -255,12 +215,7 @@ def check(
             sys.exit(EXIT_ERROR)
     else:
         click.echo(report, nl=False, color=colour, err=show_diff and not machine)
-    if errors:
-        sys.exit(EXIT_ERROR)
-    # As ruff: --diff exits 1 when it would change a file. Only failing findings count (the
-    # proof decides: Finding.verdict).
-    failing = any(finding.fails(strict) for finding in findings)
-    sys.exit(EXIT_FINDINGS if (failing and not exit_zero) or would_change else EXIT_CLEAN)
+    sys.exit(result.status)
 
 
 @main.command()
@@ -639,87 +594,6 @@ def engine_for(engine: str, template: str, path: Path) -> str:
             err=True,
         )
     return resolved
-
-
-def run_fixes(sources, errors, options, selection, write: bool, quiet: bool, say, show_patch, gguf_copy=None):
-    """Fix every file, ``say`` what changed (or would), and ``show_patch`` each file's
-    unified diff when not writing; return the templates as they now are, for the lint that
-    follows, and whether any file would change."""
-    from .fixer import fix_files, unified_diff
-
-    now, would_change = [], False
-    files = [source for source in sources if source.container != "gguf"]
-    with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
-        results = fix_files(files, options, selection, write, bar.advance)
-    for result in results:
-        for fix in result.fixes:
-            if fix.refusal:
-                say(f"{fix.source.label}: not fixed: {fix.refusal}")
-            elif result.error is None:
-                _say_fixed(say, fix, write)
-            _say_skipped(say, fix, quiet)
-        if result.error is not None:
-            errors.append(result.error)
-            now.extend(fix.source for fix in result.fixes)
-            continue
-        if not write and result.changed:
-            show_patch(unified_diff(result.path, result.original, result.updated))
-        would_change = would_change or (not write and result.changed)
-        # Under --diff the file on disk is not what the lint that follows reads: its findings
-        # are placed in the file as it would be.
-        now.extend(replace(fix.now, file_text=None if write else result.updated) for fix in result.fixes)
-    models = [source for source in sources if source.container == "gguf"]
-    if models:
-        current, changed = _fix_models(models, errors, options, selection, write, quiet, gguf_copy, say, show_patch)
-        now.extend(current)
-        would_change = would_change or changed
-    return now, would_change
-
-
-def _say_fixed(say, fix, write: bool) -> None:
-    done = "fixed" if write else "would fix"
-    for finding, title in fix.applied:
-        say(f"{_headline(finding, done)}: {title}")
-
-
-def _say_skipped(say, fix, quiet: bool) -> None:
-    for finding, reason in fix.skipped if not quiet else ():
-        say(f"{_headline(finding, 'not fixed')}: {reason}")
-
-
-def _headline(finding, verb: str) -> str:
-    """``path:line:col: fixed PC001 [live-clock] (template NAME)``."""
-    return f"{finding.location()}: {verb} {finding.code} [{finding.name}] {finding.template_label()}".rstrip()
-
-
-def _fix_models(models, errors, options, selection, write: bool, quiet: bool, gguf_copy: Path | None, say, show_patch):
-    """GGUF models are never rewritten in place: the fixed templates go beside the model, or
-    into a new copy (``--gguf-copy``)."""
-    from .fixer import fix_isolated, unified_diff
-    from .gguf import GGUFWriteError, apply_fixes
-
-    by_model: dict[Path, list] = {}
-    for source in models:
-        by_model.setdefault(source.path, []).append(source)
-    now, would_change = [], False
-    for model, found in by_model.items():
-        fixes = [fix_isolated(source, options, selection) for source in found]
-        for fix in fixes:
-            _say_fixed(say, fix, write)
-            _say_skipped(say, fix, quiet)
-            if not write and fix.changed:
-                show_patch(unified_diff(Path(fix.source.label), fix.source.text, fix.patched))
-                would_change = True
-        try:
-            lines, current = apply_fixes(model, fixes, write, gguf_copy)
-        except GGUFWriteError as error:
-            errors.append(error)
-            now.extend(fix.source for fix in fixes)
-            continue
-        for line in lines:
-            say(line)
-        now.extend(current)
-    return now, would_change
 
 
 def run() -> None:

@@ -1,0 +1,278 @@
+"""What ``tmpl-lint check`` does, without printing any of it.
+
+``run_check`` takes the command's options as one ``CheckOptions``: it reads the
+configuration, collects the templates, fixes them (``--fix`` writes, ``--diff`` only
+shows), lints and proves each in its own limited process, and returns a ``CheckResult``:
+the findings of each template, what the fixes did, the inputs it could not read and the
+exit status. The CLI parses options into ``CheckOptions`` and prints the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
+from .config import Config, ConfigError, find_config, load_config
+from .findings import Finding
+from .progress import ProgressBar
+from .render import DEFAULT_LIMITS, RenderLimits
+from .selection import Selection, SelectionError
+from .sources import TemplateSource, collect
+from .tokenizer import TokenizerError
+
+if TYPE_CHECKING:
+    from .fixer import FixOptions, TemplateFix
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class RunError(Exception):
+    """The run cannot start (a configuration or tokenizer that cannot be read): one line."""
+
+
+class OptionsError(RunError):
+    """Options that contradict each other, or the paths they are given: a usage error."""
+
+
+class FixMode(Enum):
+    NONE = "none"
+    WRITE = "write"  # --fix
+    DIFF = "diff"  # --diff: the patch is shown, nothing is written
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """``tmpl-lint check``'s options; None where the configuration file decides."""
+
+    paths: tuple[Path, ...]
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    config_path: Path | None = None  # None: the nearest configuration to the working directory
+    strict: bool = False
+    exit_zero: bool = False
+    quiet: bool = False
+    prove: bool = True
+    tokenizer: Path | None = None
+    block_size: int | None = None
+    fix: FixMode = FixMode.NONE
+    frozen_date: date | None = None
+    limits: RenderLimits = DEFAULT_LIMITS
+    engine: str = "vllm"
+    tool_args_style: str | None = None
+    jobs: int = 1
+    gguf_copy: Path | None = None
+
+
+@dataclass(frozen=True)
+class FixLine:
+    """One thing the fixes have to say, in order: a message (fixed, would fix, not fixed,
+    what was written where) or, with ``patch``, a file's unified diff."""
+
+    text: str
+    patch: bool = False
+
+
+@dataclass
+class LintedSource:
+    source: TemplateSource  # as the lint read it: after --fix, the template as written
+    findings: list[Finding]
+
+
+@dataclass
+class CheckResult:
+    linted: list[LintedSource] = field(default_factory=list)
+    fix_lines: list[FixLine] = field(default_factory=list)
+    would_change: bool = False  # --diff: some file would change
+    errors: list[str] = field(default_factory=list)  # inputs not read or not written; the run went on
+    warnings: list[str] = field(default_factory=list)
+    strict: bool = False  # as the options and the configuration decide it
+    exit_zero: bool = False
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [finding for linted in self.linted for finding in linted.findings]
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{linted.source.path.parent}: {linted.source.note}" for linted in self.linted if linted.source.note]
+
+    @property
+    def status(self) -> int:
+        """2 when an input could not be read or written; else, as ruff, 1 when a finding
+        fails the run (the proof decides: Finding.verdict) or --diff would change a file."""
+        if self.errors:
+            return EXIT_ERROR
+        failing = any(finding.fails(self.strict) for finding in self.findings)
+        return EXIT_FINDINGS if (failing and not self.exit_zero) or self.would_change else EXIT_CLEAN
+
+
+def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | None = None) -> CheckResult:
+    """Fix, lint and prove the templates under ``options.paths``. ``on_fix_line`` hears each
+    fix line as it is decided, before the proofs run: an interrupted run has told what it
+    wrote. Raises OptionsError or RunError when the run cannot start."""
+    config = _config(options.config_path)
+    try:
+        root = config.path.parent if config.path else None
+        selection = Selection.parse(
+            list(options.select) or config.select, list(options.ignore) or config.ignore, config.per_file_ignores, root
+        )
+    except SelectionError as error:
+        raise OptionsError(str(error)) from None
+    tokenizer = options.tokenizer or config.tokenizer
+    block_size = options.block_size or config.block_size or 16
+    result = CheckResult(strict=options.strict or config.strict, exit_zero=options.exit_zero)
+    prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
+    if prove is not None and tokenizer is not None:
+        from .tokenizer import load_tokenizer
+
+        try:
+            # Once, here: a bad directory is the caller's mistake, not each template's, and
+            # the processes that prove each template inherit it loaded.
+            load_tokenizer(tokenizer)
+        except TokenizerError as error:
+            raise RunError(str(error)) from None
+    sources, errors = collect(list(options.paths))
+    result.errors = [str(error) for error in errors]
+    gguf_copy = options.gguf_copy
+    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
+        raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")
+    if not sources and not errors:
+        result.warnings.append("no chat templates found in the given paths")
+    if options.fix is not FixMode.NONE:
+        from .fixer import FixOptions
+
+        frozen = options.frozen_date or config.frozen_date or datetime.now().date()
+        fix_options = FixOptions(frozen, tokenizer, block_size, options.tool_args_style, options.engine, options.limits)
+        fixing = _Fixing(fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line)
+        sources = fixing.run(sources)
+    # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
+    # process, several at once; what every child needs is made ready first.
+    if prove and tokenizer is None:
+        from .gguf import preload_tokenizers
+
+        preload_tokenizers(sources)  # built once here, inherited by every proving process
+    ready_to_fork(sources, prove)
+    from .isolation import parallel_map
+
+    if prove:
+
+        def proven(source):
+            found = lint_isolated(source, selection, prove)
+            bar.advance()
+            return found
+
+        with ProgressBar("proving templates", len(sources)) as bar:
+            found_by_source = parallel_map(proven, sources, options.jobs)
+    else:
+        found_by_source = lint_many_isolated(sources, selection, options.jobs)
+    result.linted = [LintedSource(source, found) for source, found in zip(sources, found_by_source)]
+    return result
+
+
+def _config(path: Path | None) -> Config:
+    try:
+        config = load_config(path) if path else None
+        if config is None:
+            found = find_config(Path.cwd())
+            config = load_config(found) if found else Config()
+    except ConfigError as error:
+        raise RunError(str(error)) from None
+    return config
+
+
+@dataclass
+class _Fixing:
+    """``--fix`` and ``--diff`` over the collected templates: what each file's fixes did goes
+    into ``result``, line by line."""
+
+    options: FixOptions
+    selection: Selection
+    write: bool
+    quiet: bool
+    gguf_copy: Path | None
+    result: CheckResult
+    on_line: Callable[[FixLine], None] | None
+
+    def say(self, text: str, patch: bool = False) -> None:
+        line = FixLine(text, patch)
+        self.result.fix_lines.append(line)
+        if self.on_line is not None:
+            self.on_line(line)
+
+    def run(self, sources: list[TemplateSource]) -> list[TemplateSource]:
+        """Fix every file; return the templates as they now are, for the lint that follows."""
+        from .fixer import fix_files, unified_diff
+
+        now: list[TemplateSource] = []
+        files = [source for source in sources if source.container != "gguf"]
+        with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
+            fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance)
+        for fixed in fixed_files:
+            for fix in fixed.fixes:
+                if fix.refusal:
+                    self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+                elif fixed.error is None:
+                    self.say_fixed(fix)
+                self.say_skipped(fix)
+            if fixed.error is not None:
+                self.result.errors.append(str(fixed.error))
+                now.extend(fix.source for fix in fixed.fixes)
+                continue
+            if not self.write and fixed.changed:
+                self.say(unified_diff(fixed.path, fixed.original, fixed.updated), patch=True)
+            self.result.would_change = self.result.would_change or (not self.write and fixed.changed)
+            # Under --diff the file on disk is not what the lint that follows reads: its
+            # findings are placed in the file as it would be.
+            now.extend(replace(fix.now, file_text=None if self.write else fixed.updated) for fix in fixed.fixes)
+        models = [source for source in sources if source.container == "gguf"]
+        if models:
+            now.extend(self.fix_models(models))
+        return now
+
+    def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
+        """GGUF models are never rewritten in place: the fixed templates go beside the model,
+        or into a new copy (``--gguf-copy``)."""
+        from .fixer import fix_isolated, unified_diff
+        from .gguf import GGUFWriteError, apply_fixes
+
+        by_model: dict[Path, list[TemplateSource]] = {}
+        for source in models:
+            by_model.setdefault(source.path, []).append(source)
+        now: list[TemplateSource] = []
+        for model, found in by_model.items():
+            fixes = [fix_isolated(source, self.options, self.selection) for source in found]
+            for fix in fixes:
+                self.say_fixed(fix)
+                self.say_skipped(fix)
+                if not self.write and fix.changed:
+                    self.say(unified_diff(Path(fix.source.label), fix.source.text, fix.patched), patch=True)
+                    self.result.would_change = True
+            try:
+                lines, current = apply_fixes(model, fixes, self.write, self.gguf_copy)
+            except GGUFWriteError as error:
+                self.result.errors.append(str(error))
+                now.extend(fix.source for fix in fixes)
+                continue
+            for line in lines:
+                self.say(line)
+            now.extend(current)
+        return now
+
+    def say_fixed(self, fix: TemplateFix) -> None:
+        done = "fixed" if self.write else "would fix"
+        for finding, title in fix.applied:
+            self.say(f"{_headline(finding, done)}: {title}")
+
+    def say_skipped(self, fix: TemplateFix) -> None:
+        for finding, reason in fix.skipped if not self.quiet else ():
+            self.say(f"{_headline(finding, 'not fixed')}: {reason}")
+
+
+def _headline(finding: Finding, verb: str) -> str:
+    """``path:line:col: fixed PC001 [live-clock] (template NAME)``."""
+    return f"{finding.location()}: {verb} {finding.code} [{finding.name}] {finding.template_label()}".rstrip()
