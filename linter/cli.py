@@ -15,10 +15,23 @@ from .checker import ProveOptions
 from .engines import ENGINES
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
-from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
+from .runner import (
+    EXIT_CLEAN,
+    EXIT_ERROR,
+    EXIT_FINDINGS,
+    CheckOptions,
+    DiffOptions,
+    FixLine,
+    FixMode,
+    OptionsError,
+    ReplayOptions,
+    RunError,
+    run_check,
+    run_diff,
+    run_replay,
+)
 from .selection import Selection
 from .sources import SourceError
-from .tokenizer import TokenizerError
 from .writes import WriteError
 
 
@@ -258,38 +271,15 @@ def rules() -> None:
 @engine_option
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
-    from .diff import RequestError, diff_requests, diff_text, dumps, read_request, read_template
-    from .engines import EngineError
-    from .isolation import IsolationError, run_isolated
-    from .render import RenderError
-    from .server import ServerError, VLLMServer
-    from .tokenizer import load_tokenizer
+    from .diff import diff_text, dumps
 
+    options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine)
     try:
-        first, second = read_request(turn1), read_request(turn2)
-        template_source = template or tokenizer
-        text, special = read_template(template_source) if template_source is not None else (None, {})
-        if text is None and server is None:
-            raise click.UsageError("give --template or --tokenizer (a directory with a chat template), or --server")
-        loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        vllm = VLLMServer(server, model, note_on_stderr) if server else None
-        if vllm is not None:
-            vllm.discover(request.body.get("model") for request in (first, second))
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        if text is not None:
-            engine = engine_for(engine, text, template_source)
-        # Rendering is untrusted code: in a child with check's memory limit; each render has
-        # its own time and size limits.
-        divergence = run_isolated(
-            _diff_or_error, (diff_requests, (first, second, text, special, loaded, block_size, server_ids, engine)), seconds=None
-        )
-        if isinstance(divergence, str):
-            raise RequestError(divergence)
-    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
+        divergence = run_diff(options, note_on_stderr)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
-    except IsolationError as error:
-        click.echo(f"tmpl-lint: error: diff stopped: {error}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
@@ -507,93 +497,57 @@ def replay(
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
     recomputed token was recomputed; before and after a fix."""
-    from . import kv_cache
     from . import replay as replaying
-    from .diff import RequestError, read_template
-    from .isolation import IsolationError
-    from .prover import resolve_special_tokens
-    from .server import ServerError, VLLMServer
-    from .tokenizer import load_tokenizer
 
+    if (template or tokenizer) is None:
+        raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
+    options = ReplayOptions(
+        log,
+        template or tokenizer,
+        compare=compare,
+        tokenizer=tokenizer,
+        session_key=session_key,
+        server=server,
+        model=model,
+        engine=engine,
+        cache_model=cache_model,
+        block_size=block_size,
+        cache_blocks=cache_blocks,
+        kv_cache_gib=kv_cache_gib,
+        model_config=model_config,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        kv_cache_dtype=kv_cache_dtype,
+        page_size=page_size,
+        slots=slots,
+        cache_reuse=cache_reuse,
+        jobs=jobs,
+    )
     try:
-        if (template or tokenizer) is None:
-            raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
-        shape = None
-        if kv_cache_gib is not None:
-            config = kv_cache.read_model_config(model_config) if model_config else None
-            shape = kv_cache.kv_shape(config, kv_cache_dtype, num_layers, num_kv_heads, head_dim)
-        capacities = kv_cache.capacities(cache_blocks, kv_cache_gib, block_size, shape)
-        if cache_model == "llamacpp" and capacities != [None] and not slots:
-            raise click.UsageError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(cache_model, block_size, page_size, slots, cache_reuse)
-        calls, problems = replaying.read_log(log)
-        loaded = load_tokenizer(tokenizer) if tokenizer else None
-        templates = [("template", template or tokenizer, *read_template(template or tokenizer))]
-        if compare:
-            templates.append(("compare", compare, *read_template(compare)))
-        vllm = VLLMServer(server, model, note_on_stderr) if server else None
-        if vllm is not None:
-            vllm.discover(call.body.get("model") for call in calls)
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        groups = replaying.sessions(calls, session_key)
-        results, failed = [], []
-        for label, path, text, special in templates:
-            renderer = engine_for(engine, text, path)
-            tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
-            summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if server else jobs)
-            results.append((label, summary))
-            failed.extend(f"{log}:{line}: {reason}" for line, reason in refused)
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
+        result = run_replay(options, note_on_stderr)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
-    except IsolationError as error:
-        click.echo(f"tmpl-lint: error: replay stopped: {error}", err=True)
-        sys.exit(EXIT_ERROR)
-    for problem in dict.fromkeys([*map(str, problems), *failed]):
+    for problem in result.problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if output_format == "json":
-        click.echo(json.dumps({label: summary.to_json() for label, summary in results}, indent=2))
+        click.echo(json.dumps({label: summary.to_json() for label, summary in result.summaries}, indent=2))
     else:
-        click.echo(replaying.text_report(results), nl=False)
+        click.echo(replaying.text_report(result.summaries), nl=False)
     if html_file:
         try:
-            write_report(html_file, replaying.html_report(results))
+            write_report(html_file, replaying.html_report(result.summaries))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_ERROR if problems or failed else EXIT_CLEAN)
-
-
-def _diff_or_error(function, args):
-    """``function(*args)``, or the message of the error it raised (to cross from the child)."""
-    from .diff import RequestError
-    from .engines import EngineError
-    from .render import RenderError
-    from .server import ServerError
-
-    try:
-        return function(*args)
-    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
-        return str(error)
+    sys.exit(result.status)
 
 
 def note_on_stderr(text: str) -> None:
     click.echo(f"tmpl-lint: note: {text}", err=True)
-
-
-def engine_for(engine: str, template: str, path: Path) -> str:
-    """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
-    from .engines import HARMONY, resolve_engine
-    from .sources import model_type_beside
-
-    resolved = resolve_engine(engine, template, model_type_beside(path))
-    if resolved == HARMONY:
-        click.echo(
-            "tmpl-lint: note: vLLM renders this model (gpt-oss) with openai-harmony, not this template; "
-            "--engine hf renders the template",
-            err=True,
-        )
-    return resolved
 
 
 def run() -> None:

@@ -4,7 +4,9 @@ The CLI tests check what is printed; these check what the run decided."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -16,11 +18,15 @@ from tmpl_lint.runner import (
     EXIT_ERROR,
     EXIT_FINDINGS,
     CheckOptions,
+    DiffOptions,
     FixLine,
     FixMode,
     OptionsError,
+    ReplayOptions,
     RunError,
     run_check,
+    run_diff,
+    run_replay,
 )
 
 FROZEN = date(2026, 1, 15)
@@ -138,3 +144,68 @@ def test_options_that_cannot_run_raise_before_anything_is_read(tmp_path):
     with pytest.raises(RunError) as raised:
         run_check(CheckOptions((path,), prove=False))
     assert not isinstance(raised.value, OptionsError)  # a configuration error, not a usage error
+
+
+# -- diff and replay -------------------------------------------------------------------------
+
+USER_HI = {"role": "user", "content": "Hi"}
+# clean_chatml.jinja's render of [USER_HI] with the generation prompt, written out by hand.
+CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def write_json(path: Path, document) -> Path:
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_diff_measures_a_clean_extension_in_characters_without_a_tokenizer(tmp_path):
+    first = write_json(tmp_path / "1.json", {"messages": [USER_HI]})
+    turn = [USER_HI, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    second = write_json(tmp_path / "2.json", {"messages": turn})
+    divergence = run_diff(DiffOptions(first, second, template=CORPUS / "clean_chatml.jinja"))
+    following = CHATML_HI + "Hello<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"
+    assert (divergence.first_divergence, divergence.unit) == (None, "char")
+    assert divergence.prompt_tokens == (len(CHATML_HI), len(following))
+
+
+def test_diff_without_a_template_or_a_server_is_a_usage_error_and_a_bad_request_a_run_error(tmp_path):
+    first = write_json(tmp_path / "1.json", {"messages": [USER_HI]})
+    with pytest.raises(OptionsError, match="give --template or --tokenizer"):
+        run_diff(DiffOptions(first, first))
+    empty = write_json(tmp_path / "empty.json", {"messages": []})
+    with pytest.raises(RunError, match="non-empty messages list") as raised:
+        run_diff(DiffOptions(empty, first, template=CORPUS / "clean_chatml.jinja"))
+    assert not isinstance(raised.value, OptionsError)
+
+
+def test_diff_says_when_vllm_renders_the_model_without_its_template(tmp_path):
+    first = write_json(tmp_path / "1.json", {"messages": [USER_HI]})
+    heard: list[str] = []
+    run_diff(DiffOptions(first, first, template=CORPUS / "PC103_engine_render_unstable.jinja"), heard.append)
+    assert heard == ["vLLM renders this model (gpt-oss) with openai-harmony, not this template; --engine hf renders the template"]
+
+
+def test_replay_gives_a_summary_per_template_and_the_lines_it_could_not_replay(tmp_path):
+    reply = {"role": "assistant", "content": "Hello"}
+    entries = [
+        {"request": {"messages": [USER_HI]}, "response": {"choices": [{"message": reply}]}},
+        {"request": {"messages": [USER_HI, reply, {"role": "user", "content": "More"}]}},
+        {"request": {"messages": "not a list"}},
+    ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    chatml = CORPUS / "clean_chatml.jinja"
+    result = run_replay(ReplayOptions(log, chatml, compare=chatml))
+    assert [label for label, _ in result.summaries] == ["template", "compare"]
+    assert [(summary.requests, summary.sessions) for _, summary in result.summaries] == [(2, 1), (2, 1)]
+    assert result.problems == [f"{log}:3: no messages in this request"]
+    assert result.status == EXIT_ERROR
+
+
+def test_replay_on_llamacpp_with_a_capacity_needs_slots(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"request": {"messages": [USER_HI]}}) + "\n")
+    options = ReplayOptions(log, CORPUS / "clean_chatml.jinja", cache_model="llamacpp", cache_blocks="4")
+    with pytest.raises(OptionsError, match="give --slots"):
+        run_replay(options)
+    assert run_replay(replace(options, slots=1)).status == EXIT_CLEAN
