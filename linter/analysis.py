@@ -118,9 +118,6 @@ class Label:
     loop: int | None = None  # id of the loop over messages the label is about
     origin: Site | None = None  # for a scan read: where the scan assigned it
 
-    def is_structural(self) -> bool:
-        return self.kind in STRUCTURAL
-
 
 @dataclass(frozen=True)
 class Value:
@@ -1004,7 +1001,7 @@ class _Interpreter:
 
         if isinstance(base.const, LoopRef):
             return self.loop_attribute(base.const, node.attr, node)
-        return self.member(base, node.attr, node, node.node)
+        return self.member(base, node.attr)
 
     def expr_Getitem(self, node: nodes.Getitem) -> Value:
         base = self.expr(node.node)
@@ -1035,12 +1032,12 @@ class _Interpreter:
                 labels |= key.data()
             return Value(frozenset(labels))
         if isinstance(key.const, str):
-            return self.member(base, key.const, node, node.node)
+            return self.member(base, key.const)
         if base.has(LabelKind.TOOL_CALLS):
             return Value(_union(base, key).labels | {Label(LabelKind.TOOL_CALL)})
         return _union(base, key)
 
-    def member(self, base: Value, attr: str, node: nodes.Node, base_node: nodes.Node) -> Value:
+    def member(self, base: Value, attr: str) -> Value:
         data = set(base.data())
         if base.has(LabelKind.MESSAGE):
             if attr == "tool_calls":
@@ -1129,7 +1126,7 @@ class _Interpreter:
                     return NOTHING
                 key = args[0].const
                 if isinstance(key, str):
-                    return _merge_labels(self.member(base, key, node, func.node), *args[1:])
+                    return _merge_labels(self.member(base, key), *args[1:])
             return _union(base, *args, *kwargs.values(), *extra)
         if (
             isinstance(func, nodes.Name)

@@ -478,7 +478,7 @@ def read_container(path: Path, text: str) -> list[tuple[str | None, str]]:
     return yaml_templates(text)
 
 
-def replace_in_container(path: Path, text: str, name: str | None, template: str, container: str) -> str:
+def replace_in_container(text: str, name: str | None, template: str, container: str) -> str:
     if container == "json":
         return replace_json_template(text, name, template)
     if container == "python":

@@ -321,7 +321,7 @@ def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, sele
             snapshot = writes.read(path)
             result.original = result.updated = snapshot.text
             result.fixes = [fix_isolated(source, options, selection) for source in reread(found, snapshot.text)]
-            result.updated = put_back(path, snapshot.text, result.fixes)
+            result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:
                 writes.replace(snapshot, result.updated)
                 result.written = True
@@ -330,7 +330,7 @@ def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, sele
     return result
 
 
-def put_back(path: Path, text: str, fixes: list[TemplateFix]) -> str:
+def put_back(text: str, fixes: list[TemplateFix]) -> str:
     """``text`` (a file's) with each changed template in place. A template that cannot be
     put back without changing more of the file is refused, and the others still go in."""
     # Last first: a Python literal that gains lines would move the line its followers are named by.
@@ -341,7 +341,7 @@ def put_back(path: Path, text: str, fixes: list[TemplateFix]) -> str:
             text = fix.patched
             continue
         try:
-            text = replace_in_container(path, text, fix.source.name, fix.patched, fix.source.container)
+            text = replace_in_container(text, fix.source.name, fix.patched, fix.source.container)
         except ContainerError as error:
             fix.refusal = str(error)
     return text

@@ -560,12 +560,10 @@ class Tracer:
         if change is not None and (template_departure is None or template_departure > departure):
             reasons.append(change)
         if template_departure is not None:
-            reasons.append(self.template_reason(trace, previous, call, clean, clean_messages))
+            reasons.append(self.template_reason(previous, clean, clean_messages))
         trace.reasons = tuple(reasons)
 
-    def template_reason(
-        self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded, messages: list[dict[str, Any]]
-    ) -> Departure:
+    def template_reason(self, previous: _Previous, prompt: Encoded, messages: list[dict[str, Any]]) -> Departure:
         known = not self.server_ids
         if self.engine in ENGINES:  # locate the divergence in the messages as the template saw them
             messages = prepare(self.engine, self.template, messages)[0]
