@@ -11,7 +11,6 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .checker import ProveOptions
 from .engines import ENGINES
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
@@ -19,6 +18,7 @@ from .runner import (
     EXIT_CLEAN,
     EXIT_ERROR,
     EXIT_FINDINGS,
+    AuditOptions,
     CheckOptions,
     DiffOptions,
     FixLine,
@@ -26,12 +26,11 @@ from .runner import (
     OptionsError,
     ReplayOptions,
     RunError,
+    run_audit,
     run_check,
     run_diff,
     run_replay,
 )
-from .selection import Selection
-from .sources import SourceError
 from .writes import WriteError
 
 
@@ -331,26 +330,22 @@ def audit(
     """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
     from . import audit as auditing
 
-    repo_ids, local = [], []
-    for spec in specs:
-        (local if Path(spec).is_dir() else repo_ids).append(spec if not Path(spec).is_dir() else Path(spec))
-    try:
-        if from_file:
-            repo_ids += auditing.read_repo_list(from_file)
-        if search or author:
-            from huggingface_hub import list_models
-
-            repo_ids += [model.id for model in list_models(search=search, author=author, limit=limit)]
-    except SourceError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
-    except Exception as error:  # noqa: BLE001 - a hub listing failure is one line
-        click.echo(f"tmpl-lint: error: cannot list models: {auditing.describe_error(error)}", err=True)
-        sys.exit(EXIT_ERROR)
-    if not (repo_ids or local or from_cache):
-        raise click.UsageError("name repos, --from-file, --search/--author, --from-cache or local model folders")
-    prove = None if no_prove else ProveOptions(None, 16, RenderLimits(), engine)
-    cache = auditing.ResultsCache(None if no_cache else (cache_file or auditing.default_cache_path()))
+    options = AuditOptions(
+        repo_ids=tuple(spec for spec in specs if not Path(spec).is_dir()),
+        local=tuple(Path(spec) for spec in specs if Path(spec).is_dir()),
+        from_file=from_file,
+        search=search,
+        author=author,
+        limit=limit,
+        from_cache=from_cache,
+        jobs=jobs,
+        tokens=tokens,
+        prove=not no_prove,
+        dedupe=not no_dedupe,
+        cache_file=cache_file,
+        use_cache=not no_cache,
+        engine=engine,
+    )
     progress_bar = None
     if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
         from rich.progress import Progress
@@ -362,15 +357,20 @@ def audit(
         if progress_bar is not None:
             progress_bar.advance(task)
 
-    if progress_bar is not None:
-        progress_bar.start()
-        task = progress_bar.add_task("analysing templates", total=None)
     try:
-        result = auditing.run_audit(repo_ids, local, from_cache, Selection(), prove, jobs, cache, tokens, not no_dedupe, advance)
+        if progress_bar is not None:
+            progress_bar.start()
+            task = progress_bar.add_task("analysing templates", total=None)
+        run = run_audit(options, advance)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
     finally:
         if progress_bar is not None:
             progress_bar.stop()
-    table = auditing.rows(result)
+    result, table = run.audit, run.rows
     if output_format == "json":
         click.echo(
             json.dumps(
@@ -391,14 +391,14 @@ def audit(
             view.add_row(*auditing.cells(row))
         Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
         click.echo(f"{len(result.repos)} repos, {len(result.analyses)} distinct templates, {result.analysed_now} analysed now")
-    status = EXIT_FINDINGS if any(row["codes"] for row in table) else EXIT_CLEAN
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
         elif repo.warning:
             click.echo(f"tmpl-lint: warning: {repo.repo}: {repo.warning}", err=True)
-    for problem in cache.problems:
+    for problem in run.cache_problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
+    status = run.status
     if html_file:
         try:
             write_report(html_file, auditing.html_page(table))
@@ -410,9 +410,7 @@ def audit(
         click.echo(
             f"tmpl-lint: error: no chat template found in the {audited} {'repo' if audited == 1 else 'repos'} audited", err=True
         )
-        status = EXIT_ERROR
-    # A repo that could not be read is an input error, as an unreadable file is to check.
-    sys.exit(EXIT_ERROR if any(repo.error for repo in result.repos) or cache.problems else status)
+    sys.exit(status)
 
 
 @main.command()

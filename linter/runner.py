@@ -4,8 +4,8 @@ options object, calls the runner and prints what comes back.
 ``run_check`` (``tmpl-lint check``) reads the configuration, collects the templates, fixes
 them (``--fix`` writes, ``--diff`` only shows), lints and proves each in its own limited
 process, and returns a ``CheckResult``: the findings of each template, what the fixes said,
-the inputs it could not read and the exit status. ``run_diff`` and ``run_replay`` do the
-work of ``tmpl-lint diff`` and ``tmpl-lint replay``.
+the inputs it could not read and the exit status. ``run_diff``, ``run_replay`` and
+``run_audit`` do the work of ``tmpl-lint diff``, ``replay`` and ``audit``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
@@ -27,6 +27,7 @@ from .sources import TemplateSource, collect
 from .tokenizer import TokenizerError
 
 if TYPE_CHECKING:
+    from .audit import Audit
     from .fixer import FixOptions, TemplateFix
     from .proofs import Divergence
     from .replay import Summary
@@ -439,3 +440,76 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None
     return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])))
+
+
+# --- tmpl-lint audit ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    repo_ids: tuple[str, ...] = ()  # org/name[@revision]
+    local: tuple[Path, ...] = ()  # model folders
+    from_file: Path | None = None  # repo ids, one a line
+    search: str | None = None  # a Hub search query
+    author: str | None = None
+    limit: int = 50  # models --search/--author lists
+    from_cache: bool = False  # every model in the local Hugging Face cache
+    jobs: int = 1
+    tokens: bool = False
+    prove: bool = True
+    dedupe: bool = True
+    cache_file: Path | None = None  # None: the default results cache
+    use_cache: bool = True
+    engine: str = "vllm"
+
+
+@dataclass
+class AuditRun:
+    audit: Audit
+    rows: list[dict[str, Any]]  # one a template, or a repo without one
+    cache_problems: list[str]  # a results cache that could not be read or written
+
+    @property
+    def status(self) -> int:
+        """2 when a repo or the cache could not be read, or no repo had a template; else 1
+        when a template has findings."""
+        if any(repo.error for repo in self.audit.repos) or self.cache_problems or not self.audit.analyses:
+            return EXIT_ERROR
+        return EXIT_FINDINGS if any(row["codes"] for row in self.rows) else EXIT_CLEAN
+
+
+def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) -> AuditRun:
+    """Audit the repos and folders ``options`` names; ``advance`` is called as each template
+    is analysed. Raises OptionsError or RunError."""
+    from . import audit as auditing
+    from .sources import SourceError
+
+    repo_ids = list(options.repo_ids)
+    try:
+        if options.from_file:
+            repo_ids += auditing.read_repo_list(options.from_file)
+        if options.search or options.author:
+            from huggingface_hub import list_models
+
+            repo_ids += [model.id for model in list_models(search=options.search, author=options.author, limit=options.limit)]
+    except SourceError as error:
+        raise RunError(str(error)) from None
+    except Exception as error:  # noqa: BLE001 - a hub listing failure is one line
+        raise RunError(f"cannot list models: {auditing.describe_error(error)}") from None
+    if not (repo_ids or options.local or options.from_cache):
+        raise OptionsError("name repos, --from-file, --search/--author, --from-cache or local model folders")
+    prove = ProveOptions(None, 16, RenderLimits(), options.engine) if options.prove else None
+    cache = auditing.ResultsCache((options.cache_file or auditing.default_cache_path()) if options.use_cache else None)
+    audit = auditing.run_audit(
+        repo_ids,
+        list(options.local),
+        options.from_cache,
+        Selection(),
+        prove,
+        options.jobs,
+        cache,
+        options.tokens,
+        options.dedupe,
+        advance,
+    )
+    return AuditRun(audit, auditing.rows(audit), cache.problems)

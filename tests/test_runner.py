@@ -17,6 +17,7 @@ from tmpl_lint.runner import (
     EXIT_CLEAN,
     EXIT_ERROR,
     EXIT_FINDINGS,
+    AuditOptions,
     CheckOptions,
     DiffOptions,
     FixLine,
@@ -24,6 +25,7 @@ from tmpl_lint.runner import (
     OptionsError,
     ReplayOptions,
     RunError,
+    run_audit,
     run_check,
     run_diff,
     run_replay,
@@ -209,3 +211,30 @@ def test_replay_on_llamacpp_with_a_capacity_needs_slots(tmp_path):
     with pytest.raises(OptionsError, match="give --slots"):
         run_replay(options)
     assert run_replay(replace(options, slots=1)).status == EXIT_CLEAN
+
+
+# -- audit -----------------------------------------------------------------------------------
+
+
+def model_folder(directory: Path, fixture: str) -> Path:
+    directory.mkdir()
+    shutil.copyfile(CORPUS / fixture, directory / "chat_template.jinja")
+    return directory
+
+
+def test_audit_of_local_folders_gives_a_row_per_template_and_exits_1_on_findings(tmp_path):
+    clock = model_folder(tmp_path / "clock", "PC001_live_clock.jinja")
+    clean = model_folder(tmp_path / "clean", "clean_chatml.jinja")
+    run = run_audit(AuditOptions(local=(clock, clean), prove=False, use_cache=False))
+    assert [(row["repo"], row["codes"]) for row in run.rows] == [(str(clock), ["PC001"]), (str(clean), [])]
+    assert (run.audit.analysed_now, run.cache_problems, run.status) == (2, [], EXIT_FINDINGS)
+
+
+def test_audit_without_any_template_exits_2_and_without_names_is_a_usage_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    run = run_audit(AuditOptions(local=(tmp_path / "empty",), prove=False, use_cache=False))
+    assert (run.audit.analyses, run.status) == ({}, EXIT_ERROR)
+    with pytest.raises(OptionsError, match="name repos"):
+        run_audit(AuditOptions(use_cache=False))
+    with pytest.raises(RunError, match="nope.txt"):
+        run_audit(AuditOptions(from_file=tmp_path / "nope.txt", use_cache=False))
