@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +41,89 @@ class Tokenizer:
         if self.kind == "tokenizers":
             return self.backend.encode(text, add_special_tokens=False).ids
         return list(self.backend.encode(text, add_special_tokens=False))
+
+
+# gpt-oss's tokenizer.json, by size and sha256: the BPE of openai-harmony's o200k_harmony
+# with its own added tokens. tests/test_tokenizer.py encodes text with the file and with
+# openai-harmony and compares the ids.
+HARMONY_VOCABULARY_FILES = frozenset({(11988440, "5d166cf76a735006c818d9bbd4e4052ec03011c243969a1b6d6697685bc77b70")})
+
+
+class HarmonyVocabularyTokenizer(Tokenizer):
+    """A tokenizer.json that is one of ``HARMONY_VOCABULARY_FILES``, encoded by
+    openai-harmony's built-in vocabulary instead of being parsed: parsing its 12 MB was most
+    of a cold gpt-oss proof, which loads openai-harmony for vLLM's render anyway. Its added
+    tokens are split out of the text first, as ``tokenizers`` does, and each piece between
+    them is encoded as ordinary text. ``backend`` (the file as ``tokenizers`` loads it) is
+    loaded only when something asks for it: replay's incremental tokenization, decoding."""
+
+    def __init__(self, directory: Path, backend: Any, special_tokens: dict[str, Any], kind: str = "tokenizers", *, added):
+        self._backend = backend
+        super().__init__(directory, backend, special_tokens, kind)
+        self.added: dict[str, int] = added
+        longest_first = sorted(added, key=len, reverse=True)
+        self._added_token = re.compile("|".join(map(re.escape, longest_first))) if added else None
+
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            self._backend = _load_file(self.directory / "tokenizer.json")
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        self._backend = value
+
+    def encode(self, text: str) -> list[int]:
+        from .harmony import harmony_encoding
+
+        encoding = harmony_encoding()
+        ids: list[int] = []
+        start = 0
+        for match in self._added_token.finditer(text) if self._added_token is not None else ():
+            if match.start() > start:
+                ids += encoding.encode(text[start : match.start()], disallowed_special=())
+            ids.append(self.added[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids += encoding.encode(text[start:], disallowed_special=())
+        return ids
+
+
+def _harmony_vocabulary(directory: Path, tokenizer_file: Path, special: dict[str, Any]) -> Tokenizer | None:
+    """gpt-oss's tokenizer.json, encoded by openai-harmony (see HarmonyVocabularyTokenizer);
+    None for any other file, or without openai-harmony."""
+    try:
+        if not any(size == tokenizer_file.stat().st_size for size, _ in HARMONY_VOCABULARY_FILES):
+            return None
+        data = tokenizer_file.read_bytes()
+    except OSError:
+        return None
+    if (len(data), hashlib.sha256(data).hexdigest()) not in HARMONY_VOCABULARY_FILES:
+        return None
+    from .engines import EngineError
+    from .harmony import harmony_encoding
+
+    try:
+        harmony_encoding()  # loaded here, once, as a parsed file would be: proving processes inherit it
+    except EngineError:
+        return None
+    # The file is known byte for byte: its added tokens are read without parsing the rest.
+    text = data.decode("utf-8")
+    listed, _ = json.JSONDecoder().raw_decode(text, text.index("[", text.index('"added_tokens"')))
+    added = {token["content"]: token["id"] for token in listed}
+    return HarmonyVocabularyTokenizer(directory, None, special, added=added)
+
+
+def _load_file(tokenizer_file: Path) -> Any:
+    try:
+        from tokenizers import Tokenizer as FastTokenizer
+    except ImportError:
+        raise TokenizerError("proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'") from None
+    try:
+        return FastTokenizer.from_file(str(tokenizer_file))
+    except Exception as error:  # tokenizers raises bare Exceptions for bad files
+        raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
 
 
 def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -80,16 +166,9 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     special = special_tokens_from_config(config)
     tokenizer_file = directory / "tokenizer.json"
     if tokenizer_file.is_file():
-        try:
-            from tokenizers import Tokenizer as FastTokenizer
-        except ImportError:
-            raise TokenizerError(
-                "proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'"
-            ) from None
-        try:
-            return Tokenizer(directory, FastTokenizer.from_file(str(tokenizer_file)), special)
-        except Exception as error:  # tokenizers raises bare Exceptions for bad files
-            raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
+        return _harmony_vocabulary(directory, tokenizer_file, special) or Tokenizer(
+            directory, _load_file(tokenizer_file), special
+        )
     # transformers says on import that PyTorch is missing: true, and beside the point here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
