@@ -25,7 +25,7 @@ from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
 from .engines import ENGINE_ENVIRONMENT
-from .isolation import parallel_map
+from .isolation import long_lived_workers, parallel_map
 from .sources import SourceError, TemplateSource, collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
@@ -301,7 +301,8 @@ def run_audit(
             progress()
 
     ready_to_fork(list(pending.values()), prove)
-    parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
+    with long_lived_workers():  # a fork per template cost as much as its proof
+        parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
     analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
     return Audit(repos, analyses, len(pending))
 

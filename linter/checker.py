@@ -355,30 +355,34 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 
 def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import HARMONY, resolve_engine
+    from .analysis import argument_separators
+    from .engines import HARMONY, content_format, resolve_engine
     from .gguf import model_for, own_tokenizer
-    from .prover import Prover, attach_proofs, clocked_switches, engine_findings, switch_values
+    from .prover import COMPACT_SEPARATORS, Prover, attach_proofs, clocked_switches, engine_findings, switch_values
     from .sources import model_type_beside
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
     tokenizer, special = prover_inputs(source, options.tokenizer)
     switches = switch_values(findings, facts.variables), clocked_switches(findings)
+    # What the renders would analyse or parse the template again for, from the lint's own analysis.
+    separators = argument_separators(facts) or COMPACT_SEPARATORS
+    content_format(source.text, facts.tree)
     if engine != HARMONY:
-        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
+        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
             report.note = own_tokenizer(model).description  # whose ids, or why characters
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
-    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf")
+    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators)
     report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (
         f"rendered as transformers renders the template; vLLM renders this model with openai-harmony instead ({engine_rule})"
     )
     extra = attach_proofs(findings, report, facts)
-    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine)
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
     return extra + engine_findings(on_engine.run({}))
 
 

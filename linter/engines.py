@@ -37,7 +37,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from jinja2 import nodes
@@ -51,12 +50,28 @@ class EngineError(ValueError):
     """The engine would reject the request (vLLM answers 400)."""
 
 
-@lru_cache(maxsize=64)
-def content_format(template: str) -> str:
-    """ "openai" when the template loops over a message's content parts, else "string"."""
-    from .analysis import parse
+_CONTENT_FORMATS: dict[str, str] = {}
+_CONTENT_FORMATS_KEPT = 64
 
-    tree, _ = parse(template)
+
+def content_format(template: str, tree: nodes.Template | None = None) -> str:
+    """ "openai" when the template loops over a message's content parts, else "string".
+    Kept per template text; ``tree`` is its parse where the caller has one (a proof asks
+    first, with the lint's: parsing again was a tenth of a proof)."""
+    form = _CONTENT_FORMATS.get(template)
+    if form is None:
+        if tree is None:
+            from .analysis import parse
+
+            tree, _ = parse(template)
+        form = _content_format_of(tree)
+        if len(_CONTENT_FORMATS) >= _CONTENT_FORMATS_KEPT:
+            _CONTENT_FORMATS.clear()
+        _CONTENT_FORMATS[template] = form
+    return form
+
+
+def _content_format_of(tree: nodes.Template | None) -> str:
     if tree is None:
         return "string"
     for loop in tree.find_all(nodes.For):

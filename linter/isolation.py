@@ -6,15 +6,22 @@ Every command runs its per-template work through here (check, --fix, --diff, aud
 runs whole in one such child (diff, replay): one limit policy. ``parallel_map`` runs
 several at once; interrupted (Ctrl-C, SIGTERM, to the whole group or to the main process
 alone), it kills the children and starts no more, so the process stops at once.
+
+A fork per template cost an audit as much as its proofs (and every child started with
+cold caches): inside ``long_lived_workers()`` each child applies the limits once and runs
+one call after another. A call that breaks a limit ends its child, which the next call
+replaces, and is reported as a child of its own would report it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import pickle
 import resource
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -61,15 +68,24 @@ class _Children:
 CHILDREN = _Children()
 
 
-def _child(connection, function: Callable, args: tuple, memory: int, seconds: float | None) -> None:
+def _limit_memory(memory: int) -> None:
     with contextlib.suppress(ValueError, OSError):  # a lower hard limit already applies
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    if seconds is not None:
-        # The parent kills the child at the wall-clock limit; CPU time is the backstop should
-        # the parent itself be killed first.
-        with contextlib.suppress(ValueError, OSError):
-            cpu = int(seconds) + 5
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
+
+def _limit_cpu(seconds: float | None) -> None:
+    """The parent kills the child at the wall-clock limit; CPU time is the backstop should
+    the parent itself be killed first."""
+    if seconds is None:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        cpu = int(seconds) + 5
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
+
+def _child(connection, function: Callable, args: tuple, memory: int, seconds: float | None) -> None:
+    _limit_memory(memory)
+    _limit_cpu(seconds)
     try:
         connection.send(("ok", function(*args)))
     except MemoryError:
@@ -86,9 +102,22 @@ _DEFAULT: Any = object()
 def run_isolated(function: Callable, args: tuple, seconds: float | None = _DEFAULT, memory: int = _DEFAULT) -> Any:
     """``function(*args)`` in a forked child; its result must be picklable. ``seconds``
     None: no wall-clock limit (the work bounds its own steps, as each render does); by
-    default WALL_SECONDS and MEMORY_BYTES, read when called."""
+    default WALL_SECONDS and MEMORY_BYTES, read when called. Inside ``long_lived_workers()``
+    a worker runs it, when the function and its arguments can be sent to one."""
     seconds = WALL_SECONDS if seconds is _DEFAULT else seconds
     memory = MEMORY_BYTES if memory is _DEFAULT else memory
+    workers = _WORKERS
+    if workers is not None:
+        try:
+            task = pickle.dumps((function, args, seconds))
+        except Exception:  # noqa: BLE001 - a function defined in place, say: a child of its own
+            task = None
+        if task is not None:
+            return workers.run(task, seconds, memory)
+    return _run_in_new_child(function, args, seconds, memory)
+
+
+def _run_in_new_child(function: Callable, args: tuple, seconds: float | None, memory: int) -> Any:
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(sender, function, args, memory, seconds), daemon=True)
@@ -114,6 +143,172 @@ def run_isolated(function: Callable, args: tuple, seconds: float | None = _DEFAU
     if status != "ok":
         raise IsolationError(value)
     return value
+
+
+class _Worker:
+    """A limited child that runs calls one after another, sent to it pickled."""
+
+    def __init__(self, memory: int):
+        context = multiprocessing.get_context("fork")
+        self.connection, child_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child_end, memory), daemon=True)
+        self.process.start()
+        child_end.close()
+        self.calls = 0
+        CHILDREN.add(self.process)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.process.kill()
+        self.process.join()
+        self.connection.close()
+        CHILDREN.discard(self.process)
+
+
+# A worker that has grown to this share of its address-space limit retires after its call:
+# what its earlier calls left (caches, a tokenizer per repo) must not make a later template
+# run out of memory that a fresh child would have rendered.
+_RETIRE_AT = 0.5
+
+
+def _serve(connection, memory: int) -> None:
+    _limit_memory(memory)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    try:
+        while True:
+            try:
+                task = connection.recv_bytes()
+            except EOFError:
+                return  # the parent is gone
+            if not task:
+                return  # the parent is done with this worker
+            function, args, seconds = pickle.loads(task)
+            if seconds is not None:
+                # As a child of its own would have (_limit_cpu), counted from what this one
+                # has spent; only the soft limit (SIGXCPU ends the process): a hard limit
+                # lowered for one call could not be raised for the next.
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                cpu = int(usage.ru_utime + usage.ru_stime + seconds) + 5
+                with contextlib.suppress(ValueError, OSError):
+                    resource.setrlimit(resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(cpu, hard), hard))
+            try:
+                status, value = "ok", function(*args)
+            except MemoryError:
+                status, value = "error", "ran out of memory"
+            except BaseException as error:  # noqa: BLE001 - reported to the parent as text
+                status, value = "error", f"{type(error).__name__}: {error}"
+            retiring = status != "ok" or _address_space() > memory * _RETIRE_AT
+            try:
+                connection.send((status, value, retiring))
+            except MemoryError:
+                connection.send(("error", "ran out of memory", True))
+                return
+            except Exception as error:  # noqa: BLE001 - a result that cannot be sent (unpicklable) is an error too
+                connection.send(("error", f"{type(error).__name__}: {error}", True))
+                return
+            if retiring:
+                return  # whatever broke a limit here, or grew, goes with this process
+    except BaseException:  # noqa: BLE001 - interrupted while waiting or answering: the parent reports it
+        return
+    finally:
+        connection.close()
+
+
+def _address_space() -> int:
+    """This process's virtual memory in bytes (what RLIMIT_AS limits), where /proc says it."""
+    try:
+        with open("/proc/self/statm", "rb") as stream:
+            return int(stream.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class _Workers:
+    """The idle workers of a ``long_lived_workers()`` block, by memory limit."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.idle: dict[int, list[_Worker]] = {}
+        self.started: list[_Worker] = []
+
+    def take(self, memory: int) -> tuple[_Worker, bool]:
+        """An idle worker for this limit (and whether it is fresh), else a new one."""
+        with self.lock:
+            idle = self.idle.setdefault(memory, [])
+            while idle:
+                worker = idle.pop()
+                if worker.process.is_alive():
+                    return worker, False
+                worker.stop()
+        worker = _Worker(memory)
+        with self.lock:
+            self.started.append(worker)
+        return worker, True
+
+    def give_back(self, worker: _Worker, memory: int) -> None:
+        with self.lock:
+            self.idle.setdefault(memory, []).append(worker)
+
+    def run(self, task: bytes, seconds: float | None, memory: int) -> Any:
+        worker, fresh = self.take(memory)
+        try:
+            worker.connection.send_bytes(task)
+        except OSError:  # it died while idle (the machine's out-of-memory killer, say)
+            worker.stop()
+            if fresh:
+                raise IsolationError(f"the worker died (exit code {worker.process.exitcode})") from None
+            return self.run(task, seconds, memory)
+        except BaseException:
+            worker.stop()
+            raise
+        try:
+            if not worker.connection.poll(seconds):
+                raise IsolationError(f"took over {seconds:g} s")
+            try:
+                status, value, retiring = worker.connection.recv()
+            except EOFError:
+                worker.process.join()
+                raise IsolationError(f"the worker died (exit code {worker.process.exitcode})") from None
+        except BaseException:
+            worker.stop()  # interrupted, or over the limit: the worker goes with the wait for it
+            raise
+        if retiring:
+            worker.stop()
+        else:
+            self.give_back(worker, memory)
+        if status == "ok":
+            return value
+        if value == "ran out of memory" and not fresh:
+            # Perhaps only with what this worker's earlier calls left: a fresh child decides.
+            function, args, seconds = pickle.loads(task)
+            return _run_in_new_child(function, args, seconds, memory)
+        raise IsolationError(value)
+
+    def close(self) -> None:
+        for worker in self.started:
+            with contextlib.suppress(OSError, ValueError):
+                worker.connection.send_bytes(b"")  # no more calls: the worker exits
+        for worker in self.started:
+            worker.process.join(timeout=1)
+            worker.stop()
+
+
+_WORKERS: _Workers | None = None
+
+
+@contextlib.contextmanager
+def long_lived_workers() -> Iterator[None]:
+    """Within: ``run_isolated`` runs its calls in children that each apply the limits once
+    and serve call after call (one at a time), instead of a fork per call. They are forked
+    as first needed, from the process as it is then (make it ready first: see
+    checker.ready_to_fork), and stopped on leaving."""
+    global _WORKERS
+    outer, _WORKERS = _WORKERS, _Workers()
+    try:
+        yield
+    finally:
+        workers, _WORKERS = _WORKERS, outer
+        workers.close()
 
 
 def parallel_map(function: Callable, items: Iterable, jobs: int) -> list:

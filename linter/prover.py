@@ -231,7 +231,10 @@ class Prover:
         special_tokens=None,
         limits: RenderLimits = DEFAULT_LIMITS,
         engine: str = "hf",
+        separators: tuple[str, str] | None = None,
     ):
+        """``separators``: how the model writes tool-call arguments (``model_separators``),
+        where the caller has analysed the template already."""
         self.template = template
         self.limits = limits
         self.engine = engine
@@ -240,7 +243,7 @@ class Prover:
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
         self._renders: dict[str, Prompt] | None = None
-        self._model_separators: tuple[str, str] | None = None
+        self._model_separators = separators
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> Prompt:
         """The prompt for one request, rendered once per request while ``_renders`` keeps
