@@ -359,6 +359,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     from .engines import HARMONY, content_format, resolve_engine
     from .gguf import model_for, own_tokenizer
     from .prover import COMPACT_SEPARATORS, Prover, attach_proofs, clocked_switches, engine_findings, switch_values
+    from .render import RenderError, compile_template
     from .sources import model_type_beside
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
@@ -367,6 +368,8 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = argument_separators(facts) or COMPACT_SEPARATORS
     content_format(source.text, facts.tree)
+    with contextlib.suppress(RenderError):  # each render says it, as it would have
+        compile_template(source.text, options.limits, facts.tree)
     if engine != HARMONY:
         prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
         report = prover.run(*switches)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import jinja2
@@ -73,12 +73,22 @@ def _render_clock_now() -> datetime:
     return _RENDER_CLOCK.get()()
 
 
-@lru_cache(maxsize=256)
-def _compile(text: str, limits: RenderLimits) -> jinja2.Template:
-    environment = make_environment(_render_clock_now)
-    environment.intercepted_binops = frozenset({"*", "**"})
-    environment.call_binop = partial(_bounded_binop, environment, limits)
-    return environment.from_string(text)
+_COMPILED: dict[tuple[str, RenderLimits], jinja2.Template] = {}
+_COMPILED_KEPT = 256
+
+
+def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None) -> jinja2.Template:
+    key = (text, limits)
+    template = _COMPILED.get(key)
+    if template is None:
+        environment = make_environment(_render_clock_now)
+        environment.intercepted_binops = frozenset({"*", "**"})
+        environment.call_binop = partial(_bounded_binop, environment, limits)
+        template = environment.from_string(text if tree is None else tree)
+        if len(_COMPILED) >= _COMPILED_KEPT:
+            _COMPILED.clear()
+        _COMPILED[key] = template
+    return template
 
 
 def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):
@@ -113,9 +123,16 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def compile_template(text: str, limits: RenderLimits = DEFAULT_LIMITS) -> jinja2.Template:
+def compile_template(
+    text: str, limits: RenderLimits = DEFAULT_LIMITS, tree: jinja2.nodes.Template | None = None
+) -> jinja2.Template:
+    """The template compiled for rendering, once per text and limits. ``tree``: its parse,
+    where the caller has one (a proof compiles the lint's instead of parsing again, a fifth
+    of a proof): jinja2 compiles a parse as it compiles the text it parses, and the parse
+    environment is this one's but for the clock (tests/test_render_equivalence.py compares
+    the code)."""
     try:
-        return _compile(text, limits)
+        return _compile(text, limits, tree)
     except jinja2.TemplateSyntaxError as error:
         raise RenderError(f"template does not parse: {error.message} (line {error.lineno})") from None
     except RecursionError:

@@ -7,14 +7,18 @@ refuses too.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import jinja2
 import pytest
-from helpers import SHARED_TEMPLATES, needs_shared
+from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
+from tmpl_lint.checker import lint_with_facts
+from tmpl_lint.jinja_env import make_environment
 from tmpl_lint.render import FrozenClock, RenderError, render
 from tmpl_lint.scenarios import scenarios
+from tmpl_lint.sources import TemplateSource
 
 pytestmark = needs_shared
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
@@ -73,3 +77,25 @@ def test_same_bytes_as_transformers(path, monkeypatch):
                 assert ours == expected, f"{scenario.name}, {len(call.messages)} messages, generation prompt {generation_prompt}"
                 compared += 1
     print(f"{path.stem}: {compared} renders identical")
+
+
+SOURCES = TEMPLATES + sorted(CORPUS.glob("*.jinja")) + sorted((CORPUS.parent / "tests" / "hostile").glob("*.jinja"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: path.stem)
+def test_a_proof_compiles_the_lints_parse_to_the_code_of_the_text(path):
+    """A proof compiles the tree the lint parsed and analysed (switch trials and all), not
+    the text again: the generated code must be the text's, byte for byte."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    facts, _ = lint_with_facts(TemplateSource(path, None, text, "jinja"))
+    if facts.tree is None:
+        pytest.skip("does not parse")
+    environment = make_environment()
+    environment.intercepted_binops = frozenset({"*", "**"})  # as the render compiles
+    try:
+        expected = environment.compile(text, raw=True)
+    except jinja2.TemplateSyntaxError as error:  # an unknown filter, say: the same refusal
+        with pytest.raises(type(error), match=re.escape(error.message)):
+            environment.compile(facts.tree, raw=True)
+        return
+    assert environment.compile(facts.tree, raw=True) == expected
