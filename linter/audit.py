@@ -300,7 +300,7 @@ def run_audit(
         if progress:
             progress()
 
-    ready_to_fork(list(pending.values()), prove)
+    ready_to_fork(list(pending.values()), prove, long_lived=True)
     with long_lived_workers():  # a fork per template cost as much as its proof
         parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
     analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}

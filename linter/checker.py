@@ -76,27 +76,32 @@ def _lint_batch_for_parent(sources: list[TemplateSource], selection: Selection) 
     return [lint_source(source, selection) for source in sources]
 
 
-def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None) -> None:
+def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, long_lived: bool = False) -> None:
     """Do once in the parent what each isolated child would otherwise do again: import
     what the threads and children import (so no thread holds a module lock when another
     forks), build jinja's lexer (shared by every environment of these settings), and load
-    openai-harmony's vocabulary when a template is rendered through it (0.7 s a child)."""
+    openai-harmony's vocabulary when a template is rendered through it (0.7 s a child).
+    ``long_lived``: the children are long-lived workers (isolation.long_lived_workers),
+    each of which loads that vocabulary once if a template of its own needs it, while the
+    others go on: loaded here, every template waited for it."""
     from . import isolation  # noqa: F401
 
     PARSE_ENVIRONMENT.lexer  # noqa: B018 - built on first use, then cached by jinja
     if prove is not None:
-        _ready_to_prove(sources, prove)
+        _ready_to_prove(sources, prove, load_harmony=not long_lived)
     # What the parent holds now, the children only read: out of the collector's sight, a
     # child's collections do not touch (and so copy) every page the parent had.
     gc.freeze()
 
 
-def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions) -> None:
+def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
     from . import prover  # noqa: F401
     from .engines import HARMONY, EngineError, resolve_engine
     from .sources import model_type_beside
 
-    if any(resolve_engine(prove.engine, source.text, model_type_beside(source.path)) == HARMONY for source in sources):
+    if load_harmony and any(
+        resolve_engine(prove.engine, source.text, model_type_beside(source.path)) == HARMONY for source in sources
+    ):
         from .harmony import harmony_encoding
 
         with contextlib.suppress(EngineError):  # not installed: each template says so

@@ -17,13 +17,14 @@ shape that showed it), so that the finding can say how often the prompt changes.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
+
+from .render import copy_request
 
 MIDDAY = datetime(2026, 3, 1, 12, 0, 0)
 
@@ -145,10 +146,10 @@ def session(head: list[dict[str, Any]], steps: list[tuple[dict[str, Any], list[d
     messages = list(head)
     for index, (reply, following) in enumerate(steps):
         clock = clocks[index] if clocks else MIDDAY
-        calls.append(Call(copy.deepcopy(messages), copy.deepcopy(reply), clock))
+        calls.append(Call(copy_request(messages), copy_request(reply), clock))
         messages = messages + [reply] + following
     clock = clocks[len(steps)] if clocks else MIDDAY
-    calls.append(Call(copy.deepcopy(messages), None, clock))
+    calls.append(Call(copy_request(messages), None, clock))
     return calls
 
 
