@@ -151,10 +151,9 @@ class _Worker:
     def __init__(self, memory: int):
         context = multiprocessing.get_context("fork")
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_end, memory), daemon=True)
+        self.process = context.Process(target=_serve, args=(child_end, self.connection, os.getpid(), memory), daemon=True)
         self.process.start()
         child_end.close()
-        self.calls = 0
         CHILDREN.add(self.process)
 
     def stop(self) -> None:
@@ -171,11 +170,20 @@ class _Worker:
 _RETIRE_AT = 0.5
 
 
-def _serve(connection, memory: int) -> None:
+# How often an idle worker checks that its parent is still there (other children may hold
+# the parent's end of its pipe open, so the end of the pipe does not always say so).
+_PARENT_CHECK_SECONDS = 1.0
+
+
+def _serve(connection, parent_end, parent: int, memory: int) -> None:
+    parent_end.close()
     _limit_memory(memory)
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     try:
         while True:
+            while not connection.poll(_PARENT_CHECK_SECONDS):
+                if os.getppid() != parent:
+                    return  # the parent was killed: nobody will ask for more
             try:
                 task = connection.recv_bytes()
             except EOFError:

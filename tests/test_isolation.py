@@ -194,3 +194,32 @@ def test_audit_reports_a_template_over_the_limit_and_goes_on(tmp_path):
     assert [row["codes"] for row in rows] == [[], ["PC101"], []]
     (finding,) = rows[1]["findings"]
     assert finding["message"] == 'render limit exceeded in "chat": the render ran out of memory'
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # exited, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
+def test_workers_of_a_killed_parent_exit():
+    script = (
+        "import os, sys, time\n"
+        "from tmpl_lint.isolation import long_lived_workers, parallel_map, run_isolated\n"
+        "with long_lived_workers():\n"
+        "    pids = parallel_map(lambda _: run_isolated(time.sleep, (0.5,)) or run_isolated(os.getpid, ()), range(2), 2)\n"
+        "    print(*set(pids), flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in parent.stdout.readline().split()]
+    assert workers and not any(map(_gone, workers))
+    parent.kill()  # no chance to stop its workers
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not all(map(_gone, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(map(_gone, workers))
