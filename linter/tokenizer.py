@@ -64,6 +64,9 @@ class HarmonyVocabularyTokenizer(Tokenizer):
         longest_first = sorted(added, key=len, reverse=True)
         self._added_token = re.compile("|".join(map(re.escape, longest_first))) if added else None
 
+    def __repr__(self) -> str:  # the dataclass's would load the file, to show it
+        return f"{type(self).__name__}({str(self.directory)!r})"
+
     @property
     def backend(self) -> Any:
         if self._backend is None:
