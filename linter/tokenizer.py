@@ -119,14 +119,41 @@ def _harmony_vocabulary(directory: Path, tokenizer_file: Path, special: dict[str
 
 
 def _load_file(tokenizer_file: Path) -> Any:
-    try:
-        from tokenizers import Tokenizer as FastTokenizer
-    except ImportError:
-        raise TokenizerError("proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'") from None
-    try:
-        return FastTokenizer.from_file(str(tokenizer_file))
-    except Exception as error:  # tokenizers raises bare Exceptions for bad files
-        raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
+    """The file as ``tokenizers`` loads it, once per content where the content is known
+    without reading it (``content_key``): an audit's repos often share their base model's
+    tokenizer, and a long-lived worker proves many of them."""
+    key = content_key(tokenizer_file)
+    backend = _LOADED.get(key)
+    if backend is None:
+        try:
+            from tokenizers import Tokenizer as FastTokenizer
+        except ImportError:
+            raise TokenizerError(
+                "proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'"
+            ) from None
+        try:
+            backend = FastTokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # tokenizers raises bare Exceptions for bad files
+            raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
+        if len(_LOADED) >= _LOADED_KEPT:
+            _LOADED.clear()
+        _LOADED[key] = backend
+    return backend
+
+
+_LOADED: dict[str, Any] = {}
+_LOADED_KEPT = 8
+_BLOB_NAME = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def content_key(path: Path) -> str:
+    """What names a file's content without reading it: in the Hugging Face cache a file is a
+    link to a blob named by the hash of its content (sha256 for LFS files, git's sha1 for
+    others), shared by every repo that has that file; elsewhere the file's own path."""
+    resolved = path.resolve()
+    if resolved.parent.name == "blobs" and _BLOB_NAME.fullmatch(resolved.name):
+        return f"blob:{resolved.name}"
+    return str(resolved)
 
 
 def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:

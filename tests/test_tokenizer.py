@@ -4,6 +4,9 @@ file of ../shared."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 from datetime import datetime
 
@@ -102,3 +105,29 @@ def test_every_shared_template_render_encodes_as_the_file_does(file_ids):
             compared += 1
         assert tokenizer.encode(template) == file_ids(template), path.name
     assert compared > 1000, compared
+
+
+def cached_repo(root, name: str, data: bytes, config: dict):
+    """A model as the Hugging Face cache holds it: snapshot files are links to blobs named by
+    the sha256 of their content."""
+    repo = root / f"models--org--{name}"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for filename, content in (("tokenizer.json", data), ("tokenizer_config.json", json.dumps(config).encode())):
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.write_bytes(content)
+        (snapshot / filename).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+def test_repos_that_share_a_tokenizer_file_share_its_loaded_tokenizer(tmp_path):
+    data = (SHARED_TOKENIZERS / "qwen2.5" / "tokenizer.json").read_bytes()
+    first = load_tokenizer(cached_repo(tmp_path, "first", data, {"eos_token": "<|im_end|>"}))
+    second = load_tokenizer(cached_repo(tmp_path, "second", data, {"eos_token": "<|endoftext|>"}))
+    assert first.backend is second.backend  # loaded once
+    assert (first.special_tokens, second.special_tokens) == ({"eos_token": "<|im_end|>"}, {"eos_token": "<|endoftext|>"})
+    changed = data.replace(b'"<|im_end|>"', b'"<|im_END|>"', 1)
+    third = load_tokenizer(cached_repo(tmp_path, "third", changed, {}))
+    assert third.backend is not first.backend
+    assert first.encode("<|im_end|>") == [151645] and third.encode("<|im_end|>") != [151645]
