@@ -144,6 +144,22 @@ def test_tensor_data_is_never_read(tmp_path):
     assert code == 1 and out.startswith(f"{model}:default:3:28: PC001 [live-clock]")
 
 
+def test_a_finding_is_placed_without_reading_the_model_as_a_file(tmp_path, monkeypatch):
+    """Only the metadata map reads a model: reading it whole (to place a finding, as a JSON
+    file's are) would read tens of GB. The lint's children are forked, so they see the patch."""
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(self):
+        if self.suffix == ".gguf":
+            raise RuntimeError(f"{self} read whole")
+        return real_read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    code, out, _ = run(model, "--no-prove", "-q")
+    assert (code, out.splitlines()[0].split(" (")[0]) == (1, f"{model}:default:3:28: PC001 [live-clock]")
+
+
 def test_directory_walk_reads_first_splits_and_passes_over_projectors(tmp_path):
     first = write_gguf(tmp_path / "Model-Q4_K_M-00001-of-00002.gguf", CLOCK)
     write_gguf(tmp_path / "Model-Q4_K_M-00002-of-00002.gguf")  # later splits carry no template
