@@ -252,9 +252,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                             text, position = string_at(position, key)
                             values.append(text)
                     else:  # variable length: nothing to do but step over each (the hot loop)
-                        unpack = u64.unpack_from
-                        for _ in itertools.repeat(None, count):
-                            position += 8 + unpack(buffer, position)[0]
+                        position = skip_strings(buffer, position, count, order)
                 else:
                     raise GGUFError(f"{key} is an array of {item.name.lower()}, which GGUF metadata does not nest")
                 if position > size:
@@ -271,6 +269,44 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
     except struct.error:
         raise Truncated("the metadata runs past the end") from None
     return metadata
+
+
+# A vocabulary (150k tokens, as many merges) is most of a model's metadata, and stepping over
+# its strings one by one in Python is most of a lint's time on a GGUF. _short_strings matches
+# exactly RUN consecutive GGUF strings of under SHORT bytes each, in the regex engine: each
+# string's first (little-endian) length byte selects the one alternative that can match it, the
+# seven bytes after it must be zero, then exactly that many bytes of text follow. The strings
+# have one parse, so a run either matches exactly as the walk one by one steps, or does not
+# match (a longer string in it, or the end of the bytes) and is walked one by one. Compiling
+# costs a few ms, paid only for an array long enough to gain from it.
+RUN = 256
+SHORT = 128  # a token or merge is rarely longer; fewer alternatives compile faster
+SHORT_STRINGS_FROM = 4 * RUN  # items in an array before the run pattern is worth compiling
+
+
+@lru_cache(maxsize=1)
+def _short_strings() -> re.Pattern[bytes]:
+    # NUL bytes written as themselves: the pattern parses faster than with escapes
+    one = [re.escape(bytes([length])) + bytes(7) + b".{%d}" % length for length in range(SHORT)]
+    return re.compile(b"(?:" + b"|".join(one) + b"){%d}+" % RUN, re.DOTALL)
+
+
+def skip_strings(buffer, position: int, count: int, order: str) -> int:
+    """Where ``count`` GGUF strings from ``position`` end (past the buffer's end if they do)."""
+    unpack = struct.Struct(order + "Q").unpack_from
+    if count >= SHORT_STRINGS_FROM and order == "<":  # big-endian files (rare) are walked
+        match = _short_strings().match
+        runs, count = divmod(count, RUN)
+        for _ in itertools.repeat(None, runs):
+            matched = match(buffer, position)
+            if matched is not None:
+                position = matched.end()
+                continue
+            for _ in itertools.repeat(None, RUN):
+                position += 8 + unpack(buffer, position)[0]
+    for _ in itertools.repeat(None, count):
+        position += 8 + unpack(buffer, position)[0]
+    return position
 
 
 def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32, u64) -> None:

@@ -254,6 +254,61 @@ def test_the_format_values_are_ggufs():
     }
 
 
+def crafted_vocabulary() -> list[str]:
+    """Tokens the run pattern must step over exactly: every length around its limits (0, 127,
+    128, 255, 256 and longer bytes, multi-byte characters), and tokens whose text is itself a
+    GGUF key and string value (a fake chat template a byte search would find first)."""
+    fake = "tokenizer.chat_template"
+    forged = (len(fake).to_bytes(8, "little") + fake.encode() + (8).to_bytes(4, "little") + (9).to_bytes(8, "little")).decode(
+        "latin-1"
+    ) + "{{ bad }}"
+    lengths = [0, 1, 2, 7, 8, 126, 127, 128, 129, 255, 256, 300]
+    tokens = [("é" * (n // 2) + "x" * (n % 2)) if n % 3 == 0 else "t" * n for n in lengths]
+    tokens += [forged, "\x00" * 8, "\x05" + "\x00" * 7 + "abcde"]
+    tokens += [f"tok{index}" for index in range(2900)]  # past the run pattern's threshold, runs of 256 and a rest
+    tokens.insert(1500, "L" * 200)  # one long token inside a run: that run is walked one by one
+    return tokens
+
+
+@pytest.mark.parametrize("count", [2900 + 15, 1023, 256 * 12])
+def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, count):
+    from tmpl_lint import gguf as reader
+
+    tokens = crafted_vocabulary()[: count + 1]
+    model = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(model, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(list(reversed(tokens)))
+    writer.add_chat_template(CLOCK)
+    writer.add_uint32("after.the.vocabulary", 7)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    metadata = reader.read_metadata(model, {reader.TOKENS_KEY})
+    truth = gguf.GGUFReader(model)
+    assert metadata.templates() == [("default", CLOCK)]
+    assert metadata.value(reader.TOKENS_KEY) == tokens
+    assert metadata.value("after.the.vocabulary") == 7
+    assert set(metadata.fields) == {key for key in truth.fields if not key.startswith("GGUF.")}
+    assert metadata.fields["tokenizer.ggml.merges"].count == len(tokens)
+    merges = truth.fields["tokenizer.ggml.merges"]
+    assert metadata.fields["tokenizer.ggml.merges"].span[1] == merges.offset + sum(part.nbytes for part in merges.parts)
+
+
+def test_the_run_pattern_takes_exactly_a_run_of_short_strings():
+    from tmpl_lint.gguf import RUN, _short_strings
+
+    def packed(strings):
+        return b"".join(len(text).to_bytes(8, "little") + text for text in strings)
+
+    short = [bytes([65 + n % 26]) * (n % 128) for n in range(RUN)]
+    assert _short_strings().match(packed(short) + packed([b"next"])).end() == len(packed(short))
+    for longer in (b"y" * 300, b"z" * 256, b"w" * 128):  # 300 and 256 share their low byte with 44 and 0
+        assert _short_strings().match(packed([*short[:-1], longer])) is None
+    assert _short_strings().match(packed(short[:-1])) is None  # one string short of a run
+
+
 # -- proofs --------------------------------------------------------------------------------------
 
 
