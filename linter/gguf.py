@@ -17,12 +17,12 @@ below, and a test holds them equal to gguf's. gguf writes the ``--gguf-copy`` fi
 ``--fix`` never rewrites a model: each fixed template is written beside it
 (``<model>.chat_template.jinja``, for llama.cpp's ``--jinja --chat-template-file``).
 ``--gguf-copy`` writes a NEW GGUF with the fixed metadata, streamed through gguf's own
-writer, and reads it back before it appears under its name; nothing is ever overwritten.
+writer, and reads it back before it appears under its name. Both are created through
+writes.py like every other write (its lock, then ``create``): nothing is ever overwritten.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import hashlib
 import itertools
@@ -32,14 +32,14 @@ import re
 import shutil
 import stat
 import struct
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import writes
 from .sources import GGUF_SUFFIX, SourceError, TemplateSource
+from .writes import WriteError
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
 DEFAULT_NAME = "default"  # gguf's writer files a template named "default" under tokenizer.chat_template
@@ -553,81 +553,30 @@ def build_tokenizer(metadata: Metadata):
 # -- writing ---------------------------------------------------------------------------------
 
 
-class GGUFWriteError(Exception):
-    pass
-
-
-def create_new(target: Path, fill: Callable[[Path], None], mode: int) -> None:
-    """Create ``target``, which must not exist: ``fill`` writes a temporary file beside it
-    (and may check it); only a complete, synced file then appears under the name, and an
-    existing file is never replaced."""
-    if target.exists() or target.is_symlink():
-        raise GGUFWriteError(f"{target}: already exists; tmpl-lint does not overwrite it")
-    try:
-        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as error:
-        raise GGUFWriteError(f"{target}: cannot write in {target.parent}: {error.strerror}") from None
-    os.close(handle)
-    temporary = Path(name)
-    try:
-        fill(temporary)
-        with open(temporary, "rb+") as stream:
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        try:
-            os.link(temporary, target)  # fails if the name was taken meanwhile: no overwrite
-        except FileExistsError:
-            raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
-        except OSError:
-            # A filesystem without hard links: the name was checked free above.
-            if target.exists():
-                raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
-            os.rename(temporary, target)
-        _sync_directory(target.parent)
-    except OSError as error:
-        raise GGUFWriteError(f"{target}: cannot write: {error.strerror or error}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
-def _sync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
 def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, bool]:
     """Write a fixed template beside its GGUF; (its path, whether it was written now). The
     same fix already there is left alone; a different file there is an error."""
     target = companion_path(model, name)
-    if target.is_file() and not target.is_symlink():
-        try:
-            if target.read_text(encoding="utf-8") == text:
-                return target, False
-        except (OSError, UnicodeDecodeError):
-            pass
-        raise GGUFWriteError(
-            f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
-        )
+    data = writes.encode(target, text)
 
-    def fill(temporary: Path) -> None:
-        with open(temporary, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-        if temporary.read_text(encoding="utf-8") != text:
-            raise GGUFWriteError(f"{target}: the written template does not read back")
+    def fill(temporary: str) -> None:
+        with open(temporary, "wb") as stream:
+            stream.write(data)
+        if Path(temporary).read_bytes() != data:
+            raise WriteError(f"{target}: the written template does not read back; nothing written")
 
-    create_new(target, fill, 0o666 & ~_umask())
+    with writes.locked(target):  # another tmpl-lint fixing the same model waits, then finds it written
+        if target.is_file() and not target.is_symlink():
+            try:
+                if target.read_bytes() == data:
+                    return target, False
+            except OSError:
+                pass
+            raise WriteError(
+                f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+            )
+        writes.create(target, fill)
     return target, True
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def copy_destination(model: Path, requested: Path) -> Path:
@@ -641,7 +590,7 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     try:
         import gguf
     except ImportError:
-        raise GGUFWriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
+        raise WriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
     keys = gguf.Keys.Tokenizer
     replaced = {
         keys.CHAT_TEMPLATE if name == DEFAULT_NAME else keys.CHAT_TEMPLATE_N.format(name=name): text
@@ -650,20 +599,21 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     size = model.stat().st_size
     free = shutil.disk_usage(destination.parent).free
     if free < size + (1 << 20):
-        raise GGUFWriteError(f"{destination}: {free} bytes free in {destination.parent}, the copy needs about {size}")
+        raise WriteError(f"{destination}: {free} bytes free in {destination.parent}, the copy needs about {size}")
     try:
         original = read_metadata(model, EVERY_ARRAY, with_tensors=True)
     except GGUFError as error:
-        raise GGUFWriteError(f"{model}: {error}") from None
+        raise WriteError(f"{model}: {error}") from None
     missing = set(replaced) - set(original.fields)
     if missing:
-        raise GGUFWriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
+        raise WriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
 
-    def fill(temporary: Path) -> None:
-        _stream_copy(gguf, model, original, temporary, replaced)
-        _check_copy(model, original, temporary, replaced)
+    def fill(temporary: str) -> None:
+        _stream_copy(gguf, model, original, Path(temporary), replaced)
+        _check_copy(model, original, Path(temporary), replaced)
 
-    create_new(destination, fill, stat.S_IMODE(model.stat().st_mode))
+    with writes.locked(destination):
+        writes.create(destination, fill, stat.S_IMODE(model.stat().st_mode))
 
 
 def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replaced: dict[str, str]) -> None:
@@ -685,7 +635,7 @@ def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replace
             try:
                 writer.add_key_value(key, replaced.get(key, entry.value), entry.type, sub_type=entry.item_type)
             except ValueError as error:
-                raise GGUFWriteError(f"{model}: gguf's writer cannot copy {key}: {error}") from None
+                raise WriteError(f"{model}: gguf's writer cannot copy {key}: {error}") from None
         for tensor in original.tensors:
             # numpy order is ggml's reversed; the given type is written as is
             writer.add_tensor_info(tensor.name, tuple(reversed(tensor.dims)), numpy.float32, tensor.nbytes, tensor.ggml_type)
@@ -711,10 +661,10 @@ def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict
     try:
         copy = read_metadata(temporary, with_tensors=True)
     except GGUFError as error:
-        raise GGUFWriteError(f"the copy does not read back: {error}") from None
+        raise WriteError(f"the copy does not read back: {error}") from None
 
     def fail(what: str):
-        raise GGUFWriteError(f"the copy of {model} does not read back as written: {what}; nothing written")
+        raise WriteError(f"the copy of {model} does not read back as written: {what}; nothing written")
 
     if set(copy.fields) != set(original.fields):
         fail("its metadata keys differ")

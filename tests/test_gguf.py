@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -600,6 +602,90 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
     assert err == (
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
+    assert os.listdir(out_dir) == []
+
+
+def fixing(*args) -> subprocess.Popen:
+    """A real tmpl-lint --fix process, its lines read as it prints them."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", "--frozen-date", FROZEN, "--no-prove"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def fixed_reference(tmp_path: Path) -> bytes:
+    reference = tmp_path / "reference" / "chat_template.jinja"
+    reference.parent.mkdir()
+    reference.write_text(CLOCK)
+    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    return reference.read_bytes()
+
+
+def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path):
+    from tmpl_lint import writes
+
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    companion = tmp_path / "m.chat_template.jinja"
+    expected = fixed_reference(tmp_path)
+    with writes.locked(companion):
+        process = fixing(model)
+        # printed right before the fixed template is written, which takes the lock first
+        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        time.sleep(1)
+        assert process.poll() is None
+        companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
+    out, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (0, "")
+    assert out.splitlines()[0] == f"{model}:default: already written: the fixed template to {companion}"
+    assert companion.read_bytes() == expected
+    assert sorted(os.listdir(tmp_path)) == ["m.chat_template.jinja", "m.gguf", "reference"]
+
+
+def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
+    from tmpl_lint import writes
+
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    destination = out_dir / "c.gguf"
+    with writes.locked(destination):
+        process = fixing(model, "--gguf-copy", destination)
+        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        time.sleep(1)
+        assert process.poll() is None
+        destination.write_bytes(b"precious")
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (2, f"tmpl-lint: error: {destination}: already exists; tmpl-lint does not overwrite it\n")
+    assert destination.read_bytes() == b"precious"
+    assert os.listdir(out_dir) == ["c.gguf"]
+
+
+def test_sigterm_during_a_copy_leaves_neither_the_copy_nor_a_temporary_file(tmp_path):
+    """The model declares 512 MiB of tensor data (a sparse file), which the copy writes out."""
+    model = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(model, "llama")
+    writer.add_chat_template(CLOCK)
+    size = 512 << 20
+    writer.add_tensor_info("token_embd.weight", (size // 2,), np.dtype(np.float16), size)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    with open(model, "r+b") as stream:
+        stream.truncate(-(-stream.seek(0, os.SEEK_END) // 32) * 32 + size)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    process = fixing(model, "--gguf-copy", out_dir / "c.gguf")
+    deadline = time.monotonic() + 120
+    while not any(name.endswith(".tmp") for name in os.listdir(out_dir)):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (128 + signal.SIGTERM, "")
     assert os.listdir(out_dir) == []
 
 
