@@ -267,7 +267,7 @@ def crafted_vocabulary() -> list[str]:
     lengths = [0, 1, 2, 7, 8, 126, 127, 128, 129, 255, 256, 300]
     tokens = [("é" * (n // 2) + "x" * (n % 2)) if n % 3 == 0 else "t" * n for n in lengths]
     tokens += [forged, "\x00" * 8, "\x05" + "\x00" * 7 + "abcde"]
-    tokens += [f"tok{index}" for index in range(2900)]  # past the run pattern's threshold, runs of 256 and a rest
+    tokens += [f"tok{index}" for index in range(3100)]  # past the run pattern's threshold, runs of 256 and a rest
     tokens.insert(1500, "L" * 200)  # one long token inside a run: that run is walked one by one
     return tokens
 
@@ -282,6 +282,11 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_merges(list(reversed(tokens)))
+    bos = min(1500, count - 3)  # the long token, inside a run, where there is one
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(len(tokens) - 1)  # the last
+    writer.add_unk_token_id(12)  # the forged one
+    writer.add_pad_token_id(len(tokens))  # past the end: no pad_token
     writer.add_chat_template(CLOCK)
     writer.add_uint32("after.the.vocabulary", 7)
     writer.write_header_to_file()
@@ -292,6 +297,12 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
     assert metadata.templates() == [("default", CLOCK)]
     assert metadata.value(reader.TOKENS_KEY) == tokens
     assert metadata.value("after.the.vocabulary") == 7
+    # read at their ids, the vocabulary stepped over
+    assert reader.metadata_special_tokens(model) == {
+        "bos_token": tokens[bos],
+        "eos_token": tokens[-1],
+        "unk_token": tokens[12],
+    }
     assert set(metadata.fields) == {key for key in truth.fields if not key.startswith("GGUF.")}
     assert metadata.fields["tokenizer.ggml.merges"].count == len(tokens)
     merges = truth.fields["tokenizer.ggml.merges"]
@@ -356,6 +367,64 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
     ids = own.tokenizer.encode(text)
     assert ids == reference.encode(text, add_special_tokens=False).ids
     assert ids[0] == reference.token_to_id("<|im_start|>")
+
+
+@needs_shared
+def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+
+    from tmpl_lint import gguf as module
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
+    builds = []
+    build = module.build_tokenizer
+    monkeypatch.setattr(module, "build_tokenizer", lambda metadata: builds.append(metadata) or build(metadata))
+    text = "<|im_start|>user\nWetter in München? 東京は？ 12345 don't<|im_end|>\n<|im_start|>assistant\n"
+    expected = Tokenizer.from_file(str(QWEN / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+    def ids(model: Path) -> list[int]:
+        module._own_tokenizer.cache_clear()  # as a new process starts
+        own = module.own_tokenizer(model)
+        assert own.description.startswith("token ids of the tokenizer in")
+        return own.tokenizer.encode(text)
+
+    model = write_gguf(tmp_path / "qwen.gguf", CLOCK, tokenizer=QWEN)
+    assert (ids(model), len(builds)) == (expected, 1)
+    (entry,) = (cache / "gguf-tokenizers").iterdir()
+    assert Tokenizer.from_file(str(entry)).encode(text, add_special_tokens=False).ids == expected
+    assert (ids(model), len(builds)) == (expected, 1)  # read from the cache, not built
+    # another quantization of the model: other metadata, the same tokenizer, the same entry
+    other = write_gguf(tmp_path / "qwen-q8.gguf", TOOL_ARGS, tokenizer=QWEN, extra={"general.file_type": 7})
+    assert (ids(other), len(builds)) == (expected, 1)
+    assert list((cache / "gguf-tokenizers").iterdir()) == [entry]
+    # an entry cut short, or of another vocabulary, is built again and replaced
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[: len(whole) // 2])
+    assert (ids(model), len(builds)) == (expected, 2)
+    assert entry.read_bytes() == whole
+    from tokenizers.models import BPE
+
+    entry.write_text(Tokenizer(BPE({"a": 0}, [])).to_str())  # loads, with one token
+    assert (ids(model), len(builds)) == (expected, 3)
+    assert entry.read_bytes() == whole
+    # a cache that cannot be written costs the build, nothing more
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert (ids(model), len(builds)) == (expected, 4)
+
+
+def test_the_cache_directory_follows_the_override_then_xdg(tmp_path, monkeypatch):
+    from tmpl_lint.gguf import cache_directory
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_directory() == tmp_path / "mine"
+    monkeypatch.delenv("TMPL_LINT_CACHE_DIR")
+    assert cache_directory() == tmp_path / "xdg" / "tmpl-lint"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: ignored
+    assert cache_directory() == tmp_path / "home" / ".cache" / "tmpl-lint"
 
 
 def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(tmp_path):
