@@ -468,6 +468,8 @@ class OwnTokenizer:
     special_tokens: dict[str, str]
     # Said under every proof: whose token ids these are, or why they are characters.
     description: str
+    # The cache entry holding it as tokenizer.json (for a Hub model's, read in each proof).
+    directory: Path | None = None
 
 
 def own_tokenizer(model: Path) -> OwnTokenizer:
@@ -477,30 +479,34 @@ def own_tokenizer(model: Path) -> OwnTokenizer:
 
 @lru_cache(maxsize=8)
 def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
-    name = model.name
-
-    def read(mapped, metadata: Metadata) -> tuple[Metadata, dict[str, str], str]:
-        return metadata, special_tokens(metadata, mapped), cache_key(mapped, metadata)
-
     try:
-        metadata, special, key = _with_metadata(model, read)
+        return _with_metadata(model, lambda mapped, metadata: tokenizer_in(mapped, metadata, model))
     except GGUFError as error:
-        return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {name}: {error}")
+        return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {model.name}: {error}")
+
+
+def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
+    """The tokenizer ``metadata`` describes (``buffer``: the bytes it was read from, a local
+    model's map or a Hub model's first range), from tmpl-lint's cache, else built and cached."""
+    name = model.name
+    special = special_tokens(metadata, buffer)
     tokens = metadata.fields.get(TOKENS_KEY)
     if tokens is None or tokens.item_type != ValueType.STRING or not tokens.count:
         return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
     kind = metadata.value("tokenizer.ggml.model", "?")
+    key = cache_key(buffer, metadata)
     backend = cached_tokenizer(key, tokens.count)
     if backend is None:
         try:
-            backend = build_tokenizer(read_metadata(model, TOKENIZER_ARRAYS))
+            backend = build_tokenizer(parse(buffer, TOKENIZER_ARRAYS))
         except GGUFError as error:
             return OwnTokenizer(None, special, f"measured in characters: {error}")
         store_tokenizer(key, backend)
     from .tokenizer import Tokenizer
 
-    tokenizer = Tokenizer(model, backend, special)
-    return OwnTokenizer(tokenizer, special, f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)")
+    description = f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)"
+    entry = _cache_entry(key)
+    return OwnTokenizer(Tokenizer(model, backend, special), special, description, entry.parent if entry.is_file() else None)
 
 
 # -- the built tokenizers, cached on disk ------------------------------------------------------
@@ -560,7 +566,8 @@ def installed_version(package: str) -> str:
 
 
 def _cache_entry(key: str) -> Path:
-    return cache_directory() / "gguf-tokenizers" / f"{key}.json"
+    # a folder holding tokenizer.json, as a tokenizer directory does
+    return cache_directory() / "gguf-tokenizers" / key / "tokenizer.json"
 
 
 def cached_tokenizer(key: str, vocabulary_size: int):
@@ -866,12 +873,20 @@ class HubGGUFError(Exception):
     pass
 
 
-def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
+@dataclass(frozen=True)
+class HubTemplates:
+    sources: list[TemplateSource]
+    tokens_problem: str | None = None  # why ``tokens`` was asked and the figures are in characters
+
+
+def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubTemplates:
     """The chat templates of a Hub repo's GGUF models, without downloading one.
 
     The Hub's model info carries the default template of the repo's GGUF (its ``gguf``
-    expansion, with BOS and EOS); a repo it says nothing for has the first split of its
-    first model read from the start, by HTTP range, just past the metadata.
+    expansion, with BOS and EOS); a repo it says nothing for, or whose figures are wanted
+    in ``tokens``, has the first split of its first model read from the start, by HTTP
+    range, just past the metadata, which holds the model's tokenizer: it is built (or found
+    in tmpl-lint's cache) and the templates' proofs are measured with it.
     """
     from huggingface_hub import HfApi
 
@@ -880,24 +895,39 @@ def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
     # vision projectors (mmproj) carry no template
     models = [name for name in names if not is_later_split(Path(name)) and "mmproj" not in Path(name).name.lower()]
     if not models:
-        return []
+        return HubTemplates([])
     summary = info.gguf if isinstance(info.gguf, dict) else {}
     text = summary.get("chat_template")
-    if isinstance(text, str) and text.strip():
+    if isinstance(text, str) and text.strip() and not tokens:
         special = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
         # the summary does not say which of the repo's files it describes
-        return [TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)]
-    metadata = read_hub_metadata(repo, models[0], revision)
+        return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)])
+    data, metadata = read_hub_metadata(repo, models[0], revision)
     try:
         pairs = metadata.templates()
     except GGUFError as error:
         raise HubGGUFError(f"{models[0]}: {error}") from None
-    special = tuple(special_tokens(metadata).items())
-    return [TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special) for name, text in pairs]
+    directory, problem = None, None
+    if tokens:
+        own = tokenizer_in(data, metadata, Path(models[0]))
+        special, directory = own.special_tokens, own.directory
+        if own.tokenizer is None:
+            problem = f"--tokens: {own.description.removeprefix('measured in characters: ')}; figures are in characters"
+        elif directory is None:
+            problem = f"--tokens: the tokenizer of {models[0]} cannot be kept in {cache_directory()}; figures are in characters"
+    else:
+        special = special_tokens(metadata, data)
+    special_pairs = tuple(special.items())
+    sources = [
+        TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special_pairs, tokenizer_directory=directory)
+        for name, text in pairs
+    ]
+    return HubTemplates(sources, problem)
 
 
-def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadata:
-    """A Hub GGUF's metadata, read from its start in growing ranges until it parses."""
+def read_hub_metadata(repo: str, filename: str, revision: str | None) -> tuple[bytes, Metadata]:
+    """A Hub GGUF's first bytes and its metadata, read from its start in growing ranges until
+    the metadata parses (arrays stepped over: ``parse`` them again to decode some)."""
     from huggingface_hub import HfFileSystem
 
     data = bytearray()
@@ -907,7 +937,8 @@ def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadat
             chunk = stream.read(wanted - len(data))
             data += chunk
             try:
-                return parse(bytes(data), {TOKENS_KEY})
+                read = bytes(data)
+                return read, parse(read)
             except Truncated:
                 if not chunk:
                     raise HubGGUFError(f"{filename}: the file ends inside its metadata") from None

@@ -391,13 +391,14 @@ def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_
 
     model = write_gguf(tmp_path / "qwen.gguf", CLOCK, tokenizer=QWEN)
     assert (ids(model), len(builds)) == (expected, 1)
-    (entry,) = (cache / "gguf-tokenizers").iterdir()
+    (folder,) = (cache / "gguf-tokenizers").iterdir()
+    entry = folder / "tokenizer.json"
     assert Tokenizer.from_file(str(entry)).encode(text, add_special_tokens=False).ids == expected
     assert (ids(model), len(builds)) == (expected, 1)  # read from the cache, not built
     # another quantization of the model: other metadata, the same tokenizer, the same entry
     other = write_gguf(tmp_path / "qwen-q8.gguf", TOOL_ARGS, tokenizer=QWEN, extra={"general.file_type": 7})
     assert (ids(other), len(builds)) == (expected, 1)
-    assert list((cache / "gguf-tokenizers").iterdir()) == [entry]
+    assert list((cache / "gguf-tokenizers").iterdir()) == [folder]
     # an entry cut short, or of another vocabulary, is built again and replaced
     whole = entry.read_bytes()
     entry.write_bytes(whole[: len(whole) // 2])
@@ -941,9 +942,47 @@ def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
         {"m.gguf": CORPUS / "clean_chatml.jinja"},
     )
     hub.install(monkeypatch)
-    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest())
+    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest()).sources
     assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
     assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+@needs_shared
+def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, monkeypatch):
+    """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004. Its GGUF
+    on the Hub is measured in the tokenizer read from its first range, as its tokenizer.json."""
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.audit import ResultsCache, run_audit
+    from tmpl_lint.checker import ProveOptions
+    from tmpl_lint.selection import Selection
+
+    template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
+    model = write_gguf(tmp_path / "qwen2.5-7b-instruct-q4_k_m.gguf", template, tokenizer=QWEN)
+    metadata_end = model.stat().st_size
+    with open(model, "r+b") as stream:
+        stream.truncate(256 << 20)  # tensor data the audit must not fetch (sparse)
+    hub = FakeHub(tmp_path)
+    # the summary carries the template, but not the tokenizer: the first range is read anyway
+    hub.repo("org/Qwen-GGUF", {"chat_template": template, "total": 7}, {"qwen2.5-7b-instruct-q4_k_m.gguf": model})
+    no_tokenizer = write_gguf(tmp_path / "bare.gguf", template)
+    hub.repo("org/bare-GGUF", {"total": 7}, {"bare.gguf": no_tokenizer})
+    hub.install(monkeypatch)
+
+    selection = Selection(select=("PC004",))
+    audit = run_audit(["org/Qwen-GGUF", "org/bare-GGUF"], [], False, selection, ProveOptions(), 1, ResultsCache(None), True)
+    qwen, bare = audit.repos
+    assert [name for name, _ in qwen.templates] == ["qwen2.5-7b-instruct-q4_k_m.gguf:default"]
+    assert qwen.warning is None
+    assert bare.warning == "--tokens: bare.gguf has no tokenizer in its metadata; figures are in characters"
+    assert hub.bytes_read < 2 * metadata_end  # ranges that double until the metadata parses, not the 256 MiB
+    (finding,) = audit.analyses[qwen.templates[0][1]].findings
+    (in_characters,) = audit.analyses[bare.templates[0][1]].findings
+    plain = tmp_path / "qwen.jinja"
+    plain.write_text(template)
+    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN)
+    (from_json,) = json.loads(out)
+    assert finding["proof"]["unit"] == "token" and in_characters["proof"]["unit"] == "char"
+    assert finding["proof"] == from_json["proof"]
 
 
 def test_audit_key_follows_the_models_tokenizer_not_the_rest_of_its_metadata(tmp_path):
