@@ -287,8 +287,10 @@ SHORT_STRINGS_FROM = 4 * RUN  # items in an array before the run pattern is wort
 
 @lru_cache(maxsize=1)
 def _short_strings() -> re.Pattern[bytes]:
-    # NUL bytes written as themselves: the pattern parses faster than with escapes
-    one = [re.escape(bytes([length])) + bytes(7) + b".{%d}" % length for length in range(SHORT)]
+    # The commonest lengths of tokens and merges (about 8 bytes) are tried first; NUL bytes are
+    # written as themselves, which the pattern parser reads faster than escapes.
+    lengths = sorted(range(SHORT), key=lambda length: (abs(length - 8), length))
+    one = [re.escape(bytes([length])) + bytes(7) + b".{%d}" % length for length in lengths]
     return re.compile(b"(?:" + b"|".join(one) + b"){%d}+" % RUN, re.DOTALL)
 
 
