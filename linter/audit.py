@@ -183,6 +183,8 @@ def _tokenizer_digest(source: TemplateSource) -> str | None:
 
     if (model := model_for(source)) is not None:
         return tokenizer_digest(model)
+    if source.tokenizer_directory is not None:
+        return source.tokenizer_directory.name  # a hash of what it was built from
     directory = find_tokenizer_directory(source.path)
     if directory is None:
         return None
@@ -266,12 +268,15 @@ def run_audit(
     pending: dict[str, TemplateSource] = {}
     for result, folder in places:
         sources, errors = collect([folder])
+        hub_problem = None
         if id(result) in on_hub and not offline() and not any(source.container == "gguf" for source in sources):
             # GGUF models are not downloaded: their templates come from the Hub's metadata.
             from .gguf import HubGGUFError, hub_templates
 
             try:
-                sources += hub_templates(parse_repo(result.repo)[0], result.revision)
+                found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
+                sources += found.sources
+                hub_problem = found.tokens_problem
             except HubGGUFError as error:
                 errors.append(SourceError(Path(result.repo), str(error)))
             except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
@@ -280,7 +285,7 @@ def run_audit(
             result.error = "; ".join(error.message for error in errors)
             continue
         if with_tokenizer and prove is not None:
-            result.warning = _tokens_problem([source for source in sources if source.container != "gguf"])
+            result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
         for source in sources:
             key = template_key(source, prove, selection)
             if not dedupe:

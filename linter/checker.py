@@ -343,7 +343,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
         return load_tokenizer(tokenizer_directory) if tokenizer_directory is not None else own.tokenizer, own.special_tokens
     if tokenizer_directory is not None:
         tokenizer = load_tokenizer(tokenizer_directory)
-    elif (beside := find_tokenizer_directory(source.path)) is not None:
+    elif (beside := source.tokenizer_directory or find_tokenizer_directory(source.path)) is not None:
         try:
             tokenizer = load_tokenizer(beside)
         except TokenizerError:

@@ -17,7 +17,8 @@ below, and a test holds them equal to gguf's. gguf writes the ``--gguf-copy`` fi
 ``--fix`` never rewrites a model: each fixed template is written beside it
 (``<model>.chat_template.jinja``, for llama.cpp's ``--jinja --chat-template-file``).
 ``--gguf-copy`` writes a NEW GGUF with the fixed metadata, streamed through gguf's own
-writer, and reads it back before it appears under its name; nothing is ever overwritten.
+writer, and reads it back before it appears under its name. Both are created through
+writes.py like every other write (its lock, then ``create``): nothing is ever overwritten.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ import re
 import shutil
 import stat
 import struct
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import writes
 from .sources import GGUF_SUFFIX, SourceError, TemplateSource
+from .writes import WriteError
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
 DEFAULT_NAME = "default"  # gguf's writer files a template named "default" under tokenizer.chat_template
@@ -252,9 +253,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                             text, position = string_at(position, key)
                             values.append(text)
                     else:  # variable length: nothing to do but step over each (the hot loop)
-                        unpack = u64.unpack_from
-                        for _ in itertools.repeat(None, count):
-                            position += 8 + unpack(buffer, position)[0]
+                        position = skip_strings(buffer, position, count, order)
                 else:
                     raise GGUFError(f"{key} is an array of {item.name.lower()}, which GGUF metadata does not nest")
                 if position > size:
@@ -271,6 +270,46 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
     except struct.error:
         raise Truncated("the metadata runs past the end") from None
     return metadata
+
+
+# A vocabulary (150k tokens, as many merges) is most of a model's metadata, and stepping over
+# its strings one by one in Python is most of a lint's time on a GGUF. _short_strings matches
+# exactly RUN consecutive GGUF strings of under SHORT bytes each, in the regex engine: each
+# string's first (little-endian) length byte selects the one alternative that can match it, the
+# seven bytes after it must be zero, then exactly that many bytes of text follow. The strings
+# have one parse, so a run either matches exactly as the walk one by one steps, or does not
+# match (a longer string in it, or the end of the bytes) and is walked one by one. Compiling
+# costs a few ms, paid only for an array long enough to gain from it.
+RUN = 256
+SHORT = 128  # a token or merge is rarely longer; fewer alternatives compile faster
+SHORT_STRINGS_FROM = 4 * RUN  # items in an array before the run pattern is worth compiling
+
+
+@lru_cache(maxsize=1)
+def _short_strings() -> re.Pattern[bytes]:
+    # The commonest lengths of tokens and merges (about 8 bytes) are tried first; NUL bytes are
+    # written as themselves, which the pattern parser reads faster than escapes.
+    lengths = sorted(range(SHORT), key=lambda length: (abs(length - 8), length))
+    one = [re.escape(bytes([length])) + bytes(7) + b".{%d}" % length for length in lengths]
+    return re.compile(b"(?:" + b"|".join(one) + b"){%d}+" % RUN, re.DOTALL)
+
+
+def skip_strings(buffer, position: int, count: int, order: str) -> int:
+    """Where ``count`` GGUF strings from ``position`` end (past the buffer's end if they do)."""
+    unpack = struct.Struct(order + "Q").unpack_from
+    if count >= SHORT_STRINGS_FROM and order == "<":  # big-endian files (rare) are walked
+        match = _short_strings().match
+        runs, count = divmod(count, RUN)
+        for _ in itertools.repeat(None, runs):
+            matched = match(buffer, position)
+            if matched is not None:
+                position = matched.end()
+                continue
+            for _ in itertools.repeat(None, RUN):
+                position += 8 + unpack(buffer, position)[0]
+    for _ in itertools.repeat(None, count):
+        position += 8 + unpack(buffer, position)[0]
+    return position
 
 
 def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32, u64) -> None:
@@ -431,6 +470,8 @@ class OwnTokenizer:
     special_tokens: dict[str, str]
     # Said under every proof: whose token ids these are, or why they are characters.
     description: str
+    # The cache entry holding it as tokenizer.json (for a Hub model's, read in each proof).
+    directory: Path | None = None
 
 
 def own_tokenizer(model: Path) -> OwnTokenizer:
@@ -440,24 +481,117 @@ def own_tokenizer(model: Path) -> OwnTokenizer:
 
 @lru_cache(maxsize=8)
 def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
-    name = model.name
     try:
-        metadata = read_metadata(model, TOKENIZER_ARRAYS)
+        return _with_metadata(model, lambda mapped, metadata: tokenizer_in(mapped, metadata, model))
     except GGUFError as error:
-        return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {name}: {error}")
-    tokens = metadata.value(TOKENS_KEY)
-    special = special_tokens(metadata)
-    if not tokens:
+        return OwnTokenizer(None, {}, f"measured in characters: cannot read the tokenizer in {model.name}: {error}")
+
+
+def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
+    """The tokenizer ``metadata`` describes (``buffer``: the bytes it was read from, a local
+    model's map or a Hub model's first range), from tmpl-lint's cache, else built and cached."""
+    name = model.name
+    special = special_tokens(metadata, buffer)
+    tokens = metadata.fields.get(TOKENS_KEY)
+    if tokens is None or tokens.item_type != ValueType.STRING or not tokens.count:
         return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
     kind = metadata.value("tokenizer.ggml.model", "?")
-    try:
-        backend = build_tokenizer(metadata)
-    except GGUFError as error:
-        return OwnTokenizer(None, special, f"measured in characters: {error}")
+    key = cache_key(buffer, metadata)
+    backend = cached_tokenizer(key, tokens.count)
+    if backend is None:
+        try:
+            backend = build_tokenizer(parse(buffer, TOKENIZER_ARRAYS))
+        except GGUFError as error:
+            return OwnTokenizer(None, special, f"measured in characters: {error}")
+        store_tokenizer(key, backend)
     from .tokenizer import Tokenizer
 
-    tokenizer = Tokenizer(model, backend, special)
-    return OwnTokenizer(tokenizer, special, f"token ids of the tokenizer in {name}'s metadata ({kind}, {len(tokens)} tokens)")
+    description = f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)"
+    entry = _cache_entry(key)
+    return OwnTokenizer(Tokenizer(model, backend, special), special, description, entry.parent if entry.is_file() else None)
+
+
+# -- the built tokenizers, cached on disk ------------------------------------------------------
+#
+# Building a tokenizer from GGUF metadata (importing transformers, converting 150k tokens and
+# merges) takes seconds; loading the tokenizer.json it makes takes a tenth of that. Each built
+# tokenizer is kept as tokenizer.json under the user's cache, named by a hash of everything
+# the build reads (every tokenizer.ggml.* value, with its type, and the architecture) and of
+# the versions of the code that builds it: every quantization of a model shares one entry, and
+# an upgrade builds afresh. An entry that does not load, or loads with another vocabulary
+# size, is built again and replaced; one that cannot be written costs the next run a build.
+
+CACHE_FORMAT = "1"  # of an entry: changed when what is stored changes
+CACHE_ENV = "TMPL_LINT_CACHE_DIR"
+
+
+def cache_directory() -> Path:
+    """tmpl-lint's cache: $TMPL_LINT_CACHE_DIR, else tmpl-lint in $XDG_CACHE_HOME (~/.cache)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tmpl-lint"
+
+
+def cache_key(mapped, metadata: Metadata) -> str:
+    hashed = hashlib.sha256(CACHE_FORMAT.encode())
+    for package in ("transformers", "tokenizers"):
+        hashed.update(f"\0{package} {installed_version(package)}".encode())
+    hashed.update(b"\0" + str(metadata.value(ARCHITECTURE_KEY, "")).encode())
+    for key in sorted(key for key in metadata.fields if key.startswith("tokenizer.ggml.")):
+        entry = metadata.fields[key]
+        kind = f"{entry.type.value}.{entry.item_type.value if entry.item_type is not None else ''}"
+        hashed.update(f"\0{key}\0{kind}\0".encode() + mapped[slice(*entry.span)])
+    return hashed.hexdigest()
+
+
+def installed_version(package: str) -> str:
+    """A package's version as installed, from the name of its .dist-info folder beside it:
+    what importlib.metadata reads, without the 0.05-0.1 s its import takes; else from
+    importlib.metadata ("-": not installed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return "-"
+    prefix, suffix = f"{package}-", ".dist-info"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(Path(spec.origin).parent.parent):
+            if name.startswith(prefix) and name.endswith(suffix) and "-" not in name[len(prefix) : -len(suffix)]:
+                return name[len(prefix) : -len(suffix)]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "-"
+
+
+def _cache_entry(key: str) -> Path:
+    # a folder holding tokenizer.json, as a tokenizer directory does
+    return cache_directory() / "gguf-tokenizers" / key / "tokenizer.json"
+
+
+def cached_tokenizer(key: str, vocabulary_size: int):
+    """The tokenizer cached under ``key``, or None: absent, unreadable, or not this vocabulary."""
+    try:
+        from tokenizers import Tokenizer as FastTokenizer
+    except ImportError:
+        return None  # the build says what to install
+    try:
+        backend = FastTokenizer.from_file(str(_cache_entry(key)))
+    except Exception:  # noqa: BLE001 - tokenizers raises bare Exceptions for missing and bad files
+        return None
+    return backend if backend.get_vocab_size(with_added_tokens=True) == vocabulary_size else None
+
+
+def store_tokenizer(key: str, backend) -> None:
+    entry = _cache_entry(key)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        writes.write_file(entry, backend.to_str())  # whole or not at all: a reader never sees half
+    except (OSError, WriteError):
+        pass  # the next run builds it again
 
 
 def preload_tokenizers(sources: list[TemplateSource]) -> None:
@@ -469,19 +603,42 @@ def preload_tokenizers(sources: list[TemplateSource]) -> None:
 def metadata_special_tokens(model: Path) -> dict[str, str]:
     """bos_token, eos_token... of a GGUF, without building its tokenizer."""
     try:
-        return special_tokens(read_metadata(model, {TOKENS_KEY}))
+        return _with_metadata(model, lambda mapped, metadata: special_tokens(metadata, mapped))
     except GGUFError:
         return {}
 
 
-def special_tokens(metadata: Metadata) -> dict[str, str]:
-    """bos_token, eos_token... as the metadata names them by id."""
-    tokens = metadata.value(TOKENS_KEY) or []
-    found = {}
+def special_tokens(metadata: Metadata, buffer=None) -> dict[str, str]:
+    """bos_token, eos_token... as the metadata names them by id: looked up in the decoded
+    vocabulary, or read at their ids from ``buffer`` (the file's bytes) where the vocabulary
+    was stepped over (decoding 150k tokens to find four costs a tenth of a second)."""
+    ids = {}
     for variable, key in SPECIAL_TOKEN_IDS.items():
         index = metadata.value(key)
-        if isinstance(index, int) and 0 <= index < len(tokens):
-            found[variable] = tokens[index]
+        if isinstance(index, int) and not isinstance(index, bool):
+            ids[variable] = index
+    tokens = metadata.value(TOKENS_KEY)
+    if tokens is not None:
+        return {variable: tokens[index] for variable, index in ids.items() if 0 <= index < len(tokens)}
+    if buffer is None:
+        return {}
+    found = _tokens_at(buffer, metadata, set(ids.values()))
+    return {variable: found[index] for variable, index in ids.items() if index in found}
+
+
+def _tokens_at(buffer, metadata: Metadata, indices: set[int]) -> dict[int, str]:
+    """The vocabulary's tokens at ``indices``, stepping over the others."""
+    entry = metadata.fields.get(TOKENS_KEY)
+    if entry is None or entry.item_type != ValueType.STRING:
+        return {}
+    unpack = struct.Struct(metadata.byte_order + "Q").unpack_from
+    position, passed, found = entry.span[0] + 12, 0, {}  # past the item type and count
+    for index in sorted(index for index in indices if 0 <= index < entry.count):
+        position = skip_strings(buffer, position, index - passed, metadata.byte_order)
+        (length,) = unpack(buffer, position)
+        with contextlib.suppress(UnicodeDecodeError):  # a token that is not text is no token to show
+            found[index] = bytes(buffer[position + 8 : position + 8 + length]).decode("utf-8")
+        position, passed = position + 8 + length, index + 1
     return found
 
 
@@ -517,81 +674,30 @@ def build_tokenizer(metadata: Metadata):
 # -- writing ---------------------------------------------------------------------------------
 
 
-class GGUFWriteError(Exception):
-    pass
-
-
-def create_new(target: Path, fill: Callable[[Path], None], mode: int) -> None:
-    """Create ``target``, which must not exist: ``fill`` writes a temporary file beside it
-    (and may check it); only a complete, synced file then appears under the name, and an
-    existing file is never replaced."""
-    if target.exists() or target.is_symlink():
-        raise GGUFWriteError(f"{target}: already exists; tmpl-lint does not overwrite it")
-    try:
-        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as error:
-        raise GGUFWriteError(f"{target}: cannot write in {target.parent}: {error.strerror}") from None
-    os.close(handle)
-    temporary = Path(name)
-    try:
-        fill(temporary)
-        with open(temporary, "rb+") as stream:
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        try:
-            os.link(temporary, target)  # fails if the name was taken meanwhile: no overwrite
-        except FileExistsError:
-            raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
-        except OSError:
-            # A filesystem without hard links: the name was checked free above.
-            if target.exists():
-                raise GGUFWriteError(f"{target}: appeared while it was written; tmpl-lint does not overwrite it") from None
-            os.rename(temporary, target)
-        _sync_directory(target.parent)
-    except OSError as error:
-        raise GGUFWriteError(f"{target}: cannot write: {error.strerror or error}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
-def _sync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
 def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, bool]:
     """Write a fixed template beside its GGUF; (its path, whether it was written now). The
     same fix already there is left alone; a different file there is an error."""
     target = companion_path(model, name)
-    if target.is_file() and not target.is_symlink():
-        try:
-            if target.read_text(encoding="utf-8") == text:
-                return target, False
-        except (OSError, UnicodeDecodeError):
-            pass
-        raise GGUFWriteError(
-            f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
-        )
+    data = writes.encode(target, text)
 
-    def fill(temporary: Path) -> None:
-        with open(temporary, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-        if temporary.read_text(encoding="utf-8") != text:
-            raise GGUFWriteError(f"{target}: the written template does not read back")
+    def fill(temporary: str) -> None:
+        with open(temporary, "wb") as stream:
+            stream.write(data)
+        if Path(temporary).read_bytes() != data:
+            raise WriteError(f"{target}: the written template does not read back; nothing written")
 
-    create_new(target, fill, 0o666 & ~_umask())
+    with writes.locked(target):  # another tmpl-lint fixing the same model waits, then finds it written
+        if target.is_file() and not target.is_symlink():
+            try:
+                if target.read_bytes() == data:
+                    return target, False
+            except OSError:
+                pass
+            raise WriteError(
+                f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+            )
+        writes.create(target, fill)
     return target, True
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def copy_destination(model: Path, requested: Path) -> Path:
@@ -605,7 +711,7 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     try:
         import gguf
     except ImportError:
-        raise GGUFWriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
+        raise WriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
     keys = gguf.Keys.Tokenizer
     replaced = {
         keys.CHAT_TEMPLATE if name == DEFAULT_NAME else keys.CHAT_TEMPLATE_N.format(name=name): text
@@ -614,20 +720,21 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     size = model.stat().st_size
     free = shutil.disk_usage(destination.parent).free
     if free < size + (1 << 20):
-        raise GGUFWriteError(f"{destination}: {free} bytes free in {destination.parent}, the copy needs about {size}")
+        raise WriteError(f"{destination}: {free} bytes free in {destination.parent}, the copy needs about {size}")
     try:
         original = read_metadata(model, EVERY_ARRAY, with_tensors=True)
     except GGUFError as error:
-        raise GGUFWriteError(f"{model}: {error}") from None
+        raise WriteError(f"{model}: {error}") from None
     missing = set(replaced) - set(original.fields)
     if missing:
-        raise GGUFWriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
+        raise WriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
 
-    def fill(temporary: Path) -> None:
-        _stream_copy(gguf, model, original, temporary, replaced)
-        _check_copy(model, original, temporary, replaced)
+    def fill(temporary: str) -> None:
+        _stream_copy(gguf, model, original, Path(temporary), replaced)
+        _check_copy(model, original, Path(temporary), replaced)
 
-    create_new(destination, fill, stat.S_IMODE(model.stat().st_mode))
+    with writes.locked(destination):
+        writes.create(destination, fill, stat.S_IMODE(model.stat().st_mode))
 
 
 def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replaced: dict[str, str]) -> None:
@@ -649,7 +756,7 @@ def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replace
             try:
                 writer.add_key_value(key, replaced.get(key, entry.value), entry.type, sub_type=entry.item_type)
             except ValueError as error:
-                raise GGUFWriteError(f"{model}: gguf's writer cannot copy {key}: {error}") from None
+                raise WriteError(f"{model}: gguf's writer cannot copy {key}: {error}") from None
         for tensor in original.tensors:
             # numpy order is ggml's reversed; the given type is written as is
             writer.add_tensor_info(tensor.name, tuple(reversed(tensor.dims)), numpy.float32, tensor.nbytes, tensor.ggml_type)
@@ -675,10 +782,10 @@ def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict
     try:
         copy = read_metadata(temporary, with_tensors=True)
     except GGUFError as error:
-        raise GGUFWriteError(f"the copy does not read back: {error}") from None
+        raise WriteError(f"the copy does not read back: {error}") from None
 
     def fail(what: str):
-        raise GGUFWriteError(f"the copy of {model} does not read back as written: {what}; nothing written")
+        raise WriteError(f"the copy of {model} does not read back as written: {what}; nothing written")
 
     if set(copy.fields) != set(original.fields):
         fail("its metadata keys differ")
@@ -768,12 +875,20 @@ class HubGGUFError(Exception):
     pass
 
 
-def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
+@dataclass(frozen=True)
+class HubTemplates:
+    sources: list[TemplateSource]
+    tokens_problem: str | None = None  # why ``tokens`` was asked and the figures are in characters
+
+
+def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubTemplates:
     """The chat templates of a Hub repo's GGUF models, without downloading one.
 
     The Hub's model info carries the default template of the repo's GGUF (its ``gguf``
-    expansion, with BOS and EOS); a repo it says nothing for has the first split of its
-    first model read from the start, by HTTP range, just past the metadata.
+    expansion, with BOS and EOS); a repo it says nothing for, or whose figures are wanted
+    in ``tokens``, has the first split of its first model read from the start, by HTTP
+    range, just past the metadata, which holds the model's tokenizer: it is built (or found
+    in tmpl-lint's cache) and the templates' proofs are measured with it.
     """
     from huggingface_hub import HfApi
 
@@ -782,24 +897,39 @@ def hub_templates(repo: str, revision: str | None) -> list[TemplateSource]:
     # vision projectors (mmproj) carry no template
     models = [name for name in names if not is_later_split(Path(name)) and "mmproj" not in Path(name).name.lower()]
     if not models:
-        return []
+        return HubTemplates([])
     summary = info.gguf if isinstance(info.gguf, dict) else {}
     text = summary.get("chat_template")
-    if isinstance(text, str) and text.strip():
+    if isinstance(text, str) and text.strip() and not tokens:
         special = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
         # the summary does not say which of the repo's files it describes
-        return [TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)]
-    metadata = read_hub_metadata(repo, models[0], revision)
+        return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)])
+    data, metadata = read_hub_metadata(repo, models[0], revision)
     try:
         pairs = metadata.templates()
     except GGUFError as error:
         raise HubGGUFError(f"{models[0]}: {error}") from None
-    special = tuple(special_tokens(metadata).items())
-    return [TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special) for name, text in pairs]
+    directory, problem = None, None
+    if tokens:
+        own = tokenizer_in(data, metadata, Path(models[0]))
+        special, directory = own.special_tokens, own.directory
+        if own.tokenizer is None:
+            problem = f"--tokens: {own.description.removeprefix('measured in characters: ')}; figures are in characters"
+        elif directory is None:
+            problem = f"--tokens: the tokenizer of {models[0]} cannot be kept in {cache_directory()}; figures are in characters"
+    else:
+        special = special_tokens(metadata, data)
+    special_pairs = tuple(special.items())
+    sources = [
+        TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special_pairs, tokenizer_directory=directory)
+        for name, text in pairs
+    ]
+    return HubTemplates(sources, problem)
 
 
-def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadata:
-    """A Hub GGUF's metadata, read from its start in growing ranges until it parses."""
+def read_hub_metadata(repo: str, filename: str, revision: str | None) -> tuple[bytes, Metadata]:
+    """A Hub GGUF's first bytes and its metadata, read from its start in growing ranges until
+    the metadata parses (arrays stepped over: ``parse`` them again to decode some)."""
     from huggingface_hub import HfFileSystem
 
     data = bytearray()
@@ -809,7 +939,8 @@ def read_hub_metadata(repo: str, filename: str, revision: str | None) -> Metadat
             chunk = stream.read(wanted - len(data))
             data += chunk
             try:
-                return parse(bytes(data), {TOKENS_KEY})
+                read = bytes(data)
+                return read, parse(read)
             except Truncated:
                 if not chunk:
                     raise HubGGUFError(f"{filename}: the file ends inside its metadata") from None

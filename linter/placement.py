@@ -55,6 +55,9 @@ def placement(path: Path, container: str, name: str | None, template: str, file_
     starts = _line_starts(template)
     if container == "jinja":
         return Placement(starts, starts)
+    if container not in ("json", "python", "yaml"):
+        # a GGUF's template is placed by its own lines; its file (tens of GB) is never read
+        return None
     if file_text is None:
         try:
             file_text = path.read_bytes().decode("utf-8")
@@ -66,10 +69,8 @@ def placement(path: Path, container: str, name: str | None, template: str, file_
             offsets = _json_offsets(file_text, name)
         elif container == "python":
             offsets = _python_offsets(file_text, name)
-        elif container == "yaml":
-            return _yaml_placement(file_text, name, starts, file_starts)
         else:
-            return None
+            return _yaml_placement(file_text, name, starts, file_starts)
     except Exception:  # noqa: BLE001 - a file that changed under us is placed nowhere, not an error
         return None
     if offsets is None or len(offsets) != len(template) + 1:

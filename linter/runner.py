@@ -242,7 +242,8 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model,
         or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import GGUFWriteError, apply_fixes
+        from .gguf import apply_fixes
+        from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
         for source in models:
@@ -258,7 +259,7 @@ class _Fixing:
                     self.result.would_change = True
             try:
                 lines, current = apply_fixes(model, fixes, self.write, self.gguf_copy)
-            except GGUFWriteError as error:
+            except WriteError as error:
                 self.result.errors.append(str(error))
                 now.extend(fix.source for fix in fixes)
                 continue

@@ -53,6 +53,9 @@ class TemplateSource:
     # The special tokens the template renders with, when they come with it rather than from
     # a file beside it (a GGUF's metadata read over the network): (name, token) pairs.
     special_tokens: tuple[tuple[str, str], ...] = ()
+    # A tokenizer directory to measure it with, when none is beside it (a Hub GGUF's
+    # tokenizer, built from its metadata into tmpl-lint's cache).
+    tokenizer_directory: Path | None = None
     # The file's text as it holds this template, when it is not the file on disk (what
     # --diff would write): where findings are placed in the file.
     file_text: str | None = field(default=None, repr=False, compare=False)

@@ -15,6 +15,11 @@ saying why. Every command that writes a file goes through here.
   target (a Hugging Face cache snapshot links into ``blobs/``). Where a rename would split
   hard links or lose an owner this process cannot give away, the bytes are written in place
   instead, once a copy of the old bytes is safe on disk beside it.
+- ``create(path, fill)`` makes a file that must not exist (a fixed template beside a GGUF,
+  a new GGUF): it is filled as a temporary file beside it, synced, and appears under its
+  name by a hard link, which fails if the name was taken meanwhile: nothing is overwritten.
+- Every write ends the same way (``_land``): a temporary file in the target's folder, given
+  its mode and synced, put in place, the folder synced.
 - SIGINT and SIGTERM wait for the rename or the in-place write to finish (the file is
   then whole, old or new); a temporary file is removed on every failure and interruption.
 """
@@ -28,7 +33,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,10 +93,11 @@ def lock_directory() -> Path:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold the advisory lock of the file ``path`` names (through symbolic links)."""
+    """Hold the advisory lock of the file ``path`` names (through symbolic links; a file
+    still to be created, by the name it will have)."""
     from filelock import FileLock, Timeout
 
-    name = hashlib.sha256(os.fsencode(real_target(path))).hexdigest()[:32]
+    name = hashlib.sha256(os.fsencode(os.path.realpath(path))).hexdigest()[:32]
     lock = FileLock(str(lock_directory() / f"{name}.lock"), timeout=LOCK_WAIT_SECONDS)
     try:
         lock.acquire()
@@ -108,12 +114,105 @@ def locked(path: Path) -> Iterator[None]:
 def replace(snapshot: Snapshot, text: str) -> None:
     """Write ``text`` over the file ``snapshot`` was read from, if it still holds what was read."""
     path, target, status = snapshot.path, snapshot.target, snapshot.status
-    data = _encode(path, text)
+    data = encode(path, text)
     if not status.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise WriteError(f"{path}: the file is read-only; nothing written")
     if status.st_nlink > 1:
         _write_in_place(snapshot, data)
         return
+
+    def fill(descriptor: int, _: str) -> None:
+        _write_all(descriptor, data)
+        if not _keep_owner(descriptor, status):
+            raise _OwnerNotKept
+
+    def swap(temporary: str, target: Path) -> None:
+        _check_unchanged(snapshot)
+        os.replace(temporary, target)
+
+    try:
+        _land(path, target, fill, stat.S_IMODE(status.st_mode), swap, "; the file is unchanged")
+    except _OwnerNotKept:
+        # Only root may give a file away: renaming ours over it would change its owner.
+        _write_in_place(snapshot, data)
+
+
+class _OwnerNotKept(Exception):
+    pass
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write a file tmpl-lint produces (a report): whole or not at all, through symbolic
+    links, keeping an existing file's mode. A pipe or device (``/dev/stdout``) is written to
+    as it is."""
+    data = encode(path, text)
+    try:
+        existing = os.stat(path)
+    except FileNotFoundError:
+        existing = None
+    except OSError as error:
+        raise WriteError(f"{path}: cannot write: {error.strerror}") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                _write_all(descriptor, data)
+            finally:
+                os.close(descriptor)
+        except OSError as error:
+            raise WriteError(f"{path}: cannot write: {error.strerror or error}") from None
+        return
+    mode = stat.S_IMODE(existing.st_mode) if existing is not None else _new_file_mode()
+    _land(path, Path(os.path.realpath(path)), lambda descriptor, _: _write_all(descriptor, data), mode, os.replace, "")
+
+
+def create(path: Path, fill: Callable[[str], None], mode: int | None = None) -> None:
+    """Create ``path``, which must not exist, whole or not at all; nothing is ever
+    overwritten. Call it under ``locked(path)``.
+
+    ``fill(name)`` writes the new file's bytes into the temporary file of that name (by
+    name: gguf's writer opens its own file) and may check what it wrote, raising WriteError
+    to write nothing. The file gets ``mode`` (by default what the umask leaves of 0o666), is
+    synced, and appears under ``path`` by a hard link, which fails if another program took
+    the name meanwhile. On a file system without hard links it is renamed into place, the
+    name checked free right before.
+    """
+    if os.path.lexists(path):
+        raise WriteError(f"{path}: already exists; tmpl-lint does not overwrite it")
+    taken = f"{path}: appeared while it was written; tmpl-lint does not overwrite it"
+
+    def link(temporary: str, target: Path) -> None:
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            raise WriteError(taken) from None
+        except OSError:  # no hard links here (FAT, some network file systems)
+            if os.path.lexists(target):
+                raise WriteError(taken) from None
+            os.rename(temporary, target)
+            return
+        with contextlib.suppress(OSError):  # the file is in place; a stray name is only untidy
+            os.unlink(temporary)
+
+    target = Path(os.path.realpath(path))
+    _land(
+        path, target, lambda _, temporary: fill(temporary), _new_file_mode() if mode is None else mode, link, "; nothing written"
+    )
+
+
+def _land(
+    path: Path,
+    target: Path,
+    fill: Callable[[int, str], None],
+    mode: int,
+    put: Callable[[str, Path], None],
+    unchanged: str,
+) -> None:
+    """How every write ends: ``fill(descriptor, name)`` writes a temporary file in the
+    target's folder, which gets ``mode`` and is synced; ``put(name, target)`` puts it in
+    place (and takes its name away) with SIGINT and SIGTERM held; the folder is synced. The
+    temporary file is removed on every failure and interruption; an OSError is one line
+    ending in ``unchanged``."""
     try:
         descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as error:
@@ -121,78 +220,30 @@ def replace(snapshot: Snapshot, text: str) -> None:
     pending: str | None = temporary
     try:
         try:
-            _write_all(descriptor, data)
-            kept_owner = _keep_owner(descriptor, status)
-            os.fchmod(descriptor, stat.S_IMODE(status.st_mode))
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        if not kept_owner:
-            # Only root may give a file away: renaming ours over it would change its owner.
-            os.unlink(temporary)
-            pending = None
-            _write_in_place(snapshot, data)
-            return
-        with _signals_held():
-            _check_unchanged(snapshot)
-            os.replace(temporary, target)
-            pending = None
-        _fsync_directory(target.parent)
-    except OSError as error:
-        raise WriteError(f"{path}: cannot write: {error.strerror or error}; the file is unchanged") from None
-    finally:
-        if pending is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(pending)
-
-
-def write_file(path: Path, text: str) -> None:
-    """Write a file tmpl-lint produces (a report): whole or not at all, through symbolic
-    links, keeping an existing file's mode. A pipe or device (``/dev/stdout``) is written to
-    as it is."""
-    data = _encode(path, text)
-    try:
-        existing = os.stat(path)
-    except FileNotFoundError:
-        existing = None
-    except OSError as error:
-        raise WriteError(f"{path}: cannot write: {error.strerror}") from None
-    try:
-        if existing is not None and not stat.S_ISREG(existing.st_mode):
-            descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                _write_all(descriptor, data)
-            finally:
-                os.close(descriptor)
-            return
-        target = Path(os.path.realpath(path))
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~umask
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError(f"{path}: cannot write: {error.strerror or error}") from None
-    pending: str | None = temporary
-    try:
-        try:
-            _write_all(descriptor, data)
+            fill(descriptor, temporary)
             os.fchmod(descriptor, mode)
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
         with _signals_held():
-            os.replace(temporary, target)
+            put(temporary, target)
             pending = None
         _fsync_directory(target.parent)
     except OSError as error:
-        raise WriteError(f"{path}: cannot write: {error.strerror or error}") from None
+        raise WriteError(f"{path}: cannot write: {error.strerror or error}{unchanged}") from None
     finally:
         if pending is not None:
             with contextlib.suppress(OSError):
                 os.unlink(pending)
 
 
-def _encode(path: Path, text: str) -> bytes:
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def encode(path: Path, text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as error:

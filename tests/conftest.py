@@ -46,6 +46,15 @@ IDENTITY = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The tests' own tmpl-lint cache (built GGUF tokenizers), never the user's: one for the
+    session, so a tokenizer built by one test is read by the next, as a user's runs are."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path_factory.mktemp("tmpl-lint-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def hook_repository(tmp_path_factory) -> Path:
     """This working tree as pre-commit fetches a hook repository: committed (uncommitted

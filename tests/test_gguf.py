@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -144,6 +146,22 @@ def test_tensor_data_is_never_read(tmp_path):
     assert code == 1 and out.startswith(f"{model}:default:3:28: PC001 [live-clock]")
 
 
+def test_a_finding_is_placed_without_reading_the_model_as_a_file(tmp_path, monkeypatch):
+    """Only the metadata map reads a model: reading it whole (to place a finding, as a JSON
+    file's are) would read tens of GB. The lint's children are forked, so they see the patch."""
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(self):
+        if self.suffix == ".gguf":
+            raise RuntimeError(f"{self} read whole")
+        return real_read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    code, out, _ = run(model, "--no-prove", "-q")
+    assert (code, out.splitlines()[0].split(" (")[0]) == (1, f"{model}:default:3:28: PC001 [live-clock]")
+
+
 def test_directory_walk_reads_first_splits_and_passes_over_projectors(tmp_path):
     first = write_gguf(tmp_path / "Model-Q4_K_M-00001-of-00002.gguf", CLOCK)
     write_gguf(tmp_path / "Model-Q4_K_M-00002-of-00002.gguf")  # later splits carry no template
@@ -238,6 +256,72 @@ def test_the_format_values_are_ggufs():
     }
 
 
+def crafted_vocabulary() -> list[str]:
+    """Tokens the run pattern must step over exactly: every length around its limits (0, 127,
+    128, 255, 256 and longer bytes, multi-byte characters), and tokens whose text is itself a
+    GGUF key and string value (a fake chat template a byte search would find first)."""
+    fake = "tokenizer.chat_template"
+    forged = (len(fake).to_bytes(8, "little") + fake.encode() + (8).to_bytes(4, "little") + (9).to_bytes(8, "little")).decode(
+        "latin-1"
+    ) + "{{ bad }}"
+    lengths = [0, 1, 2, 7, 8, 126, 127, 128, 129, 255, 256, 300]
+    tokens = [("é" * (n // 2) + "x" * (n % 2)) if n % 3 == 0 else "t" * n for n in lengths]
+    tokens += [forged, "\x00" * 8, "\x05" + "\x00" * 7 + "abcde"]
+    tokens += [f"tok{index}" for index in range(3100)]  # past the run pattern's threshold, runs of 256 and a rest
+    tokens.insert(1500, "L" * 200)  # one long token inside a run: that run is walked one by one
+    return tokens
+
+
+@pytest.mark.parametrize("count", [2900 + 15, 1023, 256 * 12])
+def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, count):
+    from tmpl_lint import gguf as reader
+
+    tokens = crafted_vocabulary()[: count + 1]
+    model = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(model, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(list(reversed(tokens)))
+    bos = min(1500, count - 3)  # the long token, inside a run, where there is one
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(len(tokens) - 1)  # the last
+    writer.add_unk_token_id(12)  # the forged one
+    writer.add_pad_token_id(len(tokens))  # past the end: no pad_token
+    writer.add_chat_template(CLOCK)
+    writer.add_uint32("after.the.vocabulary", 7)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    metadata = reader.read_metadata(model, {reader.TOKENS_KEY})
+    truth = gguf.GGUFReader(model)
+    assert metadata.templates() == [("default", CLOCK)]
+    assert metadata.value(reader.TOKENS_KEY) == tokens
+    assert metadata.value("after.the.vocabulary") == 7
+    # read at their ids, the vocabulary stepped over
+    assert reader.metadata_special_tokens(model) == {
+        "bos_token": tokens[bos],
+        "eos_token": tokens[-1],
+        "unk_token": tokens[12],
+    }
+    assert set(metadata.fields) == {key for key in truth.fields if not key.startswith("GGUF.")}
+    assert metadata.fields["tokenizer.ggml.merges"].count == len(tokens)
+    merges = truth.fields["tokenizer.ggml.merges"]
+    assert metadata.fields["tokenizer.ggml.merges"].span[1] == merges.offset + sum(part.nbytes for part in merges.parts)
+
+
+def test_the_run_pattern_takes_exactly_a_run_of_short_strings():
+    from tmpl_lint.gguf import RUN, _short_strings
+
+    def packed(strings):
+        return b"".join(len(text).to_bytes(8, "little") + text for text in strings)
+
+    short = [bytes([65 + n % 26]) * (n % 128) for n in range(RUN)]
+    assert _short_strings().match(packed(short) + packed([b"next"])).end() == len(packed(short))
+    for longer in (b"y" * 300, b"z" * 256, b"w" * 128):  # 300 and 256 share their low byte with 44 and 0
+        assert _short_strings().match(packed([*short[:-1], longer])) is None
+    assert _short_strings().match(packed(short[:-1])) is None  # one string short of a run
+
+
 # -- proofs --------------------------------------------------------------------------------------
 
 
@@ -283,6 +367,65 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
     ids = own.tokenizer.encode(text)
     assert ids == reference.encode(text, add_special_tokens=False).ids
     assert ids[0] == reference.token_to_id("<|im_start|>")
+
+
+@needs_shared
+def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+
+    from tmpl_lint import gguf as module
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
+    builds = []
+    build = module.build_tokenizer
+    monkeypatch.setattr(module, "build_tokenizer", lambda metadata: builds.append(metadata) or build(metadata))
+    text = "<|im_start|>user\nWetter in München? 東京は？ 12345 don't<|im_end|>\n<|im_start|>assistant\n"
+    expected = Tokenizer.from_file(str(QWEN / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+    def ids(model: Path) -> list[int]:
+        module._own_tokenizer.cache_clear()  # as a new process starts
+        own = module.own_tokenizer(model)
+        assert own.description.startswith("token ids of the tokenizer in")
+        return own.tokenizer.encode(text)
+
+    model = write_gguf(tmp_path / "qwen.gguf", CLOCK, tokenizer=QWEN)
+    assert (ids(model), len(builds)) == (expected, 1)
+    (folder,) = (cache / "gguf-tokenizers").iterdir()
+    entry = folder / "tokenizer.json"
+    assert Tokenizer.from_file(str(entry)).encode(text, add_special_tokens=False).ids == expected
+    assert (ids(model), len(builds)) == (expected, 1)  # read from the cache, not built
+    # another quantization of the model: other metadata, the same tokenizer, the same entry
+    other = write_gguf(tmp_path / "qwen-q8.gguf", TOOL_ARGS, tokenizer=QWEN, extra={"general.file_type": 7})
+    assert (ids(other), len(builds)) == (expected, 1)
+    assert list((cache / "gguf-tokenizers").iterdir()) == [folder]
+    # an entry cut short, or of another vocabulary, is built again and replaced
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[: len(whole) // 2])
+    assert (ids(model), len(builds)) == (expected, 2)
+    assert entry.read_bytes() == whole
+    from tokenizers.models import BPE
+
+    entry.write_text(Tokenizer(BPE({"a": 0}, [])).to_str())  # loads, with one token
+    assert (ids(model), len(builds)) == (expected, 3)
+    assert entry.read_bytes() == whole
+    # a cache that cannot be written costs the build, nothing more
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert (ids(model), len(builds)) == (expected, 4)
+
+
+def test_the_cache_directory_follows_the_override_then_xdg(tmp_path, monkeypatch):
+    from tmpl_lint.gguf import cache_directory
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_directory() == tmp_path / "mine"
+    monkeypatch.delenv("TMPL_LINT_CACHE_DIR")
+    assert cache_directory() == tmp_path / "xdg" / "tmpl-lint"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: ignored
+    assert cache_directory() == tmp_path / "home" / ".cache" / "tmpl-lint"
 
 
 def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(tmp_path):
@@ -532,6 +675,90 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
     assert os.listdir(out_dir) == []
 
 
+def fixing(*args) -> subprocess.Popen:
+    """A real tmpl-lint --fix process, its lines read as it prints them."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", "--frozen-date", FROZEN, "--no-prove"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def fixed_reference(tmp_path: Path) -> bytes:
+    reference = tmp_path / "reference" / "chat_template.jinja"
+    reference.parent.mkdir()
+    reference.write_text(CLOCK)
+    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    return reference.read_bytes()
+
+
+def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path):
+    from tmpl_lint import writes
+
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    companion = tmp_path / "m.chat_template.jinja"
+    expected = fixed_reference(tmp_path)
+    with writes.locked(companion):
+        process = fixing(model)
+        # printed right before the fixed template is written, which takes the lock first
+        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        time.sleep(1)
+        assert process.poll() is None
+        companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
+    out, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (0, "")
+    assert out.splitlines()[0] == f"{model}:default: already written: the fixed template to {companion}"
+    assert companion.read_bytes() == expected
+    assert sorted(os.listdir(tmp_path)) == ["m.chat_template.jinja", "m.gguf", "reference"]
+
+
+def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
+    from tmpl_lint import writes
+
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    destination = out_dir / "c.gguf"
+    with writes.locked(destination):
+        process = fixing(model, "--gguf-copy", destination)
+        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        time.sleep(1)
+        assert process.poll() is None
+        destination.write_bytes(b"precious")
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (2, f"tmpl-lint: error: {destination}: already exists; tmpl-lint does not overwrite it\n")
+    assert destination.read_bytes() == b"precious"
+    assert os.listdir(out_dir) == ["c.gguf"]
+
+
+def test_sigterm_during_a_copy_leaves_neither_the_copy_nor_a_temporary_file(tmp_path):
+    """The model declares 512 MiB of tensor data (a sparse file), which the copy writes out."""
+    model = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(model, "llama")
+    writer.add_chat_template(CLOCK)
+    size = 512 << 20
+    writer.add_tensor_info("token_embd.weight", (size // 2,), np.dtype(np.float16), size)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    with open(model, "r+b") as stream:
+        stream.truncate(-(-stream.seek(0, os.SEEK_END) // 32) * 32 + size)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    process = fixing(model, "--gguf-copy", out_dir / "c.gguf")
+    deadline = time.monotonic() + 120
+    while not any(name.endswith(".tmp") for name in os.listdir(out_dir)):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert (process.returncode, err) == (128 + signal.SIGTERM, "")
+    assert os.listdir(out_dir) == []
+
+
 # -- audit ---------------------------------------------------------------------------------------
 
 
@@ -715,9 +942,47 @@ def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
         {"m.gguf": CORPUS / "clean_chatml.jinja"},
     )
     hub.install(monkeypatch)
-    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest())
+    (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest()).sources
     assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
     assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+@needs_shared
+def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, monkeypatch):
+    """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004. Its GGUF
+    on the Hub is measured in the tokenizer read from its first range, as its tokenizer.json."""
+    pytest.importorskip("huggingface_hub")
+    from tmpl_lint.audit import ResultsCache, run_audit
+    from tmpl_lint.checker import ProveOptions
+    from tmpl_lint.selection import Selection
+
+    template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
+    model = write_gguf(tmp_path / "qwen2.5-7b-instruct-q4_k_m.gguf", template, tokenizer=QWEN)
+    metadata_end = model.stat().st_size
+    with open(model, "r+b") as stream:
+        stream.truncate(256 << 20)  # tensor data the audit must not fetch (sparse)
+    hub = FakeHub(tmp_path)
+    # the summary carries the template, but not the tokenizer: the first range is read anyway
+    hub.repo("org/Qwen-GGUF", {"chat_template": template, "total": 7}, {"qwen2.5-7b-instruct-q4_k_m.gguf": model})
+    no_tokenizer = write_gguf(tmp_path / "bare.gguf", template)
+    hub.repo("org/bare-GGUF", {"total": 7}, {"bare.gguf": no_tokenizer})
+    hub.install(monkeypatch)
+
+    selection = Selection(select=("PC004",))
+    audit = run_audit(["org/Qwen-GGUF", "org/bare-GGUF"], [], False, selection, ProveOptions(), 1, ResultsCache(None), True)
+    qwen, bare = audit.repos
+    assert [name for name, _ in qwen.templates] == ["qwen2.5-7b-instruct-q4_k_m.gguf:default"]
+    assert qwen.warning is None
+    assert bare.warning == "--tokens: bare.gguf has no tokenizer in its metadata; figures are in characters"
+    assert hub.bytes_read < 2 * metadata_end  # ranges that double until the metadata parses, not the 256 MiB
+    (finding,) = audit.analyses[qwen.templates[0][1]].findings
+    (in_characters,) = audit.analyses[bare.templates[0][1]].findings
+    plain = tmp_path / "qwen.jinja"
+    plain.write_text(template)
+    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN)
+    (from_json,) = json.loads(out)
+    assert finding["proof"]["unit"] == "token" and in_characters["proof"]["unit"] == "char"
+    assert finding["proof"] == from_json["proof"]
 
 
 def test_audit_key_follows_the_models_tokenizer_not_the_rest_of_its_metadata(tmp_path):

@@ -359,3 +359,79 @@ def test_read_only_file_and_vanished_file_are_errors(tmp_path):
     with pytest.raises(WriteError, match="changed since it was read"):
         writes.replace(snapshot, "x")
     assert leftovers(tmp_path) == []
+
+
+# -- creating a new file -------------------------------------------------------------------
+
+
+def test_create_writes_a_new_file_with_the_umasks_mode(tmp_path):
+    target = tmp_path / "new.jinja"
+    old_mask = os.umask(0o027)
+    try:
+        writes.create(target, lambda name: Path(name).write_bytes(b"made"))
+    finally:
+        os.umask(old_mask)
+    assert target.read_bytes() == b"made"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert leftovers(tmp_path, target) == []
+
+
+def test_create_never_overwrites_a_name_taken_meanwhile(tmp_path):
+    target = tmp_path / "new.jinja"
+
+    def another_program_writes_first(name: str) -> None:
+        Path(name).write_bytes(b"ours")
+        target.write_bytes(b"theirs")
+
+    with pytest.raises(WriteError) as raised:
+        writes.create(target, another_program_writes_first)
+    assert str(raised.value) == f"{target}: appeared while it was written; tmpl-lint does not overwrite it"
+    assert target.read_bytes() == b"theirs"
+    assert leftovers(tmp_path, target) == []
+    with pytest.raises(WriteError) as raised:
+        writes.create(target, lambda name: Path(name).write_bytes(b"ours"))
+    assert str(raised.value) == f"{target}: already exists; tmpl-lint does not overwrite it"
+    assert target.read_bytes() == b"theirs"
+
+
+def test_create_without_hard_links_renames_into_a_free_name(tmp_path, monkeypatch):
+    target = tmp_path / "new.jinja"
+
+    def no_hard_links(source, destination):
+        raise PermissionError(errno.EPERM, "Operation not permitted")  # as vfat says
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    writes.create(target, lambda name: Path(name).write_bytes(b"made"))
+    assert target.read_bytes() == b"made" and leftovers(tmp_path, target) == []
+    taken = tmp_path / "taken.jinja"
+
+    def another_program_writes_first(name: str) -> None:
+        Path(name).write_bytes(b"ours")
+        taken.write_bytes(b"theirs")
+
+    with pytest.raises(WriteError, match="appeared while it was written"):
+        writes.create(taken, another_program_writes_first)
+    assert taken.read_bytes() == b"theirs" and leftovers(tmp_path, target, taken) == []
+
+
+def test_create_writes_nothing_when_the_fill_fails(tmp_path, monkeypatch):
+    target = tmp_path / "new.jinja"
+
+    def refuses(name: str) -> None:
+        Path(name).write_bytes(b"half")
+        raise WriteError(f"{target}: does not read back; nothing written")
+
+    with pytest.raises(WriteError, match="does not read back"):
+        writes.create(target, refuses)
+    real_fsync = os.fsync
+
+    def full(descriptor):
+        if os.path.dirname(os.readlink(f"/proc/self/fd/{descriptor}")) == str(tmp_path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(WriteError) as raised:
+        writes.create(target, lambda name: Path(name).write_bytes(b"made"))
+    assert str(raised.value) == f"{target}: cannot write: No space left on device; nothing written"
+    assert leftovers(tmp_path) == []
