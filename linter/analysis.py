@@ -275,6 +275,14 @@ class Facts:
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
 
+    def nodes_of(self, *types: type[nodes.Node]) -> list[nodes.Node]:
+        """The template's nodes of ``types`` in ``find_all``'s order: every question a rule or
+        the switch trials ask of the tree filters one shared walk instead of walking again."""
+        if self.tree is None:
+            return []
+        every = self.source_map.memo("descendants", lambda: descendants(self.tree))
+        return self.source_map.memo(("nodes_of", types), lambda: [node for node in every if isinstance(node, types)])
+
     def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
         """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
         if self.tree is None:
@@ -1131,7 +1139,7 @@ class _Interpreter:
         if (
             isinstance(func, nodes.Name)
             and func.name in CLOCK_GLOBALS
-            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts.tree))
+            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
             and func.name not in self.facts.assumptions
         ):
             site = self.facts.site(func, func.name)
@@ -1480,7 +1488,11 @@ def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
         for statement in statements:
             if isinstance(statement, nodes.If):
                 for test, branch in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    read = {(n.node.name, n.attr) for n in test.find_all(nodes.Getattr) if isinstance(n.node, nodes.Name)}
+                    read = {
+                        (n.node.name, n.attr)
+                        for n in descendants(test)
+                        if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name)
+                    }
                     set_here = [a for a in assignments(branch) if (a.target.name, a.target.attr) in read]
                     if set_here:
                         once.update(id(assignment) for assignment in assignments(branch))
@@ -1550,10 +1562,9 @@ def _root(scope: _Scope) -> _Scope:
     return scope
 
 
-def _declared_names(tree: nodes.Template) -> set[str]:
-    every_node = descendants(tree)
-    names = {node.name for node in every_node if isinstance(node, nodes.Name) and node.ctx in ("store", "param")}
-    names |= {node.name for node in every_node if isinstance(node, nodes.Macro)}
+def _declared_names(facts: Facts) -> set[str]:
+    names = {node.name for node in facts.nodes_of(nodes.Name) if node.ctx in ("store", "param")}
+    names |= {node.name for node in facts.nodes_of(nodes.Macro)}
     return names
 
 

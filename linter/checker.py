@@ -201,9 +201,9 @@ class SwitchTrials:
         clock call writes it: "26 Jul 2024", not ISO), else the constants the template
         compares it with, and true and false, or -1 for a variable it uses as a number."""
         if DATE_LIKE.search(name):
-            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts.tree))]
+            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts))]
         compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(self.facts)[1]))
-        numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts.tree))
+        numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts))
         if name in numeric:  # an index or a count: true and false are no values to suggest for it
             return [UNDEFINED, *dict.fromkeys([*compared.get(name, ()), -1])]
         return [UNDEFINED, *compared.get(name, ()), True, False]
@@ -289,31 +289,31 @@ def _is_number(node) -> bool:
     return isinstance(node, nodes.Filter) and node.name in ("length", "count")
 
 
-def _numeric_names(tree) -> set[str]:
+def _numeric_names(facts: Facts) -> set[str]:
     """Variables the template uses as numbers: in arithmetic, as an index, ordered, compared
     with or assigned a number."""
     found: set[str] = set()
-    for node in tree.find_all(_ARITHMETIC):
+    for node in facts.nodes_of(*_ARITHMETIC):
         found |= {side.name for side in (node.left, node.right) if isinstance(side, nodes.Name)}
-    for node in tree.find_all(nodes.Getitem):
+    for node in facts.nodes_of(nodes.Getitem):
         if isinstance(node.arg, nodes.Name):
             found.add(node.arg.name)
-    for compare in tree.find_all(nodes.Compare):
+    for compare in facts.nodes_of(nodes.Compare):
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         if any(operand.op in _ORDERING for operand in compare.ops) or any(map(_is_number, operands)):
             found |= {operand.name for operand in operands if isinstance(operand, nodes.Name)}
-    for assign in tree.find_all(nodes.Assign):
+    for assign in facts.nodes_of(nodes.Assign):
         if isinstance(assign.target, nodes.Name) and _is_number(assign.node):
             found.add(assign.target.name)
     return found
 
 
-def _clock_format(finding: Finding | None, tree) -> str:
+def _clock_format(finding: Finding | None, facts: Facts) -> str:
     """The strftime format of the clock call a finding is at, else of the template's first
     clock call with a literal format, else ISO (2026-03-01)."""
     calls = [
         node
-        for node in tree.find_all(nodes.Call)
+        for node in facts.nodes_of(nodes.Call)
         if isinstance(node.node, nodes.Name) and node.node.name in CLOCK_GLOBALS and node.args
     ]
     at = finding.site.node if finding is not None and finding.site is not None else None
