@@ -23,6 +23,7 @@ from functools import cached_property
 import jinja2
 from jinja2 import nodes
 from jinja2.lexer import TokenStream
+from jinja2.nodes import EvalContext
 from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
@@ -228,7 +229,7 @@ def declared_separators(node: nodes.Filter) -> tuple[str, str] | None:
     for keyword in node.kwargs:
         if keyword.key == "separators":
             try:
-                value = keyword.value.as_const()
+                value = keyword.value.as_const(EvalContext(PARSE_ENVIRONMENT))  # the tree has no environment
             except nodes.Impossible:
                 return None
             if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(part, str) for part in value):
@@ -304,7 +305,9 @@ def parse_with_tokens(text: str) -> tuple[nodes.Template | None, jinja2.Template
         raw = list(environment.lexer.tokeniter(text, None))
         parser = Parser(environment, text)  # lexes lazily: only its first token
         parser.stream = TokenStream(environment.lexer.wrap(iter(raw)), None, None)
-        return parser.parse(), None, raw
+        # ``parser.parse()`` would also walk the tree to set each node's environment, which
+        # only compiling and ``as_const`` without a context use (a twelfth of a parse).
+        return nodes.Template(parser.subparse(), lineno=1), None, raw
     except jinja2.TemplateSyntaxError as error:
         return None, error, raw
     except RecursionError:
