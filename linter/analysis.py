@@ -141,7 +141,10 @@ class Value:
         return cached
 
     def has(self, kind: LabelKind) -> bool:
-        return any(label.kind == kind for label in self.labels)
+        kinds = self.__dict__.get("_kinds")
+        if kinds is None:
+            kinds = self.__dict__["_kinds"] = frozenset(label.kind for label in self.labels)
+        return kind in kinds
 
 
 NOTHING = Value()
@@ -169,9 +172,16 @@ class LoopRef:
     over_messages: bool
     looks_ahead: bool = False
     backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
-    # Assignments that run for one message only: before a `{% break %}`, or under a guard
-    # the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
-    assigned_once: frozenset[int] = frozenset()
+    node: nodes.For | None = field(default=None, compare=False, repr=False)
+
+    def assigned_once(self, source_map: SourceMap) -> frozenset[int]:
+        """Assignments that run for one message only: before a `{% break %}`, or under a guard
+        the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
+        Asked only of a position a scan assigns: found then, not for every loop."""
+        if self.node is None:
+            return frozenset()
+        body = self.node.body
+        return source_map.memo(("assigned_once", self.loop), lambda: _assigned_once(body))
 
 
 @dataclass(frozen=True)
@@ -671,6 +681,7 @@ class _Interpreter:
         self.roles: list[frozenset[str]] = []  # role constraints of the branches being run
         self.message_names: list[str] = []  # the loop variable of each loop over messages
         self.macro_cache: dict[tuple, Value] = {}
+        self.undeclared: dict[str, Value] = {}  # what reading each undeclared name gives
         self.macro_depth = 0
         self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
 
@@ -704,7 +715,7 @@ class _Interpreter:
             self.statement(statement)
 
     def statement(self, node: nodes.Node) -> None:
-        handler = _STATEMENTS.get(type(node).__name__)
+        handler = _STATEMENTS.get(type(node))
         if handler is not None:
             handler(self, node)
         elif isinstance(node, nodes.Stmt):
@@ -780,7 +791,7 @@ class _Interpreter:
         first match in message order is a fact about a prefix, which new messages keep."""
         is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
         earlier_only = any(label.kind is LabelKind.BEFORE_CURRENT and label.loop == loop.loop for label in value.labels)
-        if earlier_only or (is_position and _keeps_first(loop, node)):
+        if earlier_only or (is_position and _keeps_first(loop, node, self.facts.source_map)):
             # Counted from either end (`messages|length - 1 - loop.index0`), it is one fixed
             # place; found among the messages before the one rendered, later ones never move it.
             kept = {label for label in value.labels if label.loop != loop.loop and label.kind is not LabelKind.COUNT}
@@ -878,8 +889,7 @@ class _Interpreter:
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
             iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
-        once = self.facts.source_map.memo(("assigned_once", id(node)), lambda: _assigned_once(node.body))
-        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), once)
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), node)
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
@@ -979,7 +989,7 @@ class _Interpreter:
     # -- expressions -----------------------------------------------------------------
 
     def expr(self, node: nodes.Node) -> Value:
-        handler = _EXPRESSIONS.get(type(node).__name__)
+        handler = _EXPRESSIONS.get(type(node))
         if handler is not None:
             return handler(self, node)
         return _union(*(self.expr(child) for child in child_nodes(node) if isinstance(child, nodes.Expr)))
@@ -999,10 +1009,12 @@ class _Interpreter:
             return Value(const=self.facts.assumptions[name])
         if name in KNOWN_GLOBALS:
             return Value(const=GlobalRef(name))
-        self.facts.variables.add(name)
-        if name == "messages":
-            return Value(frozenset({Label(LabelKind.MESSAGES)}))
-        return Value(frozenset({Label(LabelKind.VARIABLE, name=name)}))
+        value = self.undeclared.get(name)
+        if value is None:  # one value per name: it is immutable, and read again and again
+            self.facts.variables.add(name)
+            label = Label(LabelKind.MESSAGES) if name == "messages" else Label(LabelKind.VARIABLE, name=name)
+            value = self.undeclared[name] = Value(frozenset({label}))
+        return value
 
     def expr_Getattr(self, node: nodes.Getattr) -> Value:
         base = self.expr(node.node)
@@ -1462,11 +1474,11 @@ def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
     return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
 
 
-def _keeps_first(loop: LoopRef, assignment: nodes.Node) -> bool:
+def _keeps_first(loop: LoopRef, assignment: nodes.Node, source_map: SourceMap) -> bool:
     """Whether a position assigned in ``loop`` ends as the first match in message order (a
     forward loop that stops at its match, a backward one that does not): appending
     messages does not move it, once there is a match."""
-    return loop.backwards != (id(assignment) in loop.assigned_once)
+    return loop.backwards != (id(assignment) in loop.assigned_once(source_map))
 
 
 def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
@@ -1529,10 +1541,18 @@ def _negative(node: nodes.Node | None) -> bool:
     return isinstance(node, nodes.Const) and isinstance(node.value, (int, float)) and node.value < 0
 
 
-# Handlers by node type name: ``stmt_Output`` handles ``Output`` (a dict lookup, where
-# building the method name for every node cost a tenth of the analysis).
-_STATEMENTS = {name[len("stmt_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("stmt_")}
-_EXPRESSIONS = {name[len("expr_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("expr_")}
+def _handlers(prefix: str) -> dict[type, object]:
+    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup,
+    where building the method name for every node cost a tenth of the analysis)."""
+    return {
+        getattr(nodes, name[len(prefix) :]): handler
+        for name, handler in vars(_Interpreter).items()
+        if name.startswith(prefix) and isinstance(getattr(nodes, name[len(prefix) :], None), type)
+    }
+
+
+_STATEMENTS = _handlers("stmt_")
+_EXPRESSIONS = _handlers("expr_")
 
 
 def _merge_labels(value: Value, *others: Value) -> Value:
@@ -1636,40 +1656,45 @@ def _raise():
     raise ValueError("too large")
 
 
+_TESTS = {
+    "none": lambda value, args: value is None,
+    "true": lambda value, args: value is True,
+    "false": lambda value, args: value is False,
+    "boolean": lambda value, args: isinstance(value, bool),
+    "string": lambda value, args: isinstance(value, str),
+    "number": lambda value, args: isinstance(value, (int, float)) and not isinstance(value, bool),
+    "integer": lambda value, args: isinstance(value, int) and not isinstance(value, bool),
+    "mapping": lambda value, args: isinstance(value, dict),
+    "equalto": lambda value, args: value == args[0],
+    "eq": lambda value, args: value == args[0],
+    "sameas": lambda value, args: value is args[0],
+}
+
+
 def _fold_test(name: str, value: object, args: list[object]) -> bool | None:
-    tests = {
-        "none": lambda: value is None,
-        "true": lambda: value is True,
-        "false": lambda: value is False,
-        "boolean": lambda: isinstance(value, bool),
-        "string": lambda: isinstance(value, str),
-        "number": lambda: isinstance(value, (int, float)) and not isinstance(value, bool),
-        "integer": lambda: isinstance(value, int) and not isinstance(value, bool),
-        "mapping": lambda: isinstance(value, dict),
-        "equalto": lambda: value == args[0],
-        "eq": lambda: value == args[0],
-        "sameas": lambda: value is args[0],
-    }
-    test = tests.get(name)
+    test = _TESTS.get(name)
     if test is None or isinstance(value, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
         return None
     try:
-        return bool(test())
+        return bool(test(value, args))
     except Exception:
         return None
 
 
+_COMPARISONS = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "lteq": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "gteq": lambda a, b: a >= b,
+    "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+}
+
+
 def _fold_compare(first: object, ops: list[tuple[str, object]]) -> bool | None:
-    operators = {
-        "eq": lambda a, b: a == b,
-        "ne": lambda a, b: a != b,
-        "lt": lambda a, b: a < b,
-        "lteq": lambda a, b: a <= b,
-        "gt": lambda a, b: a > b,
-        "gteq": lambda a, b: a >= b,
-        "in": lambda a, b: a in b,
-        "notin": lambda a, b: a not in b,
-    }
+    operators = _COMPARISONS
     left = first
     try:
         for op, right in ops:

@@ -188,9 +188,17 @@ def _line_of(raw_token: tuple) -> int:
     return raw_token[0]
 
 
+# Nodes whose fields never hold a node: most of a tree, and nothing to look through.
+_LEAVES = frozenset(
+    {nodes.Name, nodes.Const, nodes.TemplateData, nodes.NSRef, nodes.ContextReference, nodes.DerivedContextReference}
+)
+
+
 def child_nodes(node: nodes.Node) -> list[nodes.Node]:
     """``list(node.iter_child_nodes())`` without its generators (``iter_fields`` checks its
     filters for every field of every node): the analysis asks for children often."""
+    if type(node) in _LEAVES:
+        return []
     children = []
     for name in node.fields:
         item = getattr(node, name, None)
