@@ -188,19 +188,23 @@ def _line_of(raw_token: tuple) -> int:
     return raw_token[0]
 
 
-# Nodes whose fields never hold a node: most of a tree, and nothing to look through.
-_LEAVES = frozenset(
-    {nodes.Name, nodes.Const, nodes.TemplateData, nodes.NSRef, nodes.ContextReference, nodes.DerivedContextReference}
+# Fields that never hold a node, in any of jinja's node classes: names, operators, flags.
+_SCALAR_FIELDS = frozenset(
+    {"name", "attr", "ctx", "op", "data", "recursive", "scoped", "required", "with_context", "ignore_missing"}
 )
+# Per node class, the fields that may hold nodes: a Const's, Name's or text's none.
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {nodes.Const: ()}
 
 
 def child_nodes(node: nodes.Node) -> list[nodes.Node]:
     """``list(node.iter_child_nodes())`` without its generators (``iter_fields`` checks its
-    filters for every field of every node): the analysis asks for children often."""
-    if type(node) in _LEAVES:
-        return []
+    filters for every field of every node) nor the fields that hold no node: the analysis
+    asks for children often."""
+    fields = _NODE_FIELDS.get(type(node))
+    if fields is None:
+        fields = _NODE_FIELDS[type(node)] = tuple(name for name in node.fields if name not in _SCALAR_FIELDS)
     children = []
-    for name in node.fields:
+    for name in fields:
         item = getattr(node, name, None)
         if isinstance(item, list):
             children.extend(child for child in item if isinstance(child, nodes.Node))
