@@ -27,7 +27,7 @@ from jinja2.nodes import EvalContext
 from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap, child_nodes, descendants
+from .locations import SourceMap, child_nodes, descendants, preorder
 
 
 class _Sentinel:
@@ -291,8 +291,13 @@ class Facts:
         the switch trials ask of the tree filters one shared walk instead of walking again."""
         if self.tree is None:
             return []
-        every = self.source_map.memo("descendants", lambda: descendants(self.tree))
+        every = self.walk()[0]
         return self.source_map.memo(("nodes_of", types), lambda: [node for node in every if isinstance(node, types)])
+
+    def walk(self) -> tuple[list[nodes.Node], list[int]]:
+        """Every node of the template in ``find_all``'s order, with where each one's
+        subtree ends (see ``locations.preorder``): the one walk of the whole tree."""
+        return self.source_map.memo("preorder", lambda: preorder(self.tree))
 
     def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
         """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
@@ -468,31 +473,35 @@ def top_level_scan(facts: Facts) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, and every comparison in the template in
     document order (the constants a switch is compared with are values worth trying):
     one walk, shared by the switch trials."""
-    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree))
+    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree, *facts.walk()))
 
 
-def _scan_top_level(tree: nodes.Template) -> tuple[list[_Reads], list[nodes.Compare]]:
+def _scan_top_level(tree: nodes.Template, every: list[nodes.Node], ends: list[int]) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, found in its syntax (and that of the macros
-    it may call): a superset of what any analysis of it reads."""
+    it may call): a superset of what any analysis of it reads. ``every`` and ``ends``:
+    the tree's nodes in order, and where each subtree ends (``Facts.walk``)."""
     compares: list[nodes.Compare] = []
     macros: dict[str, list[nodes.Macro]] = {}
     assigned: set[str] = set()  # a name also assigned may hold any macro when called
     scans: dict[int, tuple[set[str], set[str] | None, set[int]]] = {}
 
-    def scan(root: nodes.Node) -> tuple[set[str], set[str] | None, set[int]]:
+    def scan(start: int) -> tuple[set[str], set[str] | None, set[int]]:
         """Names, the names of the callees (None: a callee that may be any macro) and
-        the namespace() calls under ``root``; macro bodies are scanned on their own."""
+        the namespace() calls under the node at ``start`` (in document order, as find_all
+        walks); macro bodies are scanned on their own."""
         names: set[str] = set()
         callees: set[str] | None = set()
         created: set[int] = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, nodes.Macro) and node is not root:
+        index, end = start, ends[start]
+        while index < end:
+            node = every[index]
+            if isinstance(node, nodes.Macro) and index != start:
                 names.add(node.name)  # defined here: its body runs only when called
                 macros.setdefault(node.name, []).append(node)
-                scans[id(node)] = scan(node)
+                scans[id(node)] = scan(index)
+                index = ends[index]
                 continue
+            index += 1
             if isinstance(node, (nodes.Name, nodes.NSRef)):
                 names.add(node.name)
                 if isinstance(node, nodes.Name) and node.ctx in ("store", "param"):
@@ -508,12 +517,13 @@ def _scan_top_level(tree: nodes.Template) -> tuple[list[_Reads], list[nodes.Comp
                     callees = None
             elif isinstance(node, nodes.Compare):
                 compares.append(node)
-            children = child_nodes(node)
-            children.reverse()  # first child on top: document order, as find_all walks
-            stack.extend(children)
         return names, callees, created
 
-    statements = [scan(statement) for statement in tree.body]
+    starts, index = [], 0  # where each top-level statement is in ``every``
+    for _ in tree.body:
+        starts.append(index)
+        index = ends[index]
+    statements = [scan(start) for start in starts]
     for statement, scanned in zip(tree.body, statements):
         if isinstance(statement, nodes.Macro):  # a top-level macro was scanned as its statement
             macros.setdefault(statement.name, []).append(statement)

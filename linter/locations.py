@@ -228,6 +228,27 @@ def descendants(node: nodes.Node) -> list[nodes.Node]:
     return found
 
 
+def preorder(node: nodes.Node) -> tuple[list[nodes.Node], list[int]]:
+    """``descendants(node)``, and for each the index just past its own descendants: a
+    subtree is a slice, so one walk serves every question about any part of the tree."""
+    found: list[nodes.Node] = []
+    ends: list[int] = []
+    stack: list = child_nodes(node)
+    stack.reverse()
+    while stack:
+        current = stack.pop()
+        if type(current) is int:  # every node under the one at this index is found
+            ends[current] = len(found)
+            continue
+        stack.append(len(found))
+        found.append(current)
+        ends.append(0)
+        children = child_nodes(current)
+        children.reverse()
+        stack.extend(children)
+    return found, ends
+
+
 def children_in_source_order(node: nodes.Node):
     if isinstance(node, nodes.CondExpr):  # written `expr1 if test else expr2`
         return [child for child in (node.expr1, node.test, node.expr2) if child is not None]
