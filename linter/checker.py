@@ -52,8 +52,22 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
         return [finding] if selection.includes(finding.code) else []
 
 
-# Templates the static lint takes to one child: a fork costs more than linting a template.
+# Templates the static lint takes to one child, about: a fork costs more than linting a
+# template (MIN_BATCH templates are worth one), and a batch a hostile template stops is
+# linted again one template per child.
 STATIC_BATCH = 32
+MIN_BATCH = 4
+
+
+def batch_bounds(count: int, jobs: int) -> list[tuple[int, int]]:
+    """Equal batches of ``count`` templates, as many as ``jobs`` processes run at a time (or
+    a multiple of it, for batches of about STATIC_BATCH): 67 templates in two processes are
+    batches of 34 and 33, not 32, 32 and 3 (a third fork, and one process waiting on the
+    other's last batch)."""
+    jobs = max(jobs, 1)
+    batches = jobs * max(1, round(count / (jobs * STATIC_BATCH)))
+    batches = max(1, min(batches, -(-count // MIN_BATCH)))
+    return [(index * count // batches, (index + 1) * count // batches) for index in range(batches) if count]
 
 
 def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs: int) -> list[list[Finding]]:
@@ -68,7 +82,7 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
         except IsolationError:
             return [lint_isolated(source, selection, None) for source in batch]
 
-    batches = [sources[start : start + STATIC_BATCH] for start in range(0, len(sources), STATIC_BATCH)]
+    batches = [sources[start:end] for start, end in batch_bounds(len(sources), jobs)]
     return [found for result in parallel_map(lint_batch, batches, jobs) for found in result]
 
 
