@@ -694,6 +694,8 @@ class _Interpreter:
         self.undeclared: dict[str, Value] = {}  # what reading each undeclared name gives
         self.macro_depth = 0
         self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
+        self.literals: dict[int, list[str]] = facts.source_map.memo("literal_strings", dict)
+        self.test_roles: dict[tuple, tuple] = facts.source_map.memo("test_roles", dict)
 
     # -- statements ------------------------------------------------------------------
 
@@ -722,7 +724,11 @@ class _Interpreter:
 
     def block(self, body: Iterable[nodes.Node]) -> None:
         for statement in body:
-            self.statement(statement)
+            handler = _STATEMENTS.get(type(statement))  # ``statement``, without its call
+            if handler is not None:
+                handler(self, statement)
+            else:
+                self.statement(statement)
 
     def statement(self, node: nodes.Node) -> None:
         handler = _STATEMENTS.get(type(node))
@@ -745,8 +751,15 @@ class _Interpreter:
             if value.known and isinstance(value.const, str):
                 text.append(value.const)
             else:
-                text.extend(_literal_strings(child))
+                text.extend(self.literal_strings(child))
         self.emit(node, frozenset(labels), "".join(text))
+
+    def literal_strings(self, node: nodes.Node) -> list[str]:
+        """``_literal_strings(node)``, worked out once for every analysis of the template."""
+        strings = self.literals.get(id(node))
+        if strings is None:
+            strings = self.literals[id(node)] = _literal_strings(node)
+        return strings
 
     def emit(self, node: nodes.Node, labels: frozenset[Label], text: str) -> None:
         if self.collectors:
@@ -835,8 +848,9 @@ class _Interpreter:
                 continue
             chain |= value.data()
             taken.append(body)
-            roles.append(_roles(test, subject=subject) if subject else None)
-            exact |= (_roles(test, exact=True, subject=subject) if subject else None) or set()
+            admitted, admitted_exactly = self.roles_of(test, subject) if subject else (None, None)
+            roles.append(admitted)
+            exact |= admitted_exactly or set()
             if truth is True:
                 certain = True
                 break
@@ -847,6 +861,14 @@ class _Interpreter:
             self.block(taken[0])
             return
         self.branches(node, frozenset(chain), taken, roles)
+
+    def roles_of(self, test: nodes.Node, subject: str) -> tuple[frozenset[str] | None, frozenset[str] | None]:
+        """``_roles`` of a test, and its exact roles: worked out once for every analysis."""
+        key = (id(test), subject)
+        found = self.test_roles.get(key)
+        if found is None:
+            found = self.test_roles[key] = (_roles(test, subject=subject), _roles(test, exact=True, subject=subject))
+        return found
 
     def branches(
         self,
@@ -859,10 +881,11 @@ class _Interpreter:
         before_vars = dict(self.scope.vars)
         before_ns = dict(self.namespaces)
         results = []
+        control = Control(node, labels)
         for index, body in enumerate(bodies):
             self.scope.vars = dict(before_vars)
             self.namespaces = dict(before_ns)
-            self.controls.append(Control(node, labels))
+            self.controls.append(control)
             role = roles[index] if roles else None
             if role is not None:
                 self.roles.append(role)
