@@ -23,10 +23,11 @@ from functools import cached_property
 import jinja2
 from jinja2 import nodes
 from jinja2.lexer import TokenStream
+from jinja2.nodes import EvalContext
 from jinja2.parser import Parser
 
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap, child_nodes, descendants
+from .locations import SourceMap, child_nodes, descendants, preorder
 
 
 class _Sentinel:
@@ -140,7 +141,10 @@ class Value:
         return cached
 
     def has(self, kind: LabelKind) -> bool:
-        return any(label.kind == kind for label in self.labels)
+        kinds = self.__dict__.get("_kinds")
+        if kinds is None:
+            kinds = self.__dict__["_kinds"] = frozenset(label.kind for label in self.labels)
+        return kind in kinds
 
 
 NOTHING = Value()
@@ -168,9 +172,16 @@ class LoopRef:
     over_messages: bool
     looks_ahead: bool = False
     backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
-    # Assignments that run for one message only: before a `{% break %}`, or under a guard
-    # the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
-    assigned_once: frozenset[int] = frozenset()
+    node: nodes.For | None = field(default=None, compare=False, repr=False)
+
+    def assigned_once(self, source_map: SourceMap) -> frozenset[int]:
+        """Assignments that run for one message only: before a `{% break %}`, or under a guard
+        the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
+        Asked only of a position a scan assigns: found then, not for every loop."""
+        if self.node is None:
+            return frozenset()
+        body = self.node.body
+        return source_map.memo(("assigned_once", self.loop), lambda: _assigned_once(body))
 
 
 @dataclass(frozen=True)
@@ -228,7 +239,7 @@ def declared_separators(node: nodes.Filter) -> tuple[str, str] | None:
     for keyword in node.kwargs:
         if keyword.key == "separators":
             try:
-                value = keyword.value.as_const()
+                value = keyword.value.as_const(EvalContext(PARSE_ENVIRONMENT))  # the tree has no environment
             except nodes.Impossible:
                 return None
             if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(part, str) for part in value):
@@ -275,6 +286,19 @@ class Facts:
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
 
+    def nodes_of(self, *types: type[nodes.Node]) -> list[nodes.Node]:
+        """The template's nodes of ``types`` in ``find_all``'s order: every question a rule or
+        the switch trials ask of the tree filters one shared walk instead of walking again."""
+        if self.tree is None:
+            return []
+        every = self.walk()[0]
+        return self.source_map.memo(("nodes_of", types), lambda: [node for node in every if isinstance(node, types)])
+
+    def walk(self) -> tuple[list[nodes.Node], list[int]]:
+        """Every node of the template in ``find_all``'s order, with where each one's
+        subtree ends (see ``locations.preorder``): the one walk of the whole tree."""
+        return self.source_map.memo("preorder", lambda: preorder(self.tree))
+
     def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
         """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
         if self.tree is None:
@@ -296,7 +320,9 @@ def parse_with_tokens(text: str) -> tuple[nodes.Template | None, jinja2.Template
         raw = list(environment.lexer.tokeniter(text, None))
         parser = Parser(environment, text)  # lexes lazily: only its first token
         parser.stream = TokenStream(environment.lexer.wrap(iter(raw)), None, None)
-        return parser.parse(), None, raw
+        # ``parser.parse()`` would also walk the tree to set each node's environment, which
+        # only compiling and ``as_const`` without a context use (a twelfth of a parse).
+        return nodes.Template(parser.subparse(), lineno=1), None, raw
     except jinja2.TemplateSyntaxError as error:
         return None, error, raw
     except RecursionError:
@@ -447,31 +473,35 @@ def top_level_scan(facts: Facts) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, and every comparison in the template in
     document order (the constants a switch is compared with are values worth trying):
     one walk, shared by the switch trials."""
-    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree))
+    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree, *facts.walk()))
 
 
-def _scan_top_level(tree: nodes.Template) -> tuple[list[_Reads], list[nodes.Compare]]:
+def _scan_top_level(tree: nodes.Template, every: list[nodes.Node], ends: list[int]) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, found in its syntax (and that of the macros
-    it may call): a superset of what any analysis of it reads."""
+    it may call): a superset of what any analysis of it reads. ``every`` and ``ends``:
+    the tree's nodes in order, and where each subtree ends (``Facts.walk``)."""
     compares: list[nodes.Compare] = []
     macros: dict[str, list[nodes.Macro]] = {}
     assigned: set[str] = set()  # a name also assigned may hold any macro when called
     scans: dict[int, tuple[set[str], set[str] | None, set[int]]] = {}
 
-    def scan(root: nodes.Node) -> tuple[set[str], set[str] | None, set[int]]:
+    def scan(start: int) -> tuple[set[str], set[str] | None, set[int]]:
         """Names, the names of the callees (None: a callee that may be any macro) and
-        the namespace() calls under ``root``; macro bodies are scanned on their own."""
+        the namespace() calls under the node at ``start`` (in document order, as find_all
+        walks); macro bodies are scanned on their own."""
         names: set[str] = set()
         callees: set[str] | None = set()
         created: set[int] = set()
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, nodes.Macro) and node is not root:
+        index, end = start, ends[start]
+        while index < end:
+            node = every[index]
+            if isinstance(node, nodes.Macro) and index != start:
                 names.add(node.name)  # defined here: its body runs only when called
                 macros.setdefault(node.name, []).append(node)
-                scans[id(node)] = scan(node)
+                scans[id(node)] = scan(index)
+                index = ends[index]
                 continue
+            index += 1
             if isinstance(node, (nodes.Name, nodes.NSRef)):
                 names.add(node.name)
                 if isinstance(node, nodes.Name) and node.ctx in ("store", "param"):
@@ -487,12 +517,13 @@ def _scan_top_level(tree: nodes.Template) -> tuple[list[_Reads], list[nodes.Comp
                     callees = None
             elif isinstance(node, nodes.Compare):
                 compares.append(node)
-            children = child_nodes(node)
-            children.reverse()  # first child on top: document order, as find_all walks
-            stack.extend(children)
         return names, callees, created
 
-    statements = [scan(statement) for statement in tree.body]
+    starts, index = [], 0  # where each top-level statement is in ``every``
+    for _ in tree.body:
+        starts.append(index)
+        index = ends[index]
+    statements = [scan(start) for start in starts]
     for statement, scanned in zip(tree.body, statements):
         if isinstance(statement, nodes.Macro):  # a top-level macro was scanned as its statement
             macros.setdefault(statement.name, []).append(statement)
@@ -660,8 +691,11 @@ class _Interpreter:
         self.roles: list[frozenset[str]] = []  # role constraints of the branches being run
         self.message_names: list[str] = []  # the loop variable of each loop over messages
         self.macro_cache: dict[tuple, Value] = {}
+        self.undeclared: dict[str, Value] = {}  # what reading each undeclared name gives
         self.macro_depth = 0
         self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
+        self.literals: dict[int, list[str]] = facts.source_map.memo("literal_strings", dict)
+        self.test_roles: dict[tuple, tuple] = facts.source_map.memo("test_roles", dict)
 
     # -- statements ------------------------------------------------------------------
 
@@ -690,10 +724,14 @@ class _Interpreter:
 
     def block(self, body: Iterable[nodes.Node]) -> None:
         for statement in body:
-            self.statement(statement)
+            handler = _STATEMENTS.get(type(statement))  # ``statement``, without its call
+            if handler is not None:
+                handler(self, statement)
+            else:
+                self.statement(statement)
 
     def statement(self, node: nodes.Node) -> None:
-        handler = _STATEMENTS.get(type(node).__name__)
+        handler = _STATEMENTS.get(type(node))
         if handler is not None:
             handler(self, node)
         elif isinstance(node, nodes.Stmt):
@@ -713,8 +751,15 @@ class _Interpreter:
             if value.known and isinstance(value.const, str):
                 text.append(value.const)
             else:
-                text.extend(_literal_strings(child))
+                text.extend(self.literal_strings(child))
         self.emit(node, frozenset(labels), "".join(text))
+
+    def literal_strings(self, node: nodes.Node) -> list[str]:
+        """``_literal_strings(node)``, worked out once for every analysis of the template."""
+        strings = self.literals.get(id(node))
+        if strings is None:
+            strings = self.literals[id(node)] = _literal_strings(node)
+        return strings
 
     def emit(self, node: nodes.Node, labels: frozenset[Label], text: str) -> None:
         if self.collectors:
@@ -769,7 +814,7 @@ class _Interpreter:
         first match in message order is a fact about a prefix, which new messages keep."""
         is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
         earlier_only = any(label.kind is LabelKind.BEFORE_CURRENT and label.loop == loop.loop for label in value.labels)
-        if earlier_only or (is_position and _keeps_first(loop, node)):
+        if earlier_only or (is_position and _keeps_first(loop, node, self.facts.source_map)):
             # Counted from either end (`messages|length - 1 - loop.index0`), it is one fixed
             # place; found among the messages before the one rendered, later ones never move it.
             kept = {label for label in value.labels if label.loop != loop.loop and label.kind is not LabelKind.COUNT}
@@ -803,8 +848,9 @@ class _Interpreter:
                 continue
             chain |= value.data()
             taken.append(body)
-            roles.append(_roles(test, subject=subject) if subject else None)
-            exact |= (_roles(test, exact=True, subject=subject) if subject else None) or set()
+            admitted, admitted_exactly = self.roles_of(test, subject) if subject else (None, None)
+            roles.append(admitted)
+            exact |= admitted_exactly or set()
             if truth is True:
                 certain = True
                 break
@@ -815,6 +861,14 @@ class _Interpreter:
             self.block(taken[0])
             return
         self.branches(node, frozenset(chain), taken, roles)
+
+    def roles_of(self, test: nodes.Node, subject: str) -> tuple[frozenset[str] | None, frozenset[str] | None]:
+        """``_roles`` of a test, and its exact roles: worked out once for every analysis."""
+        key = (id(test), subject)
+        found = self.test_roles.get(key)
+        if found is None:
+            found = self.test_roles[key] = (_roles(test, subject=subject), _roles(test, exact=True, subject=subject))
+        return found
 
     def branches(
         self,
@@ -827,10 +881,11 @@ class _Interpreter:
         before_vars = dict(self.scope.vars)
         before_ns = dict(self.namespaces)
         results = []
+        control = Control(node, labels)
         for index, body in enumerate(bodies):
             self.scope.vars = dict(before_vars)
             self.namespaces = dict(before_ns)
-            self.controls.append(Control(node, labels))
+            self.controls.append(control)
             role = roles[index] if roles else None
             if role is not None:
                 self.roles.append(role)
@@ -867,8 +922,7 @@ class _Interpreter:
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
             iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
-        once = self.facts.source_map.memo(("assigned_once", id(node)), lambda: _assigned_once(node.body))
-        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), once)
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), node)
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
@@ -968,7 +1022,7 @@ class _Interpreter:
     # -- expressions -----------------------------------------------------------------
 
     def expr(self, node: nodes.Node) -> Value:
-        handler = _EXPRESSIONS.get(type(node).__name__)
+        handler = _EXPRESSIONS.get(type(node))
         if handler is not None:
             return handler(self, node)
         return _union(*(self.expr(child) for child in child_nodes(node) if isinstance(child, nodes.Expr)))
@@ -988,10 +1042,12 @@ class _Interpreter:
             return Value(const=self.facts.assumptions[name])
         if name in KNOWN_GLOBALS:
             return Value(const=GlobalRef(name))
-        self.facts.variables.add(name)
-        if name == "messages":
-            return Value(frozenset({Label(LabelKind.MESSAGES)}))
-        return Value(frozenset({Label(LabelKind.VARIABLE, name=name)}))
+        value = self.undeclared.get(name)
+        if value is None:  # one value per name: it is immutable, and read again and again
+            self.facts.variables.add(name)
+            label = Label(LabelKind.MESSAGES) if name == "messages" else Label(LabelKind.VARIABLE, name=name)
+            value = self.undeclared[name] = Value(frozenset({label}))
+        return value
 
     def expr_Getattr(self, node: nodes.Getattr) -> Value:
         base = self.expr(node.node)
@@ -1131,7 +1187,7 @@ class _Interpreter:
         if (
             isinstance(func, nodes.Name)
             and func.name in CLOCK_GLOBALS
-            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts.tree))
+            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
             and func.name not in self.facts.assumptions
         ):
             site = self.facts.site(func, func.name)
@@ -1451,11 +1507,11 @@ def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
     return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
 
 
-def _keeps_first(loop: LoopRef, assignment: nodes.Node) -> bool:
+def _keeps_first(loop: LoopRef, assignment: nodes.Node, source_map: SourceMap) -> bool:
     """Whether a position assigned in ``loop`` ends as the first match in message order (a
     forward loop that stops at its match, a backward one that does not): appending
     messages does not move it, once there is a match."""
-    return loop.backwards != (id(assignment) in loop.assigned_once)
+    return loop.backwards != (id(assignment) in loop.assigned_once(source_map))
 
 
 def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
@@ -1480,7 +1536,11 @@ def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
         for statement in statements:
             if isinstance(statement, nodes.If):
                 for test, branch in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    read = {(n.node.name, n.attr) for n in test.find_all(nodes.Getattr) if isinstance(n.node, nodes.Name)}
+                    read = {
+                        (n.node.name, n.attr)
+                        for n in descendants(test)
+                        if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name)
+                    }
                     set_here = [a for a in assignments(branch) if (a.target.name, a.target.attr) in read]
                     if set_here:
                         once.update(id(assignment) for assignment in assignments(branch))
@@ -1514,10 +1574,18 @@ def _negative(node: nodes.Node | None) -> bool:
     return isinstance(node, nodes.Const) and isinstance(node.value, (int, float)) and node.value < 0
 
 
-# Handlers by node type name: ``stmt_Output`` handles ``Output`` (a dict lookup, where
-# building the method name for every node cost a tenth of the analysis).
-_STATEMENTS = {name[len("stmt_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("stmt_")}
-_EXPRESSIONS = {name[len("expr_") :]: handler for name, handler in vars(_Interpreter).items() if name.startswith("expr_")}
+def _handlers(prefix: str) -> dict[type, object]:
+    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup,
+    where building the method name for every node cost a tenth of the analysis)."""
+    return {
+        getattr(nodes, name[len(prefix) :]): handler
+        for name, handler in vars(_Interpreter).items()
+        if name.startswith(prefix) and isinstance(getattr(nodes, name[len(prefix) :], None), type)
+    }
+
+
+_STATEMENTS = _handlers("stmt_")
+_EXPRESSIONS = _handlers("expr_")
 
 
 def _merge_labels(value: Value, *others: Value) -> Value:
@@ -1550,10 +1618,9 @@ def _root(scope: _Scope) -> _Scope:
     return scope
 
 
-def _declared_names(tree: nodes.Template) -> set[str]:
-    every_node = descendants(tree)
-    names = {node.name for node in every_node if isinstance(node, nodes.Name) and node.ctx in ("store", "param")}
-    names |= {node.name for node in every_node if isinstance(node, nodes.Macro)}
+def _declared_names(facts: Facts) -> set[str]:
+    names = {node.name for node in facts.nodes_of(nodes.Name) if node.ctx in ("store", "param")}
+    names |= {node.name for node in facts.nodes_of(nodes.Macro)}
     return names
 
 
@@ -1622,40 +1689,45 @@ def _raise():
     raise ValueError("too large")
 
 
+_TESTS = {
+    "none": lambda value, args: value is None,
+    "true": lambda value, args: value is True,
+    "false": lambda value, args: value is False,
+    "boolean": lambda value, args: isinstance(value, bool),
+    "string": lambda value, args: isinstance(value, str),
+    "number": lambda value, args: isinstance(value, (int, float)) and not isinstance(value, bool),
+    "integer": lambda value, args: isinstance(value, int) and not isinstance(value, bool),
+    "mapping": lambda value, args: isinstance(value, dict),
+    "equalto": lambda value, args: value == args[0],
+    "eq": lambda value, args: value == args[0],
+    "sameas": lambda value, args: value is args[0],
+}
+
+
 def _fold_test(name: str, value: object, args: list[object]) -> bool | None:
-    tests = {
-        "none": lambda: value is None,
-        "true": lambda: value is True,
-        "false": lambda: value is False,
-        "boolean": lambda: isinstance(value, bool),
-        "string": lambda: isinstance(value, str),
-        "number": lambda: isinstance(value, (int, float)) and not isinstance(value, bool),
-        "integer": lambda: isinstance(value, int) and not isinstance(value, bool),
-        "mapping": lambda: isinstance(value, dict),
-        "equalto": lambda: value == args[0],
-        "eq": lambda: value == args[0],
-        "sameas": lambda: value is args[0],
-    }
-    test = tests.get(name)
+    test = _TESTS.get(name)
     if test is None or isinstance(value, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
         return None
     try:
-        return bool(test())
+        return bool(test(value, args))
     except Exception:
         return None
 
 
+_COMPARISONS = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "lteq": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "gteq": lambda a, b: a >= b,
+    "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+}
+
+
 def _fold_compare(first: object, ops: list[tuple[str, object]]) -> bool | None:
-    operators = {
-        "eq": lambda a, b: a == b,
-        "ne": lambda a, b: a != b,
-        "lt": lambda a, b: a < b,
-        "lteq": lambda a, b: a <= b,
-        "gt": lambda a, b: a > b,
-        "gteq": lambda a, b: a >= b,
-        "in": lambda a, b: a in b,
-        "notin": lambda a, b: a not in b,
-    }
+    operators = _COMPARISONS
     left = first
     try:
         for op, right in ops:

@@ -52,8 +52,22 @@ def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOpti
         return [finding] if selection.includes(finding.code) else []
 
 
-# Templates the static lint takes to one child: a fork costs more than linting a template.
+# Templates the static lint takes to one child, about: a fork costs more than linting a
+# template (MIN_BATCH templates are worth one), and a batch a hostile template stops is
+# linted again one template per child.
 STATIC_BATCH = 32
+MIN_BATCH = 4
+
+
+def batch_bounds(count: int, jobs: int) -> list[tuple[int, int]]:
+    """Equal batches of ``count`` templates, as many as ``jobs`` processes run at a time (or
+    a multiple of it, for batches of about STATIC_BATCH): 67 templates in two processes are
+    batches of 34 and 33, not 32, 32 and 3 (a third fork, and one process waiting on the
+    other's last batch)."""
+    jobs = max(jobs, 1)
+    batches = jobs * max(1, round(count / (jobs * STATIC_BATCH)))
+    batches = max(1, min(batches, -(-count // MIN_BATCH)))
+    return [(index * count // batches, (index + 1) * count // batches) for index in range(batches) if count]
 
 
 def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs: int) -> list[list[Finding]]:
@@ -68,7 +82,7 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
         except IsolationError:
             return [lint_isolated(source, selection, None) for source in batch]
 
-    batches = [sources[start : start + STATIC_BATCH] for start in range(0, len(sources), STATIC_BATCH)]
+    batches = [sources[start:end] for start, end in batch_bounds(len(sources), jobs)]
     return [found for result in parallel_map(lint_batch, batches, jobs) for found in result]
 
 
@@ -206,9 +220,9 @@ class SwitchTrials:
         clock call writes it: "26 Jul 2024", not ISO), else the constants the template
         compares it with, and true and false, or -1 for a variable it uses as a number."""
         if DATE_LIKE.search(name):
-            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts.tree))]
+            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts))]
         compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(self.facts)[1]))
-        numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts.tree))
+        numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts))
         if name in numeric:  # an index or a count: true and false are no values to suggest for it
             return [UNDEFINED, *dict.fromkeys([*compared.get(name, ()), -1])]
         return [UNDEFINED, *compared.get(name, ()), True, False]
@@ -294,31 +308,31 @@ def _is_number(node) -> bool:
     return isinstance(node, nodes.Filter) and node.name in ("length", "count")
 
 
-def _numeric_names(tree) -> set[str]:
+def _numeric_names(facts: Facts) -> set[str]:
     """Variables the template uses as numbers: in arithmetic, as an index, ordered, compared
     with or assigned a number."""
     found: set[str] = set()
-    for node in tree.find_all(_ARITHMETIC):
+    for node in facts.nodes_of(*_ARITHMETIC):
         found |= {side.name for side in (node.left, node.right) if isinstance(side, nodes.Name)}
-    for node in tree.find_all(nodes.Getitem):
+    for node in facts.nodes_of(nodes.Getitem):
         if isinstance(node.arg, nodes.Name):
             found.add(node.arg.name)
-    for compare in tree.find_all(nodes.Compare):
+    for compare in facts.nodes_of(nodes.Compare):
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         if any(operand.op in _ORDERING for operand in compare.ops) or any(map(_is_number, operands)):
             found |= {operand.name for operand in operands if isinstance(operand, nodes.Name)}
-    for assign in tree.find_all(nodes.Assign):
+    for assign in facts.nodes_of(nodes.Assign):
         if isinstance(assign.target, nodes.Name) and _is_number(assign.node):
             found.add(assign.target.name)
     return found
 
 
-def _clock_format(finding: Finding | None, tree) -> str:
+def _clock_format(finding: Finding | None, facts: Facts) -> str:
     """The strftime format of the clock call a finding is at, else of the template's first
     clock call with a literal format, else ISO (2026-03-01)."""
     calls = [
         node
-        for node in tree.find_all(nodes.Call)
+        for node in facts.nodes_of(nodes.Call)
         if isinstance(node.node, nodes.Name) and node.node.name in CLOCK_GLOBALS and node.args
     ]
     at = finding.site.node if finding is not None and finding.site is not None else None

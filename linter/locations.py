@@ -188,11 +188,23 @@ def _line_of(raw_token: tuple) -> int:
     return raw_token[0]
 
 
+# Fields that never hold a node, in any of jinja's node classes: names, operators, flags.
+_SCALAR_FIELDS = frozenset(
+    {"name", "attr", "ctx", "op", "data", "recursive", "scoped", "required", "with_context", "ignore_missing"}
+)
+# Per node class, the fields that may hold nodes: a Const's, Name's or text's none.
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {nodes.Const: ()}
+
+
 def child_nodes(node: nodes.Node) -> list[nodes.Node]:
     """``list(node.iter_child_nodes())`` without its generators (``iter_fields`` checks its
-    filters for every field of every node): the analysis asks for children often."""
+    filters for every field of every node) nor the fields that hold no node: the analysis
+    asks for children often."""
+    fields = _NODE_FIELDS.get(type(node))
+    if fields is None:
+        fields = _NODE_FIELDS[type(node)] = tuple(name for name in node.fields if name not in _SCALAR_FIELDS)
     children = []
-    for name in node.fields:
+    for name in fields:
         item = getattr(node, name, None)
         if isinstance(item, list):
             children.extend(child for child in item if isinstance(child, nodes.Node))
@@ -214,6 +226,27 @@ def descendants(node: nodes.Node) -> list[nodes.Node]:
         children.reverse()
         stack.extend(children)
     return found
+
+
+def preorder(node: nodes.Node) -> tuple[list[nodes.Node], list[int]]:
+    """``descendants(node)``, and for each the index just past its own descendants: a
+    subtree is a slice, so one walk serves every question about any part of the tree."""
+    found: list[nodes.Node] = []
+    ends: list[int] = []
+    stack: list = child_nodes(node)
+    stack.reverse()
+    while stack:
+        current = stack.pop()
+        if type(current) is int:  # every node under the one at this index is found
+            ends[current] = len(found)
+            continue
+        stack.append(len(found))
+        found.append(current)
+        ends.append(0)
+        children = child_nodes(current)
+        children.reverse()
+        stack.extend(children)
+    return found, ends
 
 
 def children_in_source_order(node: nodes.Node):

@@ -106,7 +106,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     override: through the variable the template already assigns it to or names as a switch,
     else through a new ``date_string`` set once at the top."""
     site = finding.site
-    call = next((call for call in facts.tree.find_all(nodes.Call) if call.node is site.node), None)
+    call = next((call for call in facts.nodes_of(nodes.Call) if call.node is site.node), None)
     if (
         call is None
         or len(call.args) != 1
@@ -122,7 +122,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     assigned_to = next(
         (
             assign.target.name
-            for assign in facts.tree.find_all(nodes.Assign)
+            for assign in facts.nodes_of(nodes.Assign)
             if assign.node is call and isinstance(assign.target, nodes.Name) and assign.target.name in facts.variables
         ),
         None,
@@ -137,7 +137,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
 
 
 def _free_name(facts: Facts, wanted: str) -> str:
-    used = facts.variables | {node.name for node in facts.tree.find_all(nodes.Name)}
+    used = facts.variables | {node.name for node in facts.nodes_of(nodes.Name)}
     name, number = wanted, 1
     while name in used:
         number += 1

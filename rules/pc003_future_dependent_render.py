@@ -160,7 +160,7 @@ def _separator_after_the_message(control: Control, sink: Sink, facts: Facts) -> 
         and node.test.node.node.name == "loop"
     ):
         return False
-    loop = next((loop for loop in facts.tree.find_all(nodes.For) if id(loop) == sink.loops[-1]), None)
+    loop = next((loop for loop in facts.nodes_of(nodes.For) if id(loop) == sink.loops[-1]), None)
     return loop is not None and bool(loop.body) and loop.body[-1] is node
 
 

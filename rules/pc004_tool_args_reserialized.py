@@ -163,7 +163,7 @@ def _first_arguments_read(facts: Facts | None) -> Site:
         return Site(1, "", fixed_column=1)
     reads = [
         node
-        for node in facts.tree.find_all((nodes.Getattr, nodes.Getitem))
+        for node in facts.nodes_of(nodes.Getattr, nodes.Getitem)
         if getattr(node, "attr", None) == "arguments"
         or (isinstance(getattr(node, "arg", None), nodes.Const) and node.arg.value == "arguments")
     ]

@@ -58,6 +58,7 @@ from jinja2 import nodes
 
 from tmpl_lint.analysis import Facts, LabelKind, Sink, Site
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.locations import descendants
 from tmpl_lint.proofs import Cause, Divergence
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a
@@ -155,11 +156,11 @@ def _generation_prompt_site(facts: Facts | None) -> Site:
     """The last `add_generation_prompt` test outside the loop over messages, else line 1."""
     if facts is None or facts.tree is None:
         return Site(1, "", fixed_column=1)
-    in_loops = {id(node) for loop in facts.tree.find_all(nodes.For) for node in loop.find_all(nodes.Name)}
+    in_loops = {id(node) for loop in facts.nodes_of(nodes.For) for node in descendants(loop) if isinstance(node, nodes.Name)}
     tests = [
         name
-        for branch in facts.tree.find_all(nodes.If)
-        for name in [branch.test, *branch.test.find_all(nodes.Name)]
+        for branch in facts.nodes_of(nodes.If)
+        for name in [branch.test, *descendants(branch.test)]
         if isinstance(name, nodes.Name) and name.name == "add_generation_prompt" and id(name) not in in_loops
     ]
     if not tests:

@@ -118,7 +118,7 @@ def _text_site(facts: Facts, sink: Sink) -> Site:
     tokens are the template's text nodes, one for one and in order."""
     first = sink.node.nodes[0] if isinstance(sink.node, nodes.Output) and sink.node.nodes else None
     if isinstance(first, nodes.TemplateData):
-        texts = list(facts.tree.find_all(nodes.TemplateData))
+        texts = facts.nodes_of(nodes.TemplateData)
         tokens = [token for token in facts.source_map.tokens if token.kind == "data"]
         if len(texts) == len(tokens):
             token = tokens[next(index for index, text in enumerate(texts) if text is first)]

@@ -232,3 +232,22 @@ def test_the_static_lint_is_under_the_wall_clock_limit_too(monkeypatch, tmp_path
     assert time.monotonic() - start < 10
     assert result.stdout == f"{path}:1:1: PC101 [render-limit-exceeded] linting this template stopped: took over 1 s\n"
     assert result.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("count", "jobs", "sizes"),
+    [
+        (67, 2, [33, 34]),  # two processes, two equal batches: not 32, 32 and 3
+        (1, 2, [1]),
+        (3, 2, [3]),  # too few to be worth a second fork
+        (8, 2, [4, 4]),
+        (200, 2, [33, 33, 34, 33, 33, 34]),  # rounds of two, each about STATIC_BATCH
+        (0, 2, []),
+    ],
+)
+def test_static_batches_are_equal_and_cover_every_template_once(count, jobs, sizes):
+    from tmpl_lint.checker import batch_bounds
+
+    bounds = batch_bounds(count, jobs)
+    assert [end - start for start, end in bounds] == sizes
+    assert [index for start, end in bounds for index in range(start, end)] == list(range(count))
