@@ -4,6 +4,10 @@ pre-commit installs a hook repository into an environment of its own, which take
 the time of a pre-commit test: one repository (this working tree, committed and tagged
 with the README's rev) and one environment serve the whole session. The environment is
 also this project installed the way a user installs it, without extras (test_packaging).
+
+Under pytest-xdist each worker has its own session, so both are built in a folder the
+workers share, by the first worker that needs them, while the other waits for it (the
+recipe of xdist's documentation): once per run, not once per worker.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from helpers import PROJECT
 
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
@@ -56,10 +62,29 @@ def private_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def hook_repository(tmp_path_factory) -> Path:
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder of this run that every xdist worker sees: the parent of the workers' own
+    base folders, or without xdist the session's (its parent is every run's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """``shared/name``, built by ``build`` in whichever worker asks first; a worker that asks
+    meanwhile waits for it. A build that fails leaves no mark, and the next asker tries again."""
+    target, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            build(target)
+            built.touch()
+    return target
+
+
+def snapshot_this_tree(snapshot: Path) -> None:
     """This working tree as pre-commit fetches a hook repository: committed (uncommitted
     changes included) and tagged with the README's rev."""
-    snapshot = tmp_path_factory.mktemp("tmpl-lint")
     listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=PROJECT).stdout.split("\0")
     for name in filter(None, listed):
         source = PROJECT / name
@@ -71,24 +96,36 @@ def hook_repository(tmp_path_factory) -> Path:
     git("add", ".", cwd=snapshot)
     git("commit", "-qm", "snapshot", cwd=snapshot, env=environment)
     git("tag", snippet_rev(), cwd=snapshot)
-    return snapshot
 
 
 @pytest.fixture(scope="session")
-def environment(tmp_path_factory, hook_repository) -> dict[str, str]:
-    """pre-commit's environment, with the hooks installed once for the session."""
-    home = tmp_path_factory.mktemp("pre-commit-home")
-    env = {**os.environ, **IDENTITY, "PRE_COMMIT_HOME": str(home), "NO_COLOR": "1"}
-    repo = consumer(tmp_path_factory.mktemp("install"), hook_repository, {})
-    subprocess.run([PRE_COMMIT, "install-hooks"], cwd=repo, env=env, check=True, capture_output=True, timeout=900)
-    return env
+def hook_repository(shared_folder) -> Path:
+    return built_once(shared_folder, "tmpl-lint", snapshot_this_tree)
+
+
+def with_store(home: Path) -> dict[str, str]:
+    """The environment pre-commit runs in, with its store (hook environments) in ``home``."""
+    return {**os.environ, **IDENTITY, "PRE_COMMIT_HOME": str(home / "store"), "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="session")
+def environment(shared_folder, hook_repository) -> dict[str, str]:
+    """pre-commit's environment, with the hooks installed once for the run."""
+
+    def install_hooks(home: Path) -> None:
+        repo = consumer(home / "install", hook_repository, {})
+        subprocess.run(
+            [PRE_COMMIT, "install-hooks"], cwd=repo, env=with_store(home), check=True, capture_output=True, timeout=900
+        )
+
+    return with_store(built_once(shared_folder, "pre-commit-home", install_hooks))
 
 
 def consumer(root: Path, hook_repository: Path, files: dict[str, Path]) -> Path:
     """A git repository with the README's pre-commit config and ``files`` (name: source),
     committed."""
     repo = root / "repo"
-    repo.mkdir()
+    repo.mkdir(parents=True)
     config = readme_snippet().replace(re.search(r"repo: (\S+)", readme_snippet()).group(1), str(hook_repository))
     (repo / ".pre-commit-config.yaml").write_text(config)
     for name, source in files.items():

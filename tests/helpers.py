@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,24 @@ SHARED_TEMPLATES = SHARED / "corpus" / "templates"
 SHARED_TOKENIZERS = SHARED / "tokenizers"
 
 needs_shared = pytest.mark.skipif(not SHARED_TEMPLATES.is_dir(), reason="../shared is not present (fresh clone)")
+
+
+# Loading a real tokenizer takes up to a second and a half; tests only read them, so each
+# process loads each one once.
+@cache
+def shared_tokenizer(name: str):
+    """tmpl-lint's tokenizer of ../shared/tokenizers/NAME."""
+    from tmpl_lint.tokenizer import load_tokenizer
+
+    return load_tokenizer(SHARED_TOKENIZERS / name)
+
+
+@cache
+def transformers_tokenizer(name: str):
+    """transformers' tokenizer of ../shared/tokenizers/NAME: the independent computation."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / name))
 
 
 def lint_text(text: str, name: str = "inline.jinja"):

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TOKENIZERS
+from helpers import CORPUS, SHARED_TOKENIZERS, transformers_tokenizer
 
 from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
@@ -60,14 +60,14 @@ def test_history_rewrite_in_characters(tmp_path):
 
 @pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")
 def test_qwen3_tokens_against_transformers(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     first = {"messages": [USER_1, REPLY], "chat_template_kwargs": {"enable_thinking": True}}
     second = {"messages": [USER_1, REPLY, USER_2]}
     turns = write_turns(tmp_path, first, second)
     code, out, _ = run(*turns, "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
     assert code == 1
     result = json.loads(out)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / "qwen3"))
+    tokenizer = transformers_tokenizer("qwen3")
     ids = [
         tokenizer.encode(
             tokenizer.apply_chat_template(

@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 
 import pytest
-from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
+from helpers import CORPUS, needs_shared, shared_tokenizer
 
 from tmpl_lint.engines import HARMONY, EngineError, engine_tokenizer, render_prompt, resolve_engine
 from tmpl_lint.harmony import (
@@ -150,9 +150,7 @@ def test_decoded_text_encodes_back_to_the_same_ids():
 
 @needs_shared
 def test_gpt_oss_tokenizer_file_encodes_harmony_renders_identically():
-    from tmpl_lint.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(SHARED_TOKENIZERS / "gpt-oss")
+    tokenizer = shared_tokenizer("gpt-oss")
     scenario = next(s for s in scenarios({}, arguments_as_string=True) if s.name == "agent with system")
     for model_call in scenario.calls:
         ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock)

@@ -7,11 +7,11 @@ import random
 from datetime import datetime
 
 import pytest
-from helpers import SHARED_TOKENIZERS, needs_shared
+from helpers import SHARED_TOKENIZERS, needs_shared, shared_tokenizer
 
 from tmpl_lint.diff import read_template
 from tmpl_lint.render import FrozenClock, render
-from tmpl_lint.tokenizer import PrefixEncoder, Tokenizer, common_prefix_length, load_tokenizer
+from tmpl_lint.tokenizer import PrefixEncoder, Tokenizer, common_prefix_length
 
 pytestmark = needs_shared
 
@@ -53,7 +53,7 @@ def conversation(rng: random.Random, turns: int):
 
 @pytest.mark.parametrize("directory", MODELS)
 def test_incremental_ids_equal_full_tokenization(directory):
-    tokenizer = load_tokenizer(SHARED_TOKENIZERS / directory)
+    tokenizer = shared_tokenizer(directory)
     template, _ = read_template(SHARED_TOKENIZERS / directory)
     encoder = PrefixEncoder(tokenizer)
     counting = Counting(tokenizer.backend)

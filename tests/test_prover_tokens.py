@@ -6,25 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS
+from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, shared_tokenizer, transformers_tokenizer
 
 from tmpl_lint.prover import Prover, first_difference
 from tmpl_lint.scenarios import scenarios
-from tmpl_lint.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizers():
-    return {}
-
-
-def hf_tokenizer(cache, name):
-    if name not in cache:
-        cache[name] = transformers.AutoTokenizer.from_pretrained(str(SHARED_TOKENIZERS / name))
-    return cache[name]
 
 
 def freeze_transformers_clock(monkeypatch, instant):
@@ -51,22 +39,22 @@ def scenario_named(name):
 
 
 def check_a(template, tokenizer_name, scenario_name):
-    prover = Prover(template, load_tokenizer(SHARED_TOKENIZERS / tokenizer_name))
+    prover = Prover(template, shared_tokenizer(tokenizer_name))
     result = prover.run_scenario(scenario_named(scenario_name))
     assert result.error is None
     return [d for d in result.divergences if d.check == "a"]
 
 
-def independent_divergences(cache, tokenizer_name, template, scenario_name, monkeypatch):
+def independent_divergences(tokenizer_name, template, scenario_name, monkeypatch):
     scenario = scenario_named(scenario_name)
-    tokenizer = hf_tokenizer(cache, tokenizer_name)
+    tokenizer = transformers_tokenizer(tokenizer_name)
     ids = [hf_ids(tokenizer, template, call, scenario.tools, monkeypatch) for call in scenario.calls]
     return [first_difference(a, b) for a, b in zip(ids, ids[1:])], ids
 
 
-def test_qwen3_agent_loop_diverges_at_the_first_assistant_turn_of_the_earlier_query(hf_tokenizers, monkeypatch):
+def test_qwen3_agent_loop_diverges_at_the_first_assistant_turn_of_the_earlier_query(monkeypatch):
     template = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text()
-    expected, ids = independent_divergences(hf_tokenizers, "qwen3", template, "agent", monkeypatch)
+    expected, ids = independent_divergences("qwen3", template, "agent", monkeypatch)
     divergences = check_a(template, "qwen3", "agent")
     assert [d.first_divergence for d in divergences] == expected
     # calls 2 -> 3: the second user query arrives and the first assistant turn loses its reasoning
@@ -77,9 +65,9 @@ def test_qwen3_agent_loop_diverges_at_the_first_assistant_turn_of_the_earlier_qu
     assert second.reusable_tokens == second.first_divergence // 16 * 16
 
 
-def test_gpt_oss_drops_analysis_after_a_final_answer(hf_tokenizers, monkeypatch):
+def test_gpt_oss_drops_analysis_after_a_final_answer(monkeypatch):
     template = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text()
-    expected, _ = independent_divergences(hf_tokenizers, "gpt-oss", template, "agent", monkeypatch)
+    expected, _ = independent_divergences("gpt-oss", template, "agent", monkeypatch)
     divergences = check_a(template, "gpt-oss", "agent")
     assert [d.first_divergence for d in divergences] == expected
     dropped = divergences[1]  # the final answer now exists: the tool call's analysis vanishes
@@ -89,10 +77,10 @@ def test_gpt_oss_drops_analysis_after_a_final_answer(hf_tokenizers, monkeypatch)
 
 
 @pytest.mark.parametrize(("step", "moves"), [("a second", False), ("a minute", False), ("a day", True)])
-def test_gpt_oss_date_moves_with_the_day_only(hf_tokenizers, monkeypatch, step, moves):
+def test_gpt_oss_date_moves_with_the_day_only(monkeypatch, step, moves):
     template = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text()
     name = f"clock with system, {step} later"
-    expected, ids = independent_divergences(hf_tokenizers, "gpt-oss", template, name, monkeypatch)
+    expected, ids = independent_divergences("gpt-oss", template, name, monkeypatch)
     (divergence,) = check_a(template, "gpt-oss", name)
     assert [divergence.first_divergence] == expected
     if moves:
@@ -102,9 +90,9 @@ def test_gpt_oss_date_moves_with_the_day_only(hf_tokenizers, monkeypatch, step, 
         assert divergence.first_divergence is None
 
 
-def test_mistral_nemo_tool_list_moves_to_the_last_user_message(hf_tokenizers, monkeypatch):
+def test_mistral_nemo_tool_list_moves_to_the_last_user_message(monkeypatch):
     template = (SHARED_TOKENIZERS / "mistral-nemo" / "chat_template.jinja").read_text()
-    expected, _ = independent_divergences(hf_tokenizers, "mistral-nemo", template, "agent", monkeypatch)
+    expected, _ = independent_divergences("mistral-nemo", template, "agent", monkeypatch)
     divergences = check_a(template, "mistral-nemo", "agent")
     assert [d.first_divergence for d in divergences] == expected
     moved = divergences[1]
@@ -113,9 +101,9 @@ def test_mistral_nemo_tool_list_moves_to_the_last_user_message(hf_tokenizers, mo
 
 
 @pytest.mark.parametrize("scenario_name", ["chat", "agent", "chat with system", "agent with system"])
-def test_qwen25_is_a_clean_extension(hf_tokenizers, monkeypatch, scenario_name):
+def test_qwen25_is_a_clean_extension(monkeypatch, scenario_name):
     template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
-    expected, _ = independent_divergences(hf_tokenizers, "qwen2.5", template, scenario_name, monkeypatch)
+    expected, _ = independent_divergences("qwen2.5", template, scenario_name, monkeypatch)
     divergences = check_a(template, "qwen2.5", scenario_name)
     assert expected == [None] * len(expected)
     assert [d.first_divergence for d in divergences] == expected
@@ -123,9 +111,9 @@ def test_qwen25_is_a_clean_extension(hf_tokenizers, monkeypatch, scenario_name):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen2.5", "gpt-oss", "mistral-nemo", "mistral-7b-v0.3"])
-def test_tokenizers_backend_matches_transformers(hf_tokenizers, name):
-    ours = load_tokenizer(SHARED_TOKENIZERS / name)
-    theirs = hf_tokenizer(hf_tokenizers, name)
+def test_tokenizers_backend_matches_transformers(name):
+    ours = shared_tokenizer(name)
+    theirs = transformers_tokenizer(name)
     text = '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n[INST]Hi[/INST] 18 C, sunny\n\n{"city": "Paris"}'
     assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
     assert ours.special_tokens == {k: v for k, v in theirs.special_tokens_map.items() if isinstance(v, str)}

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
-from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, transformers_tokenizer
 from test_kv_cache import straightforward_vllm
 
 from tmpl_lint.cli import main
@@ -37,9 +37,9 @@ SYSTEM = "You are the support agent of a large online shop. " * 8  # shared by e
 DROPPING = "s4"  # the client that sends the history back without the reasoning
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tokenizer():
-    return transformers.AutoTokenizer.from_pretrained(str(QWEN3))
+    return transformers_tokenizer("qwen3")
 
 
 def build_log(path, tokenizer, sessions=5, turns=5, seed=7):
