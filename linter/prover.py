@@ -455,21 +455,28 @@ class Reply:
     end: int
 
 
-def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str | None:
-    """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
-    the reply's first tool-call arguments, those arguments as the model wrote them, and the
-    rest of the reply to its end-of-turn marker. None when the render prints them in no
-    JSON form."""
+def _argument_forms(reply: dict[str, Any], separators: tuple[str, str]):
+    """For each tool call of ``reply`` whose arguments are JSON: the arguments as the model
+    wrote them (compact JSON) and the forms a render may print instead (a string passed
+    through `tojson`, then the mapping re-serialised with and without ASCII escapes)."""
     for tool in reply.get("tool_calls") or ():
         arguments = tool["function"]["arguments"]
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        written = json.dumps(mapping, separators=separators)
-        forms = [written, json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
+        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
         if isinstance(arguments, str):
-            forms.append(json.dumps(arguments))
-        found = [(next_text.find(form), form) for form in forms if form in next_text]
+            printed.insert(0, json.dumps(arguments))
+        yield json.dumps(mapping, separators=separators), printed
+
+
+def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, str] = (",", ":")) -> str | None:
+    """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
+    the reply's first tool-call arguments, those arguments as the model wrote them, and the
+    rest of the reply to its end-of-turn marker. None when the render prints them in no
+    JSON form."""
+    for written, printed in _argument_forms(reply, separators):
+        found = [(next_text.find(form), form) for form in (written, *printed) if form in next_text]
         if not found:
             continue
         position, form = min(found)
@@ -483,15 +490,7 @@ def as_written(text: str, reply: dict[str, Any], separators: tuple[str, str] = (
     """``text`` with each tool call's arguments as the model wrote them (compact JSON),
     wherever the render printed them otherwise: re-serialised from a mapping, or a string
     passed through `tojson`."""
-    for tool in reply.get("tool_calls") or ():
-        arguments = tool["function"]["arguments"]
-        mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
-        if mapping is None:
-            continue
-        written = json.dumps(mapping, separators=separators)
-        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
-        if isinstance(arguments, str):
-            printed.insert(0, json.dumps(arguments))
+    for written, printed in _argument_forms(reply, separators):
         for form in printed:
             if form in text:
                 text = text.replace(form, written)
