@@ -213,12 +213,16 @@ def _land(
     place (and takes its name away) with SIGINT and SIGTERM held; the folder is synced. The
     temporary file is removed on every failure and interruption; an OSError is one line
     ending in ``unchanged``."""
+    pending: str | None = None
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError(f"{path}: cannot write beside it: {error.strerror}; nothing written") from None
-    pending: str | None = temporary
-    try:
+        # Held, so that a signal cannot land between the file's creation and `pending`
+        # naming it: the finally below removes whatever `pending` names.
+        with _signals_held():
+            try:
+                descriptor, pending = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            except OSError as error:
+                raise WriteError(f"{path}: cannot write beside it: {error.strerror}; nothing written") from None
+        temporary = pending
         try:
             fill(descriptor, temporary)
             os.fchmod(descriptor, mode)
