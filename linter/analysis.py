@@ -1586,6 +1586,14 @@ def _handlers(prefix: str) -> dict[type, object]:
 
 _STATEMENTS = _handlers("stmt_")
 _EXPRESSIONS = _handlers("expr_")
+# The parser never makes a bare BinExpr, only its operator classes; without these entries
+# `{% set n = 2 * 3 %}` or `range(4 - 1)` fell through to the generic union and never folded.
+_EXPRESSIONS.update(
+    dict.fromkeys(
+        (nodes.Add, nodes.Sub, nodes.Mul, nodes.Div, nodes.FloorDiv, nodes.Mod, nodes.Pow),
+        _Interpreter.expr_BinExpr,
+    )
+)
 
 
 def _merge_labels(value: Value, *others: Value) -> Value:

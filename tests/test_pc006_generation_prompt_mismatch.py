@@ -1,3 +1,4 @@
+import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, lint_fixture, lint_text, prove_fixture
 
@@ -48,6 +49,34 @@ def test_an_empty_opener_that_differs_from_the_generation_prompt_is_reported():
 def test_an_empty_opener_matching_the_generation_prompt_is_clean():
     matching = EMPTY_OPENER_DIFFERS.replace("{{ '<think></think>' }}", "{{ '<think>\\n</think>' }}")
     assert lint_text(matching)[0] == []
+
+
+# Seed-OSS's shape: the opener is built with `+` from names set to constants. Arithmetic
+# must fold (the parser makes Add, not BinExpr) for the analysis to read the opener at all.
+OPENER_BUILT_WITH_PLUS = (
+    "{%- set think_begin = '<seed:think>' %}{%- set think_end = '</seed:think>' %}"
+    "{% for m in messages %}{{ m.role + '\\n' + m.content }}{% endfor %}\n"
+    "{%- if add_generation_prompt %}{{ 'assistant\\n' }}{{ think_begin + '\\n' + 'no thinking' + think_end }}{% endif %}"
+)
+
+
+def test_an_opener_built_with_plus_from_constants_is_read():
+    codes, findings = lint_text(OPENER_BUILT_WITH_PLUS)
+    assert [(code, line) for code, line, _ in codes] == [("PC006", 2)]
+    assert "opens the reply with '<seed:think>\\nno thinking</seed:think>'" in findings[0].message
+    assert "history never prints '<seed:think>'" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("condition", "opens"),
+    [("2 * 3 == 6", True), ("2 * 3 == 7", False), ("7 % 2 == 0", False), ("3 - 1 == 5", False), ("2 ** 3 == 8", True)],
+)
+def test_a_branch_that_arithmetic_on_constants_rules_out_prints_no_opener(condition, opens):
+    source = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}\n"
+        "{%- if add_generation_prompt %}assistant: {% if " + condition + " %}<think>{% endif %}{% endif %}"
+    )
+    assert [(code, line) for code, line, _ in lint_text(source)[0]] == ([("PC006", 2)] if opens else [])
 
 
 # -- found by the proof -------------------------------------------------------------------
