@@ -883,6 +883,9 @@ class _Interpreter:
         results = []
         control = Control(node, labels)
         for index, body in enumerate(bodies):
+            if not body:  # an absent ``else``: the state as it was, with nothing to copy or merge
+                results.append((before_vars, before_ns))
+                continue
             self.scope.vars = dict(before_vars)
             self.namespaces = dict(before_ns)
             self.controls.append(control)
@@ -899,6 +902,8 @@ class _Interpreter:
         merged_vars = dict(before_vars)
         merged_ns = dict(before_ns)
         for variables, namespaces in results:
+            if variables is before_vars and namespaces is before_ns:
+                continue
             # What the branch assigned (most of the state it carries is as it was before).
             assigned = [(key, value) for key, value in variables.items() if before_vars.get(key) is not value]
             for key, value in assigned:

@@ -14,24 +14,7 @@ from . import __version__
 from .engines import ENGINES
 from .render import RenderLimits
 from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
-from .runner import (
-    EXIT_CLEAN,
-    EXIT_ERROR,
-    EXIT_FINDINGS,
-    AuditOptions,
-    CheckOptions,
-    DiffOptions,
-    FixLine,
-    FixMode,
-    OptionsError,
-    ReplayOptions,
-    RunError,
-    run_audit,
-    run_check,
-    run_diff,
-    run_replay,
-)
-from .writes import WriteError
+from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 
 class DefaultCommandGroup(click.Group):
@@ -220,6 +203,8 @@ def check(
     else:
         report = text_report(findings, result.notes, colour, quiet, strict, linted=len(result.linted), unread=len(result.errors))
     if output is not None:
+        from .writes import WriteError
+
         try:
             write_report(output, report)
         except WriteError as error:
@@ -270,6 +255,7 @@ def rules() -> None:
 @engine_option
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
+    from .commands import DiffOptions, run_diff
     from .diff import diff_text, dumps
 
     options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine)
@@ -329,6 +315,7 @@ def audit(
 ) -> None:
     """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
     from . import audit as auditing
+    from .commands import AuditOptions, run_audit
 
     options = AuditOptions(
         repo_ids=tuple(spec for spec in specs if not Path(spec).is_dir()),
@@ -400,6 +387,8 @@ def audit(
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     status = run.status
     if html_file:
+        from .writes import WriteError
+
         try:
             write_report(html_file, auditing.html_page(table))
         except WriteError as error:
@@ -496,6 +485,7 @@ def replay(
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
     recomputed token was recomputed; before and after a fix."""
     from . import replay as replaying
+    from .commands import ReplayOptions, run_replay
 
     if (template or tokenizer) is None:
         raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
@@ -536,6 +526,8 @@ def replay(
     else:
         click.echo(replaying.text_report(result.summaries), nl=False)
     if html_file:
+        from .writes import WriteError
+
         try:
             write_report(html_file, replaying.html_report(result.summaries))
         except WriteError as error:

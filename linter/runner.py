@@ -4,8 +4,9 @@ options object, calls the runner and prints what comes back.
 ``run_check`` (``tmpl-lint check``) reads the configuration, collects the templates, fixes
 them (``--fix`` writes, ``--diff`` only shows), lints and proves each in its own limited
 process, and returns a ``CheckResult``: the findings of each template, what the fixes said,
-the inputs it could not read and the exit status. ``run_diff``, ``run_replay`` and
-``run_audit`` do the work of ``tmpl-lint diff``, ``replay`` and ``audit``.
+the inputs it could not read and the exit status. ``tmpl-lint diff``, ``replay`` and
+``audit`` run from ``commands.py``: a pre-commit hook runs check on every commit, and pays
+for importing no more than check needs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
@@ -24,13 +25,9 @@ from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits
 from .selection import Selection, SelectionError
 from .sources import TemplateSource, collect
-from .tokenizer import TokenizerError
 
 if TYPE_CHECKING:
-    from .audit import Audit
     from .fixer import FixOptions, TemplateFix
-    from .proofs import Divergence
-    from .replay import Summary
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -132,7 +129,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     result = CheckResult(strict=options.strict or config.strict, exit_zero=options.exit_zero)
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
     if prove is not None and tokenizer is not None:
-        from .tokenizer import load_tokenizer
+        from .tokenizer import TokenizerError, load_tokenizer
 
         try:
             # Once, here: a bad directory is the caller's mistake, not each template's, and
@@ -281,236 +278,3 @@ class _Fixing:
 def _headline(finding: Finding, verb: str) -> str:
     """``path:line:col: fixed PC001 [live-clock] (template NAME)``."""
     return f"{finding.location()}: {verb} {finding.code} [{finding.name}] {finding.template_label()}".rstrip()
-
-
-# --- tmpl-lint diff -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DiffOptions:
-    first: Path
-    second: Path
-    template: Path | None = None  # a template file or model directory; None: the tokenizer's
-    tokenizer: Path | None = None
-    server: str | None = None
-    model: str | None = None
-    block_size: int = 16
-    engine: str = "vllm"
-
-
-def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: None) -> Divergence:
-    """Where the second request stops extending the first, rendered as ``options.engine``
-    would (or as a running vLLM tokenizes them). ``note`` hears what the user should know
-    (a model vLLM renders without the template, a served model replaced). Raises
-    OptionsError or RunError."""
-    from .diff import RequestError, diff_requests, read_request, read_template
-    from .engines import EngineError
-    from .isolation import IsolationError, run_isolated
-    from .render import RenderError
-    from .server import ServerError, VLLMServer
-    from .tokenizer import load_tokenizer
-
-    try:
-        first, second = read_request(options.first), read_request(options.second)
-        template_source = options.template or options.tokenizer
-        text, special = read_template(template_source) if template_source is not None else (None, {})
-        if text is None and options.server is None:
-            raise OptionsError("give --template or --tokenizer (a directory with a chat template), or --server")
-        loaded = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
-        vllm = VLLMServer(options.server, options.model, note) if options.server else None
-        if vllm is not None:
-            vllm.discover(request.body.get("model") for request in (first, second))
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        engine = engine_for(options.engine, text, template_source, note) if text is not None else options.engine
-        # Rendering is untrusted code: in a child with check's memory limit; each render has
-        # its own time and size limits.
-        arguments = (first, second, text, special, loaded, options.block_size, server_ids, engine)
-        divergence = run_isolated(_diff_or_error, (diff_requests, arguments), seconds=None)
-        if isinstance(divergence, str):
-            raise RequestError(divergence)
-    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
-        raise RunError(str(error)) from None
-    except IsolationError as error:
-        raise RunError(f"diff stopped: {error}") from None
-    return divergence
-
-
-def _diff_or_error(function, args):
-    """``function(*args)``, or the message of the error it raised (to cross from the child)."""
-    from .diff import RequestError
-    from .engines import EngineError
-    from .render import RenderError
-    from .server import ServerError
-
-    try:
-        return function(*args)
-    except (RequestError, RenderError, ServerError, TokenizerError, EngineError) as error:
-        return str(error)
-
-
-def engine_for(engine: str, template: str, path: Path, note: Callable[[str], None]) -> str:
-    """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
-    from .engines import HARMONY, resolve_engine
-    from .sources import model_type_beside
-
-    resolved = resolve_engine(engine, template, model_type_beside(path))
-    if resolved == HARMONY:
-        note("vLLM renders this model (gpt-oss) with openai-harmony, not this template; --engine hf renders the template")
-    return resolved
-
-
-# --- tmpl-lint replay ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplayOptions:
-    log: Path
-    template: Path  # a template file or model directory
-    compare: Path | None = None  # a second template replayed on the same cache
-    tokenizer: Path | None = None
-    session_key: str | None = None
-    server: str | None = None
-    model: str | None = None
-    engine: str = "vllm"
-    cache_model: str = "vllm"
-    block_size: int = 16
-    cache_blocks: str | None = None  # "N[,N...]": several sizes sweep the hit-rate curve
-    kv_cache_gib: float | None = None
-    model_config: Path | None = None
-    num_layers: int | None = None
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    kv_cache_dtype: str = "auto"
-    page_size: int = 1
-    slots: int | None = None
-    cache_reuse: int = 0
-    jobs: int = 1
-
-
-@dataclass
-class ReplayResult:
-    summaries: list[tuple[str, Summary]]  # ("template", ...) and, with --compare, ("compare", ...)
-    problems: list[str]  # the log's lines not replayed, each said once: "LOG:LINE: why"
-
-    @property
-    def status(self) -> int:
-        return EXIT_ERROR if self.problems else EXIT_CLEAN
-
-
-def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text: None) -> ReplayResult:
-    """The log through the cache model, once per template. ``note`` hears what the user
-    should know as it is found. Raises OptionsError or RunError."""
-    from . import kv_cache
-    from . import replay as replaying
-    from .diff import RequestError, read_template
-    from .isolation import IsolationError
-    from .prover import resolve_special_tokens
-    from .server import ServerError, VLLMServer
-    from .tokenizer import load_tokenizer
-
-    try:
-        shape = None
-        if options.kv_cache_gib is not None:
-            config = kv_cache.read_model_config(options.model_config) if options.model_config else None
-            shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
-        capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, options.block_size, shape)
-        if options.cache_model == "llamacpp" and capacities != [None] and not options.slots:
-            raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(
-            options.cache_model, options.block_size, options.page_size, options.slots, options.cache_reuse
-        )
-        calls, unread = replaying.read_log(options.log)
-        loaded = load_tokenizer(options.tokenizer) if options.tokenizer else None
-        templates = [("template", options.template, *read_template(options.template))]
-        if options.compare:
-            templates.append(("compare", options.compare, *read_template(options.compare)))
-        vllm = VLLMServer(options.server, options.model, note) if options.server else None
-        if vllm is not None:
-            vllm.discover(call.body.get("model") for call in calls)
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        groups = replaying.sessions(calls, options.session_key)
-        summaries, failed = [], []
-        for label, path, text, special in templates:
-            renderer = engine_for(options.engine, text, path, note)
-            tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
-            summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
-            summaries.append((label, summary))
-            failed.extend(f"{options.log}:{line}: {reason}" for line, reason in refused)
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
-        raise RunError(str(error)) from None
-    except IsolationError as error:
-        raise RunError(f"replay stopped: {error}") from None
-    return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])))
-
-
-# --- tmpl-lint audit ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AuditOptions:
-    repo_ids: tuple[str, ...] = ()  # org/name[@revision]
-    local: tuple[Path, ...] = ()  # model folders
-    from_file: Path | None = None  # repo ids, one a line
-    search: str | None = None  # a Hub search query
-    author: str | None = None
-    limit: int = 50  # models --search/--author lists
-    from_cache: bool = False  # every model in the local Hugging Face cache
-    jobs: int = 1
-    tokens: bool = False
-    prove: bool = True
-    dedupe: bool = True
-    cache_file: Path | None = None  # None: the default results cache
-    use_cache: bool = True
-    engine: str = "vllm"
-
-
-@dataclass
-class AuditRun:
-    audit: Audit
-    rows: list[dict[str, Any]]  # one a template, or a repo without one
-    cache_problems: list[str]  # a results cache that could not be read or written
-
-    @property
-    def status(self) -> int:
-        """2 when a repo or the cache could not be read, or no repo had a template; else 1
-        when a template has findings."""
-        if any(repo.error for repo in self.audit.repos) or self.cache_problems or not self.audit.analyses:
-            return EXIT_ERROR
-        return EXIT_FINDINGS if any(row["codes"] for row in self.rows) else EXIT_CLEAN
-
-
-def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) -> AuditRun:
-    """Audit the repos and folders ``options`` names; ``advance`` is called as each template
-    is analysed. Raises OptionsError or RunError."""
-    from . import audit as auditing
-    from .sources import SourceError
-
-    repo_ids = list(options.repo_ids)
-    try:
-        if options.from_file:
-            repo_ids += auditing.read_repo_list(options.from_file)
-        if options.search or options.author:
-            from huggingface_hub import list_models
-
-            repo_ids += [model.id for model in list_models(search=options.search, author=options.author, limit=options.limit)]
-    except SourceError as error:
-        raise RunError(str(error)) from None
-    except Exception as error:  # noqa: BLE001 - a hub listing failure is one line
-        raise RunError(f"cannot list models: {auditing.describe_error(error)}") from None
-    if not (repo_ids or options.local or options.from_cache):
-        raise OptionsError("name repos, --from-file, --search/--author, --from-cache or local model folders")
-    prove = ProveOptions(None, 16, RenderLimits(), options.engine) if options.prove else None
-    cache = auditing.ResultsCache((options.cache_file or auditing.default_cache_path()) if options.use_cache else None)
-    audit = auditing.run_audit(
-        repo_ids,
-        list(options.local),
-        options.from_cache,
-        Selection(),
-        prove,
-        options.jobs,
-        cache,
-        options.tokens,
-        options.dedupe,
-        advance,
-    )
-    return AuditRun(audit, auditing.rows(audit), cache.problems)

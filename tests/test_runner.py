@@ -13,22 +13,17 @@ from pathlib import Path
 import pytest
 from helpers import CORPUS, at
 
+from tmpl_lint.commands import AuditOptions, DiffOptions, ReplayOptions, run_audit, run_diff, run_replay
 from tmpl_lint.runner import (
     EXIT_CLEAN,
     EXIT_ERROR,
     EXIT_FINDINGS,
-    AuditOptions,
     CheckOptions,
-    DiffOptions,
     FixLine,
     FixMode,
     OptionsError,
-    ReplayOptions,
     RunError,
-    run_audit,
     run_check,
-    run_diff,
-    run_replay,
 )
 
 FROZEN = date(2026, 1, 15)
