@@ -21,8 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
-from helpers import PROJECT
+
+# Byte code is cached for this run and the processes it starts, even where the environment
+# says PYTHONDONTWRITEBYTECODE (these machines do): without the cache every xdist worker
+# rewrites each test module's asserts and compiles tmpl-lint from source, and so does every
+# tmpl-lint the tests run, seconds of CPU per worker and a tenth of one per process. Set
+# here, before the test modules are imported and the workers started (they inherit it).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+from filelock import FileLock  # noqa: E402 - after the byte-code setting above
+from helpers import PROJECT  # noqa: E402
 
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
 needs_pre_commit = pytest.mark.skipif(
