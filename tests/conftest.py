@@ -7,22 +7,35 @@ also this project installed the way a user installs it, without extras (test_pac
 
 Under pytest-xdist each worker has its own session, so both are built in a folder the
 workers share, by the first worker that needs them, while the other waits for it (the
-recipe of xdist's documentation): once per run, not once per worker.
+recipe of xdist's documentation): once per run, not once per worker. The build starts in
+the background as the session starts (when a selected test needs it), so that its quarter
+of a minute of installing overlaps other tests instead of holding the workers that wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
-from helpers import PROJECT
+
+# Byte code is cached for this run and the processes it starts, even where the environment
+# says PYTHONDONTWRITEBYTECODE (these machines do): without the cache every xdist worker
+# rewrites each test module's asserts and compiles tmpl-lint from source, and so does every
+# tmpl-lint the tests run, seconds of CPU per worker and a tenth of one per process. Set
+# here, before the test modules are imported and the workers started (they inherit it).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+from filelock import FileLock  # noqa: E402 - after the byte-code setting above
+from helpers import PROJECT  # noqa: E402
 
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
 needs_pre_commit = pytest.mark.skipif(
@@ -98,9 +111,48 @@ def snapshot_this_tree(snapshot: Path) -> None:
     git("tag", snippet_rev(), cwd=snapshot)
 
 
+def hook_repository_in(shared: Path) -> Path:
+    return built_once(shared, "tmpl-lint", snapshot_this_tree)
+
+
+def pre_commit_home_in(shared: Path) -> Path:
+    """pre-commit's home, with the hooks of ``hook_repository_in(shared)`` installed."""
+    hook_repository = hook_repository_in(shared)
+
+    def install_hooks(home: Path) -> None:
+        repo = consumer(home / "install", hook_repository, {})
+        subprocess.run(
+            [PRE_COMMIT, "install-hooks"], cwd=repo, env=with_store(home), check=True, capture_output=True, timeout=900
+        )
+
+    return built_once(shared, "pre-commit-home", install_hooks)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pre_commit_built_ahead(request, shared_folder):
+    """Starts building pre-commit's environment in a thread as the session starts, if a
+    selected test needs it. A failed build is left to the fixture below, which builds
+    again and fails the test that needs it."""
+    if not PRE_COMMIT or not (PROJECT / ".git").exists():
+        yield
+        return
+    if not any("environment" in item.fixturenames for item in request.session.items):
+        yield
+        return
+
+    def build() -> None:
+        with contextlib.suppress(Exception):  # said by the fixture, which builds it again
+            pre_commit_home_in(shared_folder)
+
+    builder = threading.Thread(target=build, name="pre-commit environment", daemon=True)
+    builder.start()
+    yield
+    builder.join()  # no install left running after the session
+
+
 @pytest.fixture(scope="session")
 def hook_repository(shared_folder) -> Path:
-    return built_once(shared_folder, "tmpl-lint", snapshot_this_tree)
+    return hook_repository_in(shared_folder)
 
 
 def with_store(home: Path) -> dict[str, str]:
@@ -109,16 +161,9 @@ def with_store(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def environment(shared_folder, hook_repository) -> dict[str, str]:
+def environment(shared_folder) -> dict[str, str]:
     """pre-commit's environment, with the hooks installed once for the run."""
-
-    def install_hooks(home: Path) -> None:
-        repo = consumer(home / "install", hook_repository, {})
-        subprocess.run(
-            [PRE_COMMIT, "install-hooks"], cwd=repo, env=with_store(home), check=True, capture_output=True, timeout=900
-        )
-
-    return with_store(built_once(shared_folder, "pre-commit-home", install_hooks))
+    return with_store(pre_commit_home_in(shared_folder))
 
 
 def consumer(root: Path, hook_repository: Path, files: dict[str, Path]) -> Path:

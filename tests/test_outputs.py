@@ -153,36 +153,50 @@ def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
     )
 
 
-def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
+def read_terminal(primary: int) -> bytes:
+    """All that a process drew on the terminal whose other end it held, until it closed it."""
     import os
-    import pty
-    import sys
 
-    templates = tmp_path / "templates"
-    shutil.copytree(CORPUS, templates)  # several seconds of proving, one template at a time
-    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q"]
-    environment = {**os.environ, "COLUMNS": "100"}
-    # stderr a terminal: the bar is drawn there, and standard output is the report alone.
-    primary, secondary = pty.openpty()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, env=environment)
-    os.close(secondary)
     drawn = b""
     while True:
         try:
             chunk = os.read(primary, 4096)
         except OSError:  # the terminal closed with the process
-            break
+            return drawn
         if not chunk:
-            break
+            return drawn
         drawn += chunk
+
+
+def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
+    import os
+    import pty
+    import sys
+
+    # A run long enough for the bar (it appears after about a second) at little cost: two
+    # quick templates and one whose render never ends, stopped by the render limit. The
+    # limit is wall-clock time, so the run lasts over two seconds on any machine.
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    for name in ("clean_chatml.jinja", "PC001_live_clock.jinja"):
+        shutil.copyfile(CORPUS / name, templates / name)
+    shutil.copyfile(CORPUS.parent / "tests" / "hostile" / "nested_loops.jinja", templates / "nested_loops.jinja")
+    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q", "--render-timeout", "2"]
+    environment = {**os.environ, "COLUMNS": "100"}
+    # stderr a terminal: the bar is drawn there, and standard output is the report alone.
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=secondary, env=environment)
+    os.close(secondary)
+    # stderr a pipe, at the same time: nothing but what the run has to say
+    quiet = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    drawn = read_terminal(primary)
     out = process.stdout.read().decode()
     process.wait()
     os.close(primary)
-    count = len([path for path in templates.iterdir() if path.suffix == ".jinja"])
+    quiet_out, quiet_err = (stream.decode() for stream in quiet.communicate(timeout=120))
     assert b"proving templates" in drawn
-    assert f"/{count}".encode() in drawn
+    assert b"/3" in drawn  # the templates' count
     assert "proving templates" not in out
-    # stderr a pipe: nothing but what the run has to say
-    quiet = subprocess.run(command, capture_output=True, text=True, env=environment)
-    assert quiet.stderr == ""
-    assert quiet.stdout == out
+    assert "PC101" in out  # the run lasted the render limit
+    assert quiet_err == ""
+    assert quiet_out == out

@@ -125,9 +125,11 @@ def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypat
 
 
 def test_sigterm_during_a_write_leaves_no_temporary_file_and_the_target_whole(tmp_path):
-    path = tmp_path / "chat_template.jinja"
-    # Near the 10 MiB limit, so that writing and syncing take long enough to be caught at.
-    path.write_text(CLOCK + "\n{# " + "x" * (9 * 1024 * 1024) + " #}\n")
+    path = tmp_path / "tokenizer_config.json"
+    # Near the 10 MiB limit, so that writing and syncing take long enough to be caught at. The
+    # bulk is beside the template, not in it: the fix before the write takes a fraction of a
+    # second, where a template of 9 MiB took seconds to lint and fix.
+    path.write_text(json.dumps({"chat_template": CLOCK, "padding": "x" * (9 * 1024 * 1024)}, indent=2) + "\n")
     original = path.read_bytes()
     process = tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15")
     caught = False
