@@ -24,14 +24,14 @@ from datetime import date, datetime, time
 from pathlib import Path
 
 from . import writes
-from .analysis import Facts, argument_separators
+from .analysis import Facts
 from .checker import Selection, lint_with_facts, prover_inputs, with_related
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding
 from .proofs import Cause
-from .prover import COMPACT_SEPARATORS, Prover, attach_proofs, resolve_special_tokens
+from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
 from .rules import BY_CODE
 from .sources import SourceError, TemplateSource, model_type_beside, reread
@@ -124,7 +124,7 @@ class Verifier:
         # The proof renders from the lint's parse and takes its argument separators: parsing
         # and analysing each candidate again was a fifth of a fix.
         self.ready_to_render(text)
-        separators = argument_separators(self.lint(text).facts) or COMPACT_SEPARATORS
+        separators = argument_separators_of(text, self.lint(text).facts)
         return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators).run({})
 
     def findings(self, text: str) -> list[Finding]:
