@@ -287,12 +287,18 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
         else:
             pending.append((finding, fix))
     reasons: dict[int, str] = {}
+    # The fixes in when each finding's candidates were last tried: with the same ones in,
+    # they would give the same patched templates and fail the same way.
+    tried: dict[int, list[Edit]] = {}
     # A fix that fails alone may verify once another is in (two tojson calls feeding one
     # render), so passes repeat while any fix gets in: a second --fix then has nothing to do.
     progress = True
     while pending and progress:
         progress = False
         for finding, fix in list(pending):
+            if tried.get(id(finding)) == chosen:
+                continue
+            tried[id(finding)] = chosen
             if verifier is None:
                 # The lint above is the verifier's own when every code is selected: the
                 # places its findings keep are not read by the verifier.
