@@ -374,10 +374,9 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
 
 def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions) -> list[Finding]:
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .analysis import argument_separators
     from .engines import HARMONY, content_format, resolve_engine
     from .gguf import model_for, own_tokenizer
-    from .prover import COMPACT_SEPARATORS, Prover, attach_proofs, clocked_switches, engine_findings, switch_values
+    from .prover import Prover, argument_separators_of, attach_proofs, clocked_switches, engine_findings, switch_values
     from .render import RenderError, compile_template
     from .sources import model_type_beside
 
@@ -385,7 +384,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     tokenizer, special = prover_inputs(source, options.tokenizer)
     switches = switch_values(findings, facts.variables), clocked_switches(findings)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
-    separators = argument_separators(facts) or COMPACT_SEPARATORS
+    separators = argument_separators_of(source.text, facts)
     content_format(source.text, facts.tree)
     with contextlib.suppress(RenderError):  # each render says it, as it would have
         compile_template(source.text, options.limits, facts.tree)

@@ -129,8 +129,11 @@ def prepare(
     any effort but "none".
     """
     merged = {**(server_kwargs or {}), **(kwargs or {})}
+    # What changes below is replaced, never changed in place: ``render`` copies what it is
+    # given (the copy a template cannot reach the caller's data through), and copying here
+    # as well was a tenth of a proof.
     if engine == "hf":
-        return copy_request(messages), merged
+        return list(messages), merged
     if engine != "vllm":
         raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     if reasoning_effort is not None:
@@ -140,7 +143,7 @@ def prepare(
     form = content_format(template)
     prepared = []
     for original in messages:
-        message = copy_request(original)
+        message = dict(original) if type(original) is dict else copy_request(original)
         if "content" in message:
             message["content"] = _flatten(message["content"], form)
         if message.get("role") == "assistant" and "tool_calls" in message:
@@ -148,17 +151,20 @@ def prepare(
             if isinstance(calls, list) and not calls:
                 message.pop("tool_calls")
             elif isinstance(calls, list):
-                for position, call in enumerate(calls):
+                ordered = []
+                for call in calls:
                     if not isinstance(call, dict):
                         raise EngineError("assistant tool_calls entries must be objects")
                     function = call.get("function")
                     if call.get("type", "function") != "function" or not isinstance(function, dict):
                         raise EngineError("chat completions only support assistant tool_calls of type 'function'")
-                    function["arguments"] = parse_arguments(function.get("arguments"))
+                    function = {**function, "arguments": parse_arguments(function.get("arguments"))}
                     # vLLM validates the request against the OpenAI types, whose fields come
                     # in this order; a template that prints `function|tojson` shows it.
-                    call["function"] = _ordered(function, ("arguments", "name"))
-                    calls[position] = _ordered(call, ("id", "function", "type"))
+                    ordered.append(
+                        _ordered({**call, "function": _ordered(function, ("arguments", "name"))}, ("id", "function", "type"))
+                    )
+                message["tool_calls"] = ordered
         prepared.append(message)
     return prepared, merged
 

@@ -24,15 +24,15 @@ from datetime import date, datetime, time
 from pathlib import Path
 
 from . import writes
-from .analysis import parse
-from .checker import Selection, lint_source, lint_with_facts, prover_inputs
+from .analysis import Facts
+from .checker import Selection, lint_with_facts, prover_inputs, with_related
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
-from .engines import HARMONY, resolve_engine
+from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding
 from .proofs import Cause
-from .prover import Prover, attach_proofs, resolve_special_tokens
-from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, render
+from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
 from .rules import BY_CODE
 from .sources import SourceError, TemplateSource, model_type_beside, reread
 from .writes import WriteError
@@ -87,10 +87,20 @@ class FileFix:
         return self.error is None and self.updated != self.original
 
 
+@dataclass
+class Linted:
+    """A template text's findings as ``lint_source`` reports them (without their places in
+    the parse tree), and the analysis they came from."""
+
+    facts: Facts
+    findings: list[Finding]
+
+
 class Verifier:
     """Checks a patched template against the original."""
 
-    def __init__(self, source: TemplateSource, options: FixOptions):
+    def __init__(self, source: TemplateSource, options: FixOptions, linted: Linted | None = None):
+        """``linted``: the original's lint with the default selection, where the caller has it."""
         self.source = source
         self.options = options
         self.tokenizer, config = prover_inputs(source, options.tokenizer)
@@ -102,17 +112,35 @@ class Verifier:
         engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
         self.engine = "hf" if engine == HARMONY else engine
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
+        self._linted: tuple[str, Linted] | None = (source.text, linted) if linted is not None else None
+        original = self.findings(source.text)
         self.original_report = self.prove(source.text)
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
-        original = self.findings(source.text)
         self.original_codes = self.severe_codes(original)
         self.original_found_by_proof = found_by_proof(self.original_report, original)
+        self.original_single_turns = self.single_turns(source.text)
 
     def prove(self, text: str):
-        return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine).run({})
+        # The proof renders from the lint's parse and takes its argument separators: parsing
+        # and analysing each candidate again was a fifth of a fix.
+        self.ready_to_render(text)
+        separators = argument_separators_of(text, self.lint(text).facts)
+        return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators).run({})
 
     def findings(self, text: str) -> list[Finding]:
-        return lint_source(TemplateSource(self.source.path, self.source.name, text, self.source.container))
+        return self.lint(text).findings
+
+    def lint(self, text: str) -> Linted:
+        """``text``'s findings as ``lint_source`` reports them, and the analysis they came from.
+        The last text's is kept: a candidate is parsed, linted and proven from one lint."""
+        if self._linted is not None and self._linted[0] == text:
+            return self._linted[1]
+        facts, findings = lint_with_facts(TemplateSource(self.source.path, self.source.name, text, self.source.container))
+        for finding in with_related(findings):  # as lint_source reports them
+            finding.site, finding.related = None, ()
+        linted = Linted(facts, findings)
+        self._linted = (text, linted)
+        return linted
 
     @staticmethod
     def severe_codes(findings: list[Finding]) -> Counter:
@@ -120,7 +148,17 @@ class Verifier:
         must leave one fewer that applies; a fix of an informational one, one fewer at all."""
         return Counter((finding.code, applies_by_default(finding)) for finding in findings)
 
+    def ready_to_render(self, text: str) -> None:
+        """Renders of ``text`` compile the lint's parse instead of parsing it again (once a
+        candidate gets as far as rendering: most fail on their findings first)."""
+        tree = self.lint(text).facts.tree
+        if tree is not None:
+            with contextlib.suppress(RenderError):  # each render says it, as it would have
+                compile_template(text, self.limits, tree)
+            content_format(text, tree)
+
     def single_turns(self, text: str) -> list[str | None]:
+        self.ready_to_render(text)
         out = []
         for messages in (
             [{"role": "user", "content": "Hello"}],
@@ -143,10 +181,10 @@ class Verifier:
 
     def check(self, patched: str, fixed: list[Finding]) -> str | None:
         """None if ``patched`` verifies for the ``fixed`` findings, else the reason."""
-        tree, error = parse(patched)
-        if error is not None:
-            return f"the patched template does not parse: {error.message}"
-        found = self.findings(patched)
+        linted = self.lint(patched)
+        if linted.facts.syntax_error is not None:
+            return f"the patched template does not parse: {linted.facts.syntax_error.message}"
+        found = linted.findings
         codes = self.severe_codes(found)
         for (code, applies), count in Counter((finding.code, applies_by_default(finding)) for finding in fixed).items():
             now = codes[(code, True)] + (0 if applies else codes[(code, False)])
@@ -157,7 +195,7 @@ class Verifier:
         for code, applies in codes:
             if applies and code not in fixed_codes and codes[(code, True)] > self.original_codes[(code, True)]:
                 return f"the patched template has a {code} finding the original does not"
-        if self.single_turns(patched) != self.single_turns(self.source.text):
+        if self.single_turns(patched) != self.original_single_turns:
             return "a single-turn conversation would render differently"
         report = self.prove(patched)
         # Scenarios rendered before that fail now (a clock step is rendered only when its
@@ -249,14 +287,23 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
         else:
             pending.append((finding, fix))
     reasons: dict[int, str] = {}
+    # The fixes in when each finding's candidates were last tried: with the same ones in,
+    # they would give the same patched templates and fail the same way.
+    tried: dict[int, list[Edit]] = {}
     # A fix that fails alone may verify once another is in (two tojson calls feeding one
     # render), so passes repeat while any fix gets in: a second --fix then has nothing to do.
     progress = True
     while pending and progress:
         progress = False
         for finding, fix in list(pending):
+            if tried.get(id(finding)) == chosen:
+                continue
+            tried[id(finding)] = chosen
             if verifier is None:
-                verifier = Verifier(source, options)
+                # The lint above is the verifier's own when every code is selected: the
+                # places its findings keep are not read by the verifier.
+                everything = selection.for_path(source.path) == Selection()
+                verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
             for alternative in fix.alternatives:
                 edits = list(dict.fromkeys(chosen + alternative))
                 try:

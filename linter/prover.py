@@ -418,12 +418,9 @@ class Prover:
         return result
 
     def model_separators(self) -> tuple[str, str]:
-        """How the model writes tool-call arguments: compact ({"city":"Paris"}), unless the
-        template names the separators it writes them with (a fix with --tool-args-style does)."""
+        """How the model writes tool-call arguments (see ``argument_separators_of``)."""
         if self._model_separators is None:
-            from .analysis import analyze, argument_separators
-
-            self._model_separators = argument_separators(analyze(self.template)) or COMPACT_SEPARATORS
+            self._model_separators = argument_separators_of(self.template)
         return self._model_separators
 
     def generated(self, scenario: Scenario, call: Call, prompt: str) -> Reply | None:
@@ -442,6 +439,26 @@ class Prover:
         if scenario.compact_arguments:
             text = as_written(text, call.reply, self.model_separators())
         return Reply(text, with_reply, end)
+
+
+_SEPARATORS: dict[str, tuple[str, str]] = {}
+_SEPARATORS_KEPT = 64
+
+
+def argument_separators_of(template: str, facts=None) -> tuple[str, str]:
+    """How the model writes tool-call arguments: compact ({"city":"Paris"}), unless the
+    template names the separators it writes them with (a fix with --tool-args-style does).
+    Kept per template text; ``facts`` is its analysis where the caller has one (a proof of a
+    template just linted analysed it again only for this)."""
+    separators = _SEPARATORS.get(template)
+    if separators is None:
+        from .analysis import analyze, argument_separators
+
+        separators = argument_separators(facts if facts is not None else analyze(template)) or COMPACT_SEPARATORS
+        if len(_SEPARATORS) >= _SEPARATORS_KEPT:
+            _SEPARATORS.clear()
+        _SEPARATORS[template] = separators
+    return separators
 
 
 @dataclass(frozen=True)

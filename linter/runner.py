@@ -144,33 +144,40 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")
     if not sources and not errors:
         result.warnings.append("no chat templates found in the given paths")
+    fixing = None
     if options.fix is not FixMode.NONE:
         from .fixer import FixOptions
 
         frozen = options.frozen_date or config.frozen_date or datetime.now().date()
         fix_options = FixOptions(frozen, tokenizer, block_size, options.tool_args_style, options.engine, options.limits)
         fixing = _Fixing(fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line)
-        sources = fixing.run(sources)
-    # Templates are untrusted code: each is parsed, analysed (and proven) in its own limited
-    # process, several at once; what every child needs is made ready first.
+    # Templates are untrusted code: each is fixed, parsed, analysed (and proven) in a limited
+    # process, several at once. The processes are long-lived workers that serve the fixes
+    # and then the lint (a fork per template cost a small template as much as its proof,
+    # and started it with cold caches); what every one of them needs is made ready before
+    # the first is forked: the tokenizers the proofs measure with, and openai-harmony's
+    # vocabulary (loaded once here, not by each worker that proves a gpt-oss template).
     if prove and tokenizer is None:
         from .gguf import preload_tokenizers
 
-        preload_tokenizers(sources)  # built once here, inherited by every proving process
+        preload_tokenizers(sources)
     ready_to_fork(sources, prove)
-    from .isolation import parallel_map
+    from .isolation import long_lived_workers, parallel_map
 
-    if prove:
+    with long_lived_workers():
+        if fixing is not None:
+            sources = fixing.run(sources)
+        if prove:
 
-        def proven(source):
-            found = lint_isolated(source, selection, prove)
-            bar.advance()
-            return found
+            def proven(source):
+                found = lint_isolated(source, selection, prove)
+                bar.advance()
+                return found
 
-        with ProgressBar("proving templates", len(sources)) as bar:
-            found_by_source = parallel_map(proven, sources, options.jobs)
-    else:
-        found_by_source = lint_many_isolated(sources, selection, options.jobs)
+            with ProgressBar("proving templates", len(sources)) as bar:
+                found_by_source = parallel_map(proven, sources, options.jobs)
+        else:
+            found_by_source = lint_many_isolated(sources, selection, options.jobs)
     result.linted = [LintedSource(source, found) for source, found in zip(sources, found_by_source)]
     return result
 
