@@ -97,7 +97,9 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
     openai-harmony's vocabulary when a template is rendered through it (0.7 s a child).
     ``long_lived``: the children are long-lived workers (isolation.long_lived_workers),
     each of which loads that vocabulary once if a template of its own needs it, while the
-    others go on: loaded here, every template waited for it."""
+    others go on: loaded here, every template waited for it. ``check`` does not pass it:
+    its workers all start at once, so loading the vocabulary here costs it once, not once
+    a worker."""
     from . import isolation  # noqa: F401
 
     PARSE_ENVIRONMENT.lexer  # noqa: B018 - built on first use, then cached by jinja

@@ -302,7 +302,7 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
             if verifier is None:
                 # The lint above is the verifier's own when every code is selected: the
                 # places its findings keep are not read by the verifier.
-                everything = selection.for_path(source.path) == Selection()
+                everything = selection.runs_every_code_on(source.path)
                 verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
             for alternative in fix.alternatives:
                 edits = list(dict.fromkeys(chosen + alternative))

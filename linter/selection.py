@@ -48,6 +48,12 @@ class Selection:
         best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
         return best_select > best_ignore
 
+    def runs_every_code_on(self, path: Path | str) -> bool:
+        """Whether every code runs on ``path``: all selected, none ignored there. The folder
+        the config was found in (``root``) does not select anything, so it is not compared."""
+        here = self.for_path(path)
+        return (here.select, here.ignore) == (Selection().select, Selection().ignore)
+
     def for_path(self, path: Path | str) -> Selection:
         """This selection with the per-file ignores that match ``path`` added to ``ignore``."""
         if not self.per_file_ignores:

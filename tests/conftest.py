@@ -33,6 +33,9 @@ import pytest
 # here, before the test modules are imported and the workers started (they inherit it).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# The environment as the session starts: the pre-commit build runs in a thread beside tests
+# that monkeypatch os.environ (HOME, XDG_CACHE_HOME...), and must not inherit their values.
+SESSION_ENVIRONMENT = dict(os.environ)
 
 from filelock import FileLock  # noqa: E402 - after the byte-code setting above
 from helpers import PROJECT  # noqa: E402
@@ -54,7 +57,7 @@ def snippet_rev() -> str:
 
 
 def git(*args, cwd, env=None):
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env)
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env or SESSION_ENVIRONMENT)
 
 
 IDENTITY = {
@@ -104,7 +107,7 @@ def snapshot_this_tree(snapshot: Path) -> None:
         if source.is_file():
             (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, snapshot / name)
-    environment = {**os.environ, **IDENTITY}
+    environment = {**SESSION_ENVIRONMENT, **IDENTITY}
     git("init", "-q", cwd=snapshot)
     git("add", ".", cwd=snapshot)
     git("commit", "-qm", "snapshot", cwd=snapshot, env=environment)
@@ -157,7 +160,7 @@ def hook_repository(shared_folder) -> Path:
 
 def with_store(home: Path) -> dict[str, str]:
     """The environment pre-commit runs in, with its store (hook environments) in ``home``."""
-    return {**os.environ, **IDENTITY, "PRE_COMMIT_HOME": str(home / "store"), "NO_COLOR": "1"}
+    return {**SESSION_ENVIRONMENT, **IDENTITY, "PRE_COMMIT_HOME": str(home / "store"), "NO_COLOR": "1"}
 
 
 @pytest.fixture(scope="session")

@@ -423,3 +423,30 @@ def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp
     assert [finding["code"] for finding in json.loads(out) if finding["code"] == "PC004"] == []
     separators = '(",", ":")' if style == "compact" else '(", ", ": ")'
     assert f"tool_call.arguments | tojson(separators={separators})" in json.loads(config.read_text())["chat_template"]
+
+
+def test_a_config_folder_does_not_cost_the_fix_a_second_lint(monkeypatch):
+    # With every code selected the fixer's own lint is the verifier's; a config found in a
+    # folder (the usual pre-commit set-up) selects the same codes and must reuse it too.
+    from datetime import date
+
+    from tmpl_lint import fixer
+    from tmpl_lint.selection import Selection
+
+    (source,), _ = collect([CORPUS / "PC001_live_clock.jinja"])
+    counts = []
+    for selection in (Selection(), Selection.parse(None, None, {}, PROJECT)):
+        lints = []
+        monkeypatch.setattr(
+            fixer,
+            "lint_with_facts",
+            lambda *a, _real=fixer.lint_with_facts, _lints=lints, **k: _lints.append(1) or _real(*a, **k),
+        )
+        fixed = fixer.fix_template(source, fixer.FixOptions(date(2026, 1, 15)), selection)
+        monkeypatch.undo()
+        counts.append((len(lints), len(fixed.applied)))
+    assert counts[1] == counts[0]
+    assert counts[0][1] == 1
+    # ignoring a code there is another selection: the verifier lints for itself
+    assert not Selection.parse(None, ["PC005"], {}, PROJECT).runs_every_code_on(source.path)
+    assert Selection.parse(None, None, {"*.jinja": ["PC005"]}, PROJECT).runs_every_code_on(CORPUS / "x.yaml")

@@ -108,16 +108,19 @@ def test_a_call_over_the_wall_clock_limit_ends_its_worker_only():
 
 
 def test_running_out_of_memory_is_reported_as_a_child_of_its_own_reports_it():
-    limit = GIB + mapped()  # a GiB to spend
+    # Twice what this process maps plus a GiB: a worker is retired once it maps over half its
+    # limit, so only the allocation below (over the whole limit) may retire it.
+    limit = 2 * (GIB + mapped())
     with long_lived_workers():
         before = run_isolated(os.getpid, (), memory=limit)
+        assert run_isolated(os.getpid, (), memory=limit) == before  # a call within the limits keeps it
         with pytest.raises(IsolationError, match=r"^ran out of memory$"):
-            run_isolated(allocate, (3 * GIB,), memory=limit)
+            run_isolated(allocate, (limit,), memory=limit)
         assert run_isolated(allocate, (1000,), memory=limit) == 1000
         after = run_isolated(os.getpid, (), memory=limit)
     assert after != before
     with pytest.raises(IsolationError, match=r"^ran out of memory$"):  # the same, without workers
-        run_isolated(allocate, (3 * GIB,), memory=limit)
+        run_isolated(allocate, (limit,), memory=limit)
 
 
 def test_memory_run_out_in_a_used_worker_is_decided_by_a_fresh_child():

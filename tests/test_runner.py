@@ -233,3 +233,23 @@ def test_audit_without_any_template_exits_2_and_without_names_is_a_usage_error(t
         run_audit(AuditOptions(use_cache=False))
     with pytest.raises(RunError, match="nope.txt"):
         run_audit(AuditOptions(from_file=tmp_path / "nope.txt", use_cache=False))
+
+
+def test_a_static_lint_imports_neither_the_proof_stack_nor_the_other_commands():
+    # A pre-commit hook lints on every commit: what it never uses it must not import.
+    import subprocess
+    import sys
+
+    heavy = ("transformers", "tokenizers", "huggingface_hub", "openai_harmony", "numpy")
+    others = ("tmpl_lint.commands", "tmpl_lint.writes", "tmpl_lint.tokenizer", "tmpl_lint.audit", "tmpl_lint.replay")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['tmpl-lint', '--no-prove', '-q', {str(CORPUS / 'clean_chatml.jinja')!r}]\n"
+        "try:\n"
+        "    runpy.run_module('tmpl_lint', run_name='__main__')\n"
+        "except SystemExit as done:\n"
+        f"    loaded = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} or m in {others!r})\n"
+        "    print(done.code, loaded)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (ran.stdout, ran.stderr) == ("0 []\n", "")
