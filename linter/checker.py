@@ -129,7 +129,11 @@ def lint_source(source: TemplateSource, selection: Selection = Selection(), prov
     keeps them, for fixes): a batch would otherwise keep every template's tree alive, and
     the garbage collector walked them all again and again (a seventh of a static run); nor
     need they cross processes."""
-    findings = lint_with_facts(source, selection, prove)[1]
+    return as_reported(lint_with_facts(source, selection, prove)[1])
+
+
+def as_reported(findings: list[Finding]) -> list[Finding]:
+    """``findings`` without their places in the parse tree, as ``lint_source`` reports them."""
     for finding in with_related(findings):
         finding.site, finding.related = None, ()
     return findings

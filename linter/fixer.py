@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import writes
 from .analysis import Facts
-from .checker import Selection, lint_with_facts, prover_inputs, with_related
+from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
@@ -136,9 +136,7 @@ class Verifier:
         if self._linted is not None and self._linted[0] == text:
             return self._linted[1]
         facts, findings = lint_with_facts(TemplateSource(self.source.path, self.source.name, text, self.source.container))
-        for finding in with_related(findings):  # as lint_source reports them
-            finding.site, finding.related = None, ()
-        linted = Linted(facts, findings)
+        linted = Linted(facts, as_reported(findings))
         self._linted = (text, linted)
         return linted
 
@@ -289,16 +287,16 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
     reasons: dict[int, str] = {}
     # The fixes in when each finding's candidates were last tried: with the same ones in,
     # they would give the same patched templates and fail the same way.
-    tried: dict[int, list[Edit]] = {}
+    tried: dict[int, tuple[Edit, ...]] = {}
     # A fix that fails alone may verify once another is in (two tojson calls feeding one
     # render), so passes repeat while any fix gets in: a second --fix then has nothing to do.
     progress = True
     while pending and progress:
         progress = False
         for finding, fix in list(pending):
-            if tried.get(id(finding)) == chosen:
+            if tried.get(id(finding)) == tuple(chosen):
                 continue
-            tried[id(finding)] = chosen
+            tried[id(finding)] = tuple(chosen)
             if verifier is None:
                 # The lint above is the verifier's own when every code is selected: the
                 # places its findings keep are not read by the verifier.

@@ -3,8 +3,8 @@ options object, calls the runner and prints what comes back.
 
 ``run_check`` (``tmpl-lint check``) reads the configuration, collects the templates, fixes
 them (``--fix`` writes, ``--diff`` only shows), lints and proves them in long-lived limited
-workers (``isolation.long_lived_workers``), and returns a ``CheckResult``: the findings of each template, what the fixes said,
-the inputs it could not read and the exit status. ``tmpl-lint diff``, ``replay`` and
+workers (``isolation.long_lived_workers``), and returns a ``CheckResult``: the findings of
+each template, what the fixes said, the inputs it could not read and the exit status. ``tmpl-lint diff``, ``replay`` and
 ``audit`` run from ``commands.py``: a pre-commit hook runs check on every commit, and pays
 for importing no more than check needs.
 """
