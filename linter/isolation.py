@@ -22,7 +22,6 @@ import pickle
 import resource
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 MEMORY_BYTES = 8 * 1024**3
@@ -331,6 +330,8 @@ def parallel_map(function: Callable, items: Iterable, jobs: int) -> list:
             CHILDREN.stop()
             CHILDREN.resume()
             raise
+    from concurrent.futures import ThreadPoolExecutor  # only here: a one-template run needs no threads
+
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         futures = [pool.submit(function, item) for item in items]
