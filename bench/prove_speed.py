@@ -14,7 +14,8 @@ beside its floor:
 
 Warm: best of 5. Cold: the command and its floor run in turn, best of 5 each, wall and CPU
 (user + system, the kernel's accounting of the finished child: the steadier figure on a
-shared machine), bytecode cached as after `pip install`.
+shared machine), bytecode cached as after `pip install`, compiled templates not
+(TMPL_LINT_NO_CACHE: every run compiles its template, as the first run after a change does).
 Run: python bench/prove_speed.py
 """
 
@@ -128,6 +129,7 @@ def main() -> None:
     if not SHARED.is_dir():
         sys.exit(f"needs {SHARED}")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["TMPL_LINT_NO_CACHE"] = "1"  # cold: the template compiled in the run, not loaded from an earlier one
     for template, tokenizer_name in CASES:
         (source,), _ = collect([SHARED / "corpus" / "templates" / template])
         directory = SHARED / "tokenizers" / tokenizer_name

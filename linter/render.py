@@ -13,7 +13,10 @@ What differs is the clock: ``strftime_now`` reads the ``clock`` given here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import os
 import signal
 import threading
 from collections.abc import Mapping, Sequence
@@ -25,7 +28,9 @@ from functools import partial
 from typing import Any
 
 import jinja2
+import jinja2.bccache
 
+from . import jinja_env
 from .jinja_env import Clock, make_environment
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -84,11 +89,68 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
         environment = make_environment(_render_clock_now)
         environment.intercepted_binops = frozenset({"*", "**"})
         environment.call_binop = partial(_bounded_binop, environment, limits)
-        template = environment.from_string(text if tree is None else tree)
+        code = _compiled_code(environment, text, tree)
+        template = environment.template_class.from_code(environment, code, environment.make_globals(None))
         if len(_COMPILED) >= _COMPILED_KEPT:
             _COMPILED.clear()
         _COMPILED[key] = template
     return template
+
+
+# -- compiled code kept between runs -----------------------------------------------------
+# Compiling a template to Python is a third of proving it (jinja generates and compiles
+# its code: 50 ms for a long template), and a linter meets the same files run after run
+# (pre-commit on every commit, CI, --fix and then the check). jinja2's own file cache keeps
+# the code per template text, in a directory only this user may use (by default one of
+# its own under the system's temporary directory), written atomically; tmpl-lint keys it
+# by jinja2's version and by the bytes of the two modules that make the environment and
+# compile with it, so a code generator changed in development is never served old code.
+# TMPL_LINT_NO_CACHE=1 turns it off; TMPL_LINT_CACHE_DIR moves it.
+
+_CODE_CACHE: tuple[jinja2.BytecodeCache, str] | None | bool = False  # False: not looked for yet
+
+
+def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.nodes.Template | None):
+    found = _code_cache()
+    if found is None:
+        return environment.compile(text if tree is None else tree)
+    cache, code_key = found
+    bucket = jinja2.bccache.Bucket(environment, f"{code_key}-{hashlib.sha256(text.encode()).hexdigest()}", "")
+    try:
+        cache.load_bytecode(bucket)
+    except Exception:  # noqa: BLE001 - a damaged or foreign file is a miss, compiled again
+        bucket.reset()
+    if bucket.code is None:
+        bucket.code = environment.compile(text if tree is None else tree)
+        with contextlib.suppress(OSError):  # a full disk or a read-only directory: no cache
+            cache.dump_bytecode(bucket)
+    return bucket.code
+
+
+def _code_cache() -> tuple[jinja2.BytecodeCache, str] | None:
+    """The cache and the key of this code generator, or None: turned off, or no directory."""
+    global _CODE_CACHE
+    if _CODE_CACHE is False:
+        _CODE_CACHE = None
+        if not os.environ.get("TMPL_LINT_NO_CACHE"):
+            directory = os.environ.get("TMPL_LINT_CACHE_DIR") or None
+            try:
+                if directory is not None:
+                    os.makedirs(directory, mode=0o700, exist_ok=True)
+                cache = jinja2.FileSystemBytecodeCache(directory, "tmpl-lint-%s.code")
+                _CODE_CACHE = (cache, _code_key())
+            except (OSError, RuntimeError):  # RuntimeError: jinja2 found no safe directory
+                pass
+    return _CODE_CACHE
+
+
+def _code_key() -> str:
+    """What the compiled code depends on besides the template's text."""
+    digest = hashlib.sha256(jinja2.__version__.encode())
+    for module in (__file__, jinja_env.__file__):
+        with open(module, "rb") as source:
+            digest.update(source.read())
+    return digest.hexdigest()[:32]
 
 
 def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,14 @@ import pytest
 # here, before the test modules are imported and the workers started (they inherit it).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# Compiled templates are kept between processes (render.py): for this run in a directory of
+# its own, made by the process that starts the run (xdist's workers, and every tmpl-lint the
+# tests start, inherit it), so that the tests share what they compile and no run is served
+# code an earlier one compiled, nor touches the user's cache.
+TEST_CODE_CACHE = None if "PYTEST_XDIST_WORKER" in os.environ else tempfile.mkdtemp(prefix="tmpl-lint-tests-")
+if TEST_CODE_CACHE is not None:
+    os.environ["TMPL_LINT_CACHE_DIR"] = TEST_CODE_CACHE
+    os.environ.pop("TMPL_LINT_NO_CACHE", None)
 # The environment as the session starts: the pre-commit build runs in a thread beside tests
 # that monkeypatch os.environ (HOME, XDG_CACHE_HOME...), and must not inherit their values.
 SESSION_ENVIRONMENT = dict(os.environ)
@@ -191,3 +200,8 @@ def installed(environment) -> Path:
     """The bin directory of pre-commit's environment: tmpl-lint installed without extras."""
     (found,) = Path(environment["PRE_COMMIT_HOME"]).glob("repo*/py_env-*/bin/tmpl-lint")
     return found.parent
+
+
+def pytest_unconfigure(config):
+    if TEST_CODE_CACHE is not None:
+        shutil.rmtree(TEST_CODE_CACHE, ignore_errors=True)

@@ -4,6 +4,7 @@ none hangs, none escapes the sandbox."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -140,6 +141,9 @@ def test_fast_attribute_paths_give_what_jinja2s_own_sandbox_gives(source):
 
 # -- one limit policy: nothing of a template runs outside the limits, in any command -------
 
+# Without the compiled-code cache: the template is compiled in the command, under its limits,
+# not loaded as code another test compiled.
+COMPILING = {**os.environ, "TMPL_LINT_NO_CACHE": "1"}
 FOLDED = "{{ strftime_now('%Y') }}{{ 'a'|center(3000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}"
 OUT_OF_MEMORY = 'PC101 [render-limit-exceeded] render limit exceeded in "chat": the render ran out of memory'
 
@@ -152,7 +156,7 @@ def test_constant_expressions_are_not_evaluated_while_compiling():
         "from datetime import datetime; from tmpl_lint.render import FrozenClock, compile_template;"
         f"compile_template({FOLDED!r}, FrozenClock(datetime(2026, 1, 1))); print('compiled')"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=COMPILING)
     assert (result.returncode, result.stdout, result.stderr) == (0, "compiled\n", "")
 
 
@@ -186,7 +190,12 @@ def test_every_command_runs_a_hostile_template_under_the_limits(tmp_path, comman
     }[command]
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", *map(str, arguments)], capture_output=True, text=True, preexec_fn=_capped, timeout=300
+        [sys.executable, "-m", "tmpl_lint", *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_capped,
+        timeout=300,
+        env=COMPILING,
     )
     assert time.monotonic() - start < 60
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr

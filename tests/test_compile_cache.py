@@ -1,0 +1,122 @@
+"""The compiled-code cache of render.py: a template's code is compiled once and kept on disk
+for the runs that meet the same text again, and a cache that is off, unusable or damaged
+costs a compile, never a wrong render or an error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from tmpl_lint import render
+
+TEXT = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+RENDERED = "[user] hi\n[assistant] hello\n"
+
+# One process compiles TEXT and renders it; COMPILES says whether jinja2 compiled it there.
+SCRIPT = f"""
+import jinja2
+from tmpl_lint.render import compile_template
+compiled = []
+compile = jinja2.Environment.compile
+jinja2.Environment.compile = lambda *args, **kwargs: compiled.append(1) or compile(*args, **kwargs)
+print(repr(compile_template({TEXT!r}).render(messages={MESSAGES!r})), len(compiled))
+"""
+
+
+def run_process(environment: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=60)
+    assert done.stderr == ""
+    return done.stdout
+
+
+def without_cache_settings() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key not in ("TMPL_LINT_CACHE_DIR", "TMPL_LINT_NO_CACHE")}
+
+
+def test_a_second_process_loads_the_code_the_first_compiled(tmp_path):
+    environment = {**without_cache_settings(), "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache")}
+    assert run_process(environment) == f"{RENDERED!r} 1\n"
+    assert len(list((tmp_path / "cache").glob("tmpl-lint-*.code"))) == 1
+    assert run_process(environment) == f"{RENDERED!r} 0\n"
+
+
+def test_turned_off_it_compiles_every_time_and_writes_nothing(tmp_path):
+    environment = {**without_cache_settings(), "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache"), "TMPL_LINT_NO_CACHE": "1"}
+    assert run_process(environment) == f"{RENDERED!r} 1\n"
+    assert run_process(environment) == f"{RENDERED!r} 1\n"
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.fixture
+def compiles(tmp_path, monkeypatch) -> list[str]:
+    """This process with a fresh cache in tmp_path/cache; the texts jinja2 compiles."""
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TMPL_LINT_NO_CACHE", raising=False)
+    monkeypatch.setattr(render, "_CODE_CACHE", False)
+    monkeypatch.setattr(render, "_COMPILED", {})
+    compiled: list[str] = []
+    compile = jinja2.Environment.compile
+
+    def counting(self, source, *args, **kwargs):
+        compiled.append(source)
+        return compile(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    return compiled
+
+
+def forget_this_process(monkeypatch) -> None:
+    """As a new process starts: nothing compiled in memory, the cache looked for again."""
+    monkeypatch.setattr(render, "_CODE_CACHE", False)
+    monkeypatch.setattr(render, "_COMPILED", {})
+
+
+def test_a_changed_text_is_compiled_again(compiles, monkeypatch):
+    render.compile_template(TEXT)
+    forget_this_process(monkeypatch)
+    changed = TEXT.replace("] ", "]: ")
+    assert render.compile_template(changed).render(messages=MESSAGES) == RENDERED.replace("] ", "]: ")
+    assert compiles == [TEXT, changed]
+
+
+def test_a_damaged_file_is_compiled_again_and_replaced(compiles, monkeypatch, tmp_path):
+    render.compile_template(TEXT)
+    (cached,) = (tmp_path / "cache").glob("tmpl-lint-*.code")
+    whole = cached.read_bytes()
+    for damaged in (b"", b"not a cache file", whole[: len(whole) // 2]):
+        cached.write_bytes(damaged)
+        forget_this_process(monkeypatch)
+        assert render.compile_template(TEXT).render(messages=MESSAGES) == RENDERED
+        assert cached.read_bytes() == whole
+    assert compiles == [TEXT] * 4
+
+
+def test_a_directory_it_cannot_make_means_no_cache_and_no_error(compiles, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert render.compile_template(TEXT).render(messages=MESSAGES) == RENDERED
+    forget_this_process(monkeypatch)
+    assert render.compile_template(TEXT).render(messages=MESSAGES) == RENDERED
+    assert compiles == [TEXT, TEXT]
+
+
+def test_the_key_changes_with_the_code_that_compiles(tmp_path, monkeypatch):
+    """Code compiled by another code generator (a jinja_env.py or render.py changed in
+    development, another jinja2) is never served."""
+    key = render._code_key()
+    for module in (render, render.jinja_env):
+        changed = tmp_path / Path(module.__file__).name
+        changed.write_bytes(Path(module.__file__).read_bytes() + b"\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(module, "__file__", str(changed))
+            assert render._code_key() != key
+    with monkeypatch.context() as patch:
+        patch.setattr(jinja2, "__version__", jinja2.__version__ + ".post1")
+        assert render._code_key() != key
+    assert render._code_key() == key
