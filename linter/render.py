@@ -115,7 +115,9 @@ def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.node
     if found is None:
         return environment.compile(text if tree is None else tree)
     cache, code_key = found
-    bucket = jinja2.bccache.Bucket(environment, f"{code_key}-{hashlib.sha256(text.encode()).hexdigest()}", "")
+    # surrogatepass: a template read with a lone surrogate is linted as read, so cached too
+    text_key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    bucket = jinja2.bccache.Bucket(environment, f"{code_key}-{text_key}", "")
     try:
         cache.load_bytecode(bucket)
     except Exception:  # noqa: BLE001 - a damaged or foreign file is a miss, compiled again

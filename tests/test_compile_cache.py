@@ -120,3 +120,13 @@ def test_the_key_changes_with_the_code_that_compiles(tmp_path, monkeypatch):
         patch.setattr(jinja2, "__version__", jinja2.__version__ + ".post1")
         assert render._code_key() != key
     assert render._code_key() == key
+
+
+def test_a_text_with_a_lone_surrogate_is_cached_too(compiles, monkeypatch, tmp_path):
+    # A file that is not valid UTF-8 is read with surrogateescape and linted as read.
+    text = TEXT + "\udc80"
+    assert render.compile_template(text).render(messages=MESSAGES) == RENDERED + "\udc80"
+    forget_this_process(monkeypatch)
+    assert render.compile_template(text).render(messages=MESSAGES) == RENDERED + "\udc80"
+    assert compiles == [text]
+    assert len(list((tmp_path / "cache").glob("tmpl-lint-*.code"))) == 1
