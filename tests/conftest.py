@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,7 @@ sys.dont_write_bytecode = False
 # that monkeypatch os.environ (HOME, XDG_CACHE_HOME...), and must not inherit their values.
 SESSION_ENVIRONMENT = dict(os.environ)
 
-from filelock import FileLock  # noqa: E402 - after the byte-code setting above
-from helpers import PROJECT  # noqa: E402
+from helpers import PROJECT, built_once  # noqa: E402
 
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
 needs_pre_commit = pytest.mark.skipif(
@@ -68,15 +66,6 @@ IDENTITY = {
 }
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_cache(tmp_path_factory):
-    """The tests' own tmpl-lint cache (built GGUF tokenizers), never the user's: one for the
-    session, so a tokenizer built by one test is read by the next, as a user's runs are."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path_factory.mktemp("tmpl-lint-cache")))
-        yield
-
-
 @pytest.fixture(scope="session")
 def shared_folder(tmp_path_factory) -> Path:
     """A folder of this run that every xdist worker sees: the parent of the workers' own
@@ -85,17 +74,16 @@ def shared_folder(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
-    """``shared/name``, built by ``build`` in whichever worker asks first; a worker that asks
-    meanwhile waits for it. A build that fails leaves no mark, and the next asker tries again."""
-    target, built = shared / name, shared / f"{name}.built"
-    with FileLock(shared / f"{name}.lock"):
-        if not built.exists():
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir()
-            build(target)
-            built.touch()
-    return target
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(shared_folder):
+    """The tests' own tmpl-lint cache (built GGUF tokenizers), never the user's: one for the
+    run, shared by the xdist workers as concurrent runs share a user's, so a tokenizer built
+    by one test is read by the next (building Qwen2.5's from a GGUF takes seconds)."""
+    cache = shared_folder / "tmpl-lint-cache"
+    cache.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
+        yield
 
 
 def snapshot_this_tree(snapshot: Path) -> None:
