@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -84,3 +86,15 @@ def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
             build(target)
             built.touch()
     return target
+
+
+def wait_for_children(pid: int, count: int, within: float = 60) -> list[int]:
+    """The pids of process ``pid``'s children, as soon as there are ``count`` of them (the
+    workers tmpl-lint forks to render in), or those there are after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+        children = [int(child) for child in listed.split()]
+        if len(children) >= count or time.monotonic() > deadline:
+            return children
+        time.sleep(0.05)
