@@ -181,33 +181,43 @@ def installed(environment) -> Path:
     return found.parent
 
 
-# Modules whose tests load the real tokenizers of ../shared (one to three seconds each, kept
-# for the process by helpers.shared_tokenizer, helpers.transformers_tokenizer and module
-# fixtures) and import transformers. Under xdist their tests run in one worker, which loads
-# each tokenizer once, where with tests dealt one by one both workers loaded them all (16
-# CPU-s of 64 for these modules, one run).
-ONE_WORKER_MODULES = {
-    "test_tokenizer.py",
-    "test_prover_tokens.py",
-    "test_replay.py",
-    "test_diff.py",
-    "test_prefix_encoder.py",
-    "test_harmony.py",
+# Tests that share what a process keeps, each group run by one xdist worker (nodeid prefixes
+# after "tests/"):
+# - modules that load the real tokenizers of ../shared (one to three seconds each, kept for
+#   the process by helpers.shared_tokenizer, helpers.transformers_tokenizer and module
+#   fixtures) and import transformers: dealt one by one, both workers loaded them all (16
+#   CPU-s of 64 for these modules, one run);
+# - the --fix/--diff fuzz in its four containers, which draw the same templates and share
+#   the library's fix of each (test_fuzz.fixed_by_the_library).
+ONE_WORKER_GROUPS = {
+    "real tokenizers": (
+        "test_tokenizer.py::",
+        "test_prover_tokens.py::",
+        "test_replay.py::",
+        "test_diff.py::",
+        "test_prefix_encoder.py::",
+        "test_harmony.py::",
+    ),
+    "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
 }
 
 
+def group_of(nodeid: str) -> str | None:
+    test = nodeid.removeprefix("tests/")
+    return next((name for name, prefixes in ONE_WORKER_GROUPS.items() if test.startswith(prefixes)), None)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's load scheduling (tests dealt one at a time as workers free up), except that the
-    tests of ONE_WORKER_MODULES are one unit, dealt first as the largest while the other
+    """xdist's load scheduling (tests dealt one at a time as workers free up), except that each
+    group of ONE_WORKER_GROUPS is one unit, dealt first (the largest first) while the other
     worker takes the rest. (xdist's own --dist loadgroup cannot do this here: it marks a
     group by rewriting a test's nodeid, which pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "load":
         return None  # another --dist asked for on the command line: xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
-    class LoadWithOneWorkerModules(LoadScopeScheduling):
+    class LoadWithOneWorkerGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return "real tokenizers" if module in ONE_WORKER_MODULES else nodeid
+            return group_of(nodeid) or nodeid
 
-    return LoadWithOneWorkerModules(config, log)
+    return LoadWithOneWorkerGroups(config, log)
