@@ -1,4 +1,5 @@
-"""Configuration: ``[tool.tmpl-lint]`` in pyproject.toml, or ``.tmpl-lint.yaml``.
+"""Configuration: ``[tool.tmpl-lint]`` in pyproject.toml, or ``.tmpl-lint.yaml``; and where
+tmpl-lint keeps its cache.
 
 The nearest file from the working directory upward is used (``.tmpl-lint.yaml`` first in
 a folder), or the one given with ``--config``. Command-line flags override it. An unknown
@@ -7,6 +8,7 @@ key is an error that names it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -29,6 +31,14 @@ class Config:
     frozen_date: date | None = None
     tokenizer: Path | None = None
     strict: bool = False  # findings the proof did not reproduce fail the run too
+
+
+def cache_directory() -> Path:
+    """tmpl-lint's cache: $TMPL_LINT_CACHE_DIR, else tmpl-lint in $XDG_CACHE_HOME (~/.cache)."""
+    if os.environ.get("TMPL_LINT_CACHE_DIR"):
+        return Path(os.environ["TMPL_LINT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tmpl-lint"
 
 
 def find_config(start: Path) -> Path | None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import writes
+from .config import cache_directory
 from .sources import GGUF_SUFFIX, SourceError, TemplateSource
 from .writes import WriteError
 
@@ -522,15 +523,6 @@ def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
 # size, is built again and replaced; one that cannot be written costs the next run a build.
 
 CACHE_FORMAT = "1"  # of an entry: changed when what is stored changes
-CACHE_ENV = "TMPL_LINT_CACHE_DIR"
-
-
-def cache_directory() -> Path:
-    """tmpl-lint's cache: $TMPL_LINT_CACHE_DIR, else tmpl-lint in $XDG_CACHE_HOME (~/.cache)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tmpl-lint"
 
 
 def cache_key(mapped, metadata: Metadata) -> str:

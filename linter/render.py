@@ -31,6 +31,7 @@ import jinja2
 import jinja2.bccache
 
 from . import jinja_env
+from .config import cache_directory
 from .jinja_env import Clock, make_environment
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -101,11 +102,10 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
 # Compiling a template to Python is a third of proving it (jinja generates and compiles
 # its code: 50 ms for a long template), and a linter meets the same files run after run
 # (pre-commit on every commit, CI, --fix and then the check). jinja2's own file cache keeps
-# the code per template text, in a directory only this user may use (by default one of
-# its own under the system's temporary directory), written atomically; tmpl-lint keys it
-# by jinja2's version and by the bytes of the two modules that make the environment and
-# compile with it, so a code generator changed in development is never served old code.
-# TMPL_LINT_NO_CACHE=1 turns it off; TMPL_LINT_CACHE_DIR moves it.
+# the code per template text in "code" under tmpl-lint's cache (config.cache_directory),
+# written atomically; tmpl-lint keys it by jinja2's version and by the bytes of the two
+# modules that make the environment and compile with it, so a code generator changed in
+# development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off.
 
 _CODE_CACHE: tuple[jinja2.BytecodeCache, str] | None | bool = False  # False: not looked for yet
 
@@ -135,13 +135,11 @@ def _code_cache() -> tuple[jinja2.BytecodeCache, str] | None:
     if _CODE_CACHE is False:
         _CODE_CACHE = None
         if not os.environ.get("TMPL_LINT_NO_CACHE"):
-            directory = os.environ.get("TMPL_LINT_CACHE_DIR") or None
             try:
-                if directory is not None:
-                    os.makedirs(directory, mode=0o700, exist_ok=True)
-                cache = jinja2.FileSystemBytecodeCache(directory, "tmpl-lint-%s.code")
-                _CODE_CACHE = (cache, _code_key())
-            except (OSError, RuntimeError):  # RuntimeError: jinja2 found no safe directory
+                directory = cache_directory() / "code"
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _CODE_CACHE = (jinja2.FileSystemBytecodeCache(str(directory), "%s.code"), _code_key())
+            except (OSError, RuntimeError):  # RuntimeError: no home directory to find a cache in
                 pass
     return _CODE_CACHE
 

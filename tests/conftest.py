@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,11 @@ import pytest
 # here, before the test modules are imported and the workers started (they inherit it).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-# Compiled templates are kept between processes (render.py): for this run in a directory of
-# its own, made by the process that starts the run (xdist's workers, and every tmpl-lint the
-# tests start, inherit it), so that the tests share what they compile and no run is served
-# code an earlier one compiled, nor touches the user's cache.
+# tmpl-lint's cache (compiled templates, tokenizers built from GGUF files) is, for this run, a
+# directory of its own, made by the process that starts the run: xdist's workers and every
+# tmpl-lint the tests start inherit it, so they share what one of them compiled or built (a
+# Qwen2.5 tokenizer takes seconds to build), no run is served what an earlier one kept, and
+# the user's cache is never touched.
 TEST_CODE_CACHE = None if "PYTEST_XDIST_WORKER" in os.environ else tempfile.mkdtemp(prefix="tmpl-lint-tests-")
 if TEST_CODE_CACHE is not None:
     os.environ["TMPL_LINT_CACHE_DIR"] = TEST_CODE_CACHE
@@ -46,8 +46,7 @@ if TEST_CODE_CACHE is not None:
 # that monkeypatch os.environ (HOME, XDG_CACHE_HOME...), and must not inherit their values.
 SESSION_ENVIRONMENT = dict(os.environ)
 
-from filelock import FileLock  # noqa: E402 - after the byte-code setting above
-from helpers import PROJECT  # noqa: E402
+from helpers import PROJECT, built_once  # noqa: E402
 
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
 needs_pre_commit = pytest.mark.skipif(
@@ -77,34 +76,12 @@ IDENTITY = {
 }
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_cache(tmp_path_factory):
-    """The tests' own tmpl-lint cache (built GGUF tokenizers), never the user's: one for the
-    session, so a tokenizer built by one test is read by the next, as a user's runs are."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path_factory.mktemp("tmpl-lint-cache")))
-        yield
-
-
 @pytest.fixture(scope="session")
 def shared_folder(tmp_path_factory) -> Path:
     """A folder of this run that every xdist worker sees: the parent of the workers' own
     base folders, or without xdist the session's (its parent is every run's)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
-    """``shared/name``, built by ``build`` in whichever worker asks first; a worker that asks
-    meanwhile waits for it. A build that fails leaves no mark, and the next asker tries again."""
-    target, built = shared / name, shared / f"{name}.built"
-    with FileLock(shared / f"{name}.lock"):
-        if not built.exists():
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir()
-            build(target)
-            built.touch()
-    return target
 
 
 def snapshot_this_tree(snapshot: Path) -> None:
@@ -205,3 +182,45 @@ def installed(environment) -> Path:
 def pytest_unconfigure(config):
     if TEST_CODE_CACHE is not None:
         shutil.rmtree(TEST_CODE_CACHE, ignore_errors=True)
+
+
+# Tests that share what a process keeps, each group run by one xdist worker (nodeid prefixes
+# after "tests/"):
+# - modules that load the real tokenizers of ../shared (one to three seconds each, kept for
+#   the process by helpers.shared_tokenizer, helpers.transformers_tokenizer and module
+#   fixtures) and import transformers: dealt one by one, both workers loaded them all (16
+#   CPU-s of 64 for these modules, one run);
+# - the --fix/--diff fuzz in its four containers, which draw the same templates and share
+#   the library's fix of each (test_fuzz.fixed_by_the_library).
+ONE_WORKER_GROUPS = {
+    "real tokenizers": (
+        "test_tokenizer.py::",
+        "test_prover_tokens.py::",
+        "test_replay.py::",
+        "test_diff.py::",
+        "test_prefix_encoder.py::",
+        "test_harmony.py::",
+    ),
+    "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
+}
+
+
+def group_of(nodeid: str) -> str | None:
+    test = nodeid.removeprefix("tests/")
+    return next((name for name, prefixes in ONE_WORKER_GROUPS.items() if test.startswith(prefixes)), None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load scheduling (tests dealt one at a time as workers free up), except that each
+    group of ONE_WORKER_GROUPS is one unit, dealt first (the largest first) while the other
+    worker takes the rest. (xdist's own --dist loadgroup cannot do this here: it marks a
+    group by rewriting a test's nodeid, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for on the command line: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LoadWithOneWorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return LoadWithOneWorkerGroups(config, log)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.sources import TemplateSource
@@ -68,3 +73,28 @@ def at(code: str, source: str, anchor: str, nth: int = 0) -> tuple[str, int, int
     line = source.count("\n", 0, offset) + 1
     column = offset - (source.rfind("\n", 0, offset) + 1) + 1
     return (code, line, column)
+
+
+def built_once(shared: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """``shared/name``, built by ``build`` in whichever worker asks first; a worker that asks
+    meanwhile waits for it. A build that fails leaves no mark, and the next asker tries again."""
+    target, built = shared / name, shared / f"{name}.built"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            build(target)
+            built.touch()
+    return target
+
+
+def wait_for_children(pid: int, count: int, within: float = 60) -> list[int]:
+    """The pids of process ``pid``'s children, as soon as there are ``count`` of them (the
+    workers tmpl-lint forks to render in), or those there are after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+        children = [int(child) for child in listed.split()]
+        if len(children) >= count or time.monotonic() > deadline:
+            return children
+        time.sleep(0.05)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS
+from helpers import CORPUS, wait_for_children
 
 from tmpl_lint.cli import main
 
@@ -158,7 +158,9 @@ def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
         text=True,
         start_new_session=True,
     )
-    time.sleep(3)
+    # Ctrl-C once the template is rendering in the prover's child (it would for 100 s)
+    assert len(wait_for_children(process.pid, 1)) == 1
+    time.sleep(0.5)
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130

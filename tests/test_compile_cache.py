@@ -42,7 +42,7 @@ def without_cache_settings() -> dict[str, str]:
 def test_a_second_process_loads_the_code_the_first_compiled(tmp_path):
     environment = {**without_cache_settings(), "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache")}
     assert run_process(environment) == f"{RENDERED!r} 1\n"
-    assert len(list((tmp_path / "cache").glob("tmpl-lint-*.code"))) == 1
+    assert len(list((tmp_path / "cache" / "code").glob("*.code"))) == 1
     assert run_process(environment) == f"{RENDERED!r} 0\n"
 
 
@@ -87,7 +87,7 @@ def test_a_changed_text_is_compiled_again(compiles, monkeypatch):
 
 def test_a_damaged_file_is_compiled_again_and_replaced(compiles, monkeypatch, tmp_path):
     render.compile_template(TEXT)
-    (cached,) = (tmp_path / "cache").glob("tmpl-lint-*.code")
+    (cached,) = (tmp_path / "cache" / "code").glob("*.code")
     whole = cached.read_bytes()
     for damaged in (b"", b"not a cache file", whole[: len(whole) // 2]):
         cached.write_bytes(damaged)
@@ -129,4 +129,4 @@ def test_a_text_with_a_lone_surrogate_is_cached_too(compiles, monkeypatch, tmp_p
     forget_this_process(monkeypatch)
     assert render.compile_template(text).render(messages=MESSAGES) == RENDERED + "\udc80"
     assert compiles == [text]
-    assert len(list((tmp_path / "cache").glob("tmpl-lint-*.code"))) == 1
+    assert len(list((tmp_path / "cache" / "code").glob("*.code"))) == 1

@@ -154,7 +154,8 @@ def serving():
     """A FakeVLLM on a free local port: (its handler class, its URL)."""
     handler = type("Handler", (FakeVLLM,), {"seen": [], "models": ["served-model"], "render_enabled": True, "render_status": 200})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: at the default 0.5 s, half a second per test
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield handler, f"http://127.0.0.1:{httpd.server_address[1]}"

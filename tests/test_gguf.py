@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, needs_shared
+from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, built_once, needs_shared
 
 from tmpl_lint.cli import main
 from tmpl_lint.sources import SourceError, collect
@@ -86,6 +87,38 @@ def add_tokenizer(writer, directory: Path) -> None:
     writer.add_bos_token_id(ids["<|endoftext|>"])
     writer.add_eos_token_id(ids[config["eos_token"]])
     writer.add_add_bos_token(False)
+
+
+@pytest.fixture(scope="session")
+def small_qwen(tmp_path_factory) -> Path:
+    """Qwen2.5's tokenizer cut to its first 2000 merges (and the tokens they make), its added
+    tokens renumbered after them: a byte-level BPE that llama.cpp's converter writes and
+    transformers builds as it does the real one, in milliseconds instead of seconds. For tests
+    of the GGUF tokenizer's cache, where what is measured is builds, not Qwen's vocabulary."""
+    folder = tmp_path_factory.mktemp("small-qwen")
+    document = json.loads((QWEN / "tokenizer.json").read_text(encoding="utf-8"))
+    merges = document["model"]["merges"][:2000]
+    kept = 256 + len(merges)  # Qwen's ids: the 256 byte symbols, then one token per merge in order
+    vocab = {token: index for token, index in document["model"]["vocab"].items() if index < kept}
+    assert all(part in vocab for merge in merges for part in merge.split(" "))
+    document["model"].update(vocab=vocab, merges=merges)
+    for index, token in enumerate(document["added_tokens"]):
+        token["id"] = kept + index
+    (folder / "tokenizer.json").write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    shutil.copyfile(QWEN / "tokenizer_config.json", folder / "tokenizer_config.json")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf(shared_folder) -> Path:
+    """A GGUF of Qwen2.5-7B-Instruct's template with Qwen2.5's whole tokenizer, written once
+    per run (a 150k-token vocabulary and its merges take the writer a second): tests copy it
+    under the name they need. Its tokenizer is built once too, in the run's tmpl-lint cache."""
+
+    def write(folder: Path) -> None:
+        write_gguf(folder / "qwen.gguf", (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text(), tokenizer=QWEN)
+
+    return built_once(shared_folder, "qwen-gguf", write) / "qwen.gguf"
 
 
 def run(*args):
@@ -335,13 +368,13 @@ def test_without_a_tokenizer_the_proof_is_in_characters_and_says_why(tmp_path):
 
 
 @needs_shared
-def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
+def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path, qwen_gguf):
     from tokenizers import Tokenizer
 
     from tmpl_lint.gguf import own_tokenizer
     from tmpl_lint.render import FrozenClock, render
 
-    model = write_gguf(tmp_path / "qwen.gguf", "x", tokenizer=QWEN)
+    model = Path(shutil.copyfile(qwen_gguf, tmp_path / "qwen.gguf"))
     own = own_tokenizer(model)
     assert own.special_tokens == {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}
     assert own.description == "token ids of the tokenizer in qwen.gguf's metadata (gpt2, 151665 tokens)"
@@ -370,7 +403,7 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path):
 
 
 @needs_shared
-def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch):
+def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch, small_qwen):
     from tokenizers import Tokenizer
 
     from tmpl_lint import gguf as module
@@ -381,7 +414,7 @@ def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_
     build = module.build_tokenizer
     monkeypatch.setattr(module, "build_tokenizer", lambda metadata: builds.append(metadata) or build(metadata))
     text = "<|im_start|>user\nWetter in München? 東京は？ 12345 don't<|im_end|>\n<|im_start|>assistant\n"
-    expected = Tokenizer.from_file(str(QWEN / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    expected = Tokenizer.from_file(str(small_qwen / "tokenizer.json")).encode(text, add_special_tokens=False).ids
 
     def ids(model: Path) -> list[int]:
         module._own_tokenizer.cache_clear()  # as a new process starts
@@ -389,14 +422,14 @@ def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_
         assert own.description.startswith("token ids of the tokenizer in")
         return own.tokenizer.encode(text)
 
-    model = write_gguf(tmp_path / "qwen.gguf", CLOCK, tokenizer=QWEN)
+    model = write_gguf(tmp_path / "qwen.gguf", CLOCK, tokenizer=small_qwen)
     assert (ids(model), len(builds)) == (expected, 1)
     (folder,) = (cache / "gguf-tokenizers").iterdir()
     entry = folder / "tokenizer.json"
     assert Tokenizer.from_file(str(entry)).encode(text, add_special_tokens=False).ids == expected
     assert (ids(model), len(builds)) == (expected, 1)  # read from the cache, not built
     # another quantization of the model: other metadata, the same tokenizer, the same entry
-    other = write_gguf(tmp_path / "qwen-q8.gguf", TOOL_ARGS, tokenizer=QWEN, extra={"general.file_type": 7})
+    other = write_gguf(tmp_path / "qwen-q8.gguf", TOOL_ARGS, tokenizer=small_qwen, extra={"general.file_type": 7})
     assert (ids(other), len(builds)) == (expected, 1)
     assert list((cache / "gguf-tokenizers").iterdir()) == [folder]
     # an entry cut short, or of another vocabulary, is built again and replaced
@@ -416,7 +449,7 @@ def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_
 
 
 def test_the_cache_directory_follows_the_override_then_xdg(tmp_path, monkeypatch):
-    from tmpl_lint.gguf import cache_directory
+    from tmpl_lint.config import cache_directory
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -459,10 +492,10 @@ def test_diff_and_replay_take_bos_and_eos_from_a_gguf_template(tmp_path):
 
 
 @needs_shared
-def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path):
+def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path, qwen_gguf):
     """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004, proven in tokens."""
     template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
-    model = write_gguf(tmp_path / "qwen.gguf", template, tokenizer=QWEN)
+    model = Path(shutil.copyfile(qwen_gguf, tmp_path / "qwen.gguf"))  # this template, with Qwen2.5's tokenizer
     plain = tmp_path / "qwen.jinja"
     plain.write_text(template)
     _, out, _ = run(model, "--format", "json", "--select", "PC004")
@@ -948,7 +981,7 @@ def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
 
 
 @needs_shared
-def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, monkeypatch):
+def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, monkeypatch, qwen_gguf):
     """ORACLE.tsv: Qwen2.5-7B-Instruct re-serialises tool arguments ("spaced"): PC004. Its GGUF
     on the Hub is measured in the tokenizer read from its first range, as its tokenizer.json."""
     pytest.importorskip("huggingface_hub")
@@ -957,7 +990,7 @@ def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, mon
     from tmpl_lint.selection import Selection
 
     template = (SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja").read_text()
-    model = write_gguf(tmp_path / "qwen2.5-7b-instruct-q4_k_m.gguf", template, tokenizer=QWEN)
+    model = Path(shutil.copyfile(qwen_gguf, tmp_path / "qwen2.5-7b-instruct-q4_k_m.gguf"))  # this template, Qwen2.5's tokenizer
     metadata_end = model.stat().st_size
     with open(model, "r+b") as stream:
         stream.truncate(256 << 20)  # tensor data the audit must not fetch (sparse)

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from helpers import CORPUS
+from helpers import CORPUS, wait_for_children
 
 from tmpl_lint import isolation
 from tmpl_lint.isolation import IsolationError, long_lived_workers, parallel_map, run_isolated
@@ -178,7 +178,9 @@ def test_ctrl_c_stops_an_audit_and_its_workers(tmp_path):
         text=True,
         start_new_session=True,
     )
-    time.sleep(3)
+    # Ctrl-C once the workers are rendering (the first template for 2 s)
+    assert wait_for_children(process.pid, 1)
+    time.sleep(0.5)
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert (process.returncode, err.strip()) == (130, "tmpl-lint: interrupted")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import SHARED, SHARED_TEMPLATES, needs_shared
+from helpers import SHARED, SHARED_TEMPLATES, built_once, needs_shared
 
 pytestmark = needs_shared
 
@@ -113,14 +113,20 @@ ROWS = read_oracle()
 
 
 @pytest.fixture(scope="module")
-def report():
-    """One run of the CLI over the whole corpus, as a user runs it: findings by template."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", str(SHARED_TEMPLATES), "--format", "json", "--engine", "hf"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+def report(shared_folder):
+    """One run of the CLI over the whole corpus, as a user runs it: findings by template. The
+    run is made once per test run; xdist workers that share this module's tests read what it
+    printed (each worker running it again cost seconds)."""
+    command = [sys.executable, "-m", "tmpl_lint", str(SHARED_TEMPLATES), "--format", "json", "--engine", "hf"]
+
+    def lint_the_corpus(folder: Path) -> None:
+        ran = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        (folder / "run.json").write_text(json.dumps([ran.returncode, ran.stdout, ran.stderr]))
+
+    returncode, stdout, stderr = json.loads(
+        (built_once(shared_folder, "shared-corpus-run", lint_the_corpus) / "run.json").read_text()
     )
+    result = subprocess.CompletedProcess(command, returncode, stdout, stderr)
     by_template: dict[str, list[dict]] = {name: [] for name in ROWS}
     for finding in json.loads(result.stdout):
         by_template[Path(finding["path"]).stem].append(finding)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT
+from helpers import CORPUS, PROJECT, wait_for_children
 
 from tmpl_lint import fixer, writes
 from tmpl_lint.cli import main
@@ -167,12 +167,7 @@ def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(nu
     process = tmpl_lint(
         HOSTILE / "nested_loops.jinja", HOSTILE / "exponential_growth.jinja", "--render-timeout", "100", "--jobs", "2"
     )
-    children = []
-    deadline = time.monotonic() + 60
-    while len(children) < 2 and time.monotonic() < deadline:
-        listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True).stdout
-        children = [int(pid) for pid in listed.split()]
-        time.sleep(0.1)
+    children = wait_for_children(process.pid, 2)
     assert len(children) == 2
     time.sleep(1)
     start = time.monotonic()
