@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
+from .config import cache_directory
 from .engines import ENGINE_ENVIRONMENT
 from .isolation import long_lived_workers, parallel_map
 from .sources import SourceError, TemplateSource, collect, model_type_beside
@@ -424,8 +425,7 @@ def html_page(table: list[dict[str, Any]]) -> str:
 
 
 def default_cache_path() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "tmpl-lint" / "audit.jsonl"
+    return cache_directory() / "audit.jsonl"
 
 
 def read_repo_list(path: Path) -> list[str]:

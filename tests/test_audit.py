@@ -109,6 +109,17 @@ def test_results_cache_resumes(tmp_path):
     assert [row["codes"] for row in second["rows"]] == [row["codes"] for row in first["rows"]]
 
 
+def test_results_are_kept_in_tmpl_lints_cache_directory(tmp_path, monkeypatch):
+    # One place for everything tmpl-lint keeps (TMPL_LINT_CACHE_DIR, else XDG_CACHE_HOME...).
+    build_cache(tmp_path)
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "kept"))
+    first = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove").stdout)
+    assert first["analysed_templates"] == 4
+    assert len((tmp_path / "kept" / "audit.jsonl").read_text().splitlines()) == 4
+    second = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove").stdout)
+    assert second["analysed_templates"] == 0
+
+
 def test_markdown_and_proven_hit_rates(tmp_path):
     build_cache(tmp_path)
     result = audit(tmp_path, "qwen/qwen3-chat", "qwen/qwen25-chat", "--format", "markdown", "--no-cache")

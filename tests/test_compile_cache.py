@@ -46,6 +46,22 @@ def test_a_second_process_loads_the_code_the_first_compiled(tmp_path):
     assert run_process(environment) == f"{RENDERED!r} 0\n"
 
 
+def test_processes_compiling_the_same_text_at_once_leave_one_whole_file(tmp_path):
+    # pre-commit and --jobs start several at once: each writes whole or not at all (jinja2
+    # writes a temporary file and renames it), so a reader never meets half a file.
+    environment = {**without_cache_settings(), "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache")}
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+        for _ in range(6)
+    ]
+    outputs = [process.communicate(timeout=60) for process in started]
+    assert all(stderr == "" and stdout.startswith(f"{RENDERED!r} ") for stdout, stderr in outputs)
+    assert [path.name.endswith(".code") for path in (tmp_path / "cache" / "code").iterdir()] == [True]
+    assert run_process(environment) == f"{RENDERED!r} 0\n"
+
+
 def test_turned_off_it_compiles_every_time_and_writes_nothing(tmp_path):
     environment = {**without_cache_settings(), "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache"), "TMPL_LINT_NO_CACHE": "1"}
     assert run_process(environment) == f"{RENDERED!r} 1\n"
