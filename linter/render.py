@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jinja2
@@ -107,8 +107,6 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
 # modules that make the environment and compile with it, so a code generator changed in
 # development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off.
 
-_CODE_CACHE: tuple[jinja2.BytecodeCache, str] | None | bool = False  # False: not looked for yet
-
 
 def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.nodes.Template | None):
     found = _code_cache()
@@ -129,19 +127,18 @@ def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.node
     return bucket.code
 
 
+@cache
 def _code_cache() -> tuple[jinja2.BytecodeCache, str] | None:
-    """The cache and the key of this code generator, or None: turned off, or no directory."""
-    global _CODE_CACHE
-    if _CODE_CACHE is False:
-        _CODE_CACHE = None
-        if not os.environ.get("TMPL_LINT_NO_CACHE"):
-            try:
-                directory = cache_directory() / "code"
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                _CODE_CACHE = (jinja2.FileSystemBytecodeCache(str(directory), "%s.code"), _code_key())
-            except (OSError, RuntimeError):  # RuntimeError: no home directory to find a cache in
-                pass
-    return _CODE_CACHE
+    """The cache and the key of this code generator, or None: turned off, or no directory.
+    Looked for once a process (its workers, forked later, inherit the answer)."""
+    if os.environ.get("TMPL_LINT_NO_CACHE"):
+        return None
+    try:
+        directory = cache_directory() / "code"
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return jinja2.FileSystemBytecodeCache(str(directory), "%s.code"), _code_key()
+    except (OSError, RuntimeError):  # RuntimeError: no home directory to find a cache in
+        return None
 
 
 def _code_key() -> str:

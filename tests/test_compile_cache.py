@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jinja2
@@ -70,11 +71,11 @@ def test_turned_off_it_compiles_every_time_and_writes_nothing(tmp_path):
 
 
 @pytest.fixture
-def compiles(tmp_path, monkeypatch) -> list[str]:
+def compiles(tmp_path, monkeypatch) -> Iterator[list[str]]:
     """This process with a fresh cache in tmp_path/cache; the texts jinja2 compiles."""
     monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TMPL_LINT_NO_CACHE", raising=False)
-    monkeypatch.setattr(render, "_CODE_CACHE", False)
+    render._code_cache.cache_clear()
     monkeypatch.setattr(render, "_COMPILED", {})
     compiled: list[str] = []
     compile = jinja2.Environment.compile
@@ -84,12 +85,13 @@ def compiles(tmp_path, monkeypatch) -> list[str]:
         return compile(self, source, *args, **kwargs)
 
     monkeypatch.setattr(jinja2.Environment, "compile", counting)
-    return compiled
+    yield compiled
+    render._code_cache.cache_clear()  # the next test's process looks for its cache again
 
 
 def forget_this_process(monkeypatch) -> None:
     """As a new process starts: nothing compiled in memory, the cache looked for again."""
-    monkeypatch.setattr(render, "_CODE_CACHE", False)
+    render._code_cache.cache_clear()
     monkeypatch.setattr(render, "_COMPILED", {})
 
 
