@@ -149,7 +149,7 @@ def lint_with_facts(
         facts.syntax_error = error
     # Every rule runs: a divergence that an ignored rule explains is still explained, not unexplained.
     findings = run_rules(facts, STATIC)
-    name_switches(findings, facts, STATIC)
+    name_switches(findings, SwitchTrials(facts, STATIC, findings))
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts, prove))
@@ -250,15 +250,15 @@ class SwitchTrials:
         return self._outcomes[key]
 
 
-def name_switches(findings: list[Finding], facts: Facts, rules, *, reanalyse: bool = False) -> None:
+def name_switches(findings: list[Finding], trials: SwitchTrials) -> None:
     """For each finding, a template variable whose value makes it disappear, if any.
 
-    The template is analysed again with the variable unset (the default), true, false, or
-    (for date-like names) a fixed string; a value under which the finding is gone is stable.
+    The template is analysed again (``trials``) with the variable unset (the default), true,
+    false, or (for date-like names) a fixed string; a value under which the finding is gone
+    is stable.
     """
-    if facts.tree is None:
+    if trials.facts.tree is None:
         return
-    trials = SwitchTrials(facts, rules, findings, reanalyse=reanalyse)
     for finding in findings:
         for name in sorted(finding.candidates):
             values = trials.values(name, finding)

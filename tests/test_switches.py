@@ -35,8 +35,8 @@ def compare_paths(text: str) -> tuple[int, int]:
             trials += 1
     assert reference.taken_over == 0
     with_reuse, whole = run_rules(facts, STATIC), run_rules(facts, STATIC)
-    name_switches(with_reuse, facts, STATIC)
-    name_switches(whole, facts, STATIC, reanalyse=True)
+    name_switches(with_reuse, fast)  # the trials above, and any a finding's own values add
+    name_switches(whole, reference)
     assert [(f.key, f.switch, f.severity) for f in with_reuse] == [(f.key, f.switch, f.severity) for f in whole]
     return trials, fast.taken_over
 
@@ -94,7 +94,7 @@ def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
     source_map = SourceMap(MACRO_READS_THE_SWITCH, PARSE_ENVIRONMENT, tree, raw)
     facts = analyze(MACRO_READS_THE_SWITCH, tree, source_map, record=True)
     findings = run_rules(facts, STATIC)
-    name_switches(findings, facts, STATIC)
+    name_switches(findings, SwitchTrials(facts, STATIC, findings))
     # the look-ahead inside the macro is gone when keep is true: the loop that calls it
     # must not be taken over from the plain analysis
     assert [(finding.code, finding.switch.name, finding.switch.stable_value) for finding in findings] == [("PC003", "keep", True)]
