@@ -6,6 +6,7 @@ exactly what analysing the whole template again finds (the reference path,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
@@ -19,34 +20,46 @@ from tmpl_lint.locations import SourceMap
 from tmpl_lint.rules import STATIC
 
 
-def compare_paths(text: str) -> tuple[int, int]:
-    """Asserts both paths agree on every trial and on the switches named; returns (trials
-    run, statements the fast path took over)."""
+class BothPaths(NamedTuple):
+    """What the fast path (taking statements over) and the reference (every trial analysed
+    whole) find: per trial (name, value) the finding positions, then every finding with the
+    switch it names and its severity."""
+
+    fast: list
+    reference: list
+    taken_over: int  # statements the fast path took over
+    trials: int
+
+
+def both_paths(text: str) -> BothPaths:
     tree, _, raw = parse_with_tokens(text)
     assert tree is not None
     source_map = SourceMap(text, PARSE_ENVIRONMENT, tree, raw)
     facts = analyze(text, tree, source_map, record=True)
     fast = SwitchTrials(facts, STATIC, run_rules(facts, STATIC))
     reference = SwitchTrials(facts, STATIC, run_rules(facts, STATIC), reanalyse=True)
-    trials = 0
-    for name in sorted(set().union(*(finding.candidates for finding in fast.findings))):
-        for value in fast.values(name):
-            assert fast.keys(name, value) == reference.keys(name, value), (name, value)
-            trials += 1
-    assert reference.taken_over == 0
-    with_reuse, whole = run_rules(facts, STATIC), run_rules(facts, STATIC)
-    name_switches(with_reuse, fast)  # the trials above, and any a finding's own values add
-    name_switches(whole, reference)
-    assert [(f.key, f.switch, f.severity) for f in with_reuse] == [(f.key, f.switch, f.severity) for f in whole]
-    return trials, fast.taken_over
+    wanted = [
+        (name, value) for name in sorted(set().union(*(f.candidates for f in fast.findings))) for value in fast.values(name)
+    ]
+    found = []
+    for trials in (fast, reference):
+        findings = run_rules(facts, STATIC)
+        name_switches(findings, trials)  # the trials below, and any a finding's own values add
+        found.append(
+            [(wanted_trial, trials.keys(*wanted_trial)) for wanted_trial in wanted]
+            + [(f.key, f.switch, f.severity) for f in findings]
+        )
+    assert reference.taken_over == 0  # the reference analyses every trial whole
+    return BothPaths(found[0], found[1], fast.taken_over, len(wanted))
 
 
 @needs_shared
 def test_shared_templates_trials_match_reanalysis():
     trials = taken_over = 0
     for path in sorted(SHARED_TEMPLATES.glob("*.jinja")):
-        counted, reused = compare_paths(path.read_text(encoding="utf-8"))
-        trials, taken_over = trials + counted, taken_over + reused
+        compared = both_paths(path.read_text(encoding="utf-8"))
+        assert compared.fast == compared.reference, path.name
+        trials, taken_over = trials + compared.trials, taken_over + compared.taken_over
     assert trials > 100  # a score of the shared templates have switch candidates
     assert taken_over > trials  # most trials take several statements over
 
@@ -57,7 +70,8 @@ def test_shared_templates_trials_match_reanalysis():
     ids=lambda path: path.name,
 )
 def test_corpus_fixture_trials_match_reanalysis(path: Path):
-    compare_paths(path.read_text(encoding="utf-8"))
+    compared = both_paths(path.read_text(encoding="utf-8"))
+    assert compared.fast == compared.reference
 
 
 SWITCH_READ_LATE = """\
@@ -80,7 +94,8 @@ def test_statements_before_the_switch_is_read_are_taken_over():
     # macro, namespace, scan loop, render loop: all four read nothing enable_thinking decides
     assert trial.taken_over == 4
     assert len(tree.body) == 5
-    compare_paths(SWITCH_READ_LATE)
+    compared = both_paths(SWITCH_READ_LATE)
+    assert compared.fast == compared.reference
 
 
 MACRO_READS_THE_SWITCH = """\
@@ -100,7 +115,8 @@ def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
     assert [(finding.code, finding.switch.name, finding.switch.stable_value) for finding in findings] == [("PC003", "keep", True)]
     trial = analyze(MACRO_READS_THE_SWITCH, tree, source_map, {"keep": True}, reusing=[facts.trace])
     assert trial.taken_over == 1  # the macro definition only
-    compare_paths(MACRO_READS_THE_SWITCH)
+    compared = both_paths(MACRO_READS_THE_SWITCH)
+    assert compared.fast == compared.reference
 
 
 HEADERS = [
@@ -159,4 +175,5 @@ def switch_templates(draw) -> str:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(switch_templates())
 def test_generated_templates_trials_match_reanalysis(text: str):
-    compare_paths(text)
+    compared = both_paths(text)
+    assert compared.fast == compared.reference
