@@ -123,6 +123,7 @@ def use_colour() -> bool:
     help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
     "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
 )
+@click.option("--no-cache", is_flag=True, help="Neither read nor write compiled templates in tmpl-lint's cache.")
 def check(
     paths,
     output_format,
@@ -146,6 +147,7 @@ def check(
     tool_args_style,
     jobs,
     gguf_copy,
+    no_cache,
 ) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
@@ -168,6 +170,7 @@ def check(
         tool_args_style=tool_args_style,
         jobs=jobs,
         gguf_copy=gguf_copy,
+        cache=not no_cache,
     )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
@@ -288,7 +291,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     type=click.Path(path_type=Path, dir_okay=False),
     help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).",
 )
-@click.option("--no-cache", is_flag=True, help="Do not read or write the results cache.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache nor compiled templates.")
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True
 )

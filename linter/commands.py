@@ -222,8 +222,10 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
     """Audit the repos and folders ``options`` names; ``advance`` is called as each template
     is analysed. Raises OptionsError or RunError."""
     from . import audit as auditing
+    from .render import keep_compiled_code
     from .sources import SourceError
 
+    keep_compiled_code(options.use_cache)
     repo_ids = list(options.repo_ids)
     try:
         if options.from_file:

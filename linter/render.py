@@ -105,11 +105,21 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
 # the code per template text in "code" under tmpl-lint's cache (config.cache_directory),
 # written atomically; tmpl-lint keys it by jinja2's version and by the bytes of the two
 # modules that make the environment and compile with it, so a code generator changed in
-# development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off.
+# development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off for every run,
+# --no-cache for one (keep_compiled_code).
+
+_kept = True  # this run's choice: False under --no-cache
+
+
+def keep_compiled_code(enabled: bool) -> None:
+    """Whether this run reads and writes compiled code (``--no-cache``: neither). Set before
+    the work starts: the processes forked for it inherit the choice."""
+    global _kept
+    _kept = enabled
 
 
 def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.nodes.Template | None):
-    found = _code_cache()
+    found = _code_cache() if _kept else None
     if found is None:
         return environment.compile(text if tree is None else tree)
     cache, code_key = found

@@ -22,7 +22,7 @@ from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_f
 from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding
 from .progress import ProgressBar
-from .render import DEFAULT_LIMITS, RenderLimits
+from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .selection import Selection, SelectionError
 from .sources import TemplateSource, collect
 
@@ -67,6 +67,7 @@ class CheckOptions:
     tool_args_style: str | None = None
     jobs: int = 1
     gguf_copy: Path | None = None
+    cache: bool = True  # False: --no-cache, no compiled code read or written
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     """Fix, lint and prove the templates under ``options.paths``. ``on_fix_line`` hears each
     fix line as it is decided, before the proofs run: an interrupted run has told what it
     wrote. Raises OptionsError or RunError when the run cannot start."""
+    keep_compiled_code(options.cache)
     config = _config(options.config_path)
     try:
         root = config.path.parent if config.path else None

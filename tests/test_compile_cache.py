@@ -12,8 +12,12 @@ from pathlib import Path
 
 import jinja2
 import pytest
+from click.testing import CliRunner
 
 from tmpl_lint import render
+from tmpl_lint.cli import main
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 
 TEXT = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -148,3 +152,36 @@ def test_a_text_with_a_lone_surrogate_is_cached_too(compiles, monkeypatch, tmp_p
     assert render.compile_template(text).render(messages=MESSAGES) == RENDERED + "\udc80"
     assert compiles == [text]
     assert len(list((tmp_path / "cache" / "code").glob("*.code"))) == 1
+
+
+def cached_files(cache: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted((cache / "code").glob("*"))}
+
+
+def test_no_cache_neither_reads_nor_writes_and_lasts_one_run(compiles, tmp_path):
+    # A proven check renders (and so compiles) the template; a damaged file is replaced
+    # when read, so one left as it was was neither read nor written.
+    template = CORPUS / "PC002_history_rewrite.jinja"
+    cache = tmp_path / "cache"
+    assert CliRunner().invoke(main, [str(template), "--no-cache"]).exit_code == 1
+    assert cached_files(cache) == {}
+    assert CliRunner().invoke(main, [str(template)]).exit_code == 1
+    written = cached_files(cache)
+    assert len(written) == 1
+    for name in written:
+        (cache / "code" / name).write_bytes(b"damaged")
+    assert CliRunner().invoke(main, [str(template), "--no-cache"]).exit_code == 1
+    assert cached_files(cache) == dict.fromkeys(written, b"damaged")
+    assert CliRunner().invoke(main, [str(template)]).exit_code == 1  # the next run uses the cache again
+    assert cached_files(cache) == written
+
+
+def test_audit_no_cache_keeps_nothing(compiles, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "chat_template.jinja").write_text((CORPUS / "PC002_history_rewrite.jinja").read_text())
+    assert CliRunner().invoke(main, ["audit", str(model), "--no-cache"]).exit_code == 1
+    assert not (tmp_path / "cache").exists()
+    assert CliRunner().invoke(main, ["audit", str(model)]).exit_code == 1
+    assert len(cached_files(tmp_path / "cache")) == 1
+    assert (tmp_path / "cache" / "audit.jsonl").is_file()
