@@ -30,7 +30,7 @@ from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding
-from .proofs import Cause
+from .proofs import Cause, ProofStatus
 from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
 from .rules import BY_CODE
@@ -48,6 +48,9 @@ class FixOptions:
     tool_args_style: str | None = None
     engine: str = "vllm"  # whose request preprocessing the verifying proofs apply, as the check's
     limits: RenderLimits = DEFAULT_LIMITS  # each render's, as check's proofs have them
+    # Fix findings the proof does not reproduce too: they fail the run under --strict and
+    # --no-prove. Otherwise a fix is made only for what a render shows (see Verifier.shows).
+    unreproduced: bool = False
 
 
 @dataclass
@@ -118,7 +121,26 @@ class Verifier:
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(original)
         self.original_found_by_proof = found_by_proof(self.original_report, original)
+        proven = [copy.copy(finding) for finding in original]
+        attach_proofs(proven, self.original_report)
+        self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         self.original_single_turns = self.single_turns(source.text)
+
+    def unreproduced(self, finding: Finding) -> str | None:
+        """Why the original's proof does not show ``finding`` (a hypothesis no render
+        reproduced, or could not check), else None. A fix for it would change what the model
+        sees with nothing to show it is needed: the look-ahead a template uses to group
+        parallel tool results looks like one that drops reasoning, and removing it splits
+        the group."""
+        if finding.key not in self._shown:
+            return None
+        proof = self._shown[finding.key]
+        if proof is None or proof.status is not ProofStatus.NOT_REPRODUCED:
+            return None  # not provable: the verification says why no fix can be checked
+        return (
+            f"the proof did not reproduce it in {len(proof.scenarios)} scenarios, so nothing shows an edit is needed "
+            "(--strict fixes it too)"
+        )
 
     def prove(self, text: str):
         # The proof renders from the lint's parse and takes its argument separators: parsing
@@ -284,6 +306,16 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
             result.skipped.append((finding, fix.unfixable))
         else:
             pending.append((finding, fix))
+    if pending and not options.unreproduced:
+        # The lint above is the verifier's own when every code is selected: the places its
+        # findings keep are not read by the verifier.
+        everything = selection.runs_every_code_on(source.path)
+        verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
+        for finding, fix in list(pending):
+            reason = verifier.unreproduced(finding)
+            if reason is not None:
+                result.skipped.append((finding, reason))
+                pending.remove((finding, fix))
     reasons: dict[int, str] = {}
     # The fixes in when each finding's candidates were last tried: with the same ones in,
     # they would give the same patched templates and fail the same way.

@@ -151,7 +151,12 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         from .fixer import FixOptions
 
         frozen = options.frozen_date or config.frozen_date or datetime.now().date()
-        fix_options = FixOptions(frozen, tokenizer, block_size, options.tool_args_style, options.engine, options.limits)
+        # A fix is made for what fails the run: a finding the proof does not reproduce fails it
+        # only under --strict, and every one does without proofs.
+        unreproduced = result.strict or not options.prove
+        fix_options = FixOptions(
+            frozen, tokenizer, block_size, options.tool_args_style, options.engine, options.limits, unreproduced
+        )
         fixing = _Fixing(fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line)
     # Templates are untrusted code: each is fixed, parsed, analysed (and proven) in a limited
     # process, several at once. The processes are long-lived workers that serve the fixes

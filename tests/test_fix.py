@@ -231,6 +231,52 @@ def test_mistral_small_keeps_its_trained_last_message_blocks(tmp_path):
     assert "not fixed PC003 [future-dependent-render]: no edit keeps the model's trained format" in out
 
 
+def results_in_one_turn(text: str) -> bool:
+    """Whether Command A renders one call's two parallel results in one turn (with a
+    document: the branch the template prints them in)."""
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "weather", "arguments": {"city": city}}}
+        for i, city in enumerate(["Paris", "Rome"])
+    ]
+    messages = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "tool_calls": calls, "tool_plan": "Look both up."},
+        {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+    rendered = render(
+        text,
+        messages,
+        clock=FrozenClock(datetime(2026, 1, 15, 12)),
+        documents=[{"title": "Notes", "text": "none"}],
+        add_generation_prompt=True,
+        special_tokens={"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"},
+    )
+    return "<|END_TOOL_RESULT|>" not in rendered[rendered.index('"sunny"') : rendered.index('"rain"')]
+
+
+@needs_shared
+def test_a_finding_the_proof_does_not_reproduce_is_not_fixed_unless_strict(tmp_path):
+    # Command A prints a call's parallel tool results as one turn, looking ahead from the
+    # first at the results after it. The analysis sees a look-ahead (PC003); no render shows
+    # it moving history (ORACLE.tsv: chat and agent differ in the tail only). Removing the
+    # look-ahead would split the turn the model was trained on: --fix makes a fix only for
+    # what fails the run, so only --strict (where unreproduced findings fail) makes this one.
+    name = "CohereLabs--c4ai-command-a-03-2025.jinja"
+    oracle = [line.split("\t") for line in (SHARED / "corpus" / "ORACLE.tsv").read_text().splitlines()]
+    assert [row[1:3] for row in oracle if row[0] == name] == [["tail", "tail"]]
+    path = copy(SHARED_TEMPLATES / name, tmp_path)
+    original = path.read_text()
+    code, _, err = run(str(path), "--fix", "--format", "json", "--frozen-date", FROZEN)
+    assert (code, path.read_text()) == (0, original)
+    assert (
+        f"{path}:148:20: not fixed PC003 [future-dependent-render]: the proof did not reproduce it in 12 scenarios, "
+        "so nothing shows an edit is needed (--strict fixes it too)"
+    ) in err.splitlines()
+    run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
+    assert (results_in_one_turn(original), results_in_one_turn(path.read_text())) == (True, False)
+
+
 @needs_shared
 @pytest.mark.parametrize(
     "directory", [SHARED_TOKENIZERS / "qwen3", SHARED / "corpus" / "configs" / "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B"]
