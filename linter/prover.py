@@ -520,9 +520,10 @@ STOP_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|</s>|<[a-z_]{
 
 
 def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
-    """The reply as generated: what the template prints after the reply's last text, up to
-    and including one end-of-turn marker. The model stops there; whatever the template adds
-    after it (a newline, an end-of-conversation token) was not generated."""
+    """The reply as generated: what the template prints up to the reply's last text, and on
+    to the first end-of-turn marker after it, inclusive. The model writes what its turn
+    closes with (a tool call's closing brace and tag) and stops at the marker; whatever the
+    template adds after it (a newline, an end-of-conversation token) was not generated."""
     end = -1
     for _, value in message_fields(reply):
         for variant in {value, value.strip()}:
@@ -532,7 +533,7 @@ def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
     if end < 0:  # the template printed none of the reply (a tool call it cannot show)
         first = STOP_MARKER.search(text)
         return text[: first.end()] if first else text
-    marker = STOP_MARKER.match(text, end)
+    marker = STOP_MARKER.search(text, end)
     return text[: marker.end()] if marker else text[:end]
 
 

@@ -7,7 +7,7 @@ import pytest
 from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
-from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start
+from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start, stop_after_reply
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.sources import TemplateSource
 
@@ -167,6 +167,33 @@ def test_a_loop_last_closing_is_proven_as_pc003():
 )
 def test_the_reply_starts_after_the_shared_text_never_inside_a_tag(prompt, with_reply, start):
     assert reply_start(prompt, with_reply) == start
+
+
+PARIS_CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+}
+PARIS = {"role": "assistant", "content": "Paris."}
+
+
+@pytest.mark.parametrize(
+    ("reply", "rendered", "generated"),
+    [
+        # Qwen3: the arguments are the reply's last text, then the call closes and the turn ends
+        (
+            PARIS_CALL,
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+        ),
+        # Phi-3: the end-of-conversation token after the turn's marker was never generated
+        (PARIS, "Paris.<|end|>\n<|endoftext|>", "Paris.<|end|>"),
+        # no marker after the reply: up to its last text
+        (PARIS, "Paris.\n", "Paris."),
+    ],
+)
+def test_the_reply_as_generated_runs_to_the_first_end_of_turn_marker_after_its_text(reply, rendered, generated):
+    assert stop_after_reply(rendered, reply) == generated
 
 
 # DeepSeek-R1 distills' idiom: a closing tag printed after the loop only while the last

@@ -3,6 +3,7 @@ computation: transformers' own apply_chat_template and tokenizer, with the clock
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import pytest
@@ -117,3 +118,32 @@ def test_tokenizers_backend_matches_transformers(name):
     text = '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n[INST]Hi[/INST] 18 C, sunny\n\n{"city": "Paris"}'
     assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
     assert ours.special_tokens == {k: v for k, v in theirs.special_tokens_map.items() if isinstance(v, str)}
+
+
+def test_a_tool_call_reply_is_measured_to_its_end_marker_in_tokens_too(tmp_path):
+    # The reply as generated ended at its last text (the arguments), before the call's
+    # closing brace and tag the model also writes: in characters a prefix of the next
+    # prompt, in tokens a different last token (`"}` against `"}}`). Qwen3 fixed by --fix then
+    # failed PC006 with its tokenizer and passed without one (QA, 2026-12-01).
+    from click.testing import CliRunner
+
+    from tmpl_lint.cli import main
+
+    path = tmp_path / "chat_template.jinja"
+    path.write_text((SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text())
+    CliRunner().invoke(main, [str(path), "--fix", "-q", "--frozen-date", "2026-01-15"])
+    fixed = path.read_text()
+    tokenizer = shared_tokenizer("qwen3")
+    agent = scenario_named("agent")
+    prover = Prover(fixed, tokenizer)
+    prompt = prover.render(agent, agent.calls[0].messages, agent.calls[0].clock, True)
+    assert prover.generated(agent, agent.calls[0], prompt.text).text.endswith(
+        '"arguments": {"city":"Paris"}}\n</tool_call><|im_end|>'
+    )
+    assert [d for d in prover.run_scenario(agent).divergences if d.first_divergence is not None] == []
+    verdicts = []
+    for tokens in ((), ("--tokenizer", str(SHARED_TOKENIZERS / "qwen3"))):
+        ran = CliRunner().invoke(main, [str(path), "--format", "json", *tokens])
+        verdicts.append([(f["code"], f["severity"], f["fails"], (f["switch"] or {}).get("name")) for f in json.loads(ran.stdout)])
+        verdicts[-1].append(ran.exit_code)
+    assert verdicts[0] == verdicts[1] == [("PC006", "info", False, "enable_thinking"), 0]
