@@ -74,6 +74,12 @@ class SourceError(Exception):
         self.message = message
 
 
+class NothingToLint(SourceError):
+    """A named file that holds no template, as such a file may: a base model's
+    ``tokenizer_config.json`` (pre-commit names every one a commit touches). A run that
+    lints says so in a warning; a command that needs a template reports it as an error."""
+
+
 def collect(paths: list[Path]) -> tuple[list[TemplateSource], list[SourceError]]:
     """Every template under ``paths``, in a stable order, and the files that failed."""
     sources: list[TemplateSource] = []
@@ -158,6 +164,8 @@ def read_model_directory(path: Path) -> list[TemplateSource]:
         except SourceError:
             pass  # a file that is not in force cannot break the lint of the one that is
     if not in_force and not (path / ADDITIONAL_TEMPLATES_DIR).is_dir():
+        if present == [path / TOKENIZER_CONFIG]:
+            return []  # a base model: nothing to lint, and a walk passes it over
         names = ", ".join(candidate.name for candidate in present)
         raise SourceError(path, f"no chat template in {names}")
     if shadowed:
@@ -293,6 +301,8 @@ def _read_json(path: Path, required: bool, text: str | None = None) -> list[Temp
         # A tokenizer config whose model keeps its template in a file beside it (gpt-oss:
         # chat_template.jinja) holds none, as transformers reads it: nothing to lint here.
         if required and not template_file_beside(path):
+            if path.name == TOKENIZER_CONFIG:
+                raise NothingToLint(path, "no chat_template key: nothing to lint (a base model holds no chat template)")
             raise SourceError(path, "no chat_template key")
         return []
     return [TemplateSource(path, name, text, "json") for name, text in named_templates(path, document["chat_template"])]
