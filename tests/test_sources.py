@@ -241,3 +241,34 @@ def test_a_model_directory_whose_chat_template_json_holds_none_is_still_an_error
     assert [str(error) for error in collect([tmp_path])[1]] == [
         f"{tmp_path / 'model'}: no chat template in chat_template.json, tokenizer_config.json"
     ]
+
+
+# -- named files of a kind tmpl-lint does not read ---------------------------------------------
+
+
+def test_a_named_file_of_a_kind_tmpl_lint_does_not_read_is_one_warning_and_skipped(tmp_path):
+    # Plain prose is a valid Jinja template: linted as one it "passed". As ruff with a file
+    # of a type it does not lint, it is skipped with a warning, and the rest is linted.
+    prose = write(tmp_path / "readme.txt", "Just some prose.\n")
+    clock = write(tmp_path / "clock.jinja", "{{ strftime_now('%Y') }}")
+    warning = f"tmpl-lint: warning: {prose}: not a chat template: tmpl-lint does not read .txt files (name a template .jinja)\n"
+    result = CliRunner().invoke(main, [str(prose), "--no-prove"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", warning)
+    result = CliRunner().invoke(main, [str(prose), str(clock), "--no-prove", "--format", "json"])
+    assert (result.exit_code, result.stderr) == (1, warning)
+    assert [(finding["path"], finding["code"]) for finding in json.loads(result.stdout)] == [(str(clock), "PC001")]
+
+
+@pytest.mark.parametrize("name", ["t.jinja", "t.j2", "t.jinja2", "t.tmpl", "template"])
+def test_named_template_files_are_read_as_templates(tmp_path, name):
+    # A file without an extension is read as ruff reads one as Python: the user named it.
+    path = write(tmp_path / name, TEMPLATE)
+    assert collect([path]) == ([TemplateSource(path, None, TEMPLATE, "jinja")], [])
+
+
+def test_a_template_given_with_template_is_read_whatever_its_extension(tmp_path):
+    # diff and replay --template: the option says the file is the template.
+    from tmpl_lint.diff import read_template
+
+    path = write(tmp_path / "template.txt", TEMPLATE)
+    assert read_template(path) == (TEMPLATE, {})
