@@ -140,11 +140,28 @@ def describe_error(error: Exception) -> str:
     return f"{name}: {one_line(error)}"
 
 
+class NoHubCache(Exception):
+    """``--from-cache`` and no Hugging Face cache to read: the audit cannot start (as a
+    ``--from-file`` it cannot read)."""
+
+
+_WHERE_THE_CACHE_IS = "--from-cache reads $HF_HUB_CACHE, else $HF_HOME/hub"
+
+
 def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
     """Every model in the local Hugging Face cache: (repo id, snapshot folder, commit)."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
+    from huggingface_hub.utils import CacheNotFound
 
-    info = scan_cache_dir(cache_dir) if cache_dir else scan_cache_dir()
+    folder = Path(cache_dir or constants.HF_HUB_CACHE)
+    try:
+        info = scan_cache_dir(folder)
+    except CacheNotFound:
+        raise NoHubCache(f"{folder}: no Hugging Face cache here ({_WHERE_THE_CACHE_IS})") from None
+    except ValueError:  # huggingface_hub's word for a file where the folder should be
+        raise NoHubCache(f"{folder}: not a folder, so not a Hugging Face cache ({_WHERE_THE_CACHE_IS})") from None
+    except OSError as error:
+        raise NoHubCache(f"{folder}: cannot read the Hugging Face cache: {error.strerror or error}") from None
     found = []
     for repo in sorted(info.repos, key=lambda repo: repo.repo_id):
         if repo.repo_type != "model" or not repo.revisions:

@@ -242,16 +242,19 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
         raise OptionsError("name repos, --from-file, --search/--author, --from-cache or local model folders")
     prove = ProveOptions(None, 16, RenderLimits(), options.engine) if options.prove else None
     cache = auditing.ResultsCache((options.cache_file or auditing.default_cache_path()) if options.use_cache else None)
-    audit = auditing.run_audit(
-        repo_ids,
-        list(options.local),
-        options.from_cache,
-        Selection(),
-        prove,
-        options.jobs,
-        cache,
-        options.tokens,
-        options.dedupe,
-        advance,
-    )
+    try:
+        audit = auditing.run_audit(
+            repo_ids,
+            list(options.local),
+            options.from_cache,
+            Selection(),
+            prove,
+            options.jobs,
+            cache,
+            options.tokens,
+            options.dedupe,
+            advance,
+        )
+    except auditing.NoHubCache as error:  # raised before anything is fetched or analysed
+        raise RunError(str(error)) from None
     return AuditRun(audit, auditing.rows(audit), cache.problems)

@@ -3,7 +3,9 @@ tmpl-lint keeps its cache.
 
 The nearest file from the working directory upward is used (``.tmpl-lint.yaml`` first in
 a folder), or the one given with ``--config``. Command-line flags override it. An unknown
-key is an error that names it.
+key is an error that names it, and so is a file that cannot be parsed: the one in force,
+or a pyproject.toml on the way to it (which may configure tmpl-lint: it must be read to
+know).
 """
 
 from __future__ import annotations
@@ -42,40 +44,57 @@ def cache_directory() -> Path:
 
 
 def find_config(start: Path) -> Path | None:
+    """The configuration in force: the nearest ``.tmpl-lint.yaml``, or ``pyproject.toml``
+    with a ``[tool.tmpl-lint]`` table, from ``start`` upward. As ruff, every pyproject.toml
+    met on the way is read to know whether it configures tmpl-lint, so one that cannot be
+    read is a ConfigError, whichever tool it is for."""
     for directory in [start, *start.parents]:
         if (directory / YAML_NAME).is_file():
             return directory / YAML_NAME
         pyproject = directory / "pyproject.toml"
-        if pyproject.is_file():
-            try:
-                text = pyproject.read_text(encoding="utf-8")
-                # Most projects' pyproject.toml never names us: no need to parse it.
-                if "tmpl-lint" in text and "tmpl-lint" in _toml(text).get("tool", {}):
-                    return pyproject
-            except (ValueError, UnicodeDecodeError, OSError):  # TOMLDecodeError is a ValueError
-                continue
+        if pyproject.is_file() and _pyproject_table(pyproject) is not None:
+            return pyproject
     return None
 
 
-def _toml(text: str) -> dict:
-    import tomllib  # only where a config is read: most runs read none
+def _pyproject_table(path: Path) -> dict | None:
+    """The ``[tool.tmpl-lint]`` table of a pyproject.toml, or None when it has none."""
+    import tomllib  # only where a pyproject.toml is met: most pre-commit runs in a repo meet one
 
-    return tomllib.loads(text)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    try:
+        document = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML: not valid UTF-8 (byte {error.start})") from None
+    except tomllib.TOMLDecodeError as error:  # its message ends "(at line L, column C)"
+        raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    tools = document.get("tool", {})
+    if not isinstance(tools, dict):
+        raise ConfigError(f"{path}: invalid pyproject.toml: tool must be a table, not {_toml_type(tools)}")
+    table = tools.get("tmpl-lint")
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.tmpl-lint] must be a table, not {_toml_type(table)}")
+    return table
+
+
+def _toml_type(value: object) -> str:
+    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a float", list: "an array"}
+    return names.get(type(value), "a date or time")
 
 
 def _read(path: Path) -> dict:
+    if path.suffix == ".toml":
+        table = _pyproject_table(path)
+        if table is None:
+            raise ConfigError(f"{path}: no [tool.tmpl-lint] table")
+        return table
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read: {error}") from None
-    if path.suffix == ".toml":
-        try:
-            table = _toml(text).get("tool", {}).get("tmpl-lint")
-        except ValueError as error:  # TOMLDecodeError
-            raise ConfigError(f"{path}: invalid TOML: {error}") from None
-        if table is None:
-            raise ConfigError(f"{path}: no [tool.tmpl-lint] table")
-        return table
     try:
         from ruamel.yaml import YAML, YAMLError
     except ImportError:

@@ -77,7 +77,7 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
     """The template in force at ``path`` (a file or model directory) and its special tokens."""
     from .tokenizer import special_tokens_from_config
 
-    sources, errors = collect([path])
+    sources, errors = collect([path], any_file_is_a_template=True)
     if errors:
         raise RequestError(str(errors[0]))
     if not sources:

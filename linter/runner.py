@@ -24,7 +24,7 @@ from .findings import Finding
 from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .selection import Selection, SelectionError
-from .sources import TemplateSource, collect
+from .sources import NothingToLint, TemplateSource, collect
 
 if TYPE_CHECKING:
     from .fixer import FixOptions, TemplateFix
@@ -140,7 +140,8 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         except TokenizerError as error:
             raise RunError(str(error)) from None
     sources, errors = collect(list(options.paths))
-    result.errors = [str(error) for error in errors]
+    result.errors = [str(error) for error in errors if not isinstance(error, NothingToLint)]
+    result.warnings = [str(error) for error in errors if isinstance(error, NothingToLint)]
     gguf_copy = options.gguf_copy
     if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")

@@ -3,7 +3,8 @@
 Accepted inputs, as transformers reads them: ``tokenizer_config.json`` (``chat_template``
 a string or a list of ``{"name", "template"}``), ``chat_template.jinja``,
 ``additional_chat_templates/*.jinja``, ``chat_template.json`` (``{"chat_template": ...}``),
-any ``*.jinja`` / ``*.j2`` file, a model directory (transformers' precedence: a
+any ``*.jinja`` / ``*.j2`` file (named on the command line, ``*.jinja2``, ``*.tmpl`` and a
+file without an extension too: a file of another kind is skipped with a warning), a model directory (transformers' precedence: a
 ``chat_template.jinja`` file overrides ``chat_template.json``, which overrides the
 tokenizer config's entry), GGUF models (``*.gguf``: the templates in their metadata, see
 gguf.py), and any directory, walked recursively.
@@ -74,8 +75,18 @@ class SourceError(Exception):
         self.message = message
 
 
-def collect(paths: list[Path]) -> tuple[list[TemplateSource], list[SourceError]]:
-    """Every template under ``paths``, in a stable order, and the files that failed."""
+class NothingToLint(SourceError):
+    """A named file that holds no template, as such a file may: a base model's
+    ``tokenizer_config.json`` (pre-commit names every one a commit touches), or a file of a
+    kind tmpl-lint does not read (``README.txt``). A run that lints says so in a warning, as
+    ruff passes over a file it does not lint; a command that needs a template reports it as
+    an error."""
+
+
+def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[list[TemplateSource], list[SourceError]]:
+    """Every template under ``paths``, in a stable order, and the files that failed.
+    ``any_file_is_a_template``: a named file of any extension is read as a template (``diff
+    --template FILE`` says it is one); else only the extensions a template has."""
     sources: list[TemplateSource] = []
     errors: list[SourceError] = []
     for path in paths:
@@ -83,7 +94,7 @@ def collect(paths: list[Path]) -> tuple[list[TemplateSource], list[SourceError]]
             if path.is_dir():
                 _collect_directory(path, sources, errors)
             elif path.exists():
-                sources.extend(read_file(path))
+                sources.extend(read_file(path, any_file_is_a_template))
             elif path.is_symlink():
                 raise SourceError(path, "broken symbolic link")
             else:
@@ -158,6 +169,8 @@ def read_model_directory(path: Path) -> list[TemplateSource]:
         except SourceError:
             pass  # a file that is not in force cannot break the lint of the one that is
     if not in_force and not (path / ADDITIONAL_TEMPLATES_DIR).is_dir():
+        if present == [path / TOKENIZER_CONFIG]:
+            return []  # a base model: nothing to lint, and a walk passes it over
         names = ", ".join(candidate.name for candidate in present)
         raise SourceError(path, f"no chat template in {names}")
     if shadowed:
@@ -179,9 +192,12 @@ def _read_optional(path: Path) -> list[TemplateSource]:
 
 
 EMBEDDING_SUFFIXES = (".py", ".yaml", ".yml")
+# Named on the command line, these are templates too (a walk reads TEMPLATE_SUFFIXES only).
+# "" is a file without an extension, read as ruff reads one as Python: its user named it.
+NAMED_TEMPLATE_SUFFIXES = (*TEMPLATE_SUFFIXES, ".jinja2", ".tmpl", "")
 
 
-def read_file(path: Path) -> list[TemplateSource]:
+def read_file(path: Path, any_file_is_a_template: bool = False) -> list[TemplateSource]:
     if path.suffix == GGUF_SUFFIX:
         from .gguf import read_templates
 
@@ -190,7 +206,10 @@ def read_file(path: Path) -> list[TemplateSource]:
         return _read_json(path, required=True)
     if path.suffix in EMBEDDING_SUFFIXES:
         return _read_embedded(path)
-    return [_read_jinja(path)]
+    if any_file_is_a_template or path.suffix.lower() in NAMED_TEMPLATE_SUFFIXES:
+        return [_read_jinja(path)]
+    # Plain text is a valid Jinja template, and would "pass".
+    raise NothingToLint(path, f"not a chat template: tmpl-lint does not read {path.suffix} files (name a template .jinja)")
 
 
 def _read_embedded(path: Path, text: str | None = None) -> list[TemplateSource]:
@@ -293,6 +312,8 @@ def _read_json(path: Path, required: bool, text: str | None = None) -> list[Temp
         # A tokenizer config whose model keeps its template in a file beside it (gpt-oss:
         # chat_template.jinja) holds none, as transformers reads it: nothing to lint here.
         if required and not template_file_beside(path):
+            if path.name == TOKENIZER_CONFIG:
+                raise NothingToLint(path, "no chat_template key: nothing to lint (a base model holds no chat template)")
             raise SourceError(path, "no chat_template key")
         return []
     return [TemplateSource(path, name, text, "json") for name, text in named_templates(path, document["chat_template"])]

@@ -120,6 +120,29 @@ def test_a_bad_tokenizer_directory_is_one_error_not_a_finding_per_template(tmp_p
     assert err == f"tmpl-lint: error: {tmp_path / 'missing'}: no such tokenizer directory\n"
 
 
+@pytest.mark.parametrize("cache", ["missing", "a file"])
+def test_audit_from_cache_without_a_hugging_face_cache_is_one_error_line(tmp_path, cache):
+    pytest.importorskip("huggingface_hub")
+    home = tmp_path / "hf"
+    if cache == "a file":
+        home.mkdir()
+        (home / "hub").write_text("")
+    environment = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", "audit", "--from-cache", "--no-cache", "Qwen/Qwen3-8B"],
+        capture_output=True,
+        text=True,
+        env={**environment, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
+    reason = {
+        "missing": "no Hugging Face cache here (--from-cache reads $HF_HUB_CACHE, else $HF_HOME/hub)",
+        "a file": "not a folder, so not a Hugging Face cache (--from-cache reads $HF_HUB_CACHE, else $HF_HOME/hub)",
+    }[cache]
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"tmpl-lint: error: {home / 'hub'}: {reason}\n"
+
+
 def test_templates_proven_at_once_report_as_one_after_another():
     one = run(str(CORPUS), "--format", "json", "--jobs", "1")
     several = run(str(CORPUS), "--format", "json", "--jobs", "3")

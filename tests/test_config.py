@@ -99,3 +99,62 @@ def test_per_file_ignores_name_known_codes(tmp_path, monkeypatch):
     code, _, err = run("b.jinja", "--no-prove")
     assert code == 2
     assert "unknown rule code or prefix: PC999" in err
+
+
+# -- a configuration file that cannot be read: one error line, exit 2, as ruff --------------
+
+
+def test_an_invalid_pyproject_toml_is_one_error_line_naming_the_file_and_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.tmpl-lint\n")
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: invalid TOML: "
+        "Expected ']' at the end of a table declaration (at line 1, column 16)\n",
+    )
+
+
+def test_an_invalid_pyproject_toml_of_another_tool_is_an_error_too(tmp_path, monkeypatch):
+    # It is the nearest configuration candidate: whether it configures tmpl-lint cannot be
+    # known without reading it (ruff errors here too).
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.black]\nline-length = \n")
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: invalid TOML: Invalid value (at line 2, column 15)\n",
+    )
+
+
+def test_a_pyproject_toml_that_is_not_utf8_is_one_error_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "")
+    (tmp_path / "pyproject.toml").write_bytes(b"[tool.black]\nname = '\xff'\n")
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: invalid TOML: not valid UTF-8 (byte 21)\n",
+    )
+
+
+def test_a_tool_tmpl_lint_that_is_not_a_table_is_one_error_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool]\ntmpl-lint = 3\n")
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: [tool.tmpl-lint] must be a table, not an integer\n",
+    )
+    (tmp_path / "pyproject.toml").write_text('tool = "tmpl-lint"\n')
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: invalid pyproject.toml: tool must be a table, not a string\n",
+    )
+
+
+def test_a_nearer_configuration_is_in_force_and_an_invalid_one_further_up_is_not_read(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.tmpl-lint\n")
+    nearer = tmp_path / "sub"
+    nearer.mkdir()
+    (nearer / ".tmpl-lint.yaml").write_text("select: [PC001]\n")
+    monkeypatch.chdir(nearer)
+    code, out, err = run(str(tmp_path / "a.jinja"), str(tmp_path / "b.jinja"), "--format", "json", "--no-prove")
+    assert (code, err, codes(out)) == (1, "", ["PC001"])

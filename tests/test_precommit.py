@@ -78,3 +78,18 @@ def test_a_stock_config_passes_the_readme_hooks_once_fixed(tmp_path, hook_reposi
     second = run_hooks(repo, environment)
     assert second.returncode == 0, second.stdout + second.stderr
     assert hook_lines(second) == [("tmpl-lint", "Passed"), ("tmpl-lint (fix)", "Passed")]
+
+
+def test_a_base_models_tokenizer_config_does_not_fail_the_hook(tmp_path, hook_repository, environment):
+    # A repo that keeps a base model beside a chat model: the hook's files pattern names both
+    # tokenizer configs, and the base model's holds no template to lint.
+    base = tmp_path / "base_tokenizer_config.json"
+    base.write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    repo = consumer(
+        tmp_path,
+        hook_repository,
+        {"base/tokenizer_config.json": base, "chat/chat_template.jinja": CORPUS / "clean_chatml.jinja"},
+    )
+    checked = run_hooks(repo, environment, "tmpl-lint")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert hook_lines(checked) == [("tmpl-lint", "Passed")]

@@ -235,6 +235,21 @@ def test_audit_without_any_template_exits_2_and_without_names_is_a_usage_error(t
         run_audit(AuditOptions(from_file=tmp_path / "nope.txt", use_cache=False))
 
 
+def test_an_audit_of_a_base_model_says_it_has_no_template_and_does_not_fail(tmp_path):
+    # A local Hugging Face cache holds base models: a row says so, the findings decide.
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
+    clean = model_folder(tmp_path / "clean", "clean_chatml.jinja")
+    run = run_audit(AuditOptions(local=(base, clean), prove=False, use_cache=False))
+    assert [(row["repo"], row["error"], row["codes"]) for row in run.rows] == [
+        (str(base), "no chat template", []),
+        (str(clean), None, []),
+    ]
+    assert [repo.error for repo in run.audit.repos] == [None, None]
+    assert run.status == EXIT_CLEAN
+
+
 def test_a_static_lint_imports_neither_the_proof_stack_nor_the_other_commands():
     # A pre-commit hook lints on every commit: what it never uses it must not import. One
     # template needs no threads to wait on its children (concurrent.futures brings logging).

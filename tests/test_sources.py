@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import SourceError, collect, read_bytes
+from tmpl_lint.sources import NothingToLint, SourceError, TemplateSource, collect, read_bytes
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
@@ -81,7 +81,7 @@ def test_directory_walk_finds_nested_models_and_loose_templates(tmp_path):
             "invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)",
         ),
         ("tokenizer_config.json", b"\xff\xfe{}", "not valid UTF-8 (byte 0)"),
-        ("tokenizer_config.json", b"{}", "no chat_template key"),
+        ("chat_template.json", b"{}", "no chat_template key"),
         (
             "tokenizer_config.json",
             b'{"chat_template": 3}',
@@ -194,6 +194,81 @@ def test_a_template_less_tokenizer_config_beside_a_template_file_is_not_an_error
     result = CliRunner().invoke(main, [str(config), "--no-prove"])
     assert (result.exit_code, result.stdout) == (0, "")
     assert result.stderr == "tmpl-lint: warning: no chat templates found in the given paths\n"
-    # without the template file beside it, it is the error it was
+    # without the template file beside it, it is a base model's: nothing to lint, which a
+    # check says in a warning (and a command that needs a template in an error)
     template.unlink()
-    assert [str(error) for error in collect([config])[1]] == [f"{config}: no chat_template key"]
+    (error,) = collect([config])[1]
+    assert isinstance(error, NothingToLint)
+    assert str(error) == f"{config}: no chat_template key: nothing to lint (a base model holds no chat template)"
+
+
+# -- base models: a tokenizer_config.json without a template ---------------------------------
+
+
+def test_a_base_model_in_a_directory_walk_is_passed_over_and_the_findings_decide_the_exit(tmp_path):
+    # A Hugging Face cache or a repo of models holds base models, whose tokenizer config has
+    # no chat template: a walk passes them over, as it passes over a GGUF without one.
+    write(tmp_path / "base" / "tokenizer_config.json", {"bos_token": "<s>"})
+    clean = write(tmp_path / "chat" / "chat_template.jinja", TEMPLATE)
+    assert collect([tmp_path]) == ([TemplateSource(clean, None, TEMPLATE, "jinja")], [])
+    result = CliRunner().invoke(main, [str(tmp_path), "--no-prove"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "All checks passed!\n", "")
+    write(tmp_path / "clock" / "chat_template.jinja", "{{ strftime_now('%Y') }}")
+    result = CliRunner().invoke(main, [str(tmp_path), "--no-prove", "--format", "json"])
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert [finding["code"] for finding in json.loads(result.stdout)] == ["PC001"]
+    # a walk of the base model alone finds nothing: the run's warning, as ruff's
+    result = CliRunner().invoke(main, [str(tmp_path / "base"), "--no-prove"])
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert result.stderr == "tmpl-lint: warning: no chat templates found in the given paths\n"
+
+
+def test_a_named_base_model_tokenizer_config_is_one_warning_and_does_not_fail_the_run(tmp_path):
+    # pre-commit names every tokenizer_config.json a commit touches, a base model's too.
+    base = write(tmp_path / "base" / "tokenizer_config.json", {"bos_token": "<s>"})
+    chat = write(tmp_path / "chat" / "tokenizer_config.json", {"chat_template": TEMPLATE})
+    warning = f"tmpl-lint: warning: {base}: no chat_template key: nothing to lint (a base model holds no chat template)\n"
+    result = CliRunner().invoke(main, [str(base), str(chat), "--no-prove"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "All checks passed!\n", warning)
+    result = CliRunner().invoke(main, [str(base), "--no-prove"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", warning)
+
+
+def test_a_model_directory_whose_chat_template_json_holds_none_is_still_an_error(tmp_path):
+    # chat_template.json exists to hold the template: without one it is a broken file.
+    write(tmp_path / "model" / "tokenizer_config.json", {"bos_token": "<s>"})
+    write(tmp_path / "model" / "chat_template.json", {})
+    assert [str(error) for error in collect([tmp_path])[1]] == [
+        f"{tmp_path / 'model'}: no chat template in chat_template.json, tokenizer_config.json"
+    ]
+
+
+# -- named files of a kind tmpl-lint does not read ---------------------------------------------
+
+
+def test_a_named_file_of_a_kind_tmpl_lint_does_not_read_is_one_warning_and_skipped(tmp_path):
+    # Plain prose is a valid Jinja template: linted as one it "passed". As ruff with a file
+    # of a type it does not lint, it is skipped with a warning, and the rest is linted.
+    prose = write(tmp_path / "readme.txt", "Just some prose.\n")
+    clock = write(tmp_path / "clock.jinja", "{{ strftime_now('%Y') }}")
+    warning = f"tmpl-lint: warning: {prose}: not a chat template: tmpl-lint does not read .txt files (name a template .jinja)\n"
+    result = CliRunner().invoke(main, [str(prose), "--no-prove"])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", warning)
+    result = CliRunner().invoke(main, [str(prose), str(clock), "--no-prove", "--format", "json"])
+    assert (result.exit_code, result.stderr) == (1, warning)
+    assert [(finding["path"], finding["code"]) for finding in json.loads(result.stdout)] == [(str(clock), "PC001")]
+
+
+@pytest.mark.parametrize("name", ["t.jinja", "t.j2", "t.jinja2", "t.tmpl", "template"])
+def test_named_template_files_are_read_as_templates(tmp_path, name):
+    # A file without an extension is read as ruff reads one as Python: the user named it.
+    path = write(tmp_path / name, TEMPLATE)
+    assert collect([path]) == ([TemplateSource(path, None, TEMPLATE, "jinja")], [])
+
+
+def test_a_template_given_with_template_is_read_whatever_its_extension(tmp_path):
+    # diff and replay --template: the option says the file is the template.
+    from tmpl_lint.diff import read_template
+
+    path = write(tmp_path / "template.txt", TEMPLATE)
+    assert read_template(path) == (TEMPLATE, {})
