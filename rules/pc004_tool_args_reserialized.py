@@ -1,8 +1,10 @@
 r"""## What it does
 Finds tool-call arguments that pass through `tojson`: `tool_call.arguments|tojson`, or a
 whole tool call or `function` object serialised with its arguments inside. transformers'
-`tojson` is `json.dumps` with its default separators `", "` and `": "`. Without an
-`is string` pass-through the finding is a warning; with one it is informational.
+`tojson` is `json.dumps` with its default separators `", "` and `": "`. Behind an
+`is string` pass-through too: vLLM passes every argument string as a mapping, so the
+pass-through never fires there, and the proof decides (with `--engine hf`, which passes the
+string, it does not reproduce it).
 
 ## Why is this bad?
 The model generated compact JSON such as `{"city":"Boston"}`. A framework that parsed it
@@ -82,27 +84,29 @@ def check(facts: Facts) -> list[Finding]:
             continue
         if use.names_layout:
             continue  # the template states how it writes the JSON (separators, indent): taken at its word
-        guarded = any(label.kind is LabelKind.STRING_GUARD for control in use.controls for label in control.labels)
         site = facts.site(use.node, "tojson")
         what = "tool-call arguments" if LabelKind.TOOL_ARGS in kinds else "a tool call (with its arguments)"
-        if guarded:
+        if _guarded(use):
             message = (
                 f"{what} pass through `tojson` when they are not a string: a mapping (vLLM always passes one) replays "
                 f'with ", " and ": " separators, not as a model writing compact JSON wrote it; {REMEDY}'
             )
-            severity = "info"
         else:
             message = (
                 f'{what} pass through `tojson`, which re-serialises them with ", " and ": " separators: '
                 f"the replay differs from the compact JSON the model generated; {REMEDY}"
             )
-            severity = None
         key = (site.line, site.column)
         previous = findings.get(key)
-        # The same filter seen through several macro calls: unguarded anywhere wins.
-        if previous is None or (previous.severity == "info" and severity is None):
-            findings[key] = RULE.at(site, message, use.labels, severity=severity)
+        # The same filter seen through several macro calls: unguarded anywhere says so.
+        if previous is None or not _guarded(use):
+            findings[key] = RULE.at(site, message, use.labels)
     return list(findings.values())
+
+
+def _guarded(use) -> bool:
+    """Behind an `is string` pass-through: a string replays byte for byte, a mapping does not."""
+    return any(label.kind is LabelKind.STRING_GUARD for control in use.controls for label in control.labels)
 
 
 def _style(options) -> str:
@@ -131,7 +135,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         joiner = "" if call.replace(" ", "").endswith("()") else ", "
         serialised = f"{argument} {call[:-1].rstrip()}{joiner}{separators})"
     shown = json.dumps({"city": "Paris"}, separators=SEPARATORS[style])
-    if finding.severity == "info":  # behind an `is string` pass-through already
+    if _guarded(use):  # behind an `is string` pass-through already
         title = f"a mapping of tool-call arguments (vLLM always passes one) renders as the model writes it: {shown}"
         return Fix(title, [[Edit(start, filter_end, serialised)]])
     title = f"tool-call arguments render as the model writes them: a string byte for byte, a mapping as {shown}"
