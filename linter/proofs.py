@@ -108,6 +108,7 @@ class Proof:
     hit_rate: float | None = None  # the proving scenario's projected hit rate, and its ideal
     ideal_hit_rate: float | None = None
     scenarios: tuple[str, ...] = ()  # not reproduced: the scenarios rendered
+    unrendered: tuple[tuple[str, str], ...] = ()  # not reproduced: (scenario, error) of those that failed
     reason: str | None = None  # not provable: why nothing could be rendered
     note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
     # Every (scenario, cause) whose divergence this finding explains, the proving one first.
@@ -123,8 +124,8 @@ class Proof:
         return cls(ProofStatus.PROVEN, unit, evidence=evidence)
 
     @classmethod
-    def not_reproduced(cls, unit: str, scenarios: tuple[str, ...]) -> Proof:
-        return cls(ProofStatus.NOT_REPRODUCED, unit, scenarios=tuple(scenarios))
+    def not_reproduced(cls, unit: str, scenarios: tuple[str, ...], unrendered: tuple[tuple[str, str], ...] = ()) -> Proof:
+        return cls(ProofStatus.NOT_REPRODUCED, unit, scenarios=tuple(scenarios), unrendered=tuple(unrendered))
 
     @classmethod
     def not_provable(cls, unit: str, reason: str) -> Proof:
@@ -162,6 +163,8 @@ class Proof:
             out["ideal_hit_rate"] = self.ideal_hit_rate
         if self.status is ProofStatus.NOT_REPRODUCED:
             out["scenarios"] = list(self.scenarios)
+            if self.unrendered:
+                out["not_rendered"] = [{"scenario": scenario, "error": error} for scenario, error in self.unrendered]
         if self.reason is not None:
             out["reason"] = self.reason
         if self.note is not None:

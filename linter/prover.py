@@ -95,6 +95,14 @@ class ProofReport:
         """The scenarios rendered, by name: what a finding not reproduced was tried on."""
         return tuple(result.scenario.name for result in self.rendered)
 
+    def unrendered(self) -> tuple[tuple[str, str], ...]:
+        """The scenarios that could not be rendered, and why: what a finding not reproduced
+        was not tried on (DeepSeek-R1 concatenates tool-call arguments as a string, and
+        every tool-calling request fails once vLLM passes them as a mapping)."""
+        rendered = set(self.tried())  # a scenario whose fallback rendered was tried
+        failed = [result for result in self.results if result.error is not None and result.scenario.name not in rendered]
+        return tuple(dict.fromkeys((result.scenario.name, result.error) for result in failed))
+
     def scenario(self, name: str) -> Scenario | None:
         return next((result.scenario for result in self.results if result.scenario.name == name), None)
 
@@ -796,7 +804,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report)
             finding.explained_by = explainer[divergences.index(worst)]
         else:
-            finding.proof = Proof.not_reproduced(unit, report.tried())
+            finding.proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
             continue
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         only_when_asked(finding, own or [worst], report)

@@ -87,10 +87,17 @@ def _proof_lines(proof: Proof) -> list[str]:
     if proof.status is ProofStatus.NOT_PROVABLE:
         return [f"proof: not provable: {proof.reason}"]
     if proof.status is ProofStatus.NOT_REPRODUCED:
-        return [
+        lines = [
             f"proof: not reproduced in {len(proof.scenarios)} scenarios (unit: {unit}), so it does not fail the run "
             "(--strict makes it fail); tried: " + ", ".join(f'"{name}"' for name in proof.scenarios)
         ]
+        by_error: dict[str, list[str]] = {}
+        for scenario, error in proof.unrendered:
+            by_error.setdefault(error, []).append(scenario)
+        for error, scenarios in by_error.items():
+            named = ", ".join(f'"{name}"' for name in scenarios)
+            lines.append(f"       not tried: {named}: the template cannot render {'it' if len(scenarios) == 1 else 'them'}: {error}")
+        return lines
     divergence = proof.divergence
     if divergence is None:
         return [f"proof: proven ({proof.evidence})"]

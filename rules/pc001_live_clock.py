@@ -84,7 +84,7 @@ def prove(report, finding: Finding) -> Proof:
     names: how often the prompt changes."""
     matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
     if not matching:
-        return Proof.not_reproduced(report.unit, report.tried())
+        return Proof.not_reproduced(report.unit, report.tried(), report.unrendered())
     stepped = []
     for divergence in matching:
         scenario = report.scenario(divergence.scenario)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED, SHARED_TEMPLATES, lint_text, needs_shared
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, lint_text, needs_shared, prove_text
 
 from tmpl_lint.cli import main
 
@@ -168,6 +168,36 @@ def test_a_finding_the_proof_does_not_reproduce_is_reported_and_does_not_fail():
         '"compact tool arguments replayed as sent"'
     )
     assert lines[-1] == "Found 1 finding (0 failing, 1 not reproduced)."
+
+
+# The unproven fixture's loop, printing a tool call's arguments by concatenation, as
+# DeepSeek-R1 does: transformers hands the template the model's string, vLLM a mapping.
+CONCATENATES_ARGUMENTS = UNPROVEN.read_text().replace(
+    "{%- if loop.last %}",
+    "{%- if message.tool_calls %}{{- '<call>' + message.tool_calls[0].function.arguments }}\n    {%- elif loop.last %}",
+)
+
+
+def test_a_finding_not_reproduced_says_which_scenarios_could_not_be_rendered_and_why(tmp_path):
+    (under_hf,) = [finding for finding in prove_text(CONCATENATES_ARGUMENTS, "hf")[1] if finding.code == "PC003"]
+    _, (under_vllm,) = prove_text(CONCATENATES_ARGUMENTS, "vllm")
+    assert under_hf.proof.status == under_vllm.proof.status == "not-reproduced"
+    assert under_hf.proof.unrendered == ()
+    untried = set(under_hf.proof.scenarios) - set(under_vllm.proof.scenarios)
+    assert {"agent", "agent, chained tool calls"} <= untried
+    error = 'TypeError: can only concatenate str (not "dict") to str'
+    # the replay of the string as sent fails, then its fallback, the parsed mapping: that one is named
+    untried = untried - {"compact tool arguments replayed as sent"} | {"compact tool arguments replayed as a mapping"}
+    assert sorted(under_vllm.proof.unrendered) == sorted((name, error) for name in untried)
+    assert under_vllm.proof.to_json()["not_rendered"] == [
+        {"scenario": name, "error": error} for name, _ in under_vllm.proof.unrendered
+    ]
+    path = tmp_path / "concatenates.jinja"
+    path.write_text(CONCATENATES_ARGUMENTS)
+    code, out, _ = run(str(path))
+    names = ", ".join(f'"{name}"' for name, _ in under_vllm.proof.unrendered)
+    assert code == 0
+    assert f"             not tried: {names}: the template cannot render them: {error}" in out.splitlines()
 
 
 def test_strict_makes_a_finding_the_proof_does_not_reproduce_fail():
