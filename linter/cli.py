@@ -204,7 +204,16 @@ def check(
     elif output_format == "github":
         report = github_report(findings, strict)
     else:
-        report = text_report(findings, result.notes, colour, quiet, strict, linted=len(result.linted), unread=len(result.errors))
+        report = text_report(
+            findings,
+            result.notes,
+            colour,
+            quiet,
+            strict,
+            linted=len(result.linted),
+            unread=len(result.errors),
+            unapplied=result.would_change,
+        )
     if output is not None:
         from .writes import WriteError
 

@@ -26,8 +26,10 @@ def text_report(
     strict: bool = False,
     linted: int | None = None,
     unread: int = 0,
+    unapplied: bool = False,
 ) -> str:
-    """ruff's text report; ``linted`` templates were read, ``unread`` inputs could not be."""
+    """ruff's text report; ``linted`` templates were read, ``unread`` inputs could not be;
+    ``unapplied``: the findings are of the templates as --diff's fixes would leave them."""
     out: list[str] = []
 
     def style(text: str, **options) -> str:
@@ -58,7 +60,7 @@ def text_report(
                 f"{other.message}"
             )
     if not quiet and (linted != 0 or unread):
-        out.append(summary(findings, strict, unread))
+        out.append(summary(findings, strict, unread, unapplied))
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -96,7 +98,9 @@ def _proof_lines(proof: Proof) -> list[str]:
             by_error.setdefault(error, []).append(scenario)
         for error, scenarios in by_error.items():
             named = ", ".join(f'"{name}"' for name in scenarios)
-            lines.append(f"       not tried: {named}: the template cannot render {'it' if len(scenarios) == 1 else 'them'}: {error}")
+            lines.append(
+                f"       not tried: {named}: the template cannot render {'it' if len(scenarios) == 1 else 'them'}: {error}"
+            )
         return lines
     divergence = proof.divergence
     if divergence is None:
@@ -141,13 +145,18 @@ def _escaped(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0) -> str:
+def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0, unapplied: bool = False) -> str:
     """ "Found 4 findings (1 failing, 2 not reproduced, 1 info)."; failing findings that no
     render showed (--no-prove, not provable, --strict) are counted as unproven after a ";".
-    "All checks passed!" only when every input was read and nothing was found."""
+    "All checks passed!" only when every input was read and nothing was found. ``unapplied``:
+    the findings are of the templates as --diff's fixes would leave them, which are not on
+    disk (the run fails until they are)."""
     unread_part = f"; {unread} input{'s' if unread != 1 else ''} could not be read (see the errors above)" if unread else ""
+    once = " once the fixes above are applied" if unapplied else ""
     if not findings:
-        return f"No findings{unread_part}." if unread else "All checks passed!"
+        if unread:
+            return f"No findings{once}{unread_part}."
+        return f"All checks pass{once}." if unapplied else "All checks passed!"
     verdicts = Counter(finding.verdict(strict) for finding in findings)
     unproven = sum(1 for finding in findings if finding.fails(strict) and finding.unproven)
     parts = [f"{verdicts[Verdict.FAILS]} failing"]
@@ -157,7 +166,7 @@ def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0) 
         parts.append(f"{verdicts[Verdict.INFO]} info")
     noun = "finding" if len(findings) == 1 else "findings"
     unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
-    return f"Found {len(findings)} {noun} ({', '.join(parts)}{unproven_part}){unread_part}."
+    return f"Found {len(findings)} {noun}{once} ({', '.join(parts)}{unproven_part}){unread_part}."
 
 
 def level(finding: Finding, strict: bool = False) -> str:

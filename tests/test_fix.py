@@ -91,9 +91,21 @@ def test_diff_prints_and_writes_nothing(tmp_path):
         in out
     )
     assert err.startswith(f"{path}:5:89: would fix PC004 [tool-args-reserialized]: ")
-    # nothing remains after the fix: the template now names the separators its model writes
-    assert err.endswith("All checks passed!\n")
+    # nothing remains after the fix (the template now names the separators its model writes),
+    # which is not on disk yet
+    assert err.endswith("All checks pass once the fixes above are applied.\n")
     assert code == 1  # as ruff: --diff exits 1 when it would change a file
+
+
+def test_diff_counts_what_remains_once_its_fixes_are_applied(tmp_path):
+    # The switch's default is made stable; the finding stays, informational, for callers who
+    # opt back in (README). --diff wrote nothing, so its summary is of the fixes unapplied.
+    path = copy(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path)
+    code, _, err = run(str(path), "--diff", "--no-prove")
+    assert code == 1
+    assert err.splitlines()[-1] == "Found 1 finding once the fixes above are applied (0 failing, 1 info)."
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (0 failing, 1 info).")
 
 
 def test_second_fix_is_a_no_op(tmp_path):
