@@ -389,7 +389,11 @@ def audit(
         for row in table:
             view.add_row(*auditing.cells(row))
         Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
-        click.echo(f"{len(result.repos)} repos, {len(result.analyses)} distinct templates, {result.analysed_now} analysed now")
+        repos, distinct = len(result.repos), len(result.analyses)
+        click.echo(
+            f"{repos} repo{'s' if repos != 1 else ''}, {distinct} distinct template{'s' if distinct != 1 else ''}, "
+            f"{result.analysed_now} analysed now"
+        )
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)

@@ -159,6 +159,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             options.cache_model, options.block_size, options.page_size, options.slots, options.cache_reuse
         )
         calls, unread = replaying.read_log(options.log)
+        if not calls and not unread:  # (lines that are not requests are each an error of their own)
+            raise RunError(f"{options.log}: no requests to replay")
         loaded = load_tokenizer(options.tokenizer) if options.tokenizer else None
         templates = [("template", options.template, *read_template(options.template))]
         if options.compare:

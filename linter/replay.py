@@ -217,6 +217,8 @@ def sessions(calls: list[Call], session_key: str | None) -> list[Session]:
     history stays in its session."""
     found: dict[str, Session] = {}
     if session_key:
+        if calls and all(_lookup(call.body, session_key) is None for call in calls):
+            raise ReplayError(f"--session-key {session_key}: no request has it, so it names no session")
         for call in calls:
             key = _lookup(call.body, session_key)
             key = "(none)" if key is None else str(key)
@@ -879,12 +881,16 @@ def _capacity(summary: Summary) -> str:
     return f"{summary.capacity_blocks} blocks' worth of tokens"
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def text_report(results: list[tuple[str, Summary]]) -> str:
     lines = []
     for label, summary in results:
         unit = summary.unit
         lines.append(
-            f"{label}: {summary.requests} requests in {summary.sessions} sessions, "
+            f"{label}: {_count(summary.requests, 'request')} in {_count(summary.sessions, 'session')}, "
             f"{ENGINE_NAMES[summary.cache_model]} ({_capacity(summary)})"
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"

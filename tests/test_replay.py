@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
-from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, transformers_tokenizer
+from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, transformers_tokenizer
 from test_kv_cache import straightforward_vllm
 
 from tmpl_lint.cli import main
@@ -349,6 +349,23 @@ def test_bad_log_is_a_one_line_error(tmp_path):
     )
     assert result.exit_code == 2
     assert result.stderr == f"tmpl-lint: error: {log}:1: no messages in this request\n"
+
+
+def test_an_empty_log_and_a_session_key_no_request_has_are_one_line_errors(tmp_path):
+    template = CORPUS / "clean_chatml.jinja"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = replay(empty, "--template", template)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"tmpl-lint: error: {empty}: no requests to replay\n")
+    log = tmp_path / "two.jsonl"
+    request = {"messages": [{"role": "user", "content": "Hi"}], "user": "ada"}
+    log.write_text(json.dumps(request) + "\n" + json.dumps(request) + "\n")
+    result = replay(log, "--template", template, "--session-key", "metadata.session_id")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "tmpl-lint: error: --session-key metadata.session_id: no request has it, so it names no session\n"
+    result = replay(log, "--template", template, "--session-key", "user")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].startswith("template: 2 requests in 1 session, ")
 
 
 def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
