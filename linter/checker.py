@@ -429,6 +429,6 @@ def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection
     unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
     if selection.includes(unused.code):
         for suppression in found:
-            if not suppression.used:
+            if not suppression.used or suppression.unknown:
                 kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe()))
     return kept

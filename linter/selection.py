@@ -80,10 +80,14 @@ def _codes(values: Iterable[str] | None):
 
 
 def _check_known(prefix: str) -> None:
+    if not _known(prefix):
+        raise SelectionError(f"unknown rule code or prefix: {prefix}")
+
+
+def _known(prefix: str) -> bool:
     from .rules import RULES
 
-    if prefix != "ALL" and not any(rule.RULE.code.startswith(prefix) for rule in RULES):
-        raise SelectionError(f"unknown rule code or prefix: {prefix}")
+    return prefix == "ALL" or any(rule.RULE.code.startswith(prefix) for rule in RULES)
 
 
 # Inside a Jinja comment: `{# tmpl-lint: ignore[PC001, PC004] #}` or `{# tmpl-lint: ignore-file #}`.
@@ -101,7 +105,16 @@ class Suppression:
     def covers(self, code: str, line: int) -> bool:
         return (self.whole_file or self.line == line) and (not self.codes or any(code.startswith(c) for c in self.codes))
 
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """The codes it names that no rule has (a typo: `PC04`), which suppress nothing even
+        where the others do, as ruff says of a noqa."""
+        return tuple(code for code in self.codes if not _known(code))
+
     def describe(self) -> str:
+        if self.unknown:
+            named = ", ".join(self.unknown)
+            return f"the suppression names {named}, which {'is' if len(self.unknown) == 1 else 'are'} no rule code: it suppresses nothing"
         what = ", ".join(self.codes) or "all codes"
         return f"the suppression of {what} suppresses nothing on {'this template' if self.whole_file else 'this line'}"
 

@@ -20,6 +20,14 @@ def test_unused_suppression_is_reported():
     assert findings[0].message == "the suppression of PC004 suppresses nothing on this line"
 
 
+def test_a_code_no_rule_has_is_named_as_such():
+    # `PC04` for PC004: it would suppress nothing, and says why
+    source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC04, PC001] #}\n'
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#")]
+    assert findings[0].message == "the suppression names PC04, which is no rule code: it suppresses nothing"
+
+
 def test_suppression_of_another_code_does_not_hide():
     source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC004] #}\n'
     assert [code for code, _, _ in lint_text(source)[0]] == ["PC001", "PC900"]
