@@ -187,6 +187,11 @@ def one_line(error: Exception) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+# The files transformers builds a tokenizer from (besides *.tiktoken): a folder with none
+# holds no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 @lru_cache(maxsize=16)
 def load_tokenizer(directory: Path) -> Tokenizer:
     directory = Path(directory).resolve()
@@ -199,6 +204,9 @@ def load_tokenizer(directory: Path) -> Tokenizer:
         return _harmony_vocabulary(directory, tokenizer_file, special) or Tokenizer(
             directory, _load_file(tokenizer_file), special
         )
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES) and not any(directory.glob("*.tiktoken")):
+        # transformers would say it cannot convert a slow tokenizer without sentencepiece
+        raise TokenizerError(f"{directory}: no tokenizer here (no {', '.join(TOKENIZER_FILES)})")
     # transformers says on import that PyTorch is missing: true, and beside the point here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:

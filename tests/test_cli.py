@@ -165,6 +165,16 @@ def test_a_tokenizer_error_is_one_whole_line(tmp_path):
     assert err == f"tmpl-lint: error: {directory.resolve()}: cannot load tokenizer: {' '.join(message.split())}\n"
 
 
+def test_a_folder_without_tokenizer_files_says_so(tmp_path):
+    # transformers would answer that a slow tokenizer needs sentencepiece to convert
+    code, out, err = run(str(CORPUS / "clean_chatml.jinja"), "--tokenizer", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"tmpl-lint: error: {tmp_path.resolve()}: no tokenizer here "
+        "(no tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)\n"
+    )
+
+
 def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
     # SIGINT to the process group, as a terminal sends it on Ctrl-C.
     process = subprocess.Popen(
