@@ -203,7 +203,16 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> list[Template
 
         return read_templates(path)
     if path.suffix == ".json":
-        return _read_json(path, required=True)
+        found = _read_json(path, required=True)
+        # Named on its own (pre-commit names each file a commit touches), a file another
+        # beside it overrides is linted, and the note says which one transformers reads.
+        precedence = [CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG]
+        if path.name in precedence[1:]:
+            above = [name for name in precedence[: precedence.index(path.name)] if (path.parent / name).is_file()]
+            if above:
+                note = f"{above[0]} is in force; it overrides the template in {path.name}"
+                found = [_with_note(source, note) for source in found]
+        return found
     if path.suffix in EMBEDDING_SUFFIXES:
         return _read_embedded(path)
     if any_file_is_a_template or path.suffix.lower() in NAMED_TEMPLATE_SUFFIXES:

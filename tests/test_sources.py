@@ -55,6 +55,24 @@ def test_model_directory_precedence_and_additional_templates(tmp_path):
     )
 
 
+def test_a_named_file_another_overrides_is_linted_and_says_which_is_in_force(tmp_path):
+    # pre-commit names the tokenizer_config.json a commit touches, whatever lies beside it
+    write(tmp_path / "tokenizer_config.json", {"chat_template": "from config"})
+    write(tmp_path / "chat_template.json", {"chat_template": "from chat_template.json"})
+    (config,), _ = collect([tmp_path / "tokenizer_config.json"])
+    assert (config.text, config.note) == (
+        "from config",
+        "chat_template.json is in force; it overrides the template in tokenizer_config.json",
+    )
+    write(tmp_path / "chat_template.jinja", "from jinja file")
+    (config,), _ = collect([tmp_path / "tokenizer_config.json"])
+    (json_file,), _ = collect([tmp_path / "chat_template.json"])
+    assert config.note == "chat_template.jinja is in force; it overrides the template in tokenizer_config.json"
+    assert json_file.note == "chat_template.jinja is in force; it overrides the template in chat_template.json"
+    (jinja_file,), _ = collect([tmp_path / "chat_template.jinja"])
+    assert jinja_file.note is None
+
+
 def test_model_directory_without_jinja_uses_chat_template_json(tmp_path):
     write(tmp_path / "tokenizer_config.json", {"chat_template": "from config"})
     write(tmp_path / "chat_template.json", {"chat_template": "from chat_template.json"})
