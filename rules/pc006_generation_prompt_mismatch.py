@@ -153,7 +153,8 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
 
 
 def _generation_prompt_site(facts: Facts | None) -> Site:
-    """The last `add_generation_prompt` test outside the loop over messages, else line 1."""
+    """The last `add_generation_prompt` test outside the loop over messages, else the last
+    inside it (Apriel prints the prompt on the loop's last message), else line 1."""
     if facts is None or facts.tree is None:
         return Site(1, "", fixed_column=1)
     in_loops = {id(node) for loop in facts.nodes_of(nodes.For) for node in descendants(loop) if isinstance(node, nodes.Name)}
@@ -161,8 +162,9 @@ def _generation_prompt_site(facts: Facts | None) -> Site:
         name
         for branch in facts.nodes_of(nodes.If)
         for name in [branch.test, *descendants(branch.test)]
-        if isinstance(name, nodes.Name) and name.name == "add_generation_prompt" and id(name) not in in_loops
+        if isinstance(name, nodes.Name) and name.name == "add_generation_prompt"
     ]
+    outside = [name for name in tests if id(name) not in in_loops]
     if not tests:
         return Site(1, "", fixed_column=1)
-    return facts.site(tests[-1], "add_generation_prompt")
+    return facts.site((outside or tests)[-1], "add_generation_prompt")

@@ -1,6 +1,6 @@
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, lint_fixture, lint_text, prove_fixture
+from helpers import CORPUS, SHARED_TEMPLATES, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.cli import main
 from tmpl_lint.fixer import found_by_proof
@@ -153,3 +153,15 @@ def test_the_fixer_does_not_count_it_as_failing_and_other_divergences_do():
     # The same template counting its turns in the system line: every turn rewrites the start.
     counting = "{{- 'turns: ' ~ (messages|length) ~ '\\n' }}" + text
     assert ("PC100", "system") in found_by_proof(Prover(counting, None).run({}), [])
+
+
+@needs_shared
+def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_even_inside_the_loop():
+    # Apriel prints the generation prompt on the loop's last message; ORACLE.tsv: the tail
+    # differs in chat and agent. The finding stood at line 1, on a comment.
+    path = SHARED_TEMPLATES / "ServiceNow-AI--Apriel-1.6-15b-Thinker.jinja"
+    text = path.read_text()
+    line = "    {%- if loop.last and add_generation_prompt and message['role'] != 'assistant' -%}"
+    number = text.splitlines().index(line) + 1
+    codes, _ = prove_text(text, "vllm", str(path))
+    assert ("PC006", number, line.index("add_generation_prompt") + 1) in codes
