@@ -120,9 +120,10 @@ class Verifier:
         self.original_report = self.prove(source.text)
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(original)
-        self.original_found_by_proof = found_by_proof(self.original_report, original)
+        # The original's findings with their proofs: which the proof shows, and what it finds itself.
         proven = [copy.copy(finding) for finding in original]
-        attach_proofs(proven, self.original_report)
+        extra = attach_proofs(proven, self.original_report)
+        self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         self.original_single_turns = self.single_turns(source.text)
 
@@ -273,8 +274,11 @@ def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
     own reasoning left out of history is informational, and so not among them."""
     if not report.rendered:
         return set()
-    extra = attach_proofs([copy.copy(finding) for finding in findings], report)
-    return {(finding.code, str(finding.proof.cause)) for finding in extra if finding.fails() and finding.proof is not None}
+    return _failing_causes(attach_proofs([copy.copy(finding) for finding in findings], report))
+
+
+def _failing_causes(found: list[Finding]) -> set[tuple[str, str]]:
+    return {(finding.code, str(finding.proof.cause)) for finding in found if finding.fails() and finding.proof is not None}
 
 
 def applies_by_default(finding: Finding) -> bool:
