@@ -110,24 +110,49 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 
 
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
-    import libcst as cst
-
     from .containers import _parse_python, _python_literals
 
     _, found = _python_literals(_parse_python(text))
     literal = next((node for key, node in found if key == name), None)
-    if not isinstance(literal, cst.SimpleString):
-        return None  # adjacent literals are placed at their first line only (python_template_line)
+    parts = _simple_strings(literal)
+    if not parts:
+        return None
     # The name holds the literal's line, and its column where the line holds two.
     where = name.rsplit("@", 1)[1].split(":")
     line, column = int(where[0]), int(where[1]) if len(where) > 1 else 1
-    starts = _line_starts(text)
-    start = text.find(literal.value, starts[line - 1] + column - 1)
-    if start < 0:
-        return None
-    prefix, quote = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", literal.value).groups()
+    position = _line_starts(text)[line - 1] + column - 1
+    offsets: list[int] = []
+    for part in parts:  # adjacent literals ('a' 'b'), in the order the file holds them
+        start = text.find(part.value, position)
+        if start < 0:
+            return None
+        offsets.extend(_string_offsets(text, start, part.value))
+        position = start + len(part.value)
+    offsets.append(position - len(_QUOTED.match(parts[-1].value).group(2)))
+    return offsets
+
+
+def _simple_strings(node) -> list | None:
+    """The plain string literals a literal is made of: itself, or the parts of adjacent
+    literals ('a' 'b'); None for anything else (an f-string)."""
+    import libcst as cst
+
+    if isinstance(node, cst.SimpleString):
+        return [node]
+    if isinstance(node, cst.ConcatenatedString):
+        left, right = _simple_strings(node.left), _simple_strings(node.right)
+        return left + right if left is not None and right is not None else None
+    return None
+
+
+_QUOTED = re.compile(r"(?i)([rbu]*)('''|\"\"\"|'|\")")
+
+
+def _string_offsets(text: str, start: int, value: str) -> list[int]:
+    """The file offset of each character of the string literal ``value`` written at ``start``."""
+    prefix, quote = _QUOTED.match(value).groups()
     index = start + len(prefix) + len(quote)
-    end = start + len(literal.value) - len(quote)
+    end = start + len(value) - len(quote)
     raw = "r" in prefix.lower()
     offsets: list[int] = []
     while index < end:
@@ -155,7 +180,6 @@ def _python_offsets(text: str, name: str | None) -> list[int] | None:
         else:  # an unknown escape keeps its backslash
             offsets.extend([index, index + 1])
             index += 2
-    offsets.append(end)
     return offsets
 
 

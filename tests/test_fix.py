@@ -425,7 +425,7 @@ def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path
         "tmpl-lint rewrites a single literal only: join them into one and run --fix again"
     )
     assert "fixed" not in out.replace("not fixed", "")
-    assert f"{path}:chat_template@2:1:4: PC001 [live-clock]" in out  # still reported
+    assert f"{path}:2:9: PC001 [live-clock] (template chat_template@2)" in out  # still reported, where the file holds it
     assert code == 1
 
 

@@ -147,6 +147,26 @@ def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkey
     ]
 
 
+def test_a_template_written_as_adjacent_python_literals_is_placed_in_each(tmp_path, monkeypatch):
+    (tmp_path / "serving.py").write_text(
+        "chat_template = (\n"
+        '    "{% for m in messages %}{{ m.content }}\\n{% endfor %}"  # one part\n'
+        "    '{{ strftime_now(\"%Y\") }}'\n"
+        ")\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    lines = (tmp_path / "serving.py").read_text().splitlines()
+    code, out, _ = run("serving.py", "--no-prove", "-q")
+    assert out.splitlines() == [
+        f"serving.py:3:{lines[2].index('strftime_now') + 1}: PC001 [live-clock] (template chat_template@2) (not proven: "
+        "--no-prove) `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the "
+        "rendered date changes"
+    ]
+    code, out, _ = run("serving.py", "--no-prove", "--format", "sarif")
+    (region,) = [r["locations"][0]["physicalLocation"]["region"] for r in json.loads(out)["runs"][0]["results"]]
+    assert (region["startLine"], region["startColumn"]) == (3, lines[2].index("strftime_now") + 1)
+
+
 # -- what fails the run: the proof decides ------------------------------------------------
 
 UNPROVEN = CORPUS / "PC003_unproven_same_text_either_way.jinja"
