@@ -96,18 +96,6 @@ def json_template_span(text: str, name: str | None) -> Span:
     raise ContainerError(f"no template named {name!r}")
 
 
-def json_template_line(text: str, name: str | None) -> int:
-    """1-based line of the template's key (or its list entry) in the JSON file."""
-    try:
-        span = json_template_span(text, name)
-    except ContainerError:
-        return 1
-    if name is None:
-        spans, _ = object_spans(text)
-        return text.count("\n", 0, spans["chat_template"][0].start) + 1
-    return text.count("\n", 0, span.start) + 1
-
-
 def replace_json_template(text: str, name: str | None, template: str) -> str:
     span = json_template_span(text, name)
     original = text[span.start : span.end]
@@ -486,70 +474,3 @@ def replace_in_container(text: str, name: str | None, template: str, container: 
     if container == "yaml":
         return replace_yaml_template(text, name, template)
     return template
-
-
-def file_line(path: Path, container: str, name: str | None, template_line: int) -> int:
-    """The line in the file on disk for a template line (for a template inside JSON, the
-    line of its ``chat_template`` key or list entry)."""
-    if container == "jinja":
-        return template_line
-    if container == "gguf":
-        return 1  # a binary file: its lines mean nothing (and it may be tens of GB)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return template_line
-    if container == "json":
-        return json_template_line(text, name)
-    if container == "python" and name and "@" in name:
-        return python_template_line(text, name, template_line)
-    if container == "yaml" and name:
-        return yaml_template_line(text, name, template_line)
-    return template_line
-
-
-def python_template_line(text: str, name: str, template_line: int) -> int:
-    r"""Where the template's line starts in the file: a newline in the literal's source moves
-    both, an escaped ``\n`` only the template, a backslash line continuation only the file."""
-    try:
-        _, found = _python_literals(_parse_python(text))
-    except (ContainerError, RecursionError):
-        return template_line
-    start = int(name.rsplit("@", 1)[1].split(":")[0])
-    literal = next((node for key, node in found if key == name), None)
-    if literal is None or not hasattr(literal, "prefix"):
-        return start
-    prefix, quote = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", literal.value).groups()
-    body = literal.value[len(prefix) + len(quote) : -len(quote)]
-    raw = "r" in prefix.lower()
-    value_line, file_line, index = 1, start, 0
-    while value_line < template_line and index < len(body):
-        char = body[index]
-        if char == "\\" and not raw and index + 1 < len(body):
-            escaped = body[index + 1]
-            value_line += escaped == "n"
-            file_line += escaped == "\n"
-            index += 2
-            continue
-        if char == "\n":
-            value_line += 1
-            file_line += 1
-        index += 1
-    return file_line
-
-
-def yaml_template_line(text: str, name: str, template_line: int) -> int:
-    """A literal block (``|``) holds the template line for line below its key; any other
-    scalar is reported at its key's line."""
-    from ruamel.yaml import YAMLError
-    from ruamel.yaml.scalarstring import LiteralScalarString
-
-    try:
-        document = _yaml().load(text)
-    except YAMLError:
-        return template_line
-    for path, mapping, key in _yaml_places(document):
-        if ".".join(path) == name:
-            key_line = mapping.lc.key(key)[0] + 1
-            return key_line + template_line if isinstance(mapping[key], LiteralScalarString) else key_line
-    return template_line
