@@ -12,6 +12,7 @@ gguf.py), and any directory, walked recursively.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -96,12 +97,24 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
             elif path.exists():
                 sources.extend(read_file(path, any_file_is_a_template))
             elif path.is_symlink():
-                raise SourceError(path, "broken symbolic link")
+                raise SourceError(path, _broken_link(path))
             else:
                 raise SourceError(path, "no such file or directory")
         except SourceError as error:
             errors.append(error)
     return sources, errors
+
+
+def _broken_link(path: Path) -> str:
+    """Why a symbolic link leads nowhere: a loop (as a walk says it), or a missing target."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 says a loop so; 3.13 raises OSError(ELOOP)
+        return "Too many levels of symbolic links"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return error.strerror
+    return "broken symbolic link"
 
 
 def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:

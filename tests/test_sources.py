@@ -139,6 +139,17 @@ def test_symlink_loop_does_not_hang(tmp_path):
     assert [s.path.name for s in sources] == ["t.jinja"]
 
 
+def test_a_named_link_that_leads_nowhere_says_why(tmp_path):
+    (tmp_path / "one.jinja").symlink_to(tmp_path / "two.jinja")
+    (tmp_path / "two.jinja").symlink_to(tmp_path / "one.jinja")
+    (tmp_path / "gone.jinja").symlink_to(tmp_path / "nothing.jinja")
+    _, errors = collect([tmp_path / "one.jinja", tmp_path / "gone.jinja"])
+    assert [(error.path.name, error.message) for error in errors] == [
+        ("one.jinja", "Too many levels of symbolic links"),  # as os.strerror(ELOOP), what a walk says
+        ("gone.jinja", "broken symbolic link"),
+    ]
+
+
 def test_crlf_is_kept_exactly(tmp_path):
     path = write(tmp_path / "t.jinja", b"{{ messages[0].content }}\r\n")
     (source,), _ = collect([path])
