@@ -298,7 +298,6 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
         reason = f"the template prints random text ({random[0].code}): fixes cannot be verified"
         result.skipped = [(finding, reason) for finding in findings]
         return result
-    verifier = None
     chosen: list[Edit] = []
     pending: list[tuple[Finding, object]] = []
     for finding in sorted(findings, key=lambda f: (f.code, f.line, f.column)):
@@ -310,11 +309,13 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
             result.skipped.append((finding, fix.unfixable))
         else:
             pending.append((finding, fix))
-    if pending and not options.unreproduced:
-        # The lint above is the verifier's own when every code is selected: the places its
-        # findings keep are not read by the verifier.
-        everything = selection.runs_every_code_on(source.path)
-        verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
+    if not pending:
+        return result
+    # The lint above is the verifier's own when every code is selected: the places its
+    # findings keep are not read by the verifier.
+    everything = selection.runs_every_code_on(source.path)
+    verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
+    if not options.unreproduced:
         for finding, fix in list(pending):
             reason = verifier.unreproduced(finding)
             if reason is not None:
@@ -333,11 +334,6 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
             if tried.get(id(finding)) == tuple(chosen):
                 continue
             tried[id(finding)] = tuple(chosen)
-            if verifier is None:
-                # The lint above is the verifier's own when every code is selected: the
-                # places its findings keep are not read by the verifier.
-                everything = selection.runs_every_code_on(source.path)
-                verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
             for alternative in fix.alternatives:
                 edits = list(dict.fromkeys(chosen + alternative))
                 try:
