@@ -245,10 +245,10 @@ class _Fixing:
         return now
 
     def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
-        """GGUF models are never rewritten in place: the fixed templates go beside the model,
-        or into a new copy (``--gguf-copy``)."""
+        """GGUF models are never rewritten in place: the fixed templates go beside the model
+        (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import apply_fixes
+        from .gguf import copy_with_fixes, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -257,21 +257,40 @@ class _Fixing:
         now: list[TemplateSource] = []
         for model, found in by_model.items():
             fixes = [fix_isolated(source, self.options, self.selection) for source in found]
+            names = {fix.source.name for fix in fixes}
+            placed_all = True
             for fix in fixes:
-                self.say_fixed(fix)
+                if fix.refusal:
+                    self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+                if not fix.changed:
+                    self.say_skipped(fix)
+                    now.append(fix.source)
+                    continue
+                # Said as each file is written (or found written), and "fixed" only then.
+                placed = place_fix(model, fix, self.write, names)
+                if placed.error is None:
+                    self.say_fixed(fix)
+                else:
+                    placed_all = False
+                    for finding, _title in fix.applied:
+                        self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
+                    self.result.errors.append(str(placed.error))
                 self.say_skipped(fix)
-                if not self.write and fix.changed:
-                    self.say(unified_diff(Path(fix.source.label), fix.source.text, fix.patched), patch=True)
+                for line in placed.lines:
+                    self.say(line)
+                if placed.new_file is not None:
+                    self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
-            try:
-                lines, current = apply_fixes(model, fixes, self.write, self.gguf_copy)
-            except WriteError as error:
-                self.result.errors.append(str(error))
-                now.extend(fix.source for fix in fixes)
-                continue
-            for line in lines:
-                self.say(line)
-            now.extend(current)
+                now.append(placed.now)
+            if self.write and self.gguf_copy is not None:
+                if not placed_all:
+                    self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
+                    continue
+                try:
+                    for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
+                        self.say(line)
+                except WriteError as error:
+                    self.result.errors.append(str(error))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:
