@@ -839,6 +839,7 @@ class PlacedFix:
     """One GGUF template's fix (fixer.TemplateFix) beside the model: what ``--fix`` did with
     it, or what ``--diff`` shows it would do."""
 
+    target: Path  # the file the fix goes to
     now: TemplateSource  # the template as it now is, for the lint that follows
     lines: list[str] = field(default_factory=list)  # what was written where, and how llama.cpp reads it
     new_file: tuple[Path, str] | None = None  # --diff: the file --fix would create, and its text
@@ -858,13 +859,13 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
         try:
             there = _already_written(target, writes.encode(target, fix.patched))
         except WriteError as error:
-            return PlacedFix(fix.source, error=error)
-        return PlacedFix(_patched(fix), new_file=None if there else (target, fix.patched))
+            return PlacedFix(target, fix.source, error=error)
+        return PlacedFix(target, _patched(fix), new_file=None if there else (target, fix.patched))
     try:
         target, fresh = write_companion(model, fix.source.name, fix.patched)
     except WriteError as error:
-        return PlacedFix(fix.source, error=error)
-    placed = PlacedFix(TemplateSource(target, None, fix.patched, "jinja"))
+        return PlacedFix(target, fix.source, error=error)
+    placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"))
     lines = placed.lines
     lines.append(f"{fix.source.label}: {'wrote' if fresh else 'already written:'} the fixed template to {target}")
     if fix.source.name == DEFAULT_NAME:

@@ -79,6 +79,27 @@ class FixLine:
     patch: bool = False
 
 
+@dataclass(frozen=True)
+class InputError:
+    """A file the run could not read, or could not write: one error line, exit 2."""
+
+    path: Path
+    line: str  # printed after "tmpl-lint: error: ", the path first as a rule
+
+    @classmethod
+    def of(cls, path: Path, error: Exception) -> InputError:
+        return cls(getattr(error, "path", path), str(error))
+
+    def __str__(self) -> str:
+        return self.line
+
+    @property
+    def message(self) -> str:
+        """The line without the path it starts with, for a report that names the file apart."""
+        prefix = f"{self.path}: "
+        return self.line.removeprefix(prefix)
+
+
 @dataclass
 class LintedSource:
     source: TemplateSource  # as the lint read it: after --fix, the template as written
@@ -90,7 +111,7 @@ class CheckResult:
     linted: list[LintedSource] = field(default_factory=list)
     fix_lines: list[FixLine] = field(default_factory=list)
     would_change: bool = False  # --diff: some file would change
-    errors: list[str] = field(default_factory=list)  # inputs not read or not written; the run went on
+    errors: list[InputError] = field(default_factory=list)  # inputs not read or not written; the run went on
     warnings: list[str] = field(default_factory=list)
     strict: bool = False  # as the options and the configuration decide it
     exit_zero: bool = False
@@ -140,7 +161,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         except TokenizerError as error:
             raise RunError(str(error)) from None
     sources, errors = collect(list(options.paths))
-    result.errors = [str(error) for error in errors]
+    result.errors = [InputError(error.path, str(error)) for error in errors]
     gguf_copy = options.gguf_copy
     if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")
@@ -230,7 +251,7 @@ class _Fixing:
                     self.say_fixed(fix)
                 self.say_skipped(fix)
             if fixed.error is not None:
-                self.result.errors.append(str(fixed.error))
+                self.result.errors.append(InputError.of(fixed.path, fixed.error))
                 now.extend(fix.source for fix in fixed.fixes)
                 continue
             if not self.write and fixed.changed:
@@ -248,7 +269,7 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import copy_with_fixes, place_fix
+        from .gguf import copy_destination, copy_with_fixes, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -274,7 +295,7 @@ class _Fixing:
                     placed_all = False
                     for finding, _title in fix.applied:
                         self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
-                    self.result.errors.append(str(placed.error))
+                    self.result.errors.append(InputError.of(placed.target, placed.error))
                 self.say_skipped(fix)
                 for line in placed.lines:
                     self.say(line)
@@ -290,7 +311,7 @@ class _Fixing:
                     for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
                         self.say(line)
                 except WriteError as error:
-                    self.result.errors.append(str(error))
+                    self.result.errors.append(InputError.of(copy_destination(model, self.gguf_copy), error))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:
