@@ -200,9 +200,9 @@ def check(
     elif output_format == "json":
         report = json_report(findings, strict)
     elif output_format == "sarif":
-        report = sarif_report(findings, strict)
+        report = sarif_report(findings, strict, result.errors)
     elif output_format == "github":
-        report = github_report(findings, strict)
+        report = github_report(findings, strict, result.errors)
     else:
         report = text_report(
             findings,

@@ -424,15 +424,42 @@ def put_back(text: str, fixes: list[TemplateFix]) -> str:
     return text
 
 
-def unified_diff(path: Path, before: str, after: str) -> str:
-    """The change to a file as ``git apply`` and ``patch -p1`` take it: ``a/`` and ``b/``
-    paths relative to the working directory when the file is under it."""
-    try:
-        name = Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
-    except ValueError:
-        name = path.as_posix()
+def unified_diff(path: Path, before: str | None, after: str) -> str:
+    """The change to a file as a patch applied from the working directory: ``a/`` and ``b/``
+    then the path relative to it, as git writes names (``git apply`` and ``patch -p1`` take
+    it). A file outside the working directory is named through ``..``, which ``git apply
+    --unsafe-paths`` takes (ruff's absolute name and git diff --no-index's ``a/tmp/...``
+    apply from no directory but the root, and GNU patch takes no name leading out of its
+    directory). ``before`` None: the file does not exist yet (``--- /dev/null``)."""
+
+    def quoted(name: str) -> str:
+        # As git writes a name, so that git apply and GNU patch read the same one back:
+        # C-quoted (git's quote_c_style) when it holds a quote, a backslash, a control
+        # character or bytes that are not UTF-8; then a tab when it holds a space, where
+        # patch would otherwise end the name.
+        data = os.fsencode(name)
+        letters = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            plain = False
+        else:
+            plain = not any(byte < 32 or byte == 127 or byte in letters for byte in data)
+        if not plain:
+            escaped = (
+                f"\\{letters[byte]}" if byte in letters else f"\\{byte:03o}" if byte < 32 or byte >= 127 else chr(byte)
+                for byte in data
+            )
+            name = f'"{"".join(escaped)}"'
+        return name + ("\t" if " " in name else "")
+
+    name = Path(os.path.relpath(os.path.abspath(path))).as_posix()
     # Lines end at \n only, as patch reads them (str.splitlines also splits at \x0c, \u2028...).
-    lines = difflib.unified_diff(_lines(before), _lines(after), f"a/{name}", f"b/{name}")
+    hunks = list(difflib.unified_diff(_lines(before or ""), _lines(after)))[2:]
+    if not hunks:
+        return ""
+    old = "/dev/null" if before is None else quoted(f"a/{name}")
+    lines = [f"--- {old}\n", f"+++ {quoted(f'b/{name}')}\n", *hunks]
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 

@@ -666,6 +666,33 @@ def build_tokenizer(metadata: Metadata):
 # -- writing ---------------------------------------------------------------------------------
 
 
+class CompanionTaken(WriteError):
+    """A different file holds the name a fixed template is written under: it is never replaced."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        super().__init__(
+            f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+        )
+
+    @property
+    def reason(self) -> str:
+        """Why the fix is not (or would not be) written, said of each finding it fixes."""
+        return f"{self.target} exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+
+
+def _already_written(target: Path, data: bytes) -> bool:
+    """True when ``target`` holds ``data``, False when nothing has its name; anything else
+    there (another file, a link, a folder) raises CompanionTaken."""
+    if not os.path.lexists(target):
+        return False
+    if target.is_file() and not target.is_symlink():
+        with contextlib.suppress(OSError):
+            if target.read_bytes() == data:
+                return True
+    raise CompanionTaken(target)
+
+
 def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, bool]:
     """Write a fixed template beside its GGUF; (its path, whether it was written now). The
     same fix already there is left alone; a different file there is an error."""
@@ -679,15 +706,8 @@ def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, boo
             raise WriteError(f"{target}: the written template does not read back; nothing written")
 
     with writes.locked(target):  # another tmpl-lint fixing the same model waits, then finds it written
-        if target.is_file() and not target.is_symlink():
-            try:
-                if target.read_bytes() == data:
-                    return target, False
-            except OSError:
-                pass
-            raise WriteError(
-                f"{target}: already exists and differs from the fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
-            )
+        if _already_written(target, data):
+            return target, False
         writes.create(target, fill)
     return target, True
 
@@ -814,44 +834,69 @@ def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict
 # -- --fix on a GGUF ---------------------------------------------------------------------------
 
 
-def apply_fixes(model: Path, fixes: list, write: bool, copy_to: Path | None) -> tuple[list[str], list[TemplateSource]]:
-    """Write a GGUF's fixed templates (fixer.TemplateFix) beside it, and with ``copy_to`` a new
-    GGUF carrying them. Returns the lines to print and the templates as they now are, for the
-    lint that follows: a written fix as the file llama.cpp is to read it from."""
-    changed = [fix for fix in fixes if fix.changed]
-    now = [fix.source for fix in fixes if not fix.changed]
-    lines: list[str] = []
+@dataclass
+class PlacedFix:
+    """One GGUF template's fix (fixer.TemplateFix) beside the model: what ``--fix`` did with
+    it, or what ``--diff`` shows it would do."""
+
+    target: Path  # the file the fix goes to
+    now: TemplateSource  # the template as it now is, for the lint that follows
+    lines: list[str] = field(default_factory=list)  # what was written where, and how llama.cpp reads it
+    new_file: tuple[Path, str] | None = None  # --diff: the file --fix would create, and its text
+    error: WriteError | None = None  # why the fix is not (or would not be) written: it is not made
+
+    @property
+    def reason(self) -> str:
+        """Why the fix is not made, said of each finding it fixes."""
+        return self.error.reason if isinstance(self.error, CompanionTaken) else str(self.error)
+
+
+def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFix:
+    """Write the changed ``fix`` of one of ``model``'s templates (``names``, all of them)
+    beside it; without ``write``, the file that would be created (none if it is there)."""
+    target = companion_path(model, fix.source.name)
     if not write:
-        now += [_patched(fix) for fix in changed]
-        return lines, now
-    names = {fix.source.name for fix in fixes}
-    for fix in changed:
+        try:
+            there = _already_written(target, writes.encode(target, fix.patched))
+        except WriteError as error:
+            return PlacedFix(target, fix.source, error=error)
+        return PlacedFix(target, _patched(fix), new_file=None if there else (target, fix.patched))
+    try:
         target, fresh = write_companion(model, fix.source.name, fix.patched)
-        now.append(TemplateSource(target, None, fix.patched, "jinja"))
-        lines.append(f"{fix.source.label}: {'wrote' if fresh else 'already written:'} the fixed template to {target}")
-        if fix.source.name == DEFAULT_NAME:
-            lines.append(f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {target}")
-            if "tool_use" in names:
-                lines.append(
-                    "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, "
-                    "instead of the model's tool_use template"
-                )
-        else:
+    except WriteError as error:
+        return PlacedFix(target, fix.source, error=error)
+    placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"))
+    lines = placed.lines
+    lines.append(f"{fix.source.label}: {'wrote' if fresh else 'already written:'} the fixed template to {target}")
+    if fix.source.name == DEFAULT_NAME:
+        lines.append(f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {target}")
+        if "tool_use" in names:
             lines.append(
-                f"  llama.cpp reads the {fix.source.name} template only from the model's metadata: "
-                "--gguf-copy PATH writes a GGUF that carries the fix"
+                "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, "
+                "instead of the model's tool_use template"
             )
-    if copy_to is not None:
-        if not changed:
-            lines.append(f"{model}: nothing fixed; no copy written")
-        else:
-            destination = copy_destination(model, copy_to)
-            write_copy(model, {fix.source.name: fix.patched for fix in changed}, destination)
-            lines.append(f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)")
-            lines.append(f"  llama.cpp: llama-server -m {destination} --jinja")
-            if SPLIT_NAME.search(model.name):
-                lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")
-    return lines, now
+    else:
+        lines.append(
+            f"  llama.cpp reads the {fix.source.name} template only from the model's metadata: "
+            "--gguf-copy PATH writes a GGUF that carries the fix"
+        )
+    return placed
+
+
+def copy_with_fixes(model: Path, changed: list, copy_to: Path) -> list[str]:
+    """``--gguf-copy``: a new GGUF carrying the ``changed`` fixes (fixer.TemplateFix); the
+    lines to print. Raises WriteError."""
+    if not changed:
+        return [f"{model}: nothing fixed; no copy written"]
+    destination = copy_destination(model, copy_to)
+    write_copy(model, {fix.source.name: fix.patched for fix in changed}, destination)
+    lines = [
+        f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)",
+        f"  llama.cpp: llama-server -m {destination} --jinja",
+    ]
+    if SPLIT_NAME.search(model.name):
+        lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")
+    return lines
 
 
 def _patched(fix) -> TemplateSource:

@@ -8,11 +8,16 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote_from_bytes
 
 import click
 
 from .findings import Finding, Verdict
 from .proofs import Divergence, Proof, ProofStatus
+
+if TYPE_CHECKING:
+    from .runner import InputError
 
 SEVERITY_COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 MAX_SHOWN_LINE = 120
@@ -188,13 +193,17 @@ def json_report(findings: Sequence[Finding], strict: bool = False) -> str:
 SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 
 
-def _uri(path: str) -> str:
-    """A repository-relative URI when the file is under the working directory."""
+def _artifact(path: str | Path) -> dict:
+    """SARIF's artifactLocation: a URI as RFC 3986 writes it (SARIF 2.1.0 3.10), percent-encoded
+    ("#" would start a fragment): relative to the working directory, as GitHub code scanning
+    takes it from the repository's root (``uriBaseId`` %SRCROOT%), when the file is under
+    it; else an absolute ``file:`` URI."""
     candidate = Path(path).resolve()
     try:
-        return candidate.relative_to(Path.cwd().resolve()).as_posix()
+        relative = candidate.relative_to(Path.cwd().resolve())
     except ValueError:
-        return candidate.as_uri()
+        return {"uri": candidate.as_uri()}  # percent-encoded too
+    return {"uri": quote_from_bytes(os.fsencode(relative.as_posix())), "uriBaseId": "%SRCROOT%"}
 
 
 def _first_paragraph(doc: str) -> str:
@@ -210,8 +219,9 @@ def file_position(finding: Finding) -> tuple[int, int]:
     return 1, 1
 
 
-def sarif_report(findings: Sequence[Finding], strict: bool = False) -> str:
-    """SARIF 2.1.0 with what GitHub code scanning reads; regions are in the file on disk."""
+def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequence[InputError] = ()) -> str:
+    """SARIF 2.1.0 with what GitHub code scanning reads; regions are in the file on disk. The
+    inputs that could not be read are the invocation's error notifications, each at its file."""
     from . import __version__
     from .rules import RULES
 
@@ -230,11 +240,10 @@ def sarif_report(findings: Sequence[Finding], strict: bool = False) -> str:
     results = []
     seen: Counter = Counter()
     for finding in findings:
-        uri = _uri(finding.path)
-        key = f"{finding.code}:{uri}:{finding.template or ''}:{finding.source_line.strip()}"
+        artifact = _artifact(finding.path)
+        key = f"{finding.code}:{artifact['uri']}:{finding.template or ''}:{finding.source_line.strip()}"
         seen[key] += 1
         fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] + f":{seen[key]}"
-        artifact = {"uri": uri, "uriBaseId": "%SRCROOT%"} if not uri.startswith("file:") else {"uri": uri}
         result = {
             "ruleId": finding.code,
             "ruleIndex": index[finding.code],
@@ -276,10 +285,26 @@ def sarif_report(findings: Sequence[Finding], strict: bool = False) -> str:
             },
         }
         results.append(result)
+    invocation: dict = {"executionSuccessful": not errors}
+    if errors:
+        invocation["toolExecutionNotifications"] = [
+            {
+                "level": "error",
+                "message": {"text": error.message},
+                "locations": [{"physicalLocation": {"artifactLocation": _artifact(error.path)}}],
+            }
+            for error in errors
+        ]
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{"tool": {"driver": {"name": "tmpl-lint", "version": __version__, "rules": rules}}, "results": results}],
+        "runs": [
+            {
+                "tool": {"driver": {"name": "tmpl-lint", "version": __version__, "rules": rules}},
+                "invocations": [invocation],
+                "results": results,
+            }
+        ],
     }
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
@@ -292,10 +317,11 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_report(findings: Sequence[Finding], strict: bool = False) -> str:
-    """GitHub Actions workflow commands: one annotation per finding."""
+def github_report(findings: Sequence[Finding], strict: bool = False, errors: Sequence[InputError] = ()) -> str:
+    """GitHub Actions workflow commands: an error annotation on each input that could not be
+    read, then one annotation per finding."""
     levels = {"error": "error", "warning": "warning", "info": "notice"}
-    lines = []
+    lines = [f"::error file={_escape_property(str(error.path))}::{_escape_data(error.message)}" for error in errors]
     for finding in findings:
         properties = ",".join(
             [

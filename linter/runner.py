@@ -79,6 +79,27 @@ class FixLine:
     patch: bool = False
 
 
+@dataclass(frozen=True)
+class InputError:
+    """A file the run could not read, or could not write: one error line, exit 2."""
+
+    path: Path
+    line: str  # printed after "tmpl-lint: error: ", the path first as a rule
+
+    @classmethod
+    def of(cls, path: Path, error: Exception) -> InputError:
+        return cls(getattr(error, "path", path), str(error))
+
+    def __str__(self) -> str:
+        return self.line
+
+    @property
+    def message(self) -> str:
+        """The line without the path it starts with, for a report that names the file apart."""
+        prefix = f"{self.path}: "
+        return self.line.removeprefix(prefix)
+
+
 @dataclass
 class LintedSource:
     source: TemplateSource  # as the lint read it: after --fix, the template as written
@@ -90,7 +111,7 @@ class CheckResult:
     linted: list[LintedSource] = field(default_factory=list)
     fix_lines: list[FixLine] = field(default_factory=list)
     would_change: bool = False  # --diff: some file would change
-    errors: list[str] = field(default_factory=list)  # inputs not read or not written; the run went on
+    errors: list[InputError] = field(default_factory=list)  # inputs not read or not written; the run went on
     warnings: list[str] = field(default_factory=list)
     strict: bool = False  # as the options and the configuration decide it
     exit_zero: bool = False
@@ -140,7 +161,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         except TokenizerError as error:
             raise RunError(str(error)) from None
     sources, errors = collect(list(options.paths))
-    result.errors = [str(error) for error in errors if not isinstance(error, NothingToLint)]
+    result.errors = [InputError(error.path, str(error)) for error in errors if not isinstance(error, NothingToLint)]
     result.warnings = [str(error) for error in errors if isinstance(error, NothingToLint)]
     gguf_copy = options.gguf_copy
     if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
@@ -236,7 +257,7 @@ class _Fixing:
                     self.say_fixed(fix)
                 self.say_skipped(fix)
             if fixed.error is not None:
-                self.result.errors.append(str(fixed.error))
+                self.result.errors.append(InputError.of(fixed.path, fixed.error))
                 now.extend(fix.source for fix in fixed.fixes)
                 continue
             if not self.write and fixed.changed:
@@ -251,10 +272,10 @@ class _Fixing:
         return now
 
     def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
-        """GGUF models are never rewritten in place: the fixed templates go beside the model,
-        or into a new copy (``--gguf-copy``)."""
+        """GGUF models are never rewritten in place: the fixed templates go beside the model
+        (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import apply_fixes
+        from .gguf import copy_destination, copy_with_fixes, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -263,21 +284,40 @@ class _Fixing:
         now: list[TemplateSource] = []
         for model, found in by_model.items():
             fixes = [fix_isolated(source, self.options, self.selection) for source in found]
+            names = {fix.source.name for fix in fixes}
+            placed_all = True
             for fix in fixes:
-                self.say_fixed(fix)
+                if fix.refusal:
+                    self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+                if not fix.changed:
+                    self.say_skipped(fix)
+                    now.append(fix.source)
+                    continue
+                # Said as each file is written (or found written), and "fixed" only then.
+                placed = place_fix(model, fix, self.write, names)
+                if placed.error is None:
+                    self.say_fixed(fix)
+                else:
+                    placed_all = False
+                    for finding, _title in fix.applied:
+                        self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
+                    self.result.errors.append(InputError.of(placed.target, placed.error))
                 self.say_skipped(fix)
-                if not self.write and fix.changed:
-                    self.say(unified_diff(Path(fix.source.label), fix.source.text, fix.patched), patch=True)
+                for line in placed.lines:
+                    self.say(line)
+                if placed.new_file is not None:
+                    self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
-            try:
-                lines, current = apply_fixes(model, fixes, self.write, self.gguf_copy)
-            except WriteError as error:
-                self.result.errors.append(str(error))
-                now.extend(fix.source for fix in fixes)
-                continue
-            for line in lines:
-                self.say(line)
-            now.extend(current)
+                now.append(placed.now)
+            if self.write and self.gguf_copy is not None:
+                if not placed_all:
+                    self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
+                    continue
+                try:
+                    for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
+                        self.say(line)
+                except WriteError as error:
+                    self.result.errors.append(InputError.of(copy_destination(model, self.gguf_copy), error))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -85,7 +86,8 @@ def test_diff_prints_and_writes_nothing(tmp_path):
     before = path.read_bytes()
     code, out, err = run(str(path), "--diff", "--no-prove")
     assert path.read_bytes() == before
-    assert out.startswith(f"--- a/{path.as_posix()}\n+++ b/{path.as_posix()}\n@@ -2,7 +2,7 @@\n")  # the patch, and only it
+    name = Path(os.path.relpath(path)).as_posix()  # named from the working directory, outside it too
+    assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ -2,7 +2,7 @@\n")  # the patch, and only it
     assert (
         '+        {{- \'<tool_call>{"name": "\' + call.name + \'", "arguments": \' + (call.arguments if call.arguments is string else call.arguments | tojson(separators=(",", ":"))) + \'}</tool_call>\' }}\n'
         in out

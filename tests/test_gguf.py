@@ -566,13 +566,56 @@ def test_the_companion_template_is_proven_with_the_models_tokens(tmp_path):
     assert json.loads(out)[0]["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
 
 
-def test_diff_writes_nothing(tmp_path):
-    model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    before = sorted(os.listdir(tmp_path))
-    code, out, _ = run(model, "--diff", "--frozen-date", FROZEN, "--no-prove")
-    assert sorted(os.listdir(tmp_path)) == before
-    assert f"--- a/{model}:default\n+++ b/{model}:default\n" in out
+def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path, monkeypatch):
+    model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    monkeypatch.chdir(tmp_path)
+    before, model_bytes = sorted(os.listdir(tmp_path)), sha(model)
+    code, out, err = run("m.gguf", "--diff", "--frozen-date", FROZEN, "--no-prove", "-q")
+    assert sorted(os.listdir(tmp_path)) == before  # --diff writes nothing
     assert code == 1  # as ruff's --diff: a change it would make is a finding
+    assert [line for line in out.splitlines() if line.startswith(("---", "+++", "@@"))] == [
+        "--- /dev/null",
+        "+++ b/m.chat_template.jinja",
+        f"@@ -0,0 +1,{len(CLOCK.splitlines()) + 1} @@",
+        "--- /dev/null",
+        "+++ b/m.chat_template.tool_use.jinja",
+        f"@@ -0,0 +1,{len(TOOL_ARGS.splitlines())} @@",
+    ]
+    assert err.startswith("m.gguf:default:3:28: would fix PC001 [live-clock]: ")
+    companions = [tmp_path / "m.chat_template.jinja", tmp_path / "m.chat_template.tool_use.jinja"]
+    assert run("m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    written = [path.read_bytes() for path in companions]
+    for command in (["git", "apply"], ["patch", "-p1", "-s"]):
+        for path in companions:
+            path.unlink()
+        assert subprocess.run(command, input=out, text=True, cwd=tmp_path, capture_output=True).returncode == 0
+        assert [path.read_bytes() for path in companions] == written  # the diff is what --fix writes
+    assert sha(model) == model_bytes
+
+
+@pytest.mark.parametrize("mode", ["--fix", "--diff"])
+def test_fixed_is_never_said_of_a_companion_that_is_not_written(tmp_path, monkeypatch, mode):
+    write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.chat_template.jinja").write_text("mine")
+    code, out, err = run("m.gguf", mode, "--frozen-date", FROZEN, "--no-prove", "-q")
+    assert code == 2
+    assert (tmp_path / "m.chat_template.jinja").read_text() == "mine"
+    said = (out + err).splitlines() if mode == "--fix" else err.splitlines()
+    verb = "fixed" if mode == "--fix" else "would fix"
+    # the default template's fix goes nowhere; the tool_use one is written (or would be)
+    assert said[0] == (
+        "m.gguf:default:3:28: not fixed PC001 [live-clock]: m.chat_template.jinja exists and differs from the "
+        "fixed template; tmpl-lint does not overwrite it (remove it to write the fix)"
+    )
+    assert said[1].startswith(f"m.gguf:tool_use:5:89: {verb} PC004 [tool-args-reserialized]: ")
+    assert f": {verb} PC001" not in out + err
+    assert "tmpl-lint: error: m.chat_template.jinja: already exists and differs from the fixed template; " in err
+    if mode == "--diff":
+        assert out.startswith("--- /dev/null\n+++ b/m.chat_template.tool_use.jinja\n")
+        assert "m.chat_template.jinja\n" not in out
+    else:
+        assert (tmp_path / "m.chat_template.tool_use.jinja").is_file()
 
 
 def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
@@ -719,10 +762,10 @@ def fixing(*args) -> subprocess.Popen:
     )
 
 
-def fixed_reference(tmp_path: Path) -> bytes:
+def fixed_reference(tmp_path: Path, text: str) -> bytes:
     reference = tmp_path / "reference" / "chat_template.jinja"
     reference.parent.mkdir()
-    reference.write_text(CLOCK)
+    reference.write_text(text)
     assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
     return reference.read_bytes()
 
@@ -730,21 +773,28 @@ def fixed_reference(tmp_path: Path) -> bytes:
 def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path):
     from tmpl_lint import writes
 
-    model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    companion = tmp_path / "m.chat_template.jinja"
-    expected = fixed_reference(tmp_path)
+    model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
+    companion = tmp_path / "m.chat_template.tool_use.jinja"
+    expected = fixed_reference(tmp_path, TOOL_ARGS)
     with writes.locked(companion):
         process = fixing(model)
-        # printed right before the fixed template is written, which takes the lock first
-        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        # the default template's lines, said once its file is written; the tool_use
+        # template's file is written next, which takes the lock first
+        said = [process.stdout.readline() for _ in range(4)]
+        assert said[0].startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        assert said[3].startswith("  note: with --chat-template-file")
         time.sleep(1)
         assert process.poll() is None
         companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
     out, err = process.communicate(timeout=120)
     assert (process.returncode, err) == (0, "")
-    assert out.splitlines()[0] == f"{model}:default: already written: the fixed template to {companion}"
+    assert out.splitlines()[:2] == [
+        f"{model}:tool_use:5:89: fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes "
+        'them: a string byte for byte, a mapping as {"city":"Paris"}',
+        f"{model}:tool_use: already written: the fixed template to {companion}",
+    ]
     assert companion.read_bytes() == expected
-    assert sorted(os.listdir(tmp_path)) == ["m.chat_template.jinja", "m.gguf", "reference"]
+    assert sorted(os.listdir(tmp_path)) == ["m.chat_template.jinja", "m.chat_template.tool_use.jinja", "m.gguf", "reference"]
 
 
 def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
@@ -756,7 +806,12 @@ def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
     destination = out_dir / "c.gguf"
     with writes.locked(destination):
         process = fixing(model, "--gguf-copy", destination)
-        assert process.stdout.readline().startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        # the companion's lines, said once it is written; the copy is written next
+        said = [process.stdout.readline() for _ in range(3)]
+        assert said[0].startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
+        assert (
+            said[2] == f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {tmp_path / 'm.chat_template.jinja'}\n"
+        )
         time.sleep(1)
         assert process.poll() is None
         destination.write_bytes(b"precious")

@@ -99,6 +99,76 @@ def test_diff_of_a_stock_qwen3_config_is_file_relative_and_applies(tmp_path, mon
     check_patch_applies(repo, name, out, expected)
 
 
+def fixed_by(path, monkeypatch):
+    """What --fix writes to ``path`` (run from where the caller is), leaving it as it was."""
+    original = path.read_bytes()
+    assert run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)[0] == 0
+    written = path.read_bytes()
+    path.write_bytes(original)
+    assert written != original
+    return written
+
+
+def apply_with(command, patch, cwd):
+    return subprocess.run(command, input=patch, text=True, cwd=cwd, capture_output=True)
+
+
+@pytest.mark.parametrize("given", ["absolute", "relative"])
+def test_diff_of_a_file_outside_the_working_directory_applies_from_there(tmp_path, monkeypatch, given):
+    # Named relative to where tmpl-lint ran (ruff prints the absolute path, git diff
+    # --no-index "a/tmp/...": neither applies from there). git apply takes a path leading
+    # out of the directory with --unsafe-paths; GNU patch takes none.
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    path = tmp_path / "tok" / "abs.jinja"
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", path)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    expected = fixed_by(path, monkeypatch)
+    code, out, _ = run(str(path) if given == "absolute" else "../tok/abs.jinja", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert code == 1
+    assert out.startswith("--- a/../tok/abs.jinja\n+++ b/../tok/abs.jinja\n@@ -1,6 +1,7 @@\n")
+    applied = apply_with(["git", "apply", "--unsafe-paths"], out, tmp_path / "elsewhere")
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert path.read_bytes() == expected
+
+
+def test_diff_from_a_subdirectory_of_a_repository_applies_there_to_a_sibling(tmp_path, monkeypatch):
+    # git apply run in a subdirectory of a repository prefixes the names with it, and passes
+    # over (silently) an absolute name: "sub/../other/x.jinja" is the file.
+    repo = repository(tmp_path, {"x.jinja": CORPUS / "PC001_live_clock.jinja"})
+    (repo / "other").mkdir()
+    (repo / "sub").mkdir()
+    git("mv", "x.jinja", "other/x.jinja", cwd=repo)
+    git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "move", cwd=repo)
+    path = repo / "other" / "x.jinja"
+    monkeypatch.chdir(repo / "sub")
+    expected = fixed_by(path, monkeypatch)
+    code, out, _ = run(str(path), "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert out.startswith("--- a/../other/x.jinja\n+++ b/../other/x.jinja\n")
+    applied = apply_with(["git", "apply", "--unsafe-paths"], out, repo / "sub")
+    assert (applied.returncode, applied.stderr) == (0, "")
+    assert path.read_bytes() == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "header"),
+    [
+        # git's convention: a name with a space ends at a tab, which patch reads it up to
+        ("sp ace \u00fc#1.jinja", "a/sp ace \u00fc#1.jinja\t"),
+        ("\u00fc.jinja", "a/\u00fc.jinja"),
+        # a quote, a backslash or a control character: C-quoted, as git writes it
+        ('q"b\\s\tt.jinja', '"a/q\\"b\\\\s\\tt.jinja"'),
+    ],
+)
+def test_diff_of_an_awkward_file_name_applies_with_git_and_patch(tmp_path, monkeypatch, name, header):
+    repo = repository(tmp_path, {name: CORPUS / "PC001_live_clock.jinja"})
+    expected = fixed_bytes(repo, name, monkeypatch)
+    code, out, _ = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert code == 1
+    assert out.startswith(f"--- {header}\n+++ {header.replace('a/', 'b/', 1)}\n@@ ")
+    check_patch_applies(repo, name, out, expected)
+
+
 @pytest.mark.parametrize("mode", [[], ["--fix"], ["--diff"], ["-q"], ["--fix", "-q"]])
 def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
     shutil.copyfile(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path / "a.jinja")

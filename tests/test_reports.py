@@ -20,6 +20,8 @@ def run(*args):
 
 def validate(document):
     jsonschema = pytest.importorskip("jsonschema")
+    if not SCHEMA.is_file():
+        pytest.skip("../shared is not present (fresh clone): no SARIF schema to validate against")
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft7Validator(schema).validate(document)
 
@@ -73,6 +75,58 @@ def test_github_annotations(tmp_path, monkeypatch):
         "::warning file=chat_template.jinja,line=3,col=28,title=PC001 [live-clock]::(not proven: --no-prove) "
         "`strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the rendered date changes\n"
     )
+
+
+def test_sarif_uri_is_percent_encoded_relative_and_absolute(tmp_path, monkeypatch):
+    # SARIF 2.1.0 3.10: a URI per RFC 3986; "#" would start a fragment, " " is not allowed.
+    (tmp_path / "here").mkdir()
+    inside = tmp_path / "here" / "sp ace \u00fc#1.jinja"
+    outside = tmp_path / "dir:x" / "a%b?.jinja"
+    outside.parent.mkdir()
+    for path in (inside, outside):
+        path.write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    monkeypatch.chdir(tmp_path / "here")
+    code, out, _ = run(inside.name, str(outside), "--format", "sarif", "--no-prove")
+    document = json.loads(out)
+    validate(document)
+    locations = [result["locations"][0]["physicalLocation"]["artifactLocation"] for result in document["runs"][0]["results"]]
+    assert locations == [
+        {"uri": "sp%20ace%20%C3%BC%231.jinja", "uriBaseId": "%SRCROOT%"},
+        {"uri": f"file://{tmp_path.resolve().as_posix()}/dir%3Ax/a%25b%3F.jinja"},  # outside: absolute
+    ]
+
+
+def test_inputs_that_cannot_be_read_are_in_sarif_and_github_annotations(tmp_path, monkeypatch):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "clock.jinja").write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("bad.json", "missing.jinja", "clock.jinja", "--format", "sarif", "--no-prove")
+    assert code == 2
+    document = json.loads(out)
+    validate(document)
+    (invocation,) = document["runs"][0]["invocations"]
+    assert invocation["executionSuccessful"] is False
+    notifications = invocation["toolExecutionNotifications"]
+    messages = [line.removeprefix("tmpl-lint: error: ") for line in err.splitlines()]
+    assert [
+        (note["level"], note["locations"][0]["physicalLocation"]["artifactLocation"], note["message"]["text"])
+        for note in notifications
+    ] == [
+        ("error", {"uri": "bad.json", "uriBaseId": "%SRCROOT%"}, messages[0].removeprefix("bad.json: ")),
+        ("error", {"uri": "missing.jinja", "uriBaseId": "%SRCROOT%"}, "no such file or directory"),
+    ]
+    assert messages[0].startswith("bad.json: ") and messages[1] == "missing.jinja: no such file or directory"
+    assert [result["ruleId"] for result in document["runs"][0]["results"]] == ["PC001"]
+    code, out, err = run("bad.json", "missing.jinja", "clock.jinja", "--format", "github", "--no-prove")
+    assert code == 2
+    assert out.splitlines()[:2] == [
+        f"::error file=bad.json::{messages[0].removeprefix('bad.json: ')}",
+        "::error file=missing.jinja::no such file or directory",
+    ]
+    assert out.splitlines()[2].startswith("::warning file=clock.jinja,line=3,col=28,")
+    # a clean run says so
+    code, out, _ = run("clock.jinja", "--format", "sarif", "--no-prove")
+    assert json.loads(out)["runs"][0]["invocations"] == [{"executionSuccessful": True}]
 
 
 def test_output_file_is_written_whole(tmp_path):

@@ -21,6 +21,7 @@ from tmpl_lint.runner import (
     CheckOptions,
     FixLine,
     FixMode,
+    InputError,
     OptionsError,
     RunError,
     run_check,
@@ -70,7 +71,8 @@ def test_a_path_not_read_is_an_error_line_and_exit_2_and_the_batch_goes_on(tmp_p
     missing = tmp_path / "missing.jinja"
     copy("PC001_live_clock.jinja", tmp_path)
     result = run_check(CheckOptions((missing, tmp_path / "PC001_live_clock.jinja"), prove=False))
-    assert result.errors == [f"{missing}: no such file or directory"]
+    assert result.errors == [InputError(missing, f"{missing}: no such file or directory")]
+    assert result.errors[0].message == "no such file or directory"
     assert places(result) == {"PC001_live_clock.jinja": [("PC001", 3, 28)]}
     assert result.status == EXIT_ERROR
 
