@@ -191,7 +191,8 @@ def pytest_unconfigure(config):
 #   fixtures) and import transformers: dealt one by one, both workers loaded them all (16
 #   CPU-s of 64 for these modules, one run);
 # - the --fix/--diff fuzz in its four containers, which draw the same templates and share
-#   the library's fix of each (test_fuzz.fixed_by_the_library).
+#   the library's fix of each (test_fuzz.fixed_by_the_library) and the runs of --diff and
+#   --fix over the four files (test_fuzz.RUNS).
 ONE_WORKER_GROUPS = {
     "real tokenizers": (
         "test_tokenizer.py::",
