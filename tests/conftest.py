@@ -191,7 +191,10 @@ def pytest_unconfigure(config):
 #   fixtures) and import transformers: dealt one by one, both workers loaded them all (16
 #   CPU-s of 64 for these modules, one run);
 # - the --fix/--diff fuzz in its four containers, which draw the same templates and share
-#   the library's fix of each (test_fuzz.fixed_by_the_library).
+#   the library's fix of each (test_fuzz.fixed_by_the_library) and the runs of --diff and
+#   --fix over the four files (test_fuzz.RUNS);
+# - the shared corpus's expectations, which all read one CLI run over the corpus (its report
+#   fixture): split between the workers, one of them waited seconds for the other's run.
 ONE_WORKER_GROUPS = {
     "real tokenizers": (
         "test_tokenizer.py::",
@@ -202,6 +205,7 @@ ONE_WORKER_GROUPS = {
         "test_harmony.py::",
     ),
     "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
+    "shared corpus": ("test_shared_corpus.py::",),
 }
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -63,42 +65,49 @@ SCANS = [
 ]
 
 
-# The strategies are built once: hypothesis validates a strategy on its first draw, and
-# building them inside ``body`` validated new ones on every draw (a third of the test's time).
-STATEMENTS = [st.sampled_from(["out", "out", "if", "set"] + (["if"] if depth < 2 else [])) for depth in range(3)]
-DRAW_VALUE = st.sampled_from(VALUES)
-DRAW_CONDITION = st.sampled_from(CONDITIONS)
+# A draw costs hypothesis about as much as linting a small template, so templates are drawn
+# in few of them: each part of a body is one draw (what it is, with its value or condition),
+# and nested bodies are drawn inside the template's one composite, not as composites of
+# their own (drawing kind and value apart, through nested composites, was half of
+# test_static_lint_never_raises). Each list holds a shape as often as drawing its pieces one
+# by one made it likely: a part is an output 2 times in 5, a `set` 1 in 5, an `if` 2 in 5
+# (at the deepest level, where an `if` cannot nest, an empty part 1 in 4), with values and
+# conditions uniform; a list stays within the 256 entries hypothesis draws an index from
+# uniformly. The strategies are built once: hypothesis validates a strategy on first use.
+def part_shapes(depth: int) -> list[tuple[str, str]]:
+    outputs = [("out", value) for value in VALUES]
+    sets = [("set", value) for value in VALUES]
+    if depth < 2:  # 1/25 each output, 1/50 each set, 1/30 each if: 6, 3 and 5 in 150
+        return outputs * 6 + sets * 3 + [("if", condition) for condition in CONDITIONS] * 5
+    return outputs * 2 + sets + [("empty", "")] * 10  # 1/20, 1/40 and 1/4: 2, 1 and 10 in 40
+
+
+PARTS = st.integers(1, 3)
+PART_SHAPES = [st.sampled_from(part_shapes(depth)) for depth in range(3)]
+HAS_ELSE = st.booleans()
 DRAW_SCAN = st.sampled_from(SCANS)
 DRAW_THINK = st.sampled_from(["", "{{- '<think>' }}"])
 
 
-@st.composite
-def body(draw, depth=0):
+def body(draw, depth: int = 0) -> str:
     parts = []
     for _ in range(draw(PARTS)):
-        kind = draw(STATEMENTS[depth])
+        kind, text = draw(PART_SHAPES[depth])
         if kind == "out":
-            parts.append("{{- " + draw(DRAW_VALUE) + " }}")
+            parts.append("{{- " + text + " }}")
         elif kind == "set":
-            parts.append("{%- set local = " + draw(DRAW_VALUE) + " %}{{- local }}")
-        elif depth < 2:
-            inner = draw(BODIES[depth + 1])
-            other = draw(ELSE_BODIES[depth + 1])
-            parts.append(
-                "{%- if " + draw(DRAW_CONDITION) + " %}" + inner + ("{%- else %}" + other if other else "") + "{%- endif %}"
-            )
+            parts.append("{%- set local = " + text + " %}{{- local }}")
+        elif kind == "if":
+            inner = body(draw, depth + 1)
+            other = body(draw, depth + 1) if draw(HAS_ELSE) else ""
+            parts.append("{%- if " + text + " %}" + inner + ("{%- else %}" + other if other else "") + "{%- endif %}")
     return "".join(parts)
-
-
-PARTS = st.integers(1, 3)
-BODIES = [body(depth) for depth in range(3)]
-ELSE_BODIES = [st.one_of(st.just(""), inner) for inner in BODIES]
 
 
 @st.composite
 def templates(draw):
     head = "{%- set ns = namespace(mark=-1) %}" + draw(DRAW_SCAN)
-    loop = "{%- for message in messages %}" + draw(BODIES[0]) + "{%- endfor %}"
+    loop = "{%- for message in messages %}" + body(draw) + "{%- endfor %}"
     tail = "{%- if add_generation_prompt %}{{- '<bot>' }}" + draw(DRAW_THINK) + "{%- endif %}"
     return head + loop + tail
 
@@ -231,42 +240,83 @@ def fixed_by_the_library(text: str) -> str:
     return fix_template(source(text), FixOptions(date(2026, 1, 1), unreproduced=True)).patched
 
 
+@dataclass(frozen=True)
+class ContainerRun:
+    """What ``--diff`` and then ``--fix`` did to one container's file."""
+
+    original: str  # the file as written, the template inside
+    after_diff: str  # the file once --diff has run: it must be the original
+    diff: str  # this file's part of what --diff printed
+    diff_exit: int
+    after_fix: str
+
+
+def fix_and_diff_every_container(text: str, directory: Path) -> dict[str, ContainerRun]:
+    """``text`` inside each container's file, one ``--diff`` run and then one ``--fix`` run
+    over all four: the library's fix is the same in each, and one run per command for the
+    four files costs a quarter of the process and worker starts of a run per file."""
+    paths: dict[str, Path] = {}
+    originals: dict[str, str] = {}
+    for container, (name, head, write, tail, _) in CONTAINERS.items():
+        paths[container] = directory / container / name
+        paths[container].parent.mkdir()
+        originals[container] = head + write(text) + tail
+        paths[container].write_text(originals[container])
+    report = directory / "report.json"
+    files = [str(path) for path in paths.values()]
+    runner = CliRunner()
+    shown = runner.invoke(main, [*files, "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
+    after_diff = {container: path.read_text() for container, path in paths.items()}
+    fixed = runner.invoke(main, [*files, "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
+    assert fixed.stderr == ""
+    # --diff prints one patch per changed file, each from its "--- a/PATH" line
+    patches = re.split(r"^(?=--- a/)", shown.stdout, flags=re.MULTILINE)[1:]
+    return {
+        container: ContainerRun(
+            originals[container],
+            after_diff[container],
+            "".join(patch for patch in patches if patch.split("\n", 1)[0].endswith(f"/{container}/{path.name}")),
+            shown.exit_code,
+            path.read_text(),
+        )
+        for container, path in paths.items()
+    }
+
+
+# text -> what --diff and --fix did in each container: the four container tests draw the
+# same templates (derandomized) and run in one worker (conftest.ONE_WORKER_GROUPS).
+RUNS: dict[str, dict[str, ContainerRun]] = {}
+
+
 @pytest.mark.parametrize("container", sorted(CONTAINERS))
 def test_fix_and_diff_change_only_the_template_and_agree(tmp_path_factory, container):
-    name, head, write, tail, read_back = CONTAINERS[container]
+    _, head, _, tail, read_back = CONTAINERS[container]
     changed = []
 
     @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     @given(CLOCK_LINE, templates(), CLOCK_LINE)
     def fix_and_diff(first, body, last):
         text = first + body + last  # a live clock at either end: fixes that edit far apart
-        directory = tmp_path_factory.mktemp(container)
-        path = directory / name
-        original = head + write(text) + tail
-        path.write_text(original)
-        report = directory / "report.json"
-        runner = CliRunner()
-        shown = runner.invoke(main, [str(path), "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
-        assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
-        assert path.read_text() == original  # --diff writes nothing
-        fixed = runner.invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
-        assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
-        assert fixed.stderr == ""
-        after = path.read_text()
+        if text not in RUNS:
+            RUNS[text] = fix_and_diff_every_container(text, tmp_path_factory.mktemp("containers"))
+        run = RUNS[text][container]
+        assert run.after_diff == run.original  # --diff writes nothing
+        after = run.after_fix
         # not one byte outside the template changed, and what is inside reads back as the fix
         assert after.startswith(head) and after.endswith(tail)
         template = read_back(after[len(head) : len(after) - len(tail)])
         assert template == fixed_by_the_library(text)
         assert parse(template)[1] is None
         # --diff said exactly this: applied to the original, it gives what --fix wrote
-        diff = shown.stdout[shown.stdout.index("--- a/") :] if "--- a/" in shown.stdout else ""
-        assert (after != original) == bool(diff)
-        if diff:
+        assert (after != run.original) == bool(run.diff)
+        if run.diff:
             changed.append(text)
-            assert shown.exit_code == 1  # as ruff: --diff with changes exits 1
-            copy = directory / "patched"
-            copy.write_text(original)
-            assert subprocess.run(["patch", "--quiet", str(copy)], input=diff, text=True).returncode == 0
+            assert run.diff_exit == 1  # as ruff: --diff with changes exits 1
+            copy = tmp_path_factory.mktemp("patched") / "patched"
+            copy.write_text(run.original)
+            assert subprocess.run(["patch", "--quiet", str(copy)], input=run.diff, text=True).returncode == 0
             assert copy.read_text() == after
 
     fix_and_diff()
