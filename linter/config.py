@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 
 KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict")
@@ -103,6 +103,8 @@ def _read(path: Path) -> dict:
         document = YAML(typ="safe").load(text)
     except YAMLError as error:
         raise ConfigError(f"{path}: invalid YAML: {str(error).splitlines()[0]}") from None
+    except ValueError as error:  # a scalar YAML reads as a date that is none (2026-13-01)
+        raise ConfigError(f"{path}: invalid YAML: {error}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -142,8 +144,12 @@ def load_config(path: Path) -> Config:
         config.block_size = size
     if "frozen-date" in table:
         value = table["frozen-date"]
+        if isinstance(value, datetime):  # TOML's 2026-01-01T10:00:00: a moment, not a date
+            raise ConfigError(f"{path}: frozen-date must be YYYY-MM-DD, not {value.isoformat()!r}")
         if isinstance(value, date):
             config.frozen_date = value
+        elif not isinstance(value, str):
+            raise ConfigError(f"{path}: frozen-date must be YYYY-MM-DD, not {value!r}")
         else:
             try:
                 config.frozen_date = date.fromisoformat(str(value))

@@ -140,11 +140,19 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     wrote. Raises OptionsError or RunError when the run cannot start."""
     keep_compiled_code(options.cache)
     config = _config(options.config_path)
+    root = config.path.parent if config.path else None
+    try:  # a code the configuration names is its file's mistake, not the command line's
+        selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root)
+    except SelectionError as error:
+        raise RunError(f"{config.path}: {error}") from None
     try:
-        root = config.path.parent if config.path else None
-        selection = Selection.parse(
-            list(options.select) or config.select, list(options.ignore) or config.ignore, config.per_file_ignores, root
-        )
+        # Layered as ruff does: the command line's --select replaces the configuration's
+        # select and ignore; its --ignore alone adds to them (the pre-commit hooks pass
+        # --ignore PC103, and a project's own ignores still hold).
+        if options.select:
+            selection = Selection.parse(options.select, options.ignore, config.per_file_ignores, root)
+        elif options.ignore:
+            selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root, options.ignore)
     except SelectionError as error:
         raise OptionsError(str(error)) from None
     tokenizer = options.tokenizer or config.tokenizer
