@@ -160,9 +160,17 @@ def diff_text(divergence: Divergence) -> str:
     unit = divergence.unit
     first, second = divergence.prompt_tokens
     if divergence.first_divergence is None:
+        # All of a turn 2 no longer than turn 1 is cached, but vLLM computes its last token.
+        capped = f" (vLLM computes at least the last {unit})" if second <= first else ""
+        if second < first:  # the session went back
+            relation = f"turn 2 ({second} {unit}s) is a prefix of turn 1 ({first} {unit}s)"
+        elif second == first:
+            relation = f"turn 2 is turn 1 again ({first} {unit}s)"
+        else:
+            relation = f"turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s)"
         return (
-            f"clean extension: turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s); "
-            f"{divergence.reusable_tokens} {unit}s reusable in {divergence.block_size}-{unit} blocks\n"
+            f"clean extension: {relation}; {divergence.reusable_tokens} {unit}s reusable in "
+            f"{divergence.block_size}-{unit} blocks{capped}\n"
         )
     lines = divergence_lines(divergence)
     lines[0] = (

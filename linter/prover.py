@@ -573,12 +573,14 @@ def compare_prompts(
     arrived = tuple(str(message.get("role")) for message in next_messages[reply_index + 1 :])
     kind = {"scenario_kind": scenario_kind, "arrived": arrived}
     position = first_difference(cached_ids, next_ids)
-    ideal = full_blocks(len(cached_ids), block_size)
+    # vLLM computes at least one prompt token (get_computed_blocks looks up num_tokens - 1):
+    # a prompt all in the cache, sent again or cut short, still recomputes its last block.
+    ideal = full_blocks(min(len(cached_ids), len(next_ids) - 1), block_size) if next_ids else 0
     lengths = (len(cached_ids), len(next_ids))
     if position is not None and position == len(next_ids):
         # The next prompt is all in the cache (it stops where the cached one went on): nothing
-        # of it is recomputed, whatever of the cache goes unused.
-        position, ideal = None, full_blocks(len(next_ids), block_size)
+        # of it diverges, whatever of the cache goes unused.
+        position = None
     if position is None:
         return Divergence(
             scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, Cause.CLEAN, **kind
