@@ -277,3 +277,33 @@ def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_m
     assert (finding.code, finding.proof.cause) == ("PC006", "generation-prompt")
     divergence = finding.proof.divergence
     assert divergence.before[len(os.path.commonprefix([divergence.before, divergence.after])) :].startswith("<think>")
+
+
+# -- the projected hit rate is vLLM's: hits / queries over every request ----------------------
+
+
+def test_served_requests_count_as_vllms_prefix_cache_stats():
+    from tmpl_lint.prover import ServedRequest, served_requests
+
+    first, reply = list(range(20)), list(range(100, 130))  # 20 + 29 fed back: 3 blocks cached
+    second = first + reply + [7, 8, 9]  # 53 tokens: 52 looked up, 3 blocks hit
+    again = list(second)  # sent again: 52 looked up, the same 3 blocks
+    edited = second[:37] + [500] * 23  # 37 tokens shared: 2 blocks
+    requests = served_requests([first, second, again, edited], [reply, [], [], []], 16)
+    assert requests == [
+        ServedRequest(20, 0, 0),  # the first request counts: 20 queries, no hit
+        ServedRequest(53, 48, 48),
+        ServedRequest(53, 48, 48),  # all of it cached, but vLLM computes the last token's block
+        ServedRequest(60, 32, 48),
+    ]
+
+
+def test_a_scenarios_hit_rate_includes_its_first_request_and_the_replies_blocks():
+    # Contents only, in characters: "What is the capital of France?" (30), reply "Paris." (6,
+    # 5 fed back: 35 computed, 2 blocks), then 49 characters (2 blocks hit, 3 cached with
+    # "Rome" fed back), then 78 (3 blocks hit). vLLM: (0 + 32 + 48) / (30 + 49 + 78).
+    prover = Prover("{% for m in messages %}{{ m.content }}{% endfor %}", None)
+    (chat,) = [scenario for scenario in scenarios({}, True, frozenset(), False) if scenario.name == "chat"]
+    result = prover.run_scenario(chat)
+    assert [(r.queries, r.hits) for r in result.requests] == [(30, 0), (49, 32), (78, 48)]
+    assert result.hit_rate() == (80 / 157, 80 / 157)
