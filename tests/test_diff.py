@@ -341,3 +341,27 @@ def test_qwen3_the_same_request_twice_hits_all_but_the_block_of_its_last_token(t
     assert length == 32  # two full blocks: the cap on the last token costs one of them
     assert (code, result["prompt_tokens"], result["unit"]) == (0, [32, 32], "token")
     assert result["reusable_tokens"] == 16  # vLLM's get_computed_blocks looks up 31 tokens
+
+
+def test_a_message_the_client_edited_is_the_clients_cause_not_the_templates(tmp_path):
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 20)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        "first divergence at char 37 of 57 (message 0, user, content); cause client: message edited (message 0, user), "
+        "not the template"
+    )
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 20, "--format", "json")
+    assert json.loads(out)["client_change"] == {
+        "cause": "client",
+        "detail": "message edited",
+        "message_index": 0,
+        "role": "user",
+        "field": None,
+    }
+
+
+def test_a_request_that_repeats_the_previous_messages_has_no_client_change(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, _ = run(*turns, "--template", str(CORPUS / "PC002_history_rewrite.jinja"), "--format", "json")
+    result = json.loads(out)
+    assert (code, result["cause"], result["client_change"]) == (1, "history-rewrite", None)
