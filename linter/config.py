@@ -102,7 +102,7 @@ def _read(path: Path) -> dict:
     try:
         document = YAML(typ="safe").load(text)
     except YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(error)}") from None
     except ValueError as error:  # a scalar YAML reads as a date that is none (2026-13-01)
         raise ConfigError(f"{path}: invalid YAML: {error}") from None
     if document is None:
@@ -110,6 +110,16 @@ def _read(path: Path) -> dict:
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping of settings")
     return document
+
+
+def _yaml_problem(error: Exception) -> str:
+    """The problem and where, as TOML's errors say it: a marked error's first line is only
+    its context ("while constructing a mapping" for a duplicate key)."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if not problem:
+        return str(error).splitlines()[0]
+    where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def _codes(path: Path, key: str, value) -> list[str]:

@@ -212,3 +212,13 @@ def test_a_frozen_date_of_another_type_is_one_error_line(tmp_path, monkeypatch):
         assert (code, out) == (2, "")
         assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: frozen-date must be YYYY-MM-DD, not {shown}\n"
         assert "strftime_now" in (tmp_path / "b.jinja").read_text()
+
+
+def test_a_duplicate_yaml_key_is_named_with_its_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "block-size: 4\nblock-size: 8\n")
+    code, out, err = run("b.jinja", "--no-prove")
+    assert (code, out) == (2, "")
+    assert err == (
+        f'tmpl-lint: error: {tmp_path / ".tmpl-lint.yaml"}: invalid YAML: found duplicate key "block-size" '
+        'with value "8" (original value: "4") (at line 2, column 1)\n'
+    )
