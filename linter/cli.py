@@ -71,9 +71,10 @@ def use_colour() -> bool:
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option(
-    "--strict",
-    is_flag=True,
-    help="Findings the proof did not reproduce fail the run too (by default they are reported and do not).",
+    "--strict/--no-strict",
+    default=None,
+    help="Findings the proof did not reproduce fail the run too (by default they are reported and do not); "
+    "--no-strict overrides strict = true in the configuration.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")

@@ -54,7 +54,7 @@ class CheckOptions:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     config_path: Path | None = None  # None: the nearest configuration to the working directory
-    strict: bool = False
+    strict: bool | None = None  # None: as the configuration says (false without one)
     exit_zero: bool = False
     quiet: bool = False
     prove: bool = True
@@ -157,7 +157,8 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         raise OptionsError(str(error)) from None
     tokenizer = options.tokenizer or config.tokenizer
     block_size = options.block_size or config.block_size or 16
-    result = CheckResult(strict=options.strict or config.strict, exit_zero=options.exit_zero)
+    strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
+    result = CheckResult(strict=strict, exit_zero=options.exit_zero)
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
     if prove is not None and tokenizer is not None:
         from .tokenizer import TokenizerError, load_tokenizer

@@ -222,3 +222,12 @@ def test_a_duplicate_yaml_key_is_named_with_its_line(tmp_path, monkeypatch):
         f'tmpl-lint: error: {tmp_path / ".tmpl-lint.yaml"}: invalid YAML: found duplicate key "block-size" '
         'with value "8" (original value: "4") (at line 2, column 1)\n'
     )
+
+
+def test_no_strict_on_the_command_line_overrides_strict_in_the_configuration(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.tmpl-lint]\nstrict = true\n")
+    shutil.copyfile(CORPUS / "PC003_unproven_same_text_either_way.jinja", tmp_path / "unproven.jinja")
+    code, out, _ = run("unproven.jinja")
+    assert (code, out.splitlines()[-1]) == (1, "Found 1 finding (1 failing; 1 of the failing unproven).")
+    code, out, _ = run("unproven.jinja", "--no-strict")
+    assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (0 failing, 1 not reproduced).")
