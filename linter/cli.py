@@ -71,9 +71,10 @@ def use_colour() -> bool:
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option(
-    "--strict",
-    is_flag=True,
-    help="Findings the proof did not reproduce fail the run too (by default they are reported and do not).",
+    "--strict/--no-strict",
+    default=None,
+    help="Findings the proof did not reproduce fail the run too (by default they are reported and do not); "
+    "--no-strict overrides strict = true in the configuration.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only, without source lines, proofs or summary.")
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
@@ -268,7 +269,7 @@ def rules() -> None:
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .commands import DiffOptions, run_diff
-    from .diff import diff_text, dumps
+    from .diff import client_change, diff_text, dumps
 
     options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine)
     try:
@@ -278,7 +279,8 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     except RunError as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
-    click.echo(dumps(divergence) if output_format == "json" else diff_text(divergence), nl=False)
+    change = client_change(turn1, turn2)
+    click.echo(dumps(divergence, change) if output_format == "json" else diff_text(divergence, change), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 
 KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict")
@@ -102,12 +102,24 @@ def _read(path: Path) -> dict:
     try:
         document = YAML(typ="safe").load(text)
     except YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(error)}") from None
+    except ValueError as error:  # a scalar YAML reads as a date that is none (2026-13-01)
+        raise ConfigError(f"{path}: invalid YAML: {error}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping of settings")
     return document
+
+
+def _yaml_problem(error: Exception) -> str:
+    """The problem and where, as TOML's errors say it: a marked error's first line is only
+    its context ("while constructing a mapping" for a duplicate key)."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if not problem:
+        return str(error).splitlines()[0]
+    where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def _codes(path: Path, key: str, value) -> list[str]:
@@ -142,8 +154,12 @@ def load_config(path: Path) -> Config:
         config.block_size = size
     if "frozen-date" in table:
         value = table["frozen-date"]
+        if isinstance(value, datetime):  # TOML's 2026-01-01T10:00:00: a moment, not a date
+            raise ConfigError(f"{path}: frozen-date must be YYYY-MM-DD, not {value.isoformat()!r}")
         if isinstance(value, date):
             config.frozen_date = value
+        elif not isinstance(value, str):
+            raise ConfigError(f"{path}: frozen-date must be YYYY-MM-DD, not {value!r}")
         else:
             try:
                 config.frozen_date = date.fromisoformat(str(value))

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
 from .proofs import Divergence
@@ -21,6 +21,9 @@ from .prover import Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock, RenderError
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .replay import Departure
 
 
 class RequestError(Exception):
@@ -137,7 +140,29 @@ def diff_requests(
     )
 
 
-def diff_json(divergence: Divergence) -> dict[str, Any]:
+def client_change(first: Path, second: Path) -> Departure | None:
+    """What the client changed between the two requests, if anything, before any message it
+    added (as replay tells it): a diverging prompt is then the client's doing, not the
+    template's, where the change comes at or before the divergence."""
+    from .replay import Call
+    from .replay import client_change as change_between
+
+    try:
+        before, after = read_request(first), read_request(second)
+    except RequestError:
+        return None
+    return change_between(Call(0, before.body), None, Call(0, after.body))
+
+
+def explains(change: Departure | None, divergence: Divergence) -> bool:
+    """Whether the client's change comes at or before where the prompts diverge."""
+    if change is None or divergence.first_divergence is None:
+        return False
+    return change.message_index is None or divergence.message_index is None or change.message_index <= divergence.message_index
+
+
+def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[str, Any]:
+    client = change.to_json() if explains(change, divergence) else None
     return {
         "first_divergence_token": divergence.first_divergence,
         "first_divergence_char": divergence.first_divergence_char,
@@ -151,26 +176,38 @@ def diff_json(divergence: Divergence) -> dict[str, Any]:
         "field": divergence.field,
         "cause": str(divergence.cause),
         "renders": {"before": divergence.before, "after": divergence.after},
+        "client_change": client,  # the client changed what it sent there: not the template's doing
     }
 
 
-def diff_text(divergence: Divergence) -> str:
+def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
     from .reporters import divergence_lines
 
     unit = divergence.unit
     first, second = divergence.prompt_tokens
     if divergence.first_divergence is None:
+        # All of a turn 2 no longer than turn 1 is cached, but vLLM computes its last token.
+        capped = f" (vLLM computes at least the last {unit})" if second <= first else ""
+        if second < first:  # the session went back
+            relation = f"turn 2 ({second} {unit}s) is a prefix of turn 1 ({first} {unit}s)"
+        elif second == first:
+            relation = f"turn 2 is turn 1 again ({first} {unit}s)"
+        else:
+            relation = f"turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s)"
         return (
-            f"clean extension: turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s); "
-            f"{divergence.reusable_tokens} {unit}s reusable in {divergence.block_size}-{unit} blocks\n"
+            f"clean extension: {relation}; {divergence.reusable_tokens} {unit}s reusable in "
+            f"{divergence.block_size}-{unit} blocks{capped}\n"
         )
     lines = divergence_lines(divergence)
     lines[0] = (
         f"first divergence at {unit} {divergence.first_divergence} of {first} "
         f"(message {divergence.message_index}, {divergence.role}, {divergence.field}); cause {divergence.cause}"
     )
+    if explains(change, divergence):
+        where = "" if change.message_index is None else f" (message {change.message_index}, {change.role})"
+        lines[0] = lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{where}, not the template"
     return "\n".join(lines) + "\n"
 
 
-def dumps(divergence: Divergence) -> str:
-    return json.dumps(diff_json(divergence), indent=2, ensure_ascii=False) + "\n"
+def dumps(divergence: Divergence, change: Departure | None = None) -> str:
+    return json.dumps(diff_json(divergence, change), indent=2, ensure_ascii=False) + "\n"

@@ -57,24 +57,37 @@ class Measure:
         return self.ids(prompt.text)
 
 
+@dataclass(frozen=True)
+class ServedRequest:
+    """One request of a scenario as vLLM's prefix cache serves it: its prompt tokens (vLLM's
+    queries), those served from cache (its hits), and those it would serve had the prompt
+    extended what the session's previous request left computed (its prompt and reply)."""
+
+    queries: int
+    hits: int
+    ideal_hits: int
+
+
 @dataclass
 class ScenarioResult:
     scenario: Scenario
     divergences: list[Divergence] = field(default_factory=list)
     error: str | None = None
     limit_exceeded: bool = False
+    requests: list[ServedRequest] = field(default_factory=list)  # every call, the first included
 
     @property
     def diverged(self) -> bool:
         return any(d.first_divergence is not None for d in self.divergences)
 
-    def hit_rate(self, check: str = "a") -> tuple[float, float]:
-        """Token-weighted projected hit rate and its clean-extension ideal over the scenario."""
-        pairs = [d for d in self.divergences if d.check == check]
-        total = sum(d.prompt_tokens[1] for d in pairs)
-        if not total:
+    def hit_rate(self) -> tuple[float, float]:
+        """The projected hit rate as vLLM reports it over the scenario's requests (hits /
+        queries, the first request included, its replies cached), and its ideal."""
+        queries = sum(request.queries for request in self.requests)
+        if not queries:
             return 0.0, 0.0
-        return sum(d.reusable_tokens for d in pairs) / total, sum(d.ideal_tokens for d in pairs) / total
+        hits = sum(request.hits for request in self.requests)
+        return hits / queries, sum(request.ideal_hits for request in self.requests) / queries
 
 
 @dataclass
@@ -110,9 +123,26 @@ class ProofReport:
         """The projected hit rate of a rendered scenario (check a), and its ideal; None for a
         scenario without whole prompts compared (the argument replay compares tool calls)."""
         result = next((result for result in self.rendered if result.scenario.name == scenario), None)
-        if result is None or not any(d.check == "a" for d in result.divergences):
+        if result is None or not result.requests:
             return None
-        return result.hit_rate("a")
+        return result.hit_rate()
+
+
+def served_requests(prompts: list[list[int]], generated: list[list[int]], block_size: int) -> list[ServedRequest]:
+    """A scenario's requests, one session in order, through vLLM's block pool (unbounded):
+    what its PrefixCacheStats count for each. The ideal is what each would hit had its prompt
+    extended the previous request's prompt and reply (but the last sampled token, never fed
+    back), at most num_tokens - 1 looked up."""
+    from .kv_cache import CacheRequest, VllmPrefixCache
+
+    cache = VllmPrefixCache(block_size)
+    out, computed = [], None
+    for prompt, reply in zip(prompts, generated):
+        served = cache.serve(CacheRequest(0, prompt, reply))
+        ideal = 0 if computed is None else full_blocks(min(computed, len(prompt) - 1), block_size)
+        out.append(ServedRequest(len(prompt), served.hit, max(ideal, served.hit)))
+        computed = len(prompt) + max(len(reply) - 1, 0)
+    return out
 
 
 def resolve_special_tokens(tokenizer: Tokenizer | None, from_config: dict[str, Any] | None) -> dict[str, Any]:
@@ -348,13 +378,15 @@ class Prover:
             prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
             replies = [self.generated(scenario, call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
             ids = [self.measure.prompt_ids(prompt) for prompt in prompts]
+            generated = [self.measure.ids(reply.text) if reply is not None else [] for reply in replies]
+            result.requests = served_requests(ids, generated, self.block_size)
             for index in range(len(prompts) - 1):
                 call, following = scenario.calls[index], scenario.calls[index + 1]
                 reply = replies[index]
                 text = prompts[index].text
                 checks = [("a", text, ids[index])]
                 if reply is not None:
-                    checks.append(("b", text + reply.text, ids[index] + self.measure.ids(reply.text)))
+                    checks.append(("b", text + reply.text, ids[index] + generated[index]))
                 for check, cached_text, cached_ids in checks:
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
@@ -385,6 +417,7 @@ class Prover:
             result.error = str(error)
             result.limit_exceeded = isinstance(error, RenderLimitExceeded)
             result.divergences = []
+            result.requests = []
         return result
 
     def run_arguments(self, scenario: Scenario) -> ScenarioResult:
@@ -573,12 +606,14 @@ def compare_prompts(
     arrived = tuple(str(message.get("role")) for message in next_messages[reply_index + 1 :])
     kind = {"scenario_kind": scenario_kind, "arrived": arrived}
     position = first_difference(cached_ids, next_ids)
-    ideal = full_blocks(len(cached_ids), block_size)
+    # vLLM computes at least one prompt token (get_computed_blocks looks up num_tokens - 1):
+    # a prompt all in the cache, sent again or cut short, still recomputes its last block.
+    ideal = full_blocks(min(len(cached_ids), len(next_ids) - 1), block_size) if next_ids else 0
     lengths = (len(cached_ids), len(next_ids))
     if position is not None and position == len(next_ids):
         # The next prompt is all in the cache (it stops where the cached one went on): nothing
-        # of it is recomputed, whatever of the cache goes unused.
-        position, ideal = None, full_blocks(len(next_ids), block_size)
+        # of it diverges, whatever of the cache goes unused.
+        position = None
     if position is None:
         return Divergence(
             scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, Cause.CLEAN, **kind

@@ -906,7 +906,7 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
         for (cause, detail), tokens in summary.departures.most_common():
             requests = summary.departure_requests[(cause, detail)]
-            lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {requests} requests")
+            lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {_count(requests, 'request')}")
         for figures in summary.worst():
             by_cause = ", ".join(f"{cause} {figures.tokens[cause]:,}" for cause in LOST if figures.tokens[cause])
             line = f"  worst session {figures.key}: {figures.lost:,} {unit}s lost ({by_cause})"

@@ -54,7 +54,7 @@ class CheckOptions:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     config_path: Path | None = None  # None: the nearest configuration to the working directory
-    strict: bool = False
+    strict: bool | None = None  # None: as the configuration says (false without one)
     exit_zero: bool = False
     quiet: bool = False
     prove: bool = True
@@ -140,16 +140,25 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     wrote. Raises OptionsError or RunError when the run cannot start."""
     keep_compiled_code(options.cache)
     config = _config(options.config_path)
+    root = config.path.parent if config.path else None
+    try:  # a code the configuration names is its file's mistake, not the command line's
+        selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root)
+    except SelectionError as error:
+        raise RunError(f"{config.path}: {error}") from None
     try:
-        root = config.path.parent if config.path else None
-        selection = Selection.parse(
-            list(options.select) or config.select, list(options.ignore) or config.ignore, config.per_file_ignores, root
-        )
+        # Layered as ruff does: the command line's --select replaces the configuration's
+        # select and ignore; its --ignore alone adds to them (the pre-commit hooks pass
+        # --ignore PC103, and a project's own ignores still hold).
+        if options.select:
+            selection = Selection.parse(options.select, options.ignore, config.per_file_ignores, root)
+        elif options.ignore:
+            selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root, options.ignore)
     except SelectionError as error:
         raise OptionsError(str(error)) from None
     tokenizer = options.tokenizer or config.tokenizer
     block_size = options.block_size or config.block_size or 16
-    result = CheckResult(strict=options.strict or config.strict, exit_zero=options.exit_zero)
+    strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
+    result = CheckResult(strict=strict, exit_zero=options.exit_zero)
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
     if prove is not None and tokenizer is not None:
         from .tokenizer import TokenizerError, load_tokenizer

@@ -27,6 +27,9 @@ class Selection:
     # (file pattern, codes) pairs, patterns matched relative to ``root`` (the config's folder).
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     root: Path | None = None
+    # The command line's --ignore over a configuration's selection, a later layer as in ruff:
+    # a code it names is off however specifically the configuration selects it.
+    also_ignore: tuple[str, ...] = ()
 
     @classmethod
     def parse(
@@ -35,15 +38,20 @@ class Selection:
         ignore: Iterable[str] | None,
         per_file_ignores: dict[str, list[str]] | None = None,
         root: Path | None = None,
+        also_ignore: Iterable[str] | None = None,
     ) -> Selection:
         chosen = tuple(_codes(select)) or ("PC",)
         ignored = tuple(_codes(ignore))
+        later = tuple(_codes(also_ignore))
         per_file = tuple((pattern, tuple(_codes(codes))) for pattern, codes in (per_file_ignores or {}).items())
-        for prefix in chosen + ignored + tuple(code for _, codes in per_file for code in codes):
+        for prefix in chosen + ignored + later + tuple(code for _, codes in per_file for code in codes):
             _check_known(prefix)
-        return cls(tuple("PC" if prefix == "ALL" else prefix for prefix in chosen), ignored, per_file, root)
+        chosen = tuple("PC" if prefix == "ALL" else prefix for prefix in chosen)
+        return cls(chosen, ignored, per_file, root, tuple("PC" if prefix == "ALL" else prefix for prefix in later))
 
     def includes(self, code: str) -> bool:
+        if any(code.startswith(prefix) for prefix in self.also_ignore):
+            return False
         best_select = max((len(p) for p in self.select if code.startswith(p)), default=-1)
         best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
         return best_select > best_ignore
@@ -52,7 +60,7 @@ class Selection:
         """Whether every code runs on ``path``: all selected, none ignored there. The folder
         the config was found in (``root``) does not select anything, so it is not compared."""
         here = self.for_path(path)
-        return (here.select, here.ignore) == (Selection().select, Selection().ignore)
+        return (here.select, here.ignore, here.also_ignore) == (Selection().select, (), ())
 
     def for_path(self, path: Path | str) -> Selection:
         """This selection with the per-file ignores that match ``path`` added to ``ignore``."""
@@ -69,7 +77,7 @@ class Selection:
             if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(candidate.name, pattern)
             for code in codes
         ]
-        return Selection(self.select, self.ignore + tuple(extra)) if extra else Selection(self.select, self.ignore)
+        return Selection(self.select, self.ignore + tuple(extra), also_ignore=self.also_ignore)
 
 
 def _codes(values: Iterable[str] | None):

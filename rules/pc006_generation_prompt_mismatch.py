@@ -44,9 +44,10 @@ context is recomputed every turn.
 ```
 
 ## Fix safety
-Where the template allows it, the fix makes the history render of an assistant turn start
-with the opener the generation prompt used. The model then sees its past turns exactly as
-it generated them.
+No automatic fix: whether history should print the opener, or the generation prompt leave
+it out, is the model's trained format, which only its authors know. Make the history render
+of an assistant turn start with the opener the generation prompt used, as in *Use instead*:
+the model then sees its past turns exactly as it generated them.
 """
 
 from __future__ import annotations

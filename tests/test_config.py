@@ -158,3 +158,76 @@ def test_a_nearer_configuration_is_in_force_and_an_invalid_one_further_up_is_not
     monkeypatch.chdir(nearer)
     code, out, err = run(str(tmp_path / "a.jinja"), str(tmp_path / "b.jinja"), "--format", "json", "--no-prove")
     assert (code, err, codes(out)) == (1, "", ["PC001"])
+
+
+# -- the command line over the configuration, layered as ruff layers them ---------------------
+
+
+def test_a_command_line_ignore_adds_to_the_configurations_ignore(tmp_path, monkeypatch):
+    # The pre-commit hooks run `tmpl-lint --ignore PC103`: a project's `ignore` must still hold.
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "ignore: [PC001]\n")
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove", "--ignore", "PC103")
+    assert (code, codes(out)) == (1, ["PC003", "PC003"])
+
+
+def test_a_command_line_ignore_adds_to_the_configurations_select(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nselect = ["PC001", "PC003"]\n')
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove", "--ignore", "PC0")
+    assert (code, codes(out)) == (0, [])  # PC0 is off, however specifically the file selects PC001
+
+
+def test_the_fix_hooks_command_leaves_what_the_configuration_ignores(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nignore = ["PC001"]\n')
+    before = (tmp_path / "b.jinja").read_bytes()
+    code, _, _ = run("b.jinja", "--fix", "--no-prove", "--ignore", "PC103")
+    assert code == 0
+    assert (tmp_path / "b.jinja").read_bytes() == before
+
+
+def test_a_command_line_select_replaces_the_configurations_select_and_ignore(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "select: [PC003]\nignore: [PC001]\n")
+    code, out, _ = run("a.jinja", "b.jinja", "--format", "json", "--no-prove", "--select", "PC001")
+    assert (code, codes(out)) == (1, ["PC001"])
+
+
+def test_an_unknown_code_in_the_configuration_is_one_error_line_naming_the_file(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "select: [PC999]\n")
+    code, out, err = run("a.jinja", "--no-prove")
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: unknown rule code or prefix: PC999\n"
+
+
+def test_a_yaml_date_that_is_no_date_is_one_error_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "frozen-date: 2026-13-01\n")
+    code, out, err = run("b.jinja", "--fix", "--no-prove")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: invalid YAML: ")
+    assert err.count("\n") == 1 and "internal error" not in err
+
+
+def test_a_frozen_date_of_another_type_is_one_error_line(tmp_path, monkeypatch):
+    for value, shown in (("20260101", "20260101"), ("2026-01-01T10:00:00", "'2026-01-01T10:00:00'")):
+        setup(tmp_path, monkeypatch, "pyproject.toml", f"[tool.tmpl-lint]\nfrozen-date = {value}\n")
+        code, out, err = run("b.jinja", "--fix", "--no-prove")
+        assert (code, out) == (2, "")
+        assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: frozen-date must be YYYY-MM-DD, not {shown}\n"
+        assert "strftime_now" in (tmp_path / "b.jinja").read_text()
+
+
+def test_a_duplicate_yaml_key_is_named_with_its_line(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "block-size: 4\nblock-size: 8\n")
+    code, out, err = run("b.jinja", "--no-prove")
+    assert (code, out) == (2, "")
+    assert err == (
+        f'tmpl-lint: error: {tmp_path / ".tmpl-lint.yaml"}: invalid YAML: found duplicate key "block-size" '
+        'with value "8" (original value: "4") (at line 2, column 1)\n'
+    )
+
+
+def test_no_strict_on_the_command_line_overrides_strict_in_the_configuration(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.tmpl-lint]\nstrict = true\n")
+    shutil.copyfile(CORPUS / "PC003_unproven_same_text_either_way.jinja", tmp_path / "unproven.jinja")
+    code, out, _ = run("unproven.jinja")
+    assert (code, out.splitlines()[-1]) == (1, "Found 1 finding (1 failing; 1 of the failing unproven).")
+    code, out, _ = run("unproven.jinja", "--no-strict")
+    assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (0 failing, 1 not reproduced).")

@@ -277,3 +277,91 @@ def test_the_requests_reasoning_effort_is_rendered_as_vllm_does(tmp_path):
     assert (code, json.loads(out)["first_divergence_char"]) == (1, len("What is 2+2?;"))
     code, out, _ = run(*turns, "--template", str(template), "--format", "json", "--engine", "hf")
     assert (code, json.loads(out)["first_divergence_char"]) == (0, None)
+
+
+# -- figures as vLLM counts them: full blocks, at most num_tokens - 1 looked up ---------------
+
+PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"  # the contents, nothing else
+
+
+def diff_of(tmp_path, first: str, second: str, *args: str):
+    template = tmp_path / "plain.jinja"
+    template.write_text(PLAIN)
+    turns = write_turns(
+        tmp_path, {"messages": [{"role": "user", "content": first}]}, {"messages": [{"role": "user", "content": second}]}
+    )
+    return run(*turns, "--template", str(template), *args)
+
+
+def test_the_same_request_again_recomputes_its_last_block(tmp_path):
+    # 32 characters, all cached: vLLM looks up 31, so one block of 16 hits, not two.
+    code, out, _ = diff_of(tmp_path, "x" * 32, "x" * 32, "--format", "json")
+    result = json.loads(out)
+    assert (code, result["first_divergence_token"], result["prompt_tokens"]) == (0, None, [32, 32])
+    assert (result["reusable_tokens"], result["lost_tokens"]) == (16, 0)
+    code, out, _ = diff_of(tmp_path, "x" * 32, "x" * 32)
+    assert out == (
+        "clean extension: turn 2 is turn 1 again (32 chars); 16 chars reusable in 16-char blocks "
+        "(vLLM computes at least the last char)\n"
+    )
+
+
+def test_a_shorter_turn_2_is_a_prefix_of_turn_1_not_the_other_way(tmp_path):
+    code, out, _ = diff_of(tmp_path, "z" * 40, "z" * 32)
+    assert (code, out) == (
+        0,
+        "clean extension: turn 2 (32 chars) is a prefix of turn 1 (40 chars); 16 chars reusable in 16-char blocks "
+        "(vLLM computes at least the last char)\n",
+    )
+    code, out, _ = diff_of(tmp_path, "z" * 40, "z" * 32, "--format", "json")
+    assert (json.loads(out)["reusable_tokens"], json.loads(out)["lost_tokens"]) == (16, 0)
+
+
+def test_37_shared_characters_reuse_two_blocks(tmp_path):
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 20, "--format", "json")
+    result = json.loads(out)
+    assert (code, result["first_divergence_token"], result["prompt_tokens"]) == (1, 37, [57, 57])
+    # 48 would be cached had nothing changed (57 - 1 = 56 looked up: 3 blocks); 32 are.
+    assert (result["reusable_tokens"], result["lost_tokens"]) == (32, 16)
+    # turn 2 of 48: looked up to 47, so only 2 blocks could have hit: nothing lost to the change
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 11, "--format", "json")
+    result = json.loads(out)
+    assert (result["prompt_tokens"], result["reusable_tokens"], result["lost_tokens"]) == ([57, 48], 32, 0)
+
+
+def test_qwen3_the_same_request_twice_hits_all_but_the_block_of_its_last_token(tmp_path):
+    pytest.importorskip("transformers")
+    body = {"messages": [USER_1, REPLY, USER_2]}
+    turns = write_turns(tmp_path, body, body)
+    code, out, _ = run(*turns, "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
+    result = json.loads(out)
+    tokenizer = transformers_tokenizer("qwen3")
+    text = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
+    length = len(tokenizer.encode(text, add_special_tokens=False))
+    assert length == 32  # two full blocks: the cap on the last token costs one of them
+    assert (code, result["prompt_tokens"], result["unit"]) == (0, [32, 32], "token")
+    assert result["reusable_tokens"] == 16  # vLLM's get_computed_blocks looks up 31 tokens
+
+
+def test_a_message_the_client_edited_is_the_clients_cause_not_the_templates(tmp_path):
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 20)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        "first divergence at char 37 of 57 (message 0, user, content); cause client: message edited (message 0, user), "
+        "not the template"
+    )
+    code, out, _ = diff_of(tmp_path, "y" * 37 + "A" * 20, "y" * 37 + "B" * 20, "--format", "json")
+    assert json.loads(out)["client_change"] == {
+        "cause": "client",
+        "detail": "message edited",
+        "message_index": 0,
+        "role": "user",
+        "field": None,
+    }
+
+
+def test_a_request_that_repeats_the_previous_messages_has_no_client_change(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, _ = run(*turns, "--template", str(CORPUS / "PC002_history_rewrite.jinja"), "--format", "json")
+    result = json.loads(out)
+    assert (code, result["cause"], result["client_change"]) == (1, "history-rewrite", None)

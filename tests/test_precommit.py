@@ -93,3 +93,35 @@ def test_a_base_models_tokenizer_config_does_not_fail_the_hook(tmp_path, hook_re
     checked = run_hooks(repo, environment, "tmpl-lint")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert hook_lines(checked) == [("tmpl-lint", "Passed")]
+
+
+def test_the_hooks_keep_a_projects_own_ignore(tmp_path, hook_repository, environment):
+    # The hooks pass --ignore PC103 on the command line; the project's [tool.tmpl-lint] ignore
+    # of PC001 still holds: the check passes and the fix hook leaves the file as it was.
+    settings = tmp_path / "pyproject.toml"
+    settings.write_text('[tool.tmpl-lint]\nignore = ["PC001"]\n')
+    repo = consumer(
+        tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja", "pyproject.toml": settings}
+    )
+    before = (repo / "chat_template.jinja").read_bytes()
+    result = run_hooks(repo, environment, "tmpl-lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert hook_lines(result) == [("tmpl-lint", "Passed")]
+    fixed = run_hooks(repo, environment, "tmpl-lint-fix")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert hook_lines(fixed) == [("tmpl-lint (fix)", "Passed")]
+    assert (repo / "chat_template.jinja").read_bytes() == before
+
+
+def test_the_hooks_read_a_tmpl_lint_yaml(tmp_path, hook_repository, environment):
+    # .tmpl-lint.yaml needs ruamel.yaml, which the hooks install: without it every commit of
+    # a project configured there failed, exit 2, advising `pip install 'tmpl-lint[fix]'`.
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("ignore: [PC001]\n")
+    repo = consumer(
+        tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja", ".tmpl-lint.yaml": settings}
+    )
+    result = run_hooks(repo, environment, "tmpl-lint", "--verbose")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert hook_lines(result) == [("tmpl-lint", "Passed")]
+    assert "All checks passed!" in result.stdout

@@ -41,8 +41,10 @@ def test_compare_prompts_figures_and_location():
     )
     assert divergence.first_divergence == cached.index("<r>")
     assert divergence.reusable_tokens == 12  # 15 matching chars, 3 full blocks of 4
-    assert divergence.ideal_tokens == 32
-    assert divergence.lost_tokens == 20
+    # 33 cached, 32 following: vLLM looks up at most 31 of them (one is always computed), 7 blocks
+    assert (len(cached), len(following)) == (33, 32)
+    assert divergence.ideal_tokens == 28
+    assert divergence.lost_tokens == 16
     assert (divergence.message_index, divergence.role, divergence.field, divergence.cause) == (
         1,
         "assistant",
@@ -69,7 +71,8 @@ def test_history_rewrite_fixture_is_proven_in_characters():
     assert divergence.cause == "history-rewrite"
     assert divergence.role == "assistant"
     assert divergence.reusable_tokens == divergence.first_divergence // 16 * 16
-    assert divergence.lost_tokens == divergence.prompt_tokens[0] // 16 * 16 - divergence.reusable_tokens
+    cached, following = divergence.prompt_tokens  # vLLM looks up at most following - 1
+    assert divergence.lost_tokens == min(cached, following - 1) // 16 * 16 - divergence.reusable_tokens
 
 
 def test_live_clock_fixture_is_proven_when_the_clock_moves_a_day():
@@ -274,3 +277,33 @@ def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_m
     assert (finding.code, finding.proof.cause) == ("PC006", "generation-prompt")
     divergence = finding.proof.divergence
     assert divergence.before[len(os.path.commonprefix([divergence.before, divergence.after])) :].startswith("<think>")
+
+
+# -- the projected hit rate is vLLM's: hits / queries over every request ----------------------
+
+
+def test_served_requests_count_as_vllms_prefix_cache_stats():
+    from tmpl_lint.prover import ServedRequest, served_requests
+
+    first, reply = list(range(20)), list(range(100, 130))  # 20 + 29 fed back: 3 blocks cached
+    second = first + reply + [7, 8, 9]  # 53 tokens: 52 looked up, 3 blocks hit
+    again = list(second)  # sent again: 52 looked up, the same 3 blocks
+    edited = second[:37] + [500] * 23  # 37 tokens shared: 2 blocks
+    requests = served_requests([first, second, again, edited], [reply, [], [], []], 16)
+    assert requests == [
+        ServedRequest(20, 0, 0),  # the first request counts: 20 queries, no hit
+        ServedRequest(53, 48, 48),
+        ServedRequest(53, 48, 48),  # all of it cached, but vLLM computes the last token's block
+        ServedRequest(60, 32, 48),
+    ]
+
+
+def test_a_scenarios_hit_rate_includes_its_first_request_and_the_replies_blocks():
+    # Contents only, in characters: "What is the capital of France?" (30), reply "Paris." (6,
+    # 5 fed back: 35 computed, 2 blocks), then 49 characters (2 blocks hit, 3 cached with
+    # "Rome" fed back), then 78 (3 blocks hit). vLLM: (0 + 32 + 48) / (30 + 49 + 78).
+    prover = Prover("{% for m in messages %}{{ m.content }}{% endfor %}", None)
+    (chat,) = [scenario for scenario in scenarios({}, True, frozenset(), False) if scenario.name == "chat"]
+    result = prover.run_scenario(chat)
+    assert [(r.queries, r.hits) for r in result.requests] == [(30, 0), (49, 32), (78, 48)]
+    assert result.hit_rate() == (80 / 157, 80 / 157)

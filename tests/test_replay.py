@@ -549,3 +549,38 @@ def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path
         f"tmpl-lint: note: {url} does not serve 'gpt-4o', the request's model: using 'served-model', the model it serves\n"
     )
     json.loads(result.stdout)
+
+
+def test_two_requests_sharing_37_characters_by_hand(tmp_path):
+    # vLLM, blocks of 16: request 1 queries 57 and hits nothing; request 2 queries 57 and hits
+    # the 2 full blocks of the 37 characters it shares: 32 / 114. Had the client not edited
+    # the message, 56 looked up: 3 blocks, 48; the last 9 are in a partial block.
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
+        )
+    )
+    result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
+    summary = json.loads(result.stdout)["template"]
+    assert result.exit_code == 0
+    assert (summary["prefix_cache_queries"], summary["prefix_cache_hits"]) == (114, 32)
+    assert summary["steady_state_hit_rate"] == 32 / 57
+    assert summary["ideal_hit_rate"] == 48 / 114
+    assert summary["tokens_by_cause"] == {
+        "hit": 32,
+        "shared-hit": 0,
+        "cold": 57,
+        "partial-block": 9,
+        "template": 0,
+        "client": 16,
+        "capacity": 0,
+    }
+    out = replay(log, "--template", template, "--session-key", "user").stdout
+    assert (
+        "  Prefix cache hit rate: 28.1% (vllm:prefix_cache_hits / vllm:prefix_cache_queries, every request: 32 of 114 chars)\n"
+        in out
+    )
+    assert "  lost to client message edited: 16 chars in 1 request\n" in out

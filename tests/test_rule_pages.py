@@ -72,3 +72,16 @@ def test_every_page_states_what_fails_the_run(rule):
         assert "`--strict` makes it fail" in text and "`--no-prove`" in text
     else:
         assert "its findings fail the run at their severity" in text
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
+def test_fix_safety_says_no_automatic_fix_exactly_when_the_rule_has_none(rule):
+    # PC006's page described a fix that `--fix` says does not exist ("no automatic fix for
+    # this rule").
+    safety = page(rule).split("## Fix safety\n", 1)[1]
+    listed = CliRunner().invoke(main, ["rules"]).stdout
+    (row,) = [line for line in listed.splitlines() if line.startswith(rule.RULE.code + " ")]
+    has_fix = hasattr(rule, "fix")
+    assert safety.startswith("No automatic fix") is not has_fix
+    assert (" fix " in f" {row} ") is has_fix
+    assert ("Fix is sometimes available." in page(rule)) is has_fix

@@ -101,7 +101,10 @@ def test_strict_and_ignore_come_from_the_configuration_unless_options_say(tmp_pa
     (tmp_path / ".tmpl-lint.yaml").write_text("ignore: [PC001]\nstrict: true\n")
     configured = run_check(CheckOptions((path,), prove=False))
     assert (places(configured), configured.strict, configured.status) == ({path.name: []}, True, EXIT_CLEAN)
-    selected = run_check(CheckOptions((path,), prove=False, ignore=("PC002",)))
+    # Layered as ruff: an --ignore adds to the file's ignore; a --select replaces it.
+    ignoring = run_check(CheckOptions((path,), prove=False, ignore=("PC002",)))
+    assert places(ignoring) == {path.name: []}
+    selected = run_check(CheckOptions((path,), prove=False, select=("PC001",)))
     assert places(selected) == {path.name: [("PC001", 3, 28)]}
 
 
