@@ -101,7 +101,7 @@ def use_colour() -> bool:
     type=click.IntRange(1, 1 << 32),
     default=1_000_000,
     show_default=True,
-    help="Characters one render may print.",
+    help="Characters one render may print, and the largest string or list it may build with ~, + or *.",
 )
 @engine_option
 @click.option(

@@ -101,6 +101,13 @@ class NoFoldingCodeGenerator(CodeGenerator):
             return super()._output_child_to_const(node, frame, finalize)
         raise jinja2.nodes.Impossible()
 
+    def visit_Concat(self, node, frame):
+        # ``a ~ b``: the joined string passes the environment's ``joined`` (the render's size
+        # limit: a string doubled forty times was gigabytes before the time limit stopped it).
+        self.write("environment.joined(")
+        super().visit_Concat(node, frame)
+        self.write(")")
+
     def visit_EvalContextModifier(self, node, frame):
         # ``{% autoescape EXPR %}`` evaluates EXPR while compiling unless it is a literal.
         if all(isinstance(keyword.value, jinja2.nodes.Const) for keyword in node.options):
@@ -124,6 +131,11 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, optimized=False, **kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
+
+    @staticmethod
+    def joined(value):
+        """What ``~`` made (render.py bounds it by the render's limits)."""
+        return value
 
     def getattr(self, obj, attribute):
         # ``message.role``: for a plain dict jinja2 tries the attribute, catches the

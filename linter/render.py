@@ -88,8 +88,9 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
     template = _COMPILED.get(key)
     if template is None:
         environment = make_environment(_render_clock_now)
-        environment.intercepted_binops = frozenset({"*", "**"})
+        environment.intercepted_binops = frozenset({"*", "**", "+"})
         environment.call_binop = partial(_bounded_binop, environment, limits)
+        environment.joined = partial(_bounded_join, limits)
         code = _compiled_code(environment, text, tree)
         template = environment.template_class.from_code(environment, code, environment.make_globals(None))
         if len(_COMPILED) >= _COMPILED_KEPT:
@@ -160,8 +161,24 @@ def _code_key() -> str:
     return digest.hexdigest()[:32]
 
 
+def _bounded_join(limits: RenderLimits, value):
+    """``a ~ b`` as usual, unless it made a string larger than a render may print."""
+    if len(value) > limits.max_bytes:
+        raise RenderLimitExceeded(f"a string joined with ~ reached {len(value)} characters, over the {limits.max_bytes} limit")
+    return value
+
+
 def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):
-    """``*`` and ``**`` as usual, unless the result would be larger than a render may print."""
+    """``*``, ``**`` and ``+`` as usual, unless the result would be larger than a render may
+    print (a string doubled forty times was gigabytes before the time limit stopped it)."""
+    if operator == "+":
+        if (
+            isinstance(left, (str, list, tuple))
+            and isinstance(right, (str, list, tuple))
+            and len(left) + len(right) > limits.max_bytes
+        ):
+            raise RenderLimitExceeded(f"a sum would make {len(left) + len(right)} items, over the {limits.max_bytes} limit")
+        return left + right
     if operator == "*":
         for sequence, count in ((left, right), (right, left)):
             if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) and len(sequence) * count > limits.max_bytes:

@@ -144,9 +144,8 @@ def test_audit_from_cache_without_a_hugging_face_cache_is_one_error_line(tmp_pat
 
 
 def test_templates_proven_at_once_report_as_one_after_another():
-    # The render limit the PC101 fixture meets, lowered: at the default 2 s its string doubles
-    # to gigabytes first (seconds of page faults per run), at 1 s to under one; the other
-    # templates render in milliseconds, far inside either.
+    # A lower time limit than the default: the PC101 fixture now meets the size limit at once,
+    # and the other templates render in milliseconds, far inside either.
     limit = ("--render-timeout", "1")
     one = run(str(CORPUS), "--format", "json", "--jobs", "1", *limit)
     several = run(str(CORPUS), "--format", "json", "--jobs", "3", *limit)
