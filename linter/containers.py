@@ -195,9 +195,13 @@ def python_templates(text: str) -> list[tuple[str, str]]:
     return [(name, literal.evaluated_value) for name, literal in found]
 
 
+# A Python string literal's prefix and opening quote.
+QUOTED_LITERAL = re.compile(r"(?i)([rbu]*)('''|\"\"\"|'|\")")
+
+
 def _python_literal(original: str, template: str) -> str:
     """A literal for ``template`` in the original literal's prefix and quotes, where it can be."""
-    match = re.match(r"(?i)([rbu]*)('''|\"\"\"|'|\")", original)
+    match = QUOTED_LITERAL.match(original)
     prefix, quote = match.group(1), match.group(2)
     raw = "r" in prefix.lower()
     if raw and quote not in template and not template.endswith("\\") and (len(quote) == 3 or "\n" not in template):

@@ -110,7 +110,7 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 
 
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
-    from .containers import _parse_python, _python_literals
+    from .containers import QUOTED_LITERAL, _parse_python, _python_literals
 
     _, found = _python_literals(_parse_python(text))
     literal = next((node for key, node in found if key == name), None)
@@ -128,7 +128,7 @@ def _python_offsets(text: str, name: str | None) -> list[int] | None:
             return None
         offsets.extend(_string_offsets(text, start, part.value))
         position = start + len(part.value)
-    offsets.append(position - len(_QUOTED.match(parts[-1].value).group(2)))
+    offsets.append(position - len(QUOTED_LITERAL.match(parts[-1].value).group(2)))
     return offsets
 
 
@@ -145,12 +145,11 @@ def _simple_strings(node) -> list | None:
     return None
 
 
-_QUOTED = re.compile(r"(?i)([rbu]*)('''|\"\"\"|'|\")")
-
-
 def _string_offsets(text: str, start: int, value: str) -> list[int]:
     """The file offset of each character of the string literal ``value`` written at ``start``."""
-    prefix, quote = _QUOTED.match(value).groups()
+    from .containers import QUOTED_LITERAL
+
+    prefix, quote = QUOTED_LITERAL.match(value).groups()
     index = start + len(prefix) + len(quote)
     end = start + len(value) - len(quote)
     raw = "r" in prefix.lower()
