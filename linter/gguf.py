@@ -40,7 +40,7 @@ from typing import Any
 
 from . import writes
 from .config import cache_directory
-from .sources import GGUF_SUFFIX, SourceError, TemplateSource
+from .sources import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource
 from .writes import WriteError
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
@@ -449,7 +449,12 @@ def read_templates(path: Path, required: bool = True) -> list[TemplateSource]:
     except GGUFError as error:
         raise SourceError(first, str(error)) from None
     if not pairs and required:
-        raise SourceError(first, "no chat template in its metadata (tokenizer.chat_template)")
+        # Named on the command line, as a base model's tokenizer_config.json: nothing to lint.
+        raise NothingToLint(
+            first,
+            "no chat template in its metadata (tokenizer.chat_template): nothing to lint"
+            " (a base model, an embedding model or a vision projector holds none)",
+        )
     return [TemplateSource(first, name, text, "gguf") for name, text in pairs]
 
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, built_once, needs_shared
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import SourceError, collect
+from tmpl_lint.sources import NothingToLint, SourceError, collect
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -229,7 +229,6 @@ def test_a_later_split_named_reads_the_first(tmp_path):
             lambda p: p.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16)),
             "GGUF version 1 is not supported (versions 2 and 3 are)",
         ),
-        (lambda p: write_gguf(p), "no chat template in its metadata (tokenizer.chat_template)"),
         (lambda p: write_gguf(p, extra={"tokenizer.chat_template": 7}), "tokenizer.chat_template is a uint32, expected a string"),
         (
             lambda p: p.write_bytes(write_gguf(p.with_suffix(".tmp"), CLOCK).read_bytes()[:300]),
@@ -248,6 +247,24 @@ def test_a_bad_gguf_is_one_error_line_and_the_batch_continues(tmp_path, make, me
     assert code == 2
     assert err == f"tmpl-lint: error: {bad}: {message}\n"
     assert out.startswith(f"{good}:default:3:28: PC001")
+
+
+NO_TEMPLATE = (
+    "no chat template in its metadata (tokenizer.chat_template): nothing to lint"
+    " (a base model, an embedding model or a vision projector holds none)"
+)
+
+
+def test_a_named_gguf_without_a_template_is_a_warning_as_a_base_models_tokenizer_config(tmp_path):
+    embedding = write_gguf(tmp_path / "embedding.gguf")
+    good = write_gguf(tmp_path / "good.gguf", CLOCK)
+    sources, errors = collect([embedding])
+    assert (sources, [(type(e), str(e)) for e in errors]) == ([], [(NothingToLint, f"{embedding}: {NO_TEMPLATE}")])
+    code, out, err = run(embedding, good, "--no-prove", "-q")
+    assert (code, err) == (1, f"tmpl-lint: warning: {embedding}: {NO_TEMPLATE}\n")
+    assert out.startswith(f"{good}:default:3:28: PC001")
+    code, out, err = run(embedding, "--no-prove")
+    assert (code, out, err) == (0, "", f"tmpl-lint: warning: {embedding}: {NO_TEMPLATE}\n")
 
 
 def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp_path):
