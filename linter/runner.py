@@ -122,7 +122,7 @@ class CheckResult:
 
     @property
     def notes(self) -> list[str]:
-        return [f"{linted.source.path.parent}: {linted.source.note}" for linted in self.linted if linted.source.note]
+        return [_in_folder(linted.source.path.parent, linted.source.note) for linted in self.linted if linted.source.note]
 
     @property
     def status(self) -> int:
@@ -218,6 +218,11 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             found_by_source = lint_many_isolated(sources, selection, options.jobs)
     result.linted = [LintedSource(source, found) for source, found in zip(sources, found_by_source)]
     return result
+
+
+def _in_folder(folder: Path, note: str) -> str:
+    """A note about the files of ``folder``, which names it unless it is the working directory."""
+    return note if folder == Path(".") else f"{folder}: {note}"
 
 
 def _config(path: Path | None) -> Config:

@@ -73,6 +73,18 @@ def test_a_named_file_another_overrides_is_linted_and_says_which_is_in_force(tmp
     assert jinja_file.note is None
 
 
+def test_the_note_names_the_folder_unless_it_is_the_working_directory(tmp_path, monkeypatch):
+    write(tmp_path / "m1" / "tokenizer_config.json", {"chat_template": "{{ messages[0].content }}"})
+    write(tmp_path / "m1" / "chat_template.jinja", "{{ messages[0].content }}!")
+    note = "chat_template.jinja is in force; it overrides the template in tokenizer_config.json\n"
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["m1/tokenizer_config.json", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (0, "note: m1: " + note + "All checks passed!\n")
+    monkeypatch.chdir(tmp_path / "m1")  # not "note: .: chat_template.jinja ..."
+    result = CliRunner().invoke(main, ["tokenizer_config.json", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (0, "note: " + note + "All checks passed!\n")
+
+
 def test_model_directory_without_jinja_uses_chat_template_json(tmp_path):
     write(tmp_path / "tokenizer_config.json", {"chat_template": "from config"})
     write(tmp_path / "chat_template.json", {"chat_template": "from chat_template.json"})
