@@ -197,7 +197,7 @@ def check(
     findings, strict = result.findings, result.strict
     colour = use_colour() and output is None
     if statistics:
-        report = statistics_report(findings)
+        report = statistics_report(findings, strict)
     elif output_format == "json":
         report = json_report(findings, strict)
     elif output_format == "sarif":

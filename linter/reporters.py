@@ -179,9 +179,13 @@ def level(finding: Finding, strict: bool = False) -> str:
     return finding.severity if finding.fails(strict) else "info"
 
 
-def statistics_report(findings: Sequence[Finding]) -> str:
-    counts = Counter((finding.code, finding.name) for finding in findings)
-    return "".join(f"{count:>5}\t{code}\t[{name}]\n" for (code, name), count in sorted(counts.items()))
+def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
+    """Findings per code, as ruff counts them; those that do not fail the run (the text
+    report's "info") on a row of their own, marked so, after the code's failing ones."""
+    counts = Counter((finding.code, finding.name, not finding.fails(strict)) for finding in findings)
+    return "".join(
+        f"{count:>5}\t{code}\t[{name}]{' (info)' if info else ''}\n" for (code, name, info), count in sorted(counts.items())
+    )
 
 
 def json_report(findings: Sequence[Finding], strict: bool = False) -> str:

@@ -91,8 +91,22 @@ def test_statistics_and_exit_zero():
     assert run("--statistics", *fixtures)[0] == 1
     code, out, _ = run("--statistics", "--exit-zero", *fixtures)
     assert code == 0
-    # four fixtures; PC003_future_dependent_render's two findings share one divergence and count once
-    assert "    4\tPC003\t[future-dependent-render]\n" in out
+    # four fixtures; PC003_future_dependent_render's two findings share one divergence and count
+    # once; PC003_unproven_same_text_either_way's renders the same text either way: unproven, info
+    assert "    3\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (info)\n" in out
+
+
+def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
+    # PC006_generation_prompt_mismatch's PC006 is informational: the mismatch opens only
+    # with enable_thinking=false (line 11 of the fixture), and the default leaves it unset.
+    # PC001 and PC006_default_still_opens's PC002 fail.
+    fixtures = ["PC006_default_still_opens.jinja", "PC006_generation_prompt_mismatch.jinja", "PC001_live_clock.jinja"]
+    paths = [str(CORPUS / name) for name in fixtures]
+    code, out, _ = run("--statistics", *paths)
+    assert (code, out) == (
+        1,
+        "    1\tPC001\t[live-clock]\n    1\tPC002\t[history-rewrite]\n    1\tPC006\t[generation-prompt-mismatch] (info)\n",
+    )
 
 
 def test_explicit_check_subcommand_and_module_entry_point():
