@@ -48,6 +48,14 @@ engine_option = click.option(
 )
 
 
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).",
+)
+
+
 def use_colour() -> bool:
     return "NO_COLOR" not in os.environ and sys.stdout.isatty()
 
@@ -62,12 +70,7 @@ def use_colour() -> bool:
 )
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).",
-)
+@config_option
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option(
@@ -263,15 +266,16 @@ def rules() -> None:
 @click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory to render with.")
 @click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
 @click.option("--model", help="Served model name for --server (default: the only one served).")
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True)
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @engine_option
-def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine) -> None:
+@config_option
+def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine, config_path) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .commands import DiffOptions, run_diff
     from .diff import client_change, diff_text, dumps
 
-    options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine)
+    options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path)
     try:
         divergence = run_diff(options, note_on_stderr)
     except OptionsError as error:
@@ -310,6 +314,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     "--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report."
 )
 @engine_option
+@config_option
 def audit(
     specs,
     from_file,
@@ -326,6 +331,7 @@ def audit(
     output_format,
     html_file,
     engine,
+    config_path,
 ) -> None:
     """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
     from . import audit as auditing
@@ -346,6 +352,7 @@ def audit(
         cache_file=cache_file,
         use_cache=not no_cache,
         engine=engine,
+        config_path=config_path,
     )
     progress_bar = None
     if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
@@ -442,7 +449,7 @@ def audit(
     show_default=True,
     help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots.",
 )
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), default=16, show_default=True, help="vLLM's block size.")
+@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
 @click.option(
     "--cache-blocks",
     metavar="N[,N...]",
@@ -475,6 +482,7 @@ def audit(
     type=click.Path(path_type=Path, dir_okay=False),
     help="Page with the hit-rate curve and the tokens the worst sessions lost.",
 )
+@config_option
 def replay(
     log,
     tokenizer,
@@ -499,17 +507,16 @@ def replay(
     jobs,
     output_format,
     html_file,
+    config_path,
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
     recomputed token was recomputed; before and after a fix."""
     from . import replay as replaying
     from .commands import ReplayOptions, run_replay
 
-    if (template or tokenizer) is None:
-        raise click.UsageError("give --template or --tokenizer (a directory with a chat template)")
     options = ReplayOptions(
         log,
-        template or tokenizer,
+        template,
         compare=compare,
         tokenizer=tokenizer,
         session_key=session_key,
@@ -529,6 +536,7 @@ def replay(
         slots=slots,
         cache_reuse=cache_reuse,
         jobs=jobs,
+        config_path=config_path,
     )
     try:
         result = run_replay(options, note_on_stderr)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checker import ProveOptions
 from .render import RenderLimits
-from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError
+from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError, read_config
 from .selection import Selection
 from .tokenizer import TokenizerError
 
@@ -33,8 +33,9 @@ class DiffOptions:
     tokenizer: Path | None = None
     server: str | None = None
     model: str | None = None
-    block_size: int = 16
+    block_size: int | None = None  # None: the configuration's, else 16
     engine: str = "vllm"
+    config_path: Path | None = None  # None: the nearest configuration to the working directory
 
 
 def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: None) -> Divergence:
@@ -49,13 +50,14 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
+    block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     try:
         first, second = read_request(options.first), read_request(options.second)
-        template_source = options.template or options.tokenizer
+        template_source = options.template or tokenizer
         text, special = read_template(template_source) if template_source is not None else (None, {})
         if text is None and options.server is None:
             raise OptionsError("give --template or --tokenizer (a directory with a chat template), or --server")
-        loaded = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+        loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
         vllm = VLLMServer(options.server, options.model, note) if options.server else None
         if vllm is not None:
             vllm.discover(request.body.get("model") for request in (first, second))
@@ -63,7 +65,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         engine = engine_for(options.engine, text, template_source, note) if text is not None else options.engine
         # Rendering is untrusted code: in a child with check's memory limit; each render has
         # its own time and size limits.
-        arguments = (first, second, text, special, loaded, options.block_size, server_ids, engine)
+        arguments = (first, second, text, special, loaded, block_size, server_ids, engine)
         divergence = run_isolated(_diff_or_error, (diff_requests, arguments), seconds=None)
         if isinstance(divergence, str):
             raise RequestError(divergence)
@@ -72,6 +74,14 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     except IsolationError as error:
         raise RunError(f"diff stopped: {error}") from None
     return divergence
+
+
+def configured(config_path: Path | None, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
+    """The block size and tokenizer of a run: the flags', else the configuration's (as
+    ``check`` takes them), else 16 and none. Raises RunError when the configuration cannot
+    be read."""
+    config = read_config(config_path)
+    return block_size or config.block_size or 16, tokenizer or config.tokenizer
 
 
 def _diff_or_error(function, args):
@@ -104,7 +114,7 @@ def engine_for(engine: str, template: str, path: Path, note: Callable[[str], Non
 @dataclass(frozen=True)
 class ReplayOptions:
     log: Path
-    template: Path  # a template file or model directory
+    template: Path | None  # a template file or model directory; None: the tokenizer's
     compare: Path | None = None  # a second template replayed on the same cache
     tokenizer: Path | None = None
     session_key: str | None = None
@@ -112,7 +122,7 @@ class ReplayOptions:
     model: str | None = None
     engine: str = "vllm"
     cache_model: str = "vllm"
-    block_size: int = 16
+    block_size: int | None = None  # None: the configuration's, else 16
     cache_blocks: str | None = None  # "N[,N...]": several sizes sweep the hit-rate curve
     kv_cache_gib: float | None = None
     model_config: Path | None = None
@@ -124,6 +134,7 @@ class ReplayOptions:
     slots: int | None = None
     cache_reuse: int = 0
     jobs: int = 1
+    config_path: Path | None = None  # None: the nearest configuration to the working directory
 
 
 @dataclass
@@ -147,22 +158,24 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .server import ServerError, VLLMServer
     from .tokenizer import load_tokenizer
 
+    block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
+    template = options.template or tokenizer
+    if template is None:
+        raise OptionsError("give --template or --tokenizer (a directory with a chat template)")
     try:
         shape = None
         if options.kv_cache_gib is not None:
             config = kv_cache.read_model_config(options.model_config) if options.model_config else None
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
-        capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, options.block_size, shape)
+        capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if options.cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(
-            options.cache_model, options.block_size, options.page_size, options.slots, options.cache_reuse
-        )
+        settings = replaying.CacheSettings(options.cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
         calls, unread = replaying.read_log(options.log)
         if not calls and not unread:  # (lines that are not requests are each an error of their own)
             raise RunError(f"{options.log}: no requests to replay")
-        loaded = load_tokenizer(options.tokenizer) if options.tokenizer else None
-        templates = [("template", options.template, *read_template(options.template))]
+        loaded = load_tokenizer(tokenizer) if tokenizer else None
+        templates = [("template", template, *read_template(template))]
         if options.compare:
             templates.append(("compare", options.compare, *read_template(options.compare)))
         vllm = VLLMServer(options.server, options.model, note) if options.server else None
@@ -203,6 +216,7 @@ class AuditOptions:
     cache_file: Path | None = None  # None: the default results cache
     use_cache: bool = True
     engine: str = "vllm"
+    config_path: Path | None = None  # its block-size is the engine's; None: the nearest configuration
 
 
 @dataclass
@@ -227,6 +241,7 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
     from .render import keep_compiled_code
     from .sources import SourceError
 
+    block_size, _ = configured(options.config_path, None, None)
     keep_compiled_code(options.use_cache)
     repo_ids = list(options.repo_ids)
     try:
@@ -242,7 +257,7 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
         raise RunError(f"cannot list models: {auditing.describe_error(error)}") from None
     if not (repo_ids or options.local or options.from_cache):
         raise OptionsError("name repos, --from-file, --search/--author, --from-cache or local model folders")
-    prove = ProveOptions(None, 16, RenderLimits(), options.engine) if options.prove else None
+    prove = ProveOptions(None, block_size, RenderLimits(), options.engine) if options.prove else None
     cache = auditing.ResultsCache((options.cache_file or auditing.default_cache_path()) if options.use_cache else None)
     try:
         audit = auditing.run_audit(

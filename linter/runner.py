@@ -139,7 +139,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     fix line as it is decided, before the proofs run: an interrupted run has told what it
     wrote. Raises OptionsError or RunError when the run cannot start."""
     keep_compiled_code(options.cache)
-    config = _config(options.config_path)
+    config = read_config(options.config_path)
     root = config.path.parent if config.path else None
     try:  # a code the configuration names is its file's mistake, not the command line's
         selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root)
@@ -225,7 +225,9 @@ def _in_folder(folder: Path, note: str) -> str:
     return note if folder == Path(".") else f"{folder}: {note}"
 
 
-def _config(path: Path | None) -> Config:
+def read_config(path: Path | None) -> Config:
+    """The configuration ``path`` names, else the nearest to the working directory, else the
+    defaults. Raises RunError (one line naming the file) when it cannot be read."""
     try:
         config = load_config(path) if path else None
         if config is None:

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import SHARED, SHARED_TEMPLATES, needs_shared
+from click.testing import CliRunner
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import lint_source
+from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
 
 pytestmark = needs_shared
@@ -276,3 +278,23 @@ def test_audit_and_check_measure_a_template_alike(tmp_path):
 
     assert figures(row["findings"]) == figures(json.loads(checked.stdout))
     assert {unit for _, unit, _, _ in figures(row["findings"])} == {"token"}
+
+
+def test_the_configuration_gives_the_block_size_of_the_projected_figures(tmp_path, monkeypatch):
+    # PC002's fixture first diverges at char 84 (the proof's own figure, either block size):
+    # in vLLM's blocks of 16, 80 characters are reusable; in the project's blocks of 4, 84.
+    model = tmp_path / "m"
+    model.mkdir()
+    shutil.copy(CORPUS / "PC002_history_rewrite.jinja", model / "chat_template.jinja")
+    monkeypatch.chdir(tmp_path)
+
+    def proof():
+        result = CliRunner().invoke(main, ["audit", "m", "--format", "json", "--no-cache", "--jobs", "1"])
+        assert result.exit_code == 1, result.output
+        (row,) = json.loads(result.stdout)["rows"]
+        found = row["findings"][0]["proof"]
+        return found["block_size"], found["first_divergence"], found["reusable_tokens"]
+
+    assert proof() == (16, 84, 80)
+    (tmp_path / ".tmpl-lint.yaml").write_text("block-size: 4\n")
+    assert proof() == (4, 84, 84)

@@ -365,3 +365,31 @@ def test_a_request_that_repeats_the_previous_messages_has_no_client_change(tmp_p
     code, out, _ = run(*turns, "--template", str(CORPUS / "PC002_history_rewrite.jinja"), "--format", "json")
     result = json.loads(out)
     assert (code, result["cause"], result["client_change"]) == (1, "history-rewrite", None)
+
+
+def test_the_configuration_gives_the_block_size_and_a_flag_overrides_it(tmp_path, monkeypatch):
+    # A project that runs vLLM with --block-size 4 says so once, for check and diff alike.
+    turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})
+    (tmp_path / ".tmpl-lint.yaml").write_text("block-size: 4\n")
+    monkeypatch.chdir(tmp_path)
+    template = str(CORPUS / "PC002_history_rewrite.jinja")
+    code, out, _ = run(*turns, "--template", template, "--format", "json")
+    assert (code, json.loads(out)["block_size"]) == (1, 4)
+    code, out, _ = run(*turns, "--template", template, "--format", "json", "--block-size", "8")
+    assert (code, json.loads(out)["block_size"]) == (1, 8)
+    (tmp_path / ".tmpl-lint.yaml").write_text("block-size: 0\n")
+    code, out, err = run(*turns, "--template", template)
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: block-size must be a positive integer\n"
+
+
+@pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")
+def test_the_configuration_gives_the_tokenizer_and_with_it_the_template(tmp_path, monkeypatch):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    (tmp_path / ".tmpl-lint.yaml").write_text(f"tokenizer: {SHARED_TOKENIZERS / 'qwen3'}\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(*turns, "--format", "json")
+    result = json.loads(out)
+    assert (code, err, result["unit"]) == (0, "", "token")
+    ids = transformers_tokenizer("qwen3").apply_chat_template([USER_1], tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert result["prompt_tokens"][0] == len(ids)

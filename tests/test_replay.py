@@ -584,3 +584,29 @@ def test_two_requests_sharing_37_characters_by_hand(tmp_path):
         in out
     )
     assert "  lost to client message edited: 16 chars in 1 request\n" in out
+
+
+def test_the_configuration_gives_the_block_size(tmp_path, monkeypatch):
+    # The 37 shared characters above in blocks of 4 (the project's vLLM block size, said once
+    # in its configuration): 9 full blocks, 36 hits of 114.
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
+        )
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.tmpl-lint]\nblock-size = 4\n")
+    monkeypatch.chdir(tmp_path)
+    result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
+    summary = json.loads(result.stdout)["template"]
+    assert (result.exit_code, summary["block_size"], summary["prefix_cache_hits"]) == (0, 4, 36)
+    result = replay(log, "--template", template, "--session-key", "user", "--format", "json", "--block-size", "16")
+    summary = json.loads(result.stdout)["template"]
+    assert (result.exit_code, summary["block_size"], summary["prefix_cache_hits"]) == (0, 16, 32)
+    result = replay(log, "--session-key", "user")
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        2,
+        "Error: give --template or --tokenizer (a directory with a chat template)",
+    )
