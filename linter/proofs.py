@@ -62,6 +62,9 @@ class Divergence:
     # <think></think>), or the end marker it generated (<|return|>) written as history's
     # (<|end|>). It costs that reply, not the history before it.
     reply_as_trained: str = ""  # "reasoning", "reasoning-block" or "end-marker"; "" otherwise
+    # The first difference is in the text the generation prompt printed (an opener such as
+    # "<think>\n" history does not replay), not in the reply generated after it.
+    in_generation_prompt: bool = False
 
     @property
     def in_reply(self) -> bool:

@@ -695,6 +695,7 @@ def compare_prompts(
         snippet(next_text, char),
         reply_index,
         reply_as_trained=reply_as_trained,
+        in_generation_prompt=generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1],
         **kind,
     )
 
@@ -726,8 +727,13 @@ def _worst(divergences: list[Divergence]) -> Divergence:
     return max(divergences, key=lambda d: (d.lost_tokens, -d.call))
 
 
-def _typical_worst(divergences: list[Divergence], report: ProofReport) -> Divergence:
-    """The worst divergence of a request as callers send it by default, if any shows it."""
+def _typical_worst(divergences: list[Divergence], report: ProofReport, switch: Switch | None = None) -> Divergence:
+    """The worst divergence of a request as callers send it by default, if any shows it; for
+    a finding that applies only when a caller sets ``switch`` (its default stable), the
+    worst of a request that sets it, if any shows it."""
+    if switch is not None and switch.default_is_stable:
+        switched = [d for d in divergences if switch.name in _kwargs(d, report)]
+        return _worst(switched or divergences)
     default = [d for d in divergences if not _kwargs(d, report)]
     return _worst(default or divergences)
 
@@ -807,7 +813,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     for finding in findings:
         rule = BY_CODE[finding.code]
         if finding.switch is not None:
-            verify_switch(finding, rule.RULE, report)
+            others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
+            verify_switch(finding, rule.RULE, report, others)
         if hasattr(rule, "prove"):
             finding.proof = rule.prove(report, finding)
             if finding.proof.is_proven:
@@ -834,9 +841,9 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     for finding in generic:
         own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
         if own:
-            worst = _typical_worst(own, report)
+            worst = _typical_worst(own, report, finding.switch)
         elif matching[id(finding)]:
-            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report)
+            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report, finding.switch)
             finding.explained_by = explainer[divergences.index(worst)]
         else:
             finding.proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
@@ -904,13 +911,25 @@ def model_format(finding: Finding, claimed: list[Divergence]) -> None:
         )
 
 
-def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
+def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> None:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
     is withdrawn (and a finding made informational by it gets its severity back); one no
-    scenario could check stays as the analysis made it."""
+    scenario could check stays as the analysis made it.
+
+    A divergence in the reply generated after the generation prompt that the rule of another
+    finding in ``others`` explains better (Qwen3's reasoning, dropped once a user message
+    arrives, is PC002's, not the switched generation prompt's of PC006) is that finding's:
+    it refutes nothing here. One in the text the generation prompt printed is the prompt's
+    whoever else explains it."""
     switch = finding.switch
+
+    def explained_elsewhere(divergence: Divergence) -> bool:
+        if divergence.in_generation_prompt:
+            return False
+        rank = rule.explanation_rank(divergence)
+        return any(other.proves(divergence) and other.explanation_rank(divergence) > rank for other in others)
 
     def diverges(kwargs: dict[str, Any]) -> bool | None:
         rendered = [
@@ -923,7 +942,10 @@ def verify_switch(finding: Finding, rule, report: ProofReport) -> None:
         # An empty reasoning block or an end marker history writes its own way is the model's
         # format, not what a switch decides (see model_format).
         return any(
-            d.first_divergence is not None and rule.proves(d) and d.reply_as_trained not in ("reasoning-block", "end-marker")
+            d.first_divergence is not None
+            and rule.proves(d)
+            and d.reply_as_trained not in ("reasoning-block", "end-marker")
+            and not explained_elsewhere(d)
             for result in rendered
             for d in result.divergences
         )

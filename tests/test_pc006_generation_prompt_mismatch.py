@@ -165,3 +165,25 @@ def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_
     number = text.splitlines().index(line) + 1
     codes, _ = prove_text(text, "vllm", str(path))
     assert ("PC006", number, line.index("add_generation_prompt") + 1) in codes
+
+
+@needs_shared
+def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
+    # Qwen3 prints '<think>\n\n</think>\n\n' at line 83 only under `enable_thinking is false`;
+    # by default its generation prompt opens nothing. The default scenarios' reply rewrites
+    # are its reasoning dropped once the next user query arrives (PC002's last-query rewrite,
+    # line 39) and an empty think block left out (the model's format): neither refutes
+    # "only when enable_thinking=false". It was failing, proven by "agent, narrated tool calls".
+    text = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    assert text.splitlines()[81:83] == [
+        "    {%- if enable_thinking is defined and enable_thinking is false %}",
+        "        {{- '<think>\\n\\n</think>\\n\\n' }}",
+    ]
+    codes, findings = prove_text(text, engine="vllm")
+    assert codes == [("PC002", 39, 30), ("PC004", 62, 47), ("PC006", 83, 13)]
+    pc006 = findings[2]
+    assert (pc006.severity, pc006.fails(False)) == ("info", False)
+    assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
+    divergence = pc006.proof.divergence
+    assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "reply-rewrite")
+    assert [f.fails(False) for f in findings[:2]] == [True, True]

@@ -50,6 +50,11 @@ DISAGREEMENTS: dict[str, dict[str, tuple[set[str], str]]] = {
     "CohereLabs--c4ai-command-a-03-2025--rag": {TAIL: (set(), COHERE_HEADER)},
     "CohereLabs--c4ai-command-a-03-2025--tool_use": {TAIL: (set(), COHERE_HEADER)},
     "CohereLabs--c4ai-command-a-03-2025": {TAIL: (set(), COHERE_HEADER)},
+    # Qwen3's chat tail is its reasoning, dropped from the reply once the next user message
+    # arrives: PC002's last-query rewrite. Its PC006 (the empty think block opened only with
+    # enable_thinking=false) is informational: the default generation prompt opens nothing.
+    "Qwen--Qwen3-0.6B": {TAIL: ({"PC002"}, REPLY_REWRITE)},
+    "Qwen--Qwen3-0.6B--rev-2025-05-19": {TAIL: ({"PC002"}, REPLY_REWRITE)},
     "Qwen--Qwen3.5-4B": {TAIL: ({"PC002"}, REPLY_REWRITE)},
     "ibm-granite--granite-3.3-2b-instruct": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
     "microsoft--Phi-3-mini-4k-instruct": {TAIL: (set(), PHI_EOS)},
