@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from jinja2 import nodes
 
@@ -349,25 +350,35 @@ def _clock_format(finding: Finding | None, facts: Facts) -> str:
     return "%Y-%m-%d"
 
 
-def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
+class ProverInputs(NamedTuple):
+    tokenizer: Any  # tokenizer.Tokenizer, or None: measured in characters
+    special_tokens: dict
+    # Why a tokenizer beside the template was not used, for the proofs to say.
+    note: str | None = None
+
+
+def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> ProverInputs:
     """The tokenizer to measure with (the one given, else one beside the template when it
-    loads, else none: characters) and the special tokens the template's config names."""
+    loads, else none: characters, and a note saying why) and the special tokens the
+    template's config names."""
     from .gguf import model_for, own_tokenizer
     from .sources import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
-    tokenizer = None
+    tokenizer, note = None, None
     if (model := model_for(source)) is not None:
         # A GGUF carries its own tokenizer and special tokens (a fixed template beside it too).
         own = own_tokenizer(model)
-        return load_tokenizer(tokenizer_directory) if tokenizer_directory is not None else own.tokenizer, own.special_tokens
+        mine = load_tokenizer(tokenizer_directory) if tokenizer_directory is not None else own.tokenizer
+        return ProverInputs(mine, own.special_tokens)
     if tokenizer_directory is not None:
         tokenizer = load_tokenizer(tokenizer_directory)
     elif (beside := source.tokenizer_directory or find_tokenizer_directory(source.path)) is not None:
         try:
             tokenizer = load_tokenizer(beside)
-        except TokenizerError:
-            tokenizer = None  # a tokenizer found beside the template is optional: measure characters
+        except TokenizerError as error:
+            # Optional beside the template: measured in characters, and the proofs say why.
+            note = f"measured in characters: the tokenizer beside the template could not be used: {error}"
     special: dict = dict(source.special_tokens)
     if source.container == "json":
         try:
@@ -375,7 +386,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None):
             special = special_tokens_from_config(document) if isinstance(document, dict) else {}
         except SourceError:
             special = {}
-    return tokenizer, special
+    return ProverInputs(tokenizer, special, note)
 
 
 def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions) -> list[Finding]:
@@ -387,7 +398,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     from .sources import model_type_beside
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
-    tokenizer, special = prover_inputs(source, options.tokenizer)
+    tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     switches = switch_values(findings, facts.variables), clocked_switches(findings)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = argument_separators_of(source.text, facts)
@@ -399,6 +410,8 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
             report.note = own_tokenizer(model).description  # whose ids, or why characters
+        elif tokenizer_note is not None:
+            report.note = tokenizer_note
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
@@ -408,6 +421,8 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     report.note = (
         f"rendered as transformers renders the template; vLLM renders this model with openai-harmony instead ({engine_rule})"
     )
+    if tokenizer_note is not None:
+        report.note += f"; {tokenizer_note}"
     extra = attach_proofs(findings, report, facts)
     on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
     return extra + engine_findings(on_engine.run({}))

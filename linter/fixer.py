@@ -106,7 +106,7 @@ class Verifier:
         """``linted``: the original's lint with the default selection, where the caller has it."""
         self.source = source
         self.options = options
-        self.tokenizer, config = prover_inputs(source, options.tokenizer)
+        self.tokenizer, config, _ = prover_inputs(source, options.tokenizer)
         self.special = resolve_special_tokens(self.tokenizer, config)
         self.block_size = options.block_size
         self.limits = options.limits

@@ -486,7 +486,7 @@ def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(t
     template = "{{ bos_token }}" + CLOCK
     model = write_gguf(tmp_path / "m.gguf", template, tokens=("no-such-tokenizer", [bos, "</s>", "x"], 0, 1))
     (source,) = collect([model])[0]
-    assert prover_inputs(source, None) == (None, {"bos_token": bos, "eos_token": "</s>"})
+    assert prover_inputs(source, None) == (None, {"bos_token": bos, "eos_token": "</s>"}, None)
     plain = tmp_path / "plain.jinja"  # the same template, rendered with placeholder tokens
     plain.write_text(template)
     _, out, _ = run(model, "--format", "json", "--select", "PC001")
@@ -1049,7 +1049,7 @@ def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
     hub.install(monkeypatch)
     (source,) = hub_templates("org/m-GGUF", hashlib.sha1(b"org/m-GGUF").hexdigest()).sources
     assert (source.name, source.text, source.container) == ("default", "{{ bos_token }}x", "gguf")
-    assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"})
+    assert prover_inputs(source, None) == (None, {"bos_token": "<s>", "eos_token": "</s>"}, None)
 
 
 @needs_shared

@@ -131,3 +131,26 @@ def test_repos_that_share_a_tokenizer_file_share_its_loaded_tokenizer(tmp_path):
     third = load_tokenizer(cached_repo(tmp_path, "third", changed, {}))
     assert third.backend is not first.backend
     assert first.encode("<|im_end|>") == [151645] and third.encode("<|im_end|>") != [151645]
+
+
+def test_a_tokenizer_beside_the_template_that_cannot_be_used_is_named_in_the_proofs(tmp_path):
+    # Beside the template a tokenizer is optional (the proofs are measured in characters
+    # without it), but a user who put one there must hear why their figures are not in tokens.
+    import json as json_module
+
+    from click.testing import CliRunner
+    from helpers import CORPUS
+
+    from tmpl_lint.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "chat_template.jinja").write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    (model / "tokenizer.json").write_text("garbage\n")
+    result = CliRunner().invoke(main, [str(model), "--format", "json"])
+    (finding,) = json_module.loads(result.stdout)
+    assert (result.exit_code, finding["code"], finding["proof"]["unit"]) == (1, "PC001", "char")
+    expected = (
+        f"measured in characters: the tokenizer beside the template could not be used: {model / 'tokenizer.json'}: cannot load: "
+    )
+    assert finding["proof"]["note"].startswith(expected)
