@@ -38,6 +38,13 @@ def main() -> None:
     """
 
 
+def file_path(**checks) -> click.Path:
+    """click's Path without its readability check, which is a usage error that stops the
+    whole batch: the code that reads a file says why it cannot, in one line, and the other
+    inputs are still read."""
+    return click.Path(path_type=Path, readable=False, **checks)
+
+
 # One --engine for every command that renders: check, diff, audit and replay.
 engine_option = click.option(
     "--engine",
@@ -51,7 +58,7 @@ engine_option = click.option(
 config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).",
 )
 
@@ -61,13 +68,11 @@ def use_colour() -> bool:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=file_path())
 @click.option(
     "--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True
 )
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report to FILE instead of standard output."
-)
+@click.option("-o", "--output", type=file_path(dir_okay=False), help="Write the report to FILE instead of standard output.")
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
 @config_option
@@ -83,7 +88,7 @@ def use_colour() -> bool:
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory for proofs (default: beside the template; else characters).",
 )
 @click.option(
@@ -122,7 +127,7 @@ def use_colour() -> bool:
 )
 @click.option(
     "--gguf-copy",
-    type=click.Path(path_type=Path),
+    type=file_path(),
     metavar="PATH",
     help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
     "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
@@ -256,14 +261,14 @@ def rules() -> None:
 
 
 @main.command()
-@click.argument("turn1", type=click.Path(path_type=Path, dir_okay=False))
-@click.argument("turn2", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("turn1", type=file_path(dir_okay=False))
+@click.argument("turn2", type=file_path(dir_okay=False))
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory (its template is used unless --template).",
 )
-@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory to render with.")
+@click.option("--template", type=file_path(), help="Template file or model directory to render with.")
 @click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
 @click.option("--model", help="Served model name for --server (default: the only one served).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
@@ -290,7 +295,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 
 @main.command()
 @click.argument("specs", nargs=-1)
-@click.option("--from-file", type=click.Path(path_type=Path, dir_okay=False), help="Repo ids, one a line.")
+@click.option("--from-file", type=file_path(dir_okay=False), help="Repo ids, one a line.")
 @click.option("--search", help="Hub search query (huggingface_hub list_models).")
 @click.option("--author", help="Every model of this organisation or user.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True, help="How many models --search/--author lists.")
@@ -303,16 +308,14 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 @click.option("--no-dedupe", is_flag=True, help="Analyse identical templates again for every repo (for benchmarks).")
 @click.option(
     "--cache-file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache nor compiled templates.")
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True
 )
-@click.option(
-    "--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report."
-)
+@click.option("--html", "html_file", type=file_path(dir_okay=False), help="Also write a self-contained HTML report.")
 @engine_option
 @config_option
 def audit(
@@ -428,16 +431,14 @@ def audit(
 
 
 @main.command()
-@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("log", type=file_path(dir_okay=False))
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory (its template is used unless --template).",
 )
-@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory.")
-@click.option(
-    "--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed on the same cache."
-)
+@click.option("--template", type=file_path(), help="Template file or model directory.")
+@click.option("--compare", type=file_path(), help="A second template (a --fix output, say), replayed on the same cache.")
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
@@ -462,7 +463,7 @@ def audit(
 )
 @click.option(
     "--model-config",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="The model's config.json, for the bytes per token of --kv-cache-gib.",
 )
 @click.option("--num-layers", type=click.IntRange(1), help="Layers, for --kv-cache-gib (overrides --model-config).")
@@ -479,7 +480,7 @@ def audit(
 @click.option(
     "--html",
     "html_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="Page with the hit-rate curve and the tokens the worst sessions lost.",
 )
 @config_option

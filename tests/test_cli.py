@@ -7,7 +7,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, wait_for_children
+from helpers import CORPUS, needs_permissions, run_unprivileged, wait_for_children
 
 from tmpl_lint.cli import main
 
@@ -82,6 +82,36 @@ def test_input_errors_exit_2_and_the_rest_is_linted(tmp_path):
     assert code == 2
     assert "PC001" in out
     assert err == f"tmpl-lint: error: {bad}: invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)\n"
+
+
+@needs_permissions
+def test_an_unreadable_file_or_folder_named_is_one_error_line_and_the_rest_is_linted(tmp_path):
+    # click's own readability check was a three-line usage error that stopped the batch
+    unreadable = tmp_path / "unreadable.jinja"
+    unreadable.write_text("{{ messages }}")
+    unreadable.chmod(0)
+    unsearchable = tmp_path / "model"  # listed, but its files cannot be reached
+    unsearchable.mkdir()
+    (unsearchable / "chat_template.jinja").write_text("{{ messages }}")
+    unsearchable.chmod(0o644)
+    live_clock = str(CORPUS / "PC001_live_clock.jinja")
+    result = run_unprivileged(str(unreadable), str(unsearchable), live_clock, "-q", "--no-prove")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"tmpl-lint: error: {unreadable}: permission denied\ntmpl-lint: error: {unsearchable}: permission denied\n"
+    )
+    assert result.stdout.startswith(f"{live_clock}:3:28: PC001 [live-clock] ")
+
+
+@needs_permissions
+def test_an_unsearchable_tokenizer_folder_is_one_error_line(tmp_path):
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    tokenizer.chmod(0o644)
+    result = run_unprivileged(str(CORPUS / "clean_chatml.jinja"), "--tokenizer", str(tokenizer))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"tmpl-lint: error: {tokenizer}: permission denied\n"
 
 
 def test_statistics_and_exit_zero():

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TOKENIZERS, transformers_tokenizer
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_permissions, run_unprivileged, transformers_tokenizer
 
 from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
@@ -90,6 +91,15 @@ def test_bad_request_file_is_a_one_line_error(tmp_path):
     code, _, err = run(str(bad), str(bad), "--template", str(CORPUS / "clean_chatml.jinja"))
     assert code == 2
     assert err == f"tmpl-lint: error: {bad}: expected a chat completion request with a non-empty messages list\n"
+
+
+@needs_permissions
+def test_an_unreadable_turn_is_one_error_line(tmp_path):
+    first, second = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    os.chmod(second, 0)
+    result = run_unprivileged("diff", first, second, "--template", str(CORPUS / "clean_chatml.jinja"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"tmpl-lint: error: {second}: permission denied\n"
 
 
 def test_needs_a_template_or_server(tmp_path):
