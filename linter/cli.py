@@ -13,7 +13,15 @@ import click
 from . import __version__
 from .engines import ENGINES
 from .render import RenderLimits
-from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
+from .reporters import (
+    github_report,
+    json_report,
+    sarif_report,
+    statistics_json,
+    statistics_report,
+    text_report,
+    write_report,
+)
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 
@@ -161,6 +169,8 @@ def check(
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
+    if statistics and output_format in ("sarif", "github"):
+        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use text or json)")
     options = CheckOptions(
         paths=tuple(paths),
         select=select,
@@ -183,7 +193,7 @@ def check(
     )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
-    machine = output_format != "text" and not statistics and output is None
+    machine = output_format != "text" and output is None
 
     def print_fix_line(line: FixLine) -> None:
         if line.patch:
@@ -205,7 +215,7 @@ def check(
     findings, strict = result.findings, result.strict
     colour = use_colour() and output is None
     if statistics:
-        report = statistics_report(findings, strict)
+        report = statistics_json(findings, strict) if output_format == "json" else statistics_report(findings, strict)
     elif output_format == "json":
         report = json_report(findings, strict)
     elif output_format == "sarif":

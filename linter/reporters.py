@@ -7,6 +7,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote_from_bytes
@@ -179,13 +180,34 @@ def level(finding: Finding, strict: bool = False) -> str:
     return finding.severity if finding.fails(strict) else "info"
 
 
-def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
+@dataclass(frozen=True)
+class CodeCount:
+    """One row of --statistics: how many findings of a code fail the run, or how many do not."""
+
+    code: str
+    name: str
+    fails: bool
+    count: int
+
+
+def code_counts(findings: Sequence[Finding], strict: bool = False) -> list[CodeCount]:
     """Findings per code, as ruff counts them; those that do not fail the run (the text
-    report's "info") on a row of their own, marked so, after the code's failing ones."""
+    report's "info") on a row of their own, after the code's failing ones."""
     counts = Counter((finding.code, finding.name, not finding.fails(strict)) for finding in findings)
+    return [CodeCount(code, name, not info, count) for (code, name, info), count in sorted(counts.items())]
+
+
+def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
+    """--statistics as text: a row per code, those that do not fail marked (info)."""
     return "".join(
-        f"{count:>5}\t{code}\t[{name}]{' (info)' if info else ''}\n" for (code, name, info), count in sorted(counts.items())
+        f"{row.count:>5}\t{row.code}\t[{row.name}]{'' if row.fails else ' (info)'}\n" for row in code_counts(findings, strict)
     )
+
+
+def statistics_json(findings: Sequence[Finding], strict: bool = False) -> str:
+    """--statistics --format json: a list of rows, as ruff prints its statistics in JSON."""
+    rows = [{"code": row.code, "name": row.name, "count": row.count, "fails": row.fails} for row in code_counts(findings, strict)]
+    return json.dumps(rows, indent=2) + "\n"
 
 
 def json_report(findings: Sequence[Finding], strict: bool = False) -> str:

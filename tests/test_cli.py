@@ -139,6 +139,24 @@ def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
     )
 
 
+def test_statistics_in_json_are_a_list_of_counts_that_parses():
+    fixtures = ["PC006_default_still_opens.jinja", "PC006_generation_prompt_mismatch.jinja", "PC001_live_clock.jinja"]
+    code, out, _ = run("--statistics", "--format", "json", *[str(CORPUS / name) for name in fixtures])
+    assert code == 1
+    assert json.loads(out) == [
+        {"code": "PC001", "name": "live-clock", "count": 1, "fails": True},
+        {"code": "PC002", "name": "history-rewrite", "count": 1, "fails": True},
+        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 1, "fails": False},
+    ]
+
+
+@pytest.mark.parametrize("output_format", ["sarif", "github"])
+def test_statistics_in_sarif_or_github_is_a_usage_error(output_format):
+    code, out, err = run("--statistics", "--format", output_format, str(CORPUS / "PC001_live_clock.jinja"))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use text or json)"
+
+
 def test_explicit_check_subcommand_and_module_entry_point():
     assert run("check", str(CORPUS / "clean_chatml.jinja"))[0] == 0
     result = subprocess.run(
