@@ -135,10 +135,11 @@ def use_colour() -> bool:
 )
 @click.option(
     "--gguf-copy",
-    type=file_path(),
+    type=click.Path(readable=False),  # the text as given: a trailing / says a folder, which a Path forgets
     metavar="PATH",
     help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
-    "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
+    "(a new file, or a folder for a copy under the model's name: one that exists, or one named with a trailing /, "
+    "created); the model itself is never rewritten.",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write compiled templates in tmpl-lint's cache.")
 def check(
@@ -188,7 +189,7 @@ def check(
         engine=engine,
         tool_args_style=tool_args_style,
         jobs=jobs,
-        gguf_copy=gguf_copy,
+        gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,
     )
     # Standard output carries one thing a program can read: the report in a machine format,
@@ -571,6 +572,14 @@ def replay(
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)
     sys.exit(result.status)
+
+
+def _copy_target(given: str | None):
+    if given is None:
+        return None
+    from .gguf import CopyTarget
+
+    return CopyTarget.given(given)
 
 
 def note_on_stderr(text: str) -> None:

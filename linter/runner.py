@@ -28,6 +28,7 @@ from .sources import NothingToLint, TemplateSource, collect
 
 if TYPE_CHECKING:
     from .fixer import FixOptions, TemplateFix
+    from .gguf import CopyTarget
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -66,7 +67,7 @@ class CheckOptions:
     engine: str = "vllm"
     tool_args_style: str | None = None
     jobs: int = 1
-    gguf_copy: Path | None = None
+    gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
 
 
@@ -173,8 +174,11 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     result.errors = [InputError(error.path, str(error)) for error in errors if not isinstance(error, NothingToLint)]
     result.warnings = [str(error) for error in errors if isinstance(error, NothingToLint)]
     gguf_copy = options.gguf_copy
-    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
+    if gguf_copy is not None and not gguf_copy.folder and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")
+    if gguf_copy is not None and gguf_copy.problem() is not None:
+        # Said before any fix is written: the command as given cannot do what it says.
+        raise RunError(gguf_copy.problem())
     if not sources and not errors:
         result.warnings.append("no chat templates found in the given paths")
     fixing = None
@@ -247,7 +251,7 @@ class _Fixing:
     selection: Selection
     write: bool
     quiet: bool
-    gguf_copy: Path | None
+    gguf_copy: CopyTarget | None
     result: CheckResult
     on_line: Callable[[FixLine], None] | None
 
@@ -291,7 +295,7 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import copy_destination, copy_with_fixes, place_fix
+        from .gguf import copy_with_fixes, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -333,7 +337,7 @@ class _Fixing:
                     for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
                         self.say(line)
                 except WriteError as error:
-                    self.result.errors.append(InputError.of(copy_destination(model, self.gguf_copy), error))
+                    self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:
