@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -238,6 +239,34 @@ def test_a_folder_without_tokenizer_files_says_so(tmp_path):
         f"tmpl-lint: error: {tmp_path.resolve()}: no tokenizer here "
         "(no tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("number", "code", "message"), [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, [])]
+)
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_a_signal_while_the_modules_load_is_as_later_not_a_traceback(entry, number, code, message):
+    # Python says each import as it completes (PYTHONPROFILEIMPORTTIME), so Ctrl-C lands
+    # while the command's own modules still load: right after click, which cli imports first.
+    script = Path(sys.executable).with_name("tmpl-lint")
+    command = [str(script)] if entry == "console script" else [sys.executable, "-m", "tmpl_lint"]
+    process = subprocess.Popen(
+        [*command, str(CORPUS / "clean_chatml.jinja")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "NO_COLOR": "1"},
+    )
+    imported = []
+    for line in process.stderr:
+        imported.append(line.rsplit("|", 1)[-1].strip())
+        if imported[-1] == "click":
+            process.send_signal(number)
+            break
+    assert "tmpl_lint.cli" not in imported  # still loading it
+    out, err = process.communicate(timeout=60)
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert (process.returncode, out, said) == (code, "", message)
 
 
 def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
