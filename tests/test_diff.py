@@ -276,6 +276,27 @@ def test_diff_server_unreachable_exit_2(tmp_path):
     assert err.startswith("tmpl-lint: error: cannot reach http://127.0.0.1:9/v1/models")
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("notaurl", "is not an http:// or https:// URL with a host (such as http://localhost:8000)"),
+        ("localhost:8000", "is not an http:// or https:// URL with a host (such as http://localhost:8000)"),
+        ("http://localhost:port", "is not a URL: Port could not be cast to integer value as 'port'"),
+    ],
+)
+def test_a_server_that_is_not_a_url_is_a_usage_error_naming_it(tmp_path, url, reason):
+    # urllib's ValueError was an internal error
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    code, out, err = run(*turns, "--server", url)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: --server {url!r} {reason}"
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"messages": [USER_1]}) + "\n")
+    result = CliRunner().invoke(main, ["replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--server", url])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == f"Error: --server {url!r} {reason}"
+
+
 def test_the_requests_reasoning_effort_is_rendered_as_vllm_does(tmp_path):
     # vLLM turns thinking off for reasoning_effort "none"; transformers never sees the field.
     template = tmp_path / "t.jinja"
