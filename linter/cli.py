@@ -230,7 +230,8 @@ def check(
             quiet,
             strict,
             linted=len(result.linted),
-            unread=len(result.errors),
+            unread=result.unread,
+            unwritten=result.unwritten,
             unapplied=result.would_change,
         )
     if output is not None:

@@ -24,7 +24,7 @@ from .findings import Finding
 from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .selection import Selection, SelectionError
-from .sources import NothingToLint, TemplateSource, collect
+from .sources import NothingToLint, SourceError, TemplateSource, collect
 
 if TYPE_CHECKING:
     from .fixer import FixOptions, TemplateFix
@@ -86,10 +86,11 @@ class InputError:
 
     path: Path
     line: str  # printed after "tmpl-lint: error: ", the path first as a rule
+    write: bool = False  # a file --fix could not write (a read-only template, a copy's name taken)
 
     @classmethod
-    def of(cls, path: Path, error: Exception) -> InputError:
-        return cls(getattr(error, "path", path), str(error))
+    def of(cls, path: Path, error: Exception, write: bool) -> InputError:
+        return cls(getattr(error, "path", path), str(error), write)
 
     def __str__(self) -> str:
         return self.line
@@ -124,6 +125,14 @@ class CheckResult:
     @property
     def notes(self) -> list[str]:
         return [_in_folder(linted.source.path.parent, linted.source.note) for linted in self.linted if linted.source.note]
+
+    @property
+    def unread(self) -> int:
+        return sum(1 for error in self.errors if not error.write)
+
+    @property
+    def unwritten(self) -> int:
+        return sum(1 for error in self.errors if error.write)
 
     @property
     def status(self) -> int:
@@ -277,7 +286,9 @@ class _Fixing:
                     self.say_fixed(fix)
                 self.say_skipped(fix)
             if fixed.error is not None:
-                self.result.errors.append(InputError.of(fixed.path, fixed.error))
+                # a file gone or changed when it was read again to be fixed, else a failed write
+                wrote = not isinstance(fixed.error, SourceError)
+                self.result.errors.append(InputError.of(fixed.path, fixed.error, write=wrote))
                 now.extend(fix.source for fix in fixed.fixes)
                 continue
             if not self.write and fixed.changed:
@@ -321,7 +332,7 @@ class _Fixing:
                     placed_all = False
                     for finding, _title in fix.applied:
                         self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
-                    self.result.errors.append(InputError.of(placed.target, placed.error))
+                    self.result.errors.append(InputError.of(placed.target, placed.error, write=True))
                 self.say_skipped(fix)
                 for line in placed.lines:
                     self.say(line)
@@ -337,7 +348,7 @@ class _Fixing:
                     for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
                         self.say(line)
                 except WriteError as error:
-                    self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error))
+                    self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error, write=True))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:

@@ -751,9 +751,10 @@ def test_gguf_copy_never_overwrites(tmp_path):
     before = sha(model)
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"precious")
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
+    assert out.splitlines()[-1] == "No findings; 1 file could not be written (see the errors above)."
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
     code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", tmp_path)
