@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
-from .findings import Finding
+from .findings import Finding, quoted_name
 from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .selection import Selection, SelectionError
@@ -93,13 +93,20 @@ class InputError:
         return cls(getattr(error, "path", path), str(error), write)
 
     def __str__(self) -> str:
-        return self.line
+        return _quoting_path(self.path, self.line)
 
     @property
     def message(self) -> str:
         """The line without the path it starts with, for a report that names the file apart."""
         prefix = f"{self.path}: "
         return self.line.removeprefix(prefix)
+
+
+def _quoting_path(path: Path, line: str) -> str:
+    """``line``, its leading ``path`` quoted as the report names files (a newline in a name
+    would split the line)."""
+    prefix = f"{path}: "
+    return f"{quoted_name(path)}: {line.removeprefix(prefix)}" if line.startswith(prefix) else line
 
 
 @dataclass
@@ -181,7 +188,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             raise RunError(str(error)) from None
     sources, errors = collect(list(options.paths))
     result.errors = [InputError(error.path, str(error)) for error in errors if not isinstance(error, NothingToLint)]
-    result.warnings = [str(error) for error in errors if isinstance(error, NothingToLint)]
+    result.warnings = [_quoting_path(error.path, str(error)) for error in errors if isinstance(error, NothingToLint)]
     gguf_copy = options.gguf_copy
     if gguf_copy is not None and not gguf_copy.folder and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")

@@ -115,6 +115,21 @@ def test_an_unsearchable_tokenizer_folder_is_one_error_line(tmp_path):
     assert result.stderr == f"tmpl-lint: error: {tokenizer}: permission denied\n"
 
 
+def test_a_newline_in_a_file_name_is_quoted_as_git_quotes_it_and_splits_no_line(tmp_path):
+    template = tmp_path / "nl\nx.jinja"
+    template.write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    missing = tmp_path / "gone\tz.jinja"
+    code, out, err = run(str(template), str(missing), "-q", "--no-prove")
+    assert code == 2
+    assert out.splitlines() == [
+        f'"{tmp_path}/nl\\nx.jinja":3:28: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)` puts the '
+        "current time into the prompt: the prefix cache goes cold whenever the rendered date changes"
+    ]
+    assert err == f'tmpl-lint: error: "{tmp_path}/gone\\tz.jinja": no such file or directory\n'
+    code, out, _ = run(str(template), "-q", "--no-prove", "--fix", "--frozen-date", "2026-01-15")
+    assert out.splitlines()[0].startswith(f'"{tmp_path}/nl\\nx.jinja":3:28: fixed PC001 [live-clock]: ')
+
+
 def test_statistics_and_exit_zero():
     # The PC003 fixtures, not the whole corpus: the count is theirs, and proving the rest cost
     # seconds. They fail a run without --exit-zero.
