@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -589,13 +590,15 @@ def note_on_stderr(text: str) -> None:
 def run() -> None:
     """The command: every failure ends in a one-line message and exit 2, never a traceback;
     Ctrl-C exits 130 and SIGTERM 143, once temporary files are gone and children stopped
-    (the entry point, ``__main__.run``, handles SIGTERM, and Ctrl-C before this module is
-    loaded)."""
+    (the entry point, ``__main__.run``, handles both before this module is loaded)."""
     # Text from a template or a request can hold a lone surrogate, which no terminal
     # encoding can print: it is shown escaped rather than ending the run.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    # As __main__.run does first: again here for a console script made before that was the
+    # entry point (an editable install not redone), which still calls this function.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         status = main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
@@ -622,3 +625,8 @@ def run() -> None:
         )
         sys.exit(EXIT_ERROR)
     sys.exit(status if isinstance(status, int) else EXIT_CLEAN)
+
+
+def _terminated(signum, frame):
+    # Raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs.
+    raise SystemExit(128 + signum)
