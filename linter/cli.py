@@ -13,7 +13,15 @@ import click
 from . import __version__
 from .engines import ENGINES
 from .render import RenderLimits
-from .reporters import github_report, json_report, sarif_report, statistics_report, text_report, write_report
+from .reporters import (
+    github_report,
+    json_report,
+    sarif_report,
+    statistics_json,
+    statistics_report,
+    text_report,
+    write_report,
+)
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 
@@ -38,6 +46,13 @@ def main() -> None:
     """
 
 
+def file_path(**checks) -> click.Path:
+    """click's Path without its readability check, which is a usage error that stops the
+    whole batch: the code that reads a file says why it cannot, in one line, and the other
+    inputs are still read."""
+    return click.Path(path_type=Path, readable=False, **checks)
+
+
 # One --engine for every command that renders: check, diff, audit and replay.
 engine_option = click.option(
     "--engine",
@@ -51,7 +66,7 @@ engine_option = click.option(
 config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="pyproject.toml or .tmpl-lint.yaml (default: the nearest).",
 )
 
@@ -61,13 +76,11 @@ def use_colour() -> bool:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=file_path())
 @click.option(
     "--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True
 )
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report to FILE instead of standard output."
-)
+@click.option("-o", "--output", type=file_path(dir_okay=False), help="Write the report to FILE instead of standard output.")
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Codes or prefixes to disable (comma-separated).")
 @config_option
@@ -83,7 +96,7 @@ def use_colour() -> bool:
 @click.option("--no-prove", is_flag=True, help="Static lint only: do not render turn pairs to prove findings.")
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory for proofs (default: beside the template; else characters).",
 )
 @click.option(
@@ -122,10 +135,11 @@ def use_colour() -> bool:
 )
 @click.option(
     "--gguf-copy",
-    type=click.Path(path_type=Path),
+    type=click.Path(readable=False),  # the text as given: a trailing / says a folder, which a Path forgets
     metavar="PATH",
     help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
-    "(a new file, or a directory for a copy under the model's name); the model itself is never rewritten.",
+    "(a new file, or a folder for a copy under the model's name: one that exists, or one named with a trailing /, "
+    "created); the model itself is never rewritten.",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write compiled templates in tmpl-lint's cache.")
 def check(
@@ -156,6 +170,8 @@ def check(
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
+    if statistics and output_format in ("sarif", "github"):
+        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use text or json)")
     options = CheckOptions(
         paths=tuple(paths),
         select=select,
@@ -173,12 +189,12 @@ def check(
         engine=engine,
         tool_args_style=tool_args_style,
         jobs=jobs,
-        gguf_copy=gguf_copy,
+        gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,
     )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
-    machine = output_format != "text" and not statistics and output is None
+    machine = output_format != "text" and output is None
 
     def print_fix_line(line: FixLine) -> None:
         if line.patch:
@@ -200,7 +216,7 @@ def check(
     findings, strict = result.findings, result.strict
     colour = use_colour() and output is None
     if statistics:
-        report = statistics_report(findings, strict)
+        report = statistics_json(findings, strict) if output_format == "json" else statistics_report(findings, strict)
     elif output_format == "json":
         report = json_report(findings, strict)
     elif output_format == "sarif":
@@ -215,7 +231,8 @@ def check(
             quiet,
             strict,
             linted=len(result.linted),
-            unread=len(result.errors),
+            unread=result.unread,
+            unwritten=result.unwritten,
             unapplied=result.would_change,
         )
     if output is not None:
@@ -256,14 +273,14 @@ def rules() -> None:
 
 
 @main.command()
-@click.argument("turn1", type=click.Path(path_type=Path, dir_okay=False))
-@click.argument("turn2", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("turn1", type=file_path(dir_okay=False))
+@click.argument("turn2", type=file_path(dir_okay=False))
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory (its template is used unless --template).",
 )
-@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory to render with.")
+@click.option("--template", type=file_path(), help="Template file or model directory to render with.")
 @click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
 @click.option("--model", help="Served model name for --server (default: the only one served).")
 @click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
@@ -290,7 +307,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 
 @main.command()
 @click.argument("specs", nargs=-1)
-@click.option("--from-file", type=click.Path(path_type=Path, dir_okay=False), help="Repo ids, one a line.")
+@click.option("--from-file", type=file_path(dir_okay=False), help="Repo ids, one a line.")
 @click.option("--search", help="Hub search query (huggingface_hub list_models).")
 @click.option("--author", help="Every model of this organisation or user.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True, help="How many models --search/--author lists.")
@@ -303,16 +320,14 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 @click.option("--no-dedupe", is_flag=True, help="Analyse identical templates again for every repo (for benchmarks).")
 @click.option(
     "--cache-file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="Results cache (default: ~/.cache/tmpl-lint/audit.jsonl).",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache nor compiled templates.")
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "jsonl", "markdown"]), default="table", show_default=True
 )
-@click.option(
-    "--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report."
-)
+@click.option("--html", "html_file", type=file_path(dir_okay=False), help="Also write a self-contained HTML report.")
 @engine_option
 @config_option
 def audit(
@@ -428,16 +443,14 @@ def audit(
 
 
 @main.command()
-@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("log", type=file_path(dir_okay=False))
 @click.option(
     "--tokenizer",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=file_path(file_okay=False),
     help="Tokenizer directory (its template is used unless --template).",
 )
-@click.option("--template", type=click.Path(path_type=Path), help="Template file or model directory.")
-@click.option(
-    "--compare", type=click.Path(path_type=Path), help="A second template (a --fix output, say), replayed on the same cache."
-)
+@click.option("--template", type=file_path(), help="Template file or model directory.")
+@click.option("--compare", type=file_path(), help="A second template (a --fix output, say), replayed on the same cache.")
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
@@ -462,7 +475,7 @@ def audit(
 )
 @click.option(
     "--model-config",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="The model's config.json, for the bytes per token of --kv-cache-gib.",
 )
 @click.option("--num-layers", type=click.IntRange(1), help="Layers, for --kv-cache-gib (overrides --model-config).")
@@ -479,7 +492,7 @@ def audit(
 @click.option(
     "--html",
     "html_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=file_path(dir_okay=False),
     help="Page with the hit-rate curve and the tokens the worst sessions lost.",
 )
 @config_option
@@ -562,18 +575,29 @@ def replay(
     sys.exit(result.status)
 
 
+def _copy_target(given: str | None):
+    if given is None:
+        return None
+    from .gguf import CopyTarget
+
+    return CopyTarget.given(given)
+
+
 def note_on_stderr(text: str) -> None:
     click.echo(f"tmpl-lint: note: {text}", err=True)
 
 
 def run() -> None:
-    """Entry point: every failure ends in a one-line message and exit 2, never a traceback;
-    Ctrl-C exits 130 and SIGTERM 143, once temporary files are gone and children stopped."""
+    """The command: every failure ends in a one-line message and exit 2, never a traceback;
+    Ctrl-C exits 130 and SIGTERM 143, once temporary files are gone and children stopped
+    (the entry point, ``__main__.run``, handles both before this module is loaded)."""
     # Text from a template or a request can hold a lone surrogate, which no terminal
     # encoding can print: it is shown escaped rather than ending the run.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    # As __main__.run does first: again here for a console script made before that was the
+    # entry point (an editable install not redone), which still calls this function.
     signal.signal(signal.SIGTERM, _terminated)
     try:
         status = main(standalone_mode=False)

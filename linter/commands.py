@@ -47,10 +47,14 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     from .engines import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
-    from .server import ServerError, VLLMServer
+    from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
+    try:
+        vllm = VLLMServer(options.server, options.model, note) if options.server else None
+    except ServerURLError as error:
+        raise OptionsError(str(error)) from None
     try:
         first, second = read_request(options.first), read_request(options.second)
         template_source = options.template or tokenizer
@@ -58,7 +62,6 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         if text is None and options.server is None:
             raise OptionsError("give --template or --tokenizer (a directory with a chat template), or --server")
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        vllm = VLLMServer(options.server, options.model, note) if options.server else None
         if vllm is not None:
             vllm.discover(request.body.get("model") for request in (first, second))
         server_ids = vllm.prompt_token_ids if vllm is not None else None
@@ -155,13 +158,17 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .diff import RequestError, read_template
     from .isolation import IsolationError
     from .prover import resolve_special_tokens
-    from .server import ServerError, VLLMServer
+    from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     template = options.template or tokenizer
     if template is None:
         raise OptionsError("give --template or --tokenizer (a directory with a chat template)")
+    try:
+        vllm = VLLMServer(options.server, options.model, note) if options.server else None
+    except ServerURLError as error:
+        raise OptionsError(str(error)) from None
     try:
         shape = None
         if options.kv_cache_gib is not None:
@@ -178,7 +185,6 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         templates = [("template", template, *read_template(template))]
         if options.compare:
             templates.append(("compare", options.compare, *read_template(options.compare)))
-        vllm = VLLMServer(options.server, options.model, note) if options.server else None
         if vllm is not None:
             vllm.discover(call.body.get("model") for call in calls)
         server_ids = vllm.prompt_token_ids if vllm is not None else None

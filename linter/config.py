@@ -81,8 +81,8 @@ def _pyproject_table(path: Path) -> dict | None:
 
 
 def _toml_type(value: object) -> str:
-    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a float", list: "an array"}
-    return names.get(type(value), "a date or time")
+    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a float", list: "an array", dict: "a table"}
+    return names.get(type(value), "nothing" if value is None else "a date or time")
 
 
 def _read(path: Path) -> dict:
@@ -123,10 +123,11 @@ def _yaml_problem(error: Exception) -> str:
 
 
 def _codes(path: Path, key: str, value) -> list[str]:
-    if isinstance(value, str):
-        value = [part for part in value.split(",")]
+    """A list of codes; a string is a wrong type (as ruff says), not a comma-separated list:
+    a list is what the README shows, and there is one way to write it."""
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(f"{path}: {key} must be a list of codes")
+        kind = "a list of other values" if isinstance(value, list) else _toml_type(value)
+        raise ConfigError(f'{path}: {key} must be a list of codes, such as ["PC001"], not {kind}')
     return [item.strip() for item in value if item.strip()]
 
 

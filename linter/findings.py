@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -10,6 +11,28 @@ from typing import Any
 from .analysis import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
 from .proofs import Cause, Divergence, Proof, ProofStatus
+
+
+def quoted_name(name: str | os.PathLike) -> str:
+    """A file's name for a line of text, as git writes one: as it is, or C-quoted (git's
+    quote_c_style: ``"nl\\nx.jinja"``) when it holds a control character, a quote, a
+    backslash or bytes that are not UTF-8, so that no name splits a line or reads back as
+    another. The text report, the fix lines and --diff's patch name files so."""
+    data = os.fsencode(name)
+    letters = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        plain = False
+    else:
+        plain = not any(byte < 32 or byte == 127 or byte in letters for byte in data)
+    if plain:
+        return os.fsdecode(data)
+    escaped = (
+        f"\\{letters[byte]}" if byte in letters else f"\\{byte:03o}" if byte < 32 or byte >= 127 else chr(byte) for byte in data
+    )
+    return f'"{"".join(escaped)}"'
+
 
 # Labels whose site is an expression a decision reads, and a fix may replace.
 READS = frozenset({LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG, LabelKind.NAMESPACE_READ, LabelKind.LAST, LabelKind.NEXT})
@@ -92,9 +115,10 @@ class Finding:
     def location(self) -> str:
         """``path:line:col`` in the file, as editors read it (the template's own place where
         the file no longer holds the template)."""
+        path = quoted_name(self.path)
         if self.file_line is not None:
-            return f"{self.path}:{self.file_line}:{self.file_column}"
-        where = f"{self.path}:{self.template}" if self.template else self.path
+            return f"{path}:{self.file_line}:{self.file_column}"
+        where = f"{path}:{self.template}" if self.template else path
         return f"{where}:{self.line}:{self.column}"
 
     def template_label(self) -> str:

@@ -29,7 +29,7 @@ from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
-from .findings import Finding
+from .findings import Finding, quoted_name
 from .proofs import Cause, ProofStatus
 from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
@@ -433,24 +433,10 @@ def unified_diff(path: Path, before: str | None, after: str) -> str:
     directory). ``before`` None: the file does not exist yet (``--- /dev/null``)."""
 
     def quoted(name: str) -> str:
-        # As git writes a name, so that git apply and GNU patch read the same one back:
-        # C-quoted (git's quote_c_style) when it holds a quote, a backslash, a control
-        # character or bytes that are not UTF-8; then a tab when it holds a space, where
-        # patch would otherwise end the name.
-        data = os.fsencode(name)
-        letters = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            plain = False
-        else:
-            plain = not any(byte < 32 or byte == 127 or byte in letters for byte in data)
-        if not plain:
-            escaped = (
-                f"\\{letters[byte]}" if byte in letters else f"\\{byte:03o}" if byte < 32 or byte >= 127 else chr(byte)
-                for byte in data
-            )
-            name = f'"{"".join(escaped)}"'
+        # As git writes a name, so that git apply and GNU patch read the same one back
+        # (quoted_name); then a tab when it holds a space, where patch would otherwise end
+        # the name.
+        name = quoted_name(name)
         return name + ("\t" if " " in name else "")
 
     name = Path(os.path.relpath(os.path.abspath(path))).as_posix()

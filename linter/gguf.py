@@ -717,8 +717,45 @@ def write_companion(model: Path, name: str | None, text: str) -> tuple[Path, boo
     return target, True
 
 
-def copy_destination(model: Path, requested: Path) -> Path:
-    return requested / model.name if requested.is_dir() else requested
+@dataclass(frozen=True)
+class CopyTarget:
+    """Where ``--gguf-copy`` writes: a file, or a folder for a copy under the model's name.
+    A folder is one that exists, or one named with a trailing separator (``fixed/``), which
+    is created when the copy is written, as the README's example promises; a path loses
+    that separator once it is a Path, so the text as given decides."""
+
+    path: Path
+    folder: bool
+
+    @classmethod
+    def given(cls, text: str) -> CopyTarget:
+        path = Path(text)
+        return cls(path, text.endswith(tuple(filter(None, (os.sep, os.altsep)))) or path.is_dir())
+
+    def destination(self, model: Path) -> Path:
+        return self.path / model.name if self.folder else self.path
+
+    def problem(self) -> str | None:
+        """Why no copy can be written there, said before anything is written: the folder it
+        goes in (only the folder named with a trailing separator is created) is missing or
+        not a folder."""
+        if self.folder and self.path.exists() and not self.path.is_dir():
+            return f"{self.path}: not a folder (--gguf-copy names a folder with a trailing {os.sep})"
+        containing = self.path.parent
+        if self.folder and self.path.is_dir() or containing.is_dir():
+            return None
+        reason = "not a folder" if containing.exists() else "no such folder"
+        return f"{self.path}: {reason}: {containing}"
+
+    def make_folder(self) -> bool:
+        """Create the folder the copy goes in, where it was named to be made; whether it was."""
+        if not self.folder or self.path.is_dir():
+            return False
+        try:
+            self.path.mkdir()
+        except OSError as error:
+            raise WriteError(f"{self.path}: cannot create the folder: {error.strerror or error}") from None
+        return True
 
 
 def write_copy(model: Path, templates: dict[str, str], destination: Path) -> None:
@@ -888,13 +925,20 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
     return placed
 
 
-def copy_with_fixes(model: Path, changed: list, copy_to: Path) -> list[str]:
+def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str]:
     """``--gguf-copy``: a new GGUF carrying the ``changed`` fixes (fixer.TemplateFix); the
     lines to print. Raises WriteError."""
     if not changed:
         return [f"{model}: nothing fixed; no copy written"]
-    destination = copy_destination(model, copy_to)
-    write_copy(model, {fix.source.name: fix.patched for fix in changed}, destination)
+    destination = copy_to.destination(model)
+    made = copy_to.make_folder()
+    try:
+        write_copy(model, {fix.source.name: fix.patched for fix in changed}, destination)
+    except WriteError:
+        if made:  # a copy that is not written leaves nothing behind, its new folder included
+            with contextlib.suppress(OSError):
+                copy_to.path.rmdir()
+        raise
     lines = [
         f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)",
         f"  llama.cpp: llama-server -m {destination} --jinja",

@@ -7,6 +7,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote_from_bytes
@@ -32,9 +33,11 @@ def text_report(
     linted: int | None = None,
     unread: int = 0,
     unapplied: bool = False,
+    unwritten: int = 0,
 ) -> str:
-    """ruff's text report; ``linted`` templates were read, ``unread`` inputs could not be;
-    ``unapplied``: the findings are of the templates as --diff's fixes would leave them."""
+    """ruff's text report; ``linted`` templates were read, ``unread`` inputs could not be,
+    and ``unwritten`` files --fix meant to write could not be written; ``unapplied``: the
+    findings are of the templates as --diff's fixes would leave them."""
     out: list[str] = []
 
     def style(text: str, **options) -> str:
@@ -64,8 +67,8 @@ def text_report(
                 f"      related: {':'.join(map(str, file_position(other)))}: {other.code} [{other.name}] shows the same divergence: "
                 f"{other.message}"
             )
-    if not quiet and (linted != 0 or unread):
-        out.append(summary(findings, strict, unread, unapplied))
+    if not quiet and (linted != 0 or unread or unwritten):
+        out.append(summary(findings, strict, unread, unapplied, unwritten))
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -150,17 +153,23 @@ def _escaped(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0, unapplied: bool = False) -> str:
+def summary(
+    findings: Sequence[Finding], strict: bool = False, unread: int = 0, unapplied: bool = False, unwritten: int = 0
+) -> str:
     """ "Found 4 findings (1 failing, 2 not reproduced, 1 info)."; failing findings that no
     render showed (--no-prove, not provable, --strict) are counted as unproven after a ";".
-    "All checks passed!" only when every input was read and nothing was found. ``unapplied``:
-    the findings are of the templates as --diff's fixes would leave them, which are not on
-    disk (the run fails until they are)."""
-    unread_part = f"; {unread} input{'s' if unread != 1 else ''} could not be read (see the errors above)" if unread else ""
+    "All checks passed!" only when every input was read (and every fix written) and nothing
+    was found. ``unapplied``: the findings are of the templates as --diff's fixes would leave
+    them, which are not on disk (the run fails until they are)."""
+    failures = [
+        *([f"{unread} input{'s' if unread != 1 else ''} could not be read"] if unread else []),
+        *([f"{unwritten} file{'s' if unwritten != 1 else ''} could not be written"] if unwritten else []),
+    ]
+    failed_part = f"; {', '.join(failures)} (see the errors above)" if failures else ""
     once = " once the fixes above are applied" if unapplied else ""
     if not findings:
-        if unread:
-            return f"No findings{once}{unread_part}."
+        if failures:
+            return f"No findings{once}{failed_part}."
         return f"All checks pass{once}." if unapplied else "All checks passed!"
     verdicts = Counter(finding.verdict(strict) for finding in findings)
     unproven = sum(1 for finding in findings if finding.fails(strict) and finding.unproven)
@@ -171,7 +180,7 @@ def summary(findings: Sequence[Finding], strict: bool = False, unread: int = 0, 
         parts.append(f"{verdicts[Verdict.INFO]} info")
     noun = "finding" if len(findings) == 1 else "findings"
     unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
-    return f"Found {len(findings)} {noun}{once} ({', '.join(parts)}{unproven_part}){unread_part}."
+    return f"Found {len(findings)} {noun}{once} ({', '.join(parts)}{unproven_part}){failed_part}."
 
 
 def level(finding: Finding, strict: bool = False) -> str:
@@ -179,13 +188,34 @@ def level(finding: Finding, strict: bool = False) -> str:
     return finding.severity if finding.fails(strict) else "info"
 
 
-def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
+@dataclass(frozen=True)
+class CodeCount:
+    """One row of --statistics: how many findings of a code fail the run, or how many do not."""
+
+    code: str
+    name: str
+    fails: bool
+    count: int
+
+
+def code_counts(findings: Sequence[Finding], strict: bool = False) -> list[CodeCount]:
     """Findings per code, as ruff counts them; those that do not fail the run (the text
-    report's "info") on a row of their own, marked so, after the code's failing ones."""
+    report's "info") on a row of their own, after the code's failing ones."""
     counts = Counter((finding.code, finding.name, not finding.fails(strict)) for finding in findings)
+    return [CodeCount(code, name, not info, count) for (code, name, info), count in sorted(counts.items())]
+
+
+def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
+    """--statistics as text: a row per code, those that do not fail marked (info)."""
     return "".join(
-        f"{count:>5}\t{code}\t[{name}]{' (info)' if info else ''}\n" for (code, name, info), count in sorted(counts.items())
+        f"{row.count:>5}\t{row.code}\t[{row.name}]{'' if row.fails else ' (info)'}\n" for row in code_counts(findings, strict)
     )
+
+
+def statistics_json(findings: Sequence[Finding], strict: bool = False) -> str:
+    """--statistics --format json: a list of rows, as ruff prints its statistics in JSON."""
+    rows = [{"code": row.code, "name": row.name, "count": row.count, "fails": row.fails} for row in code_counts(findings, strict)]
+    return json.dumps(rows, indent=2) + "\n"
 
 
 def json_report(findings: Sequence[Finding], strict: bool = False) -> str:

@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING
 
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
-from .findings import Finding
+from .findings import Finding, quoted_name
 from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .selection import Selection, SelectionError
-from .sources import NothingToLint, TemplateSource, collect
+from .sources import NothingToLint, SourceError, TemplateSource, collect
 
 if TYPE_CHECKING:
     from .fixer import FixOptions, TemplateFix
+    from .gguf import CopyTarget
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -66,7 +67,7 @@ class CheckOptions:
     engine: str = "vllm"
     tool_args_style: str | None = None
     jobs: int = 1
-    gguf_copy: Path | None = None
+    gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
 
 
@@ -85,19 +86,27 @@ class InputError:
 
     path: Path
     line: str  # printed after "tmpl-lint: error: ", the path first as a rule
+    write: bool = False  # a file --fix could not write (a read-only template, a copy's name taken)
 
     @classmethod
-    def of(cls, path: Path, error: Exception) -> InputError:
-        return cls(getattr(error, "path", path), str(error))
+    def of(cls, path: Path, error: Exception, write: bool) -> InputError:
+        return cls(getattr(error, "path", path), str(error), write)
 
     def __str__(self) -> str:
-        return self.line
+        return _quoting_path(self.path, self.line)
 
     @property
     def message(self) -> str:
         """The line without the path it starts with, for a report that names the file apart."""
         prefix = f"{self.path}: "
         return self.line.removeprefix(prefix)
+
+
+def _quoting_path(path: Path, line: str) -> str:
+    """``line``, its leading ``path`` quoted as the report names files (a newline in a name
+    would split the line)."""
+    prefix = f"{path}: "
+    return f"{quoted_name(path)}: {line.removeprefix(prefix)}" if line.startswith(prefix) else line
 
 
 @dataclass
@@ -123,6 +132,14 @@ class CheckResult:
     @property
     def notes(self) -> list[str]:
         return [_in_folder(linted.source.path.parent, linted.source.note) for linted in self.linted if linted.source.note]
+
+    @property
+    def unread(self) -> int:
+        return sum(1 for error in self.errors if not error.write)
+
+    @property
+    def unwritten(self) -> int:
+        return sum(1 for error in self.errors if error.write)
 
     @property
     def status(self) -> int:
@@ -171,10 +188,13 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             raise RunError(str(error)) from None
     sources, errors = collect(list(options.paths))
     result.errors = [InputError(error.path, str(error)) for error in errors if not isinstance(error, NothingToLint)]
-    result.warnings = [str(error) for error in errors if isinstance(error, NothingToLint)]
+    result.warnings = [_quoting_path(error.path, str(error)) for error in errors if isinstance(error, NothingToLint)]
     gguf_copy = options.gguf_copy
-    if gguf_copy is not None and not gguf_copy.is_dir() and len({s.path for s in sources if s.container == "gguf"}) > 1:
+    if gguf_copy is not None and not gguf_copy.folder and len({s.path for s in sources if s.container == "gguf"}) > 1:
         raise OptionsError("--gguf-copy names one file, and several GGUF models are given: name a directory")
+    if gguf_copy is not None and gguf_copy.problem() is not None:
+        # Said before any fix is written: the command as given cannot do what it says.
+        raise RunError(gguf_copy.problem())
     if not sources and not errors:
         result.warnings.append("no chat templates found in the given paths")
     fixing = None
@@ -247,7 +267,7 @@ class _Fixing:
     selection: Selection
     write: bool
     quiet: bool
-    gguf_copy: Path | None
+    gguf_copy: CopyTarget | None
     result: CheckResult
     on_line: Callable[[FixLine], None] | None
 
@@ -273,7 +293,9 @@ class _Fixing:
                     self.say_fixed(fix)
                 self.say_skipped(fix)
             if fixed.error is not None:
-                self.result.errors.append(InputError.of(fixed.path, fixed.error))
+                # a file gone or changed when it was read again to be fixed, else a failed write
+                wrote = not isinstance(fixed.error, SourceError)
+                self.result.errors.append(InputError.of(fixed.path, fixed.error, write=wrote))
                 now.extend(fix.source for fix in fixed.fixes)
                 continue
             if not self.write and fixed.changed:
@@ -291,7 +313,7 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
         from .fixer import fix_isolated, unified_diff
-        from .gguf import copy_destination, copy_with_fixes, place_fix
+        from .gguf import copy_with_fixes, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -317,7 +339,7 @@ class _Fixing:
                     placed_all = False
                     for finding, _title in fix.applied:
                         self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
-                    self.result.errors.append(InputError.of(placed.target, placed.error))
+                    self.result.errors.append(InputError.of(placed.target, placed.error, write=True))
                 self.say_skipped(fix)
                 for line in placed.lines:
                     self.say(line)
@@ -333,7 +355,7 @@ class _Fixing:
                     for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
                         self.say(line)
                 except WriteError as error:
-                    self.result.errors.append(InputError.of(copy_destination(model, self.gguf_copy), error))
+                    self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error, write=True))
         return now
 
     def say_fixed(self, fix: TemplateFix) -> None:

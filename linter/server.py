@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -18,6 +19,10 @@ TIMEOUT_SECONDS = 60
 
 class ServerError(Exception):
     pass
+
+
+class ServerURLError(ServerError):
+    """A --server that is not a URL tmpl-lint can ask: the caller's mistake, a usage error."""
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -33,6 +38,18 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
         raise ServerError(f"cannot reach {url}: {error.reason}") from None
     except (TimeoutError, OSError) as error:
         raise ServerError(f"cannot reach {url}: {error}") from None
+
+
+def _check_url(url: str) -> None:
+    """Raise ServerURLError unless ``url`` is an http(s) URL with a host (urllib would raise
+    ValueError for a missing scheme, http.client InvalidURL for a port that is no number)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number
+    except ValueError as error:
+        raise ServerURLError(f"--server {url!r} is not a URL: {error}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ServerURLError(f"--server {url!r} is not an http:// or https:// URL with a host (such as http://localhost:8000)")
 
 
 def _get(url: str) -> Any:
@@ -96,6 +113,7 @@ class VLLMServer:
     does, and ``note`` says so (once per model)."""
 
     def __init__(self, base_url: str, model: str | None = None, note=None):
+        _check_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.note = note or (lambda text: None)

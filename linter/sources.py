@@ -102,7 +102,14 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
                 raise SourceError(path, "no such file or directory")
         except SourceError as error:
             errors.append(error)
+        except OSError as error:  # a folder that may be listed but not searched: Path.is_file raises
+            errors.append(SourceError(Path(error.filename or path), _reason(error)))
     return sources, errors
+
+
+def _reason(error: OSError) -> str:
+    """An operating-system error as the other input errors say it."""
+    return "permission denied" if isinstance(error, PermissionError) else error.strerror or str(error)
 
 
 def _broken_link(path: Path) -> str:
@@ -119,13 +126,19 @@ def _broken_link(path: Path) -> str:
 
 def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
     def on_error(error: OSError) -> None:
-        errors.append(SourceError(Path(error.filename or root), error.strerror or str(error)))
+        errors.append(SourceError(Path(error.filename or root), _reason(error)))
 
     # os.walk does not follow symbolic links to directories, so a link loop cannot trap it.
     for directory, subdirs, files in os.walk(root, onerror=on_error):
         subdirs.sort()
         here = Path(directory)
-        if is_model_directory(here):
+        try:
+            model_directory = is_model_directory(here)
+        except OSError as error:  # listed, but its files cannot be reached: one error for the folder
+            errors.append(SourceError(here, _reason(error)))
+            subdirs.clear()
+            continue
+        if model_directory:
             try:
                 sources.extend(read_model_directory(here))
             except SourceError as error:

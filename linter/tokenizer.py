@@ -195,6 +195,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 @lru_cache(maxsize=16)
 def load_tokenizer(directory: Path) -> Tokenizer:
     directory = Path(directory).resolve()
+    try:
+        return _load_tokenizer(directory)
+    except PermissionError:  # a folder that may not be searched: its files' Path.is_file raises
+        raise TokenizerError(f"{directory}: permission denied") from None
+
+
+def _load_tokenizer(directory: Path) -> Tokenizer:
     if not directory.is_dir():
         raise TokenizerError(f"{directory}: no such tokenizer directory")
     config = read_tokenizer_config(directory)

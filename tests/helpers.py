@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from functools import cache
@@ -98,3 +100,19 @@ def wait_for_children(pid: int, count: int, within: float = 60) -> list[int]:
         if len(children) >= count or time.monotonic() > deadline:
             return children
         time.sleep(0.05)
+
+
+# Root reads any file whatever its mode: a test of an unreadable file runs tmpl-lint as root
+# without the capabilities that override permissions (setpriv), or as the user it is.
+UNPRIVILEGED = (
+    ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--inh-caps=-all"] if os.geteuid() == 0 else []
+)
+needs_permissions = pytest.mark.skipif(
+    os.geteuid() == 0 and not shutil.which("setpriv"), reason="root reads any file, and setpriv is not here to drop that"
+)
+
+
+def run_unprivileged(*args: str, **options) -> subprocess.CompletedProcess:
+    """``tmpl-lint ARGS`` in a process that file permissions apply to."""
+    command = [*UNPRIVILEGED, sys.executable, "-m", "tmpl_lint", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}, **options)

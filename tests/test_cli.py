@@ -4,10 +4,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, wait_for_children
+from helpers import CORPUS, needs_permissions, run_unprivileged, wait_for_children
 
 from tmpl_lint.cli import main
 
@@ -84,6 +85,51 @@ def test_input_errors_exit_2_and_the_rest_is_linted(tmp_path):
     assert err == f"tmpl-lint: error: {bad}: invalid JSON: Expecting property name enclosed in double quotes (line 1, column 2)\n"
 
 
+@needs_permissions
+def test_an_unreadable_file_or_folder_named_is_one_error_line_and_the_rest_is_linted(tmp_path):
+    # click's own readability check was a three-line usage error that stopped the batch
+    unreadable = tmp_path / "unreadable.jinja"
+    unreadable.write_text("{{ messages }}")
+    unreadable.chmod(0)
+    unsearchable = tmp_path / "model"  # listed, but its files cannot be reached
+    unsearchable.mkdir()
+    (unsearchable / "chat_template.jinja").write_text("{{ messages }}")
+    unsearchable.chmod(0o644)
+    live_clock = str(CORPUS / "PC001_live_clock.jinja")
+    result = run_unprivileged(str(unreadable), str(unsearchable), live_clock, "-q", "--no-prove")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"tmpl-lint: error: {unreadable}: permission denied\ntmpl-lint: error: {unsearchable}: permission denied\n"
+    )
+    assert result.stdout.startswith(f"{live_clock}:3:28: PC001 [live-clock] ")
+
+
+@needs_permissions
+def test_an_unsearchable_tokenizer_folder_is_one_error_line(tmp_path):
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    tokenizer.chmod(0o644)
+    result = run_unprivileged(str(CORPUS / "clean_chatml.jinja"), "--tokenizer", str(tokenizer))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"tmpl-lint: error: {tokenizer}: permission denied\n"
+
+
+def test_a_newline_in_a_file_name_is_quoted_as_git_quotes_it_and_splits_no_line(tmp_path):
+    template = tmp_path / "nl\nx.jinja"
+    template.write_text((CORPUS / "PC001_live_clock.jinja").read_text())
+    missing = tmp_path / "gone\tz.jinja"
+    code, out, err = run(str(template), str(missing), "-q", "--no-prove")
+    assert code == 2
+    assert out.splitlines() == [
+        f'"{tmp_path}/nl\\nx.jinja":3:28: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)` puts the '
+        "current time into the prompt: the prefix cache goes cold whenever the rendered date changes"
+    ]
+    assert err == f'tmpl-lint: error: "{tmp_path}/gone\\tz.jinja": no such file or directory\n'
+    code, out, _ = run(str(template), "-q", "--no-prove", "--fix", "--frozen-date", "2026-01-15")
+    assert out.splitlines()[0].startswith(f'"{tmp_path}/nl\\nx.jinja":3:28: fixed PC001 [live-clock]: ')
+
+
 def test_statistics_and_exit_zero():
     # The PC003 fixtures, not the whole corpus: the count is theirs, and proving the rest cost
     # seconds. They fail a run without --exit-zero.
@@ -107,6 +153,24 @@ def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
         1,
         "    1\tPC001\t[live-clock]\n    1\tPC002\t[history-rewrite]\n    1\tPC006\t[generation-prompt-mismatch] (info)\n",
     )
+
+
+def test_statistics_in_json_are_a_list_of_counts_that_parses():
+    fixtures = ["PC006_default_still_opens.jinja", "PC006_generation_prompt_mismatch.jinja", "PC001_live_clock.jinja"]
+    code, out, _ = run("--statistics", "--format", "json", *[str(CORPUS / name) for name in fixtures])
+    assert code == 1
+    assert json.loads(out) == [
+        {"code": "PC001", "name": "live-clock", "count": 1, "fails": True},
+        {"code": "PC002", "name": "history-rewrite", "count": 1, "fails": True},
+        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 1, "fails": False},
+    ]
+
+
+@pytest.mark.parametrize("output_format", ["sarif", "github"])
+def test_statistics_in_sarif_or_github_is_a_usage_error(output_format):
+    code, out, err = run("--statistics", "--format", output_format, str(CORPUS / "PC001_live_clock.jinja"))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use text or json)"
 
 
 def test_explicit_check_subcommand_and_module_entry_point():
@@ -190,6 +254,34 @@ def test_a_folder_without_tokenizer_files_says_so(tmp_path):
         f"tmpl-lint: error: {tmp_path.resolve()}: no tokenizer here "
         "(no tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("number", "code", "message"), [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, [])]
+)
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_a_signal_while_the_modules_load_is_as_later_not_a_traceback(entry, number, code, message):
+    # Python says each import as it completes (PYTHONPROFILEIMPORTTIME), so Ctrl-C lands
+    # while the command's own modules still load: right after click, which cli imports first.
+    script = Path(sys.executable).with_name("tmpl-lint")
+    command = [str(script)] if entry == "console script" else [sys.executable, "-m", "tmpl_lint"]
+    process = subprocess.Popen(
+        [*command, str(CORPUS / "clean_chatml.jinja")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "NO_COLOR": "1"},
+    )
+    imported = []
+    for line in process.stderr:
+        imported.append(line.rsplit("|", 1)[-1].strip())
+        if imported[-1] == "click":
+            process.send_signal(number)
+            break
+    assert "tmpl_lint.cli" not in imported  # still loading it
+    out, err = process.communicate(timeout=60)
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert (process.returncode, out, said) == (code, "", message)
 
 
 def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 from helpers import CORPUS
 
@@ -72,8 +73,34 @@ def test_bad_value_is_an_error(tmp_path, monkeypatch):
     assert "block-size must be a positive integer" in err
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "key", "kind"),
+    [
+        ("pyproject.toml", '[tool.tmpl-lint]\nignore = "PC001"\n', "ignore", "a string"),
+        (".tmpl-lint.yaml", "ignore: PC001\n", "ignore", "a string"),
+        (".tmpl-lint.yaml", "select: PC001, PC003\n", "select", "a string"),
+        (
+            "pyproject.toml",
+            '[tool.tmpl-lint]\nper-file-ignores = { "a.jinja" = "PC003" }\n',
+            "per-file-ignores.a.jinja",
+            "a string",
+        ),
+        (".tmpl-lint.yaml", "select: [1]\n", "select", "a list of other values"),
+        (".tmpl-lint.yaml", "ignore:\n", "ignore", "nothing"),
+    ],
+)
+def test_codes_that_are_not_a_list_are_one_error_line_naming_the_file(tmp_path, monkeypatch, name, text, key, kind):
+    # a string was split on commas: accepted, as ruff does not
+    setup(tmp_path, monkeypatch, name, text)
+    assert run("a.jinja", "b.jinja", "--no-prove") == (
+        2,
+        "",
+        f'tmpl-lint: error: {tmp_path / name}: {key} must be a list of codes, such as ["PC001"], not {kind}\n',
+    )
+
+
 def test_explicit_config_file(tmp_path, monkeypatch):
-    setup(tmp_path, monkeypatch, "elsewhere.yaml", "select: PC001\n")
+    setup(tmp_path, monkeypatch, "elsewhere.yaml", "select: [PC001]\n")
     (tmp_path / "elsewhere.yaml").rename(tmp_path / ".tmpl-lint.yaml")
     sub = tmp_path / "sub"
     sub.mkdir()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TOKENIZERS, transformers_tokenizer
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_permissions, run_unprivileged, transformers_tokenizer
 
 from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
@@ -90,6 +91,15 @@ def test_bad_request_file_is_a_one_line_error(tmp_path):
     code, _, err = run(str(bad), str(bad), "--template", str(CORPUS / "clean_chatml.jinja"))
     assert code == 2
     assert err == f"tmpl-lint: error: {bad}: expected a chat completion request with a non-empty messages list\n"
+
+
+@needs_permissions
+def test_an_unreadable_turn_is_one_error_line(tmp_path):
+    first, second = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    os.chmod(second, 0)
+    result = run_unprivileged("diff", first, second, "--template", str(CORPUS / "clean_chatml.jinja"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"tmpl-lint: error: {second}: permission denied\n"
 
 
 def test_needs_a_template_or_server(tmp_path):
@@ -264,6 +274,27 @@ def test_diff_server_unreachable_exit_2(tmp_path):
     code, _, err = run(*turns, "--server", "http://127.0.0.1:9")
     assert code == 2
     assert err.startswith("tmpl-lint: error: cannot reach http://127.0.0.1:9/v1/models")
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("notaurl", "is not an http:// or https:// URL with a host (such as http://localhost:8000)"),
+        ("localhost:8000", "is not an http:// or https:// URL with a host (such as http://localhost:8000)"),
+        ("http://localhost:port", "is not a URL: Port could not be cast to integer value as 'port'"),
+    ],
+)
+def test_a_server_that_is_not_a_url_is_a_usage_error_naming_it(tmp_path, url, reason):
+    # urllib's ValueError was an internal error
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
+    code, out, err = run(*turns, "--server", url)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"Error: --server {url!r} {reason}"
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"messages": [USER_1]}) + "\n")
+    result = CliRunner().invoke(main, ["replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--server", url])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == f"Error: --server {url!r} {reason}"
 
 
 def test_the_requests_reasoning_effort_is_rendered_as_vllm_does(tmp_path):

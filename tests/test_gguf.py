@@ -719,14 +719,42 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
     assert fields(out_dir / "m.gguf")["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
 
 
+def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path):
+    # as the README's example: --gguf-copy fixed/ writes fixed/m.gguf (it wrote a file named fixed)
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
+    assert (code, err) == (0, "")
+    copy = tmp_path / "fixed" / "m.gguf"
+    assert f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n" in out
+    assert fields(copy)["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
+
+
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ("nodir/sub/x.gguf", "no such folder: {tmp}/nodir/sub"),
+        ("nodir/fixed/", "no such folder: {tmp}/nodir"),
+        ("m.gguf/", "not a folder (--gguf-copy names a folder with a trailing /)"),
+    ],
+)
+def test_gguf_copy_where_it_cannot_go_is_one_line_before_anything_is_written(tmp_path, given, reason):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    before = sorted(os.listdir(tmp_path))
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / given}: {reason.format(tmp=tmp_path)}\n"
+    assert sorted(os.listdir(tmp_path)) == before  # not even the fixed template beside the model
+
+
 def test_gguf_copy_never_overwrites(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sha(model)
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"precious")
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
+    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
+    assert out.splitlines()[-1] == "No findings; 1 file could not be written (see the errors above)."
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
     code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", tmp_path)
@@ -766,6 +794,9 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
     assert os.listdir(out_dir) == []
+    # a folder made for the copy goes with it
+    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
+    assert code == 2 and not (tmp_path / "new").exists()
 
 
 def fixing(*args) -> subprocess.Popen:

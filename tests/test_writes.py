@@ -368,6 +368,27 @@ def test_read_only_file_and_vanished_file_are_errors(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_the_summary_counts_files_not_written_apart_from_inputs_not_read(tmp_path):
+    # a write that failed was counted as "1 input could not be read"
+    read_only = live_clock(tmp_path)
+    read_only.chmod(0o444)
+    missing = tmp_path / "missing.jinja"
+    code, out, err = run(str(read_only), str(missing), "--fix", "--no-prove")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: {missing}: no such file or directory\n"
+        f"tmpl-lint: error: {read_only}: the file is read-only; nothing written\n"
+    )
+    assert out.splitlines()[-1] == (
+        "Found 1 finding (1 failing; 1 of the failing unproven); "
+        "1 input could not be read, 1 file could not be written (see the errors above)."
+    )
+    code, out, _ = run(str(read_only), "--fix", "--no-prove")
+    assert out.splitlines()[-1] == (
+        "Found 1 finding (1 failing; 1 of the failing unproven); 1 file could not be written (see the errors above)."
+    )
+
+
 # -- creating a new file -------------------------------------------------------------------
 
 
