@@ -237,6 +237,8 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         else:
             found_by_source = lint_many_isolated(sources, selection, options.jobs)
     result.linted = [LintedSource(source, found) for source, found in zip(sources, found_by_source)]
+    if fixing is not None:
+        fixing.say_unaddressed(result.linted)
     return result
 
 
@@ -270,6 +272,8 @@ class _Fixing:
     gguf_copy: CopyTarget | None
     result: CheckResult
     on_line: Callable[[FixLine], None] | None
+    # (path, template, code) of every finding a line has said was fixed or not, and why.
+    addressed: set[tuple[str, str | None, str]] = field(default_factory=set)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -338,7 +342,7 @@ class _Fixing:
                 else:
                     placed_all = False
                     for finding, _title in fix.applied:
-                        self.say(f"{_headline(finding, 'not fixed')}: {placed.reason}")
+                        self.say_finding(finding, "not fixed", placed.reason)
                     self.result.errors.append(InputError.of(placed.target, placed.error, write=True))
                 self.say_skipped(fix)
                 for line in placed.lines:
@@ -361,11 +365,29 @@ class _Fixing:
     def say_fixed(self, fix: TemplateFix) -> None:
         done = "fixed" if self.write else "would fix"
         for finding, title in fix.applied:
-            self.say(f"{_headline(finding, done)}: {title}")
+            self.say_finding(finding, done, title)
 
     def say_skipped(self, fix: TemplateFix) -> None:
         for finding, reason in fix.skipped if not self.quiet else ():
-            self.say(f"{_headline(finding, 'not fixed')}: {reason}")
+            self.say_finding(finding, "not fixed", reason)
+
+    def say_finding(self, finding: Finding, verb: str, why: str) -> None:
+        self.addressed.add((str(finding.path), finding.template, finding.code))
+        self.say(f"{_headline(finding, verb)}: {why}")
+
+    def say_unaddressed(self, linted: list[LintedSource]) -> None:
+        """The fixes work from the findings the template's patterns show; one the proof found
+        itself (arguments re-serialised where no `tojson` shows it, a header history never
+        prints, a rewrite no rule names) has no pattern for them to edit. It still fails the
+        run after ``--fix``, so it says why it was left."""
+        unaddressed = [
+            finding
+            for item in linted
+            for finding in item.findings
+            if finding.fails(self.result.strict) and (str(finding.path), finding.template, finding.code) not in self.addressed
+        ]
+        for finding in unaddressed if not self.quiet else ():
+            self.say_finding(finding, "not fixed", "found by the proof, not from a pattern a fix edits: no automatic fix")
 
 
 def _headline(finding: Finding, verb: str) -> str:

@@ -510,3 +510,18 @@ def test_a_config_folder_does_not_cost_the_fix_a_second_lint(monkeypatch):
     # ignoring a code there is another selection: the verifier lints for itself
     assert not Selection.parse(None, ["PC005"], {}, PROJECT).runs_every_code_on(source.path)
     assert Selection.parse(None, None, {"*.jinja": ["PC005"]}, PROJECT).runs_every_code_on(CORPUS / "x.yaml")
+
+
+def test_a_failing_finding_the_proof_found_says_why_fix_left_it(tmp_path):
+    # The header the generation prompt opens with ('ASSISTANT:', line 10) is never printed
+    # by history: no pattern shows it, the proof finds it (PC006 at the generation-prompt
+    # test, 9:8), and --fix has nothing to edit. It fails the run after --fix: a line says why.
+    template = copy(CORPUS / "PC006_header_never_replayed.jinja", tmp_path)
+    original = template.read_bytes()
+    code, out, _ = run(str(template), "--fix")
+    assert code == 1
+    assert (
+        f"{template}:9:8: not fixed PC006 [generation-prompt-mismatch]: found by the proof, not from a pattern a fix edits: no automatic fix\n"
+        in out
+    )
+    assert template.read_bytes() == original

@@ -28,6 +28,7 @@ pytestmark = needs_shared
 FIXABLE = {rule.RULE.code for rule in RULES if hasattr(rule, "fix")}
 TEMPLATES = sorted(SHARED_TEMPLATES.glob("*.jinja")) if SHARED_TEMPLATES.is_dir() else []
 CHUNKS = 8
+FOUND_BY_PROOF = "found by the proof, not from a pattern a fix edits"
 FIX_LINE = re.compile(r"^(?P<path>.+?):\d+:\d+: (?P<verb>fixed|not fixed) (?P<code>PC\d{3}) \[[\w-]+\]: (?P<said>.+)$")
 
 
@@ -72,7 +73,9 @@ def test_fix_closure(tmp_path, chunk):
         match = FIX_LINE.match(line)
         assert match, f"--fix says something that is not a fix line: {line!r}"
         assert match["said"].strip(), line  # a fix says what it changes; a declined one why
-        said.setdefault(Path(match["path"]).name, Counter())[(match["verb"], match["code"])] += 1
+        # A failing finding the proof found (no pattern for a fix to edit) says so after the lint.
+        verb = "found by the proof" if match["said"].startswith(FOUND_BY_PROOF) else match["verb"]
+        said.setdefault(Path(match["path"]).name, Counter())[(verb, match["code"])] += 1
 
     after = lint(tmp_path)
     assert json.loads(after.stdout) == remaining_after_fix  # what --fix reported is what the file now holds
@@ -86,6 +89,10 @@ def test_fix_closure(tmp_path, chunk):
         for code in FIXABLE:
             count = sum(1 for finding in static_before.get(name, []) if finding["code"] == code)
             assert told[("fixed", code)] + told[("not fixed", code)] == count, (name, code)
+        # and every failing finding --fix did not work from, the proof found: each says so
+        for (verb, code), count in told.items():
+            if verb == "found by the proof":
+                assert count == sum(1 for f in now if f["code"] == code and fails(f)) - told[("not fixed", code)], (name, code)
         for code in FIXABLE:
             if not told[("fixed", code)]:
                 continue  # not fixed here: whatever stays is what was there (checked below)
