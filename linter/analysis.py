@@ -204,6 +204,9 @@ class Sink:
     # The roles of the message being rendered for which it prints, where the branches that
     # lead to it compare the loop's message role with constants (None: any role).
     roles: frozenset[str] | None = None
+    # The expressions it prints whose value only the render knows (a clock, a template
+    # variable): ``text`` holds none of their value, only their string literals.
+    unknown: tuple[nodes.Expr, ...] = ()
 
     def all_labels(self) -> frozenset[Label]:
         merged = self.__dict__.get("_all_labels")  # frozen, and every rule asks
@@ -742,6 +745,7 @@ class _Interpreter:
     def stmt_Output(self, node: nodes.Output) -> None:
         labels: set[Label] = set()
         text: list[str] = []
+        unknown: list[nodes.Expr] = []
         for child in node.nodes:
             if isinstance(child, nodes.TemplateData):
                 text.append(child.data)
@@ -752,7 +756,11 @@ class _Interpreter:
                 text.append(value.const)
             else:
                 text.extend(self.literal_strings(child))
-        self.emit(node, frozenset(labels), "".join(text))
+                # `raise_exception(...)` prints nothing (it has no label), and a choice of
+                # literals (`"\n" if tools`) prints one of those in ``text``.
+                if value.labels and not _only_literals(child):
+                    unknown.append(child)
+        self.emit(node, frozenset(labels), "".join(text), tuple(unknown))
 
     def literal_strings(self, node: nodes.Node) -> list[str]:
         """``_literal_strings(node)``, worked out once for every analysis of the template."""
@@ -761,7 +769,7 @@ class _Interpreter:
             strings = self.literals[id(node)] = _literal_strings(node)
         return strings
 
-    def emit(self, node: nodes.Node, labels: frozenset[Label], text: str) -> None:
+    def emit(self, node: nodes.Node, labels: frozenset[Label], text: str, unknown: tuple[nodes.Expr, ...] = ()) -> None:
         if self.collectors:
             collected = self.collectors[-1]
             collected |= labels
@@ -773,7 +781,7 @@ class _Interpreter:
         accumulated = {label.loop for label in labels if label.kind is LabelKind.ACCUMULATED}
         loops += tuple(sorted(accumulated - set(loops)))
         roles = frozenset.intersection(*self.roles) if self.roles else None
-        self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text, roles))
+        self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text, roles, unknown))
 
     def stmt_Assign(self, node: nodes.Assign) -> None:
         self.assign(node.target, self.expr(node.node), node)
@@ -1619,6 +1627,20 @@ def _literal_strings(node: nodes.Node) -> list[str]:
             parts.extend(_literal_strings(child))
         return parts
     return []
+
+
+def _only_literals(node: nodes.Node | None) -> bool:
+    """Whether ``node`` prints nothing but its string literals: literals joined, or chosen
+    between by a test."""
+    if node is None:  # `"x" if test` with no else prints nothing otherwise
+        return True
+    if isinstance(node, nodes.Const):
+        return isinstance(node.value, str)
+    if isinstance(node, nodes.CondExpr):
+        return _only_literals(node.expr1) and _only_literals(node.expr2)
+    if isinstance(node, (nodes.Add, nodes.Concat)):
+        return all(_only_literals(child) for child in child_nodes(node))
+    return False
 
 
 def _is_range(node: nodes.Node) -> bool:

@@ -199,8 +199,10 @@ def python_templates(text: str) -> list[tuple[str, str]]:
 QUOTED_LITERAL = re.compile(r"(?i)([rbu]*)('''|\"\"\"|'|\")")
 
 
-def _python_literal(original: str, template: str) -> str:
-    """A literal for ``template`` in the original literal's prefix and quotes, where it can be."""
+def _python_literal(original: str, template: str, newline: str = "\n") -> str:
+    """A literal for ``template`` in the original literal's prefix and quotes, where it can be;
+    a line break a triple-quoted literal holds raw is written as ``newline``, the file's own
+    (Python reads a CRLF in a literal as "\n", so the template holds "\n" there)."""
     match = QUOTED_LITERAL.match(original)
     prefix, quote = match.group(1), match.group(2)
     raw = "r" in prefix.lower()
@@ -217,7 +219,9 @@ def _python_literal(original: str, template: str) -> str:
         candidate = f"{prefix.replace('r', '').replace('R', '')}{quote}{body}{quote}"
     # repr() escapes what a source file cannot hold raw (a lone surrogate, say).
     if _SURROGATE.search(candidate) or ast.literal_eval(candidate) != template:
-        candidate = repr(template)
+        return repr(template)
+    if len(quote) == 3 and newline != "\n":
+        candidate = candidate.replace("\n", newline)  # what literal_eval read back as "\n"
     return candidate
 
 
@@ -242,10 +246,14 @@ def replace_python_template(text: str, name: str, template: str) -> str:
             "literal only: join them into one and run --fix again"
         )
 
+    from .edits import line_ending
+
+    newline = line_ending(text)
+
     class Replace(cst.CSTTransformer):
         def leave_SimpleString(self, original_node, updated_node):
             if original_node is target:
-                return updated_node.with_changes(value=_python_literal(original_node.value, template))
+                return updated_node.with_changes(value=_python_literal(original_node.value, template, newline))
             return updated_node
 
     return module.visit(Replace()).code

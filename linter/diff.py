@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
-from .proofs import Divergence
+from .proofs import BEFORE_MESSAGES, Divergence
 from .prover import Measure, compare_prompts, resolve_special_tokens
 from .render import FrozenClock, RenderError
 from .sources import SourceError, collect, load_json
@@ -158,7 +158,11 @@ def explains(change: Departure | None, divergence: Divergence) -> bool:
     """Whether the client's change comes at or before where the prompts diverge."""
     if change is None or divergence.first_divergence is None:
         return False
-    return change.message_index is None or divergence.message_index is None or change.message_index <= divergence.message_index
+    if change.message_index is None:  # the tools, system prompt or options: before every message
+        return True
+    if divergence.field == BEFORE_MESSAGES:  # a message changed after where the prompts part
+        return False
+    return divergence.message_index is None or change.message_index <= divergence.message_index
 
 
 def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[str, Any]:
@@ -199,10 +203,12 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
             f"{divergence.block_size}-{unit} blocks{capped}\n"
         )
     lines = divergence_lines(divergence)
-    lines[0] = (
-        f"first divergence at {unit} {divergence.first_divergence} of {first} "
-        f"(message {divergence.message_index}, {divergence.role}, {divergence.field}); cause {divergence.cause}"
+    where = (
+        divergence.place
+        if divergence.message_index is None
+        else f"message {divergence.message_index}, {divergence.role}, {divergence.field}"
     )
+    lines[0] = f"first divergence at {unit} {divergence.first_divergence} of {first} ({where}); cause {divergence.cause}"
     if explains(change, divergence):
         where = "" if change.message_index is None else f" (message {change.message_index}, {change.role})"
         lines[0] = lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{where}, not the template"

@@ -21,7 +21,7 @@ from .locations import SourceMap, Token, leftmost_name
 class Edit:
     start: int
     end: int
-    text: str
+    text: str  # a line break in it ("\n") is written as the template's own (see apply_edits)
 
 
 @dataclass
@@ -40,17 +40,31 @@ class OverlappingEdits(ValueError):
 
 
 def apply_edits(text: str, edits: list[Edit]) -> str:
+    """``text`` with ``edits`` made, each line break they insert written as ``text``'s own: a
+    line added to a template saved with CRLF ends in CRLF (Jinja reads both alike, but a
+    fix changes nothing else, and mixed line endings would be a change)."""
     ordered = sorted(enumerate(edits), key=lambda item: (item[1].start, item[1].end, item[0]))
+    newline = line_ending(text)
     out: list[str] = []
     position = 0
     for _, edit in ordered:
         if edit.start < position:
             raise OverlappingEdits(f"edits overlap at offset {edit.start}")
         out.append(text[position : edit.start])
-        out.append(edit.text)
+        out.append(edit.text if newline == "\n" else _LONE_LINE_FEED.sub(newline, edit.text))
         position = edit.end
     out.append(text[position:])
     return "".join(out)
+
+
+_LONE_LINE_FEED = re.compile(r"(?<!\r)\n")
+
+
+def line_ending(text: str) -> str:
+    """The line break ``text`` uses most: "\r\n", "\n" or "\r"; "\n" where it has none."""
+    crlf = text.count("\r\n")
+    counts = {"\n": text.count("\n") - crlf, "\r\n": crlf, "\r": text.count("\r") - crlf}
+    return max(counts, key=lambda ending: (counts[ending], ending == "\n"))
 
 
 def _postfix_depth(node: nodes.Node) -> int:

@@ -20,12 +20,22 @@ class Cause(StrEnum):
     CLEAN = "clean-extension"  # no divergence
     SYSTEM = "system"  # before or inside the first message: the whole cache is lost
     HISTORY_REWRITE = "history-rewrite"  # a message that was already history renders differently
+    # Text after the last message and before the generation prompt renders differently where
+    # no message was added (one conversation sent twice, the clock stepped between).
+    AFTER_HISTORY = "after-history"
     TOOL_ARGUMENTS = "tool-arguments"  # a tool call's arguments re-serialised
     GENERATION_PROMPT = "generation-prompt"  # the reply's opener or the reply itself renders differently
     # The reply renders one way while it is the newest message and another once a message
     # follows it: a history rewrite that lands on the reply just generated.
     REPLY_REWRITE = "reply-rewrite"
     UNKNOWN = "unknown"  # no rendered text to locate the divergence in
+
+
+# The field of a divergence outside every message (its message_index and role are None):
+# before the first message's text (the template's own system block, the first header), or
+# after the last message's text and before the generation prompt.
+BEFORE_MESSAGES = "before-messages"
+AFTER_MESSAGES = "after-messages"
 
 
 class ProofStatus(StrEnum):
@@ -70,6 +80,18 @@ class Divergence:
     def in_reply(self) -> bool:
         """The divergence is inside the reply just generated, not in earlier history."""
         return self.message_index is not None and self.reply_index is not None and self.message_index >= self.reply_index
+
+    @property
+    def place(self) -> str:
+        """Where it falls, in words: "message 1 (assistant, markup)", "before the first
+        message", "after the last message"."""
+        if self.field == BEFORE_MESSAGES:
+            return "before the first message"
+        if self.field == AFTER_MESSAGES:
+            return "after the last message"
+        if self.message_index is None:
+            return "somewhere in the prompt"  # no rendered text to locate it in
+        return f"message {self.message_index} ({self.role}, {self.field})"
 
     @property
     def lost_tokens(self) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 from .analysis import Site
 from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prompt
 from .findings import Finding, Outcome, Switch
-from .proofs import Cause, Divergence, Proof
+from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .rules import BY_CODE, RULES, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
@@ -214,7 +214,10 @@ def _parsed(arguments: str) -> Any:
 
 
 def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int | None, str | None, str | None]:
-    """Message index, role and field the character ``offset`` falls in."""
+    """Message index, role and field the character ``offset`` falls in: no message, and the
+    field ``BEFORE_MESSAGES``, before the text of the first message (the template's own
+    system block); past every message's text, the message to come and its generation prompt
+    (``compare_prompts`` tells the markup closing the last message from it)."""
     cursor = 0
     unseen: int | None = None  # the first message since the last located one with nothing printed
     for index, message in enumerate(messages):
@@ -235,6 +238,8 @@ def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int 
                 # Between the last located message and this one's text: the message whose
                 # text went missing (its reasoning dropped, say) is where it changed.
                 return unseen, messages[unseen].get("role"), "markup"
+            if cursor == 0 and offset < min(start for start, _, _ in spans):
+                return None, None, BEFORE_MESSAGES  # no message's text comes before it
             return index, message.get("role"), "markup"
         cursor = end
         unseen = None
@@ -244,6 +249,8 @@ def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int 
 def classify(
     index: int | None, role: str | None, field_name: str | None, reply_index: int, offset: int, first_start: int
 ) -> Cause:
+    if field_name == BEFORE_MESSAGES:
+        return Cause.SYSTEM
     if index is None:
         return Cause.CLEAN
     if offset < first_start or (index == 0 and role == "system"):
@@ -657,10 +664,15 @@ def compare_prompts(
             message_index, field_name = reply_index, "markup"
             role = next_messages[reply_index].get("role") if reply_index < len(next_messages) else "assistant"
     elif opener_start is not None and message_index is not None and message_index >= reply_index > 0:
-        # Before prompt N's opener, so still inside its last message: the markup that closes
-        # it changed once a message came after it (a `loop.last` test, say).
-        message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
-        role = next_messages[message_index].get("role")
+        if reply_index < len(next_messages):
+            # Before prompt N's opener, so still inside its last message: the markup that
+            # closes it changed once a message came after it (a `loop.last` test, say).
+            message_index, field_name, cause = reply_index - 1, "markup", Cause.HISTORY_REWRITE
+            role = next_messages[message_index].get("role")
+        else:
+            # The same conversation again (the clock's scenarios): nothing came after the last
+            # message, and what changed is printed after its text, before the opener.
+            message_index, role, field_name, cause = None, None, AFTER_MESSAGES, Cause.AFTER_HISTORY
     reply_as_trained = ""
     if message_index is not None and message_index == reply_index and message_index < len(next_messages):
         # The reply's reasoning, or its (empty) reasoning block, as generated, is what its
@@ -880,11 +892,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
         worst = _first_shown(claimed, report)
-        where = (
-            f"message {worst.message_index} ({worst.role}, {worst.field})"
-            if worst.message_index is not None
-            else "the rendered prompt"
-        )
+        where = worst.place if worst.message_index is not None else f"the text {worst.place}"
         finding = unexplained.unexplained(
             _TEMPLATE_START,
             f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '

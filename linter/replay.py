@@ -45,7 +45,7 @@ from typing import Any
 
 from .engines import ENGINES, HARMONY, EngineError, Prompt, engine_tokenizer, prepare, render_prompt
 from .kv_cache import CacheError, CacheModel, CacheRequest, make_cache
-from .proofs import Cause
+from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from .prover import STOP_MARKER, Measure, compare_prompts, reply_start, stop_after_reply
 from .render import FrozenClock, RenderError
 from .tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
@@ -328,6 +328,8 @@ class Departure:
         if self.message_index is not None:
             parts = ", ".join(part for part in (self.role, self.field) if part)
             where = f", message {self.message_index}" + (f" ({parts})" if parts else "")
+        elif self.field in (BEFORE_MESSAGES, AFTER_MESSAGES):
+            where = ", before the first message" if self.field == BEFORE_MESSAGES else ", after the last message"
         return f"{self.cause} {self.detail}{where}"
 
     def to_json(self) -> dict[str, Any]:

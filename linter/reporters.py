@@ -134,8 +134,7 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
         f'proof: proven in "{divergence.scenario}", calls {divergence.call + 1}->{divergence.call + 2} ({check}): '
         f"first divergence at {unit} {first}"
         + (f" (char {divergence.first_divergence_char})" if unit != "char" else "")
-        + f", message {divergence.message_index} "
-        f"({divergence.role}, {divergence.field}), cause {divergence.cause}",
+        + f", {divergence.place}, cause {divergence.cause}",
         f"       {divergence.reusable_tokens} of {cached} {unit}s reusable in {block}-{unit} blocks, "
         f"{divergence.lost_tokens} recomputed every turn; without rollback (hybrid models) "
         f"{divergence.reusable_without_rollback} reusable" + rates,

@@ -47,13 +47,13 @@ from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import ScenarioKind
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
-# prompt is the clock's, in the first message or in any other.
+# prompt is the clock's, before the first message, in any message or after the last.
 RULE = RuleInfo(
     "PC001",
     "live-clock",
     "warning",
     "the current time reaches the rendered prompt",
-    proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE}),
+    proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE, Cause.AFTER_HISTORY}),
     proven_in=frozenset({ScenarioKind.CLOCK}),
 )
 

@@ -144,7 +144,7 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     `add_generation_prompt` that prints the generation prompt."""
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     cached, following = divergence.before[common:][:24], divergence.after[common:][:24]
-    where = f"message {divergence.message_index} ({divergence.role}, {divergence.field})"
+    where = divergence.place
     message = (
         f"history does not render the turn as it was generated after the generation prompt: at {where} the "
         f"cached prompt has {cached!r} where the next turn has {following!r}; the reply's cache is lost every turn "

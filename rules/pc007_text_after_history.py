@@ -5,7 +5,10 @@ Finds text printed after the loop over messages that is not part of the generati
   message that can follow (a tool call) turns the flag off without printing the tag;
 - text printed after the loop on every turn (an instruction block after the messages),
   unless the loop prints it at the start of a message too (a role header the reply
-  renders with).
+  renders with); a value printed there (a date, a template variable) too, shown by its
+  expression (`'Today: {{ strftime_now("%Y") }}\n'`). Where the value is the clock, the
+  clock's change is PC001's; how the value moves behind each new message is this rule's,
+  and it moves with the clock stopped.
 
 A flag that every following assistant message turns off by printing the same tag is a
 group closed the same way whatever comes next: not reported. A message role that never
@@ -68,6 +71,7 @@ from jinja2 import nodes
 from tmpl_lint.analysis import Facts, FlagReset, Label, LabelKind, Sink, Site
 from tmpl_lint.edits import Edit, Fix, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.locations import leftmost_name
 from tmpl_lint.proofs import Cause
 
 RULE = RuleInfo(
@@ -86,7 +90,7 @@ def check(facts: Facts) -> list[Finding]:
     history = [sink for sink in facts.sinks if sink.loops]
     findings: list[Finding] = []
     for sink in facts.sinks[rendered[-1] + 1 :]:
-        if sink.loops or not sink.text.strip() or _in_generation_prompt(sink):
+        if sink.loops or not (sink.text.strip() or sink.unknown) or _in_generation_prompt(sink):
             continue
         flag = _flag(sink)
         if flag is not None:
@@ -99,14 +103,14 @@ def check(facts: Facts) -> list[Finding]:
             else:
                 how = "nothing turns it off"
             message = (
-                f"{_shown(sink.text)} is printed after the messages only while the last message left `{flag.name}` "
+                f"{_printed(facts, sink)} is printed after the messages only while the last message left `{flag.name}` "
                 f"on, and {how}: the next turn renders that reply where the text was, so the prompt diverges "
                 "at the end of the last message"
             )
             findings.append(RULE.at(flag.site, message, sink.all_labels()))
-        elif not any(other.text.startswith(sink.text) for other in history):
+        elif sink.unknown or not any(other.text.startswith(sink.text) for other in history):
             message = (
-                f"{_shown(sink.text)} is printed after the messages, outside the generation prompt: the next turn "
+                f"{_printed(facts, sink)} is printed after the messages, outside the generation prompt: the next turn "
                 "renders its new messages before it, so the prompt diverges at the end of the last message"
             )
             findings.append(RULE.at(_text_site(facts, sink), message, sink.all_labels()))
@@ -161,6 +165,36 @@ def _in_generation_prompt(sink: Sink) -> bool:
 
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def _printed(facts: Facts, sink: Sink) -> str:
+    """What ``sink`` prints: its text, or where a value only the render knows is part of it
+    (a clock, a template variable), the template's own text, expressions in their braces:
+    `'Today: {{ strftime_now("%Y") }}\\n'`, not `'Today: \\n'`."""
+    if not sink.unknown or not isinstance(sink.node, nodes.Output):
+        return _shown(sink.text)
+    return _shown(
+        "".join(
+            child.data if isinstance(child, nodes.TemplateData) else "{{ " + _source_of(facts, child) + " }}"
+            for child in sink.node.nodes
+        )
+    )
+
+
+def _source_of(facts: Facts, expression: nodes.Expr) -> str:
+    """The source of the ``{{ ... }}`` that prints ``expression``, without its braces; "..."
+    where it cannot be found."""
+    anchor = leftmost_name(expression)
+    token = facts.source_map.name_token(anchor) if anchor is not None else None
+    if token is None:
+        return "..."
+    tokens = facts.source_map.tokens
+    index = tokens.index(token)
+    begin = next((t for t in reversed(tokens[:index]) if t.kind == "variable_begin"), None)
+    end = next((t for t in tokens[index:] if t.kind == "variable_end"), None)
+    if begin is None or end is None:
+        return "..."
+    return facts.text[begin.end : end.offset].strip().strip("-+").strip()
 
 
 def fix(facts: Facts, finding: Finding, options) -> Fix:

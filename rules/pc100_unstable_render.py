@@ -5,7 +5,8 @@ with tool calls across two user queries, the clock stepped by a second to a year
 arguments as the model wrote them, each reasoning switch at both values) and diffs the
 token ids of consecutive calls; a divergence no finding explains, and that is not in the
 generation prompt or the reply (those are PC006's), becomes this finding, with its proof
-and the message, role and field that changed.
+and the message, role and field that changed (or the text before the first message, as in
+the example below: no message's).
 
 ## Why is this bad?
 Whatever the mechanism, the prompt of turn N+1 stops matching the prompt of turn N (or the

@@ -398,6 +398,28 @@ def test_a_request_that_repeats_the_previous_messages_has_no_client_change(tmp_p
     assert (code, result["cause"], result["client_change"]) == (1, "history-rewrite", None)
 
 
+def test_a_divergence_before_the_first_message_is_not_a_later_edit_of_the_clients(tmp_path):
+    # The template counts the messages before printing any: turn 2 parts from turn 1 there,
+    # before message 1, which the client edited. The edit comes after: the template's cause.
+    template = tmp_path / "count.jinja"
+    template.write_text("turns: {{ messages|length }}|{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    edited = dict(REPLY, content="four")
+    first, second = {"messages": [USER_1, REPLY, USER_2]}, {"messages": [USER_1, edited, USER_2, REPLY, USER_2]}
+    turns = write_turns(tmp_path, first, second)
+    code, out, _ = run(*turns, "--template", str(template))
+    assert code == 1
+    length = len("turns: 3|<user>What is 2+2?<assistant>4<user>And 3+3?")
+    assert out.splitlines()[0] == f"first divergence at char 7 of {length} (before the first message); cause system"
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    result = json.loads(out)
+    assert (result["message_index"], result["field"], result["cause"], result["client_change"]) == (
+        None,
+        "before-messages",
+        "system",
+        None,
+    )
+
+
 def test_the_configuration_gives_the_block_size_and_a_flag_overrides_it(tmp_path, monkeypatch):
     # A project that runs vLLM with --block-size 4 says so once, for check and diff alike.
     turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})

@@ -394,7 +394,9 @@ def test_json_changes_no_byte_outside_the_template_value(tmp_path):
     path = tmp_path / "tokenizer_config.json"
     path.write_bytes((head + literal + tail).encode())
     code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert (code, err) == (0, "")
+    # the date, fixed, is still printed after the messages: PC007, which no edit fixes
+    assert (code, err) == (1, "")
+    assert "fixed PC001 [live-clock]" in out and "not fixed PC007 [text-after-history]" in out
     after = path.read_bytes().decode()
     assert after.startswith(head) and after.endswith(tail)
     fixed = json.loads(after[len(head) : len(after) - len(tail)])
@@ -525,3 +527,85 @@ def test_a_failing_finding_the_proof_found_says_why_fix_left_it(tmp_path):
         in out
     )
     assert template.read_bytes() == original
+
+
+# -- a line a fix inserts ends as the template's own lines do ---------------------------------
+
+# A clock before the loop: PC001's fix sets date_string on a line of its own at the top.
+CLOCK_LINES = ['{{- "Today: " + strftime_now("%Y") }}', "{%- for m in messages %}", "{{- m.content }}", "{%- endfor %}"]
+HEADER = '{%- if date_string is not defined %}{%- set date_string = "2026" %}{%- endif %}'
+
+
+def fixed_lines() -> list[str]:
+    """The template fixed by hand: the header line first, the clock replaced by date_string."""
+    return [HEADER] + [line.replace('strftime_now("%Y")', "date_string") for line in CLOCK_LINES]
+
+
+def lone_line_feeds(data: bytes) -> int:
+    return data.count(b"\n") - data.count(b"\r\n")
+
+
+def test_a_crlf_template_gets_its_inserted_line_in_crlf(tmp_path):
+    path = tmp_path / "chat_template.jinja"
+    path.write_bytes("\r\n".join(CLOCK_LINES).encode() + b"\r\n")
+    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    assert "fixed PC001 [live-clock]" in out
+    assert path.read_bytes() == ("\r\n".join(fixed_lines()) + "\r\n").encode()
+    assert lone_line_feeds(path.read_bytes()) == 0
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\n"])
+def test_a_template_in_json_gets_its_own_line_ending_not_the_files(tmp_path, newline):
+    # the file's own lines end in CRLF either way; the template's are in its string
+    template = newline.join(CLOCK_LINES) + newline
+    path = tmp_path / "tokenizer_config.json"
+    path.write_bytes(b'{\r\n  "chat_template": ' + json.dumps(template).encode() + b',\r\n  "eos_token": "</s>"\r\n}\r\n')
+    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    after = path.read_bytes()
+    assert after.startswith(b'{\r\n  "chat_template": ') and after.endswith(b',\r\n  "eos_token": "</s>"\r\n}\r\n')
+    assert json.loads(after)["chat_template"] == newline.join(fixed_lines()) + newline
+    assert lone_line_feeds(after) == 0  # escaped inside the string, CRLF outside it
+
+
+def test_a_yaml_block_in_a_crlf_file_keeps_crlf_on_every_line(tmp_path):
+    text = "models:\r\n  - name: a\r\n    chat_template: |\r\n" + "".join(f"      {line}\r\n" for line in CLOCK_LINES)
+    path = tmp_path / "serving.yaml"
+    path.write_bytes((text + "other: 1\r\n").encode())
+    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    block = "".join(f"      {line}\r\n" for line in fixed_lines())
+    assert path.read_bytes() == ("models:\r\n  - name: a\r\n    chat_template: |\r\n" + block + "other: 1\r\n").encode()
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        CLOCK_LINES,  # a literal over several lines
+        ["".join(CLOCK_LINES)],  # one line, which the fix makes two
+    ],
+)
+def test_a_triple_quoted_python_template_in_a_crlf_file_keeps_crlf(tmp_path, lines):
+    path = tmp_path / "serving.py"
+    path.write_bytes(('chat_template = """' + "\r\n".join(lines) + '"""\r\nOTHER = 1\r\n').encode())
+    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, err) == (0, "")
+    fixed = [HEADER] + [line.replace('strftime_now("%Y")', "date_string") for line in lines]
+    assert path.read_bytes() == ('chat_template = """' + "\r\n".join(fixed) + '"""\r\nOTHER = 1\r\n').encode()
+
+
+@pytest.mark.parametrize(
+    ("text", "inserted", "expected"),
+    [
+        ("a\r\nb\r\n", "x\n", "x\r\na\r\nb\r\n"),  # CRLF template: the new line too
+        ("a\r\nb\r\n", "x\r\n", "x\r\na\r\nb\r\n"),  # already CRLF: not doubled
+        ("a\nb\n", "x\n", "x\na\nb\n"),
+        ("ab", "x\n", "x\nab"),  # no line break to follow: "\n"
+        ("a\r\nb\r\nc\n", "x\n", "x\r\na\r\nb\r\nc\n"),  # mixed: the one most lines use
+    ],
+)
+def test_an_edit_inserts_line_breaks_as_the_template_writes_them(text, inserted, expected):
+    from tmpl_lint.edits import Edit, apply_edits
+
+    assert apply_edits(text, [Edit(0, 0, inserted)]) == expected

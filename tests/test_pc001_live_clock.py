@@ -1,9 +1,13 @@
+import json
 import os
 from datetime import date, datetime
 
 import pytest
+from click.testing import CliRunner
 from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
 
+from tmpl_lint.cli import main
+from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from tmpl_lint.prover import Prover
 
 
@@ -62,7 +66,8 @@ def test_a_date_under_if_tools_is_proven_only_where_tools_are_sent():
     assert divergence.scenario == "clock with tools, a day later"
     # "Today is 01 March 2026" against "02 March": the day's second digit, counted by hand
     assert divergence.first_divergence == len("<|im_start|>system\nToday is 0")
-    assert (divergence.message_index, divergence.cause) == (0, "system")
+    # the template's own system block, printed before the loop: before the first message
+    assert (divergence.message_index, divergence.field, divergence.cause) == (None, BEFORE_MESSAGES, "system")
     assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
     # only the shapes with tools show it; the first is stepped, finest step first, until one
     # changes the render: a second, a minute, an hour did not, a day did
@@ -124,3 +129,49 @@ def test_the_advised_date_is_written_in_the_templates_own_format():
     assert finding.switch.name == "date_string"
     assert finding.switch.stable_value == date.today().strftime("%d %b %Y")
     assert f"set date_string={date.today().strftime('%d %b %Y')!r} to avoid it" in finding.full_message()
+
+
+# -- where the clock is, outside every message ----------------------------------------------
+
+
+@pytest.mark.parametrize("format", ["text", "json", "sarif", "github"])
+def test_a_clock_before_the_first_message_is_located_there_in_every_report(format):
+    # The fixture prints its system block before the loop; the clock scenario sends one user
+    # message. "<|im_start|>system\nIt is 12:00" against 12:01: char 29, counted by hand.
+    result = CliRunner().invoke(main, [str(CORPUS / "PC001_clock_per_minute.jinja"), "--format", format])
+    assert result.exit_code == 1, result.output
+    if format == "text":
+        assert "first divergence at char 29, before the first message, cause system" in result.stdout
+        assert "message 0" not in result.stdout
+    elif format == "json":
+        (finding,) = json.loads(result.stdout)
+        proof = finding["proof"]
+        assert (proof["first_divergence_char"], proof["message_index"], proof["role"]) == (29, None, None)
+        assert (proof["field"], proof["cause"]) == ("before-messages", "system")
+    elif format == "sarif":
+        (outcome,) = json.loads(result.stdout)["runs"][0]["results"]
+        proof = outcome["properties"]["proof"]
+        assert (proof["message_index"], proof["field"], proof["cause"]) == (None, "before-messages", "system")
+    else:
+        # an annotation carries the finding's place in the template, not the proof's
+        assert result.stdout.startswith("::warning file=" + str(CORPUS / "PC001_clock_per_minute.jinja") + ",line=2,col=36,")
+
+
+CLOCK_AFTER_THE_MESSAGES = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    'Today: {{ strftime_now("%Y") }}\n{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}'
+)
+
+
+def test_a_clock_after_the_last_message_is_located_there_and_is_no_history_rewrite():
+    # /tmp/qa8/tt/d.jinja of the QA: "message 0 (user, markup), cause history-rewrite" where
+    # the clock scenario added no message. The year moves, after the user message's text.
+    _, findings = prove_text(CLOCK_AFTER_THE_MESSAGES)
+    (clock,) = [finding for finding in findings if finding.code == "PC001"]
+    assert clock.fails()
+    divergence = clock.proof.divergence
+    assert divergence.scenario == "clock, a year later"
+    assert divergence.first_divergence == len("<|im_start|>user\nWhat is the capital of France?<|im_end|>\nToday: 202")
+    assert (divergence.message_index, divergence.role, divergence.field) == (None, None, AFTER_MESSAGES)
+    assert divergence.cause is Cause.AFTER_HISTORY
+    assert divergence.place == "after the last message"

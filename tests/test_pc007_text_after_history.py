@@ -162,3 +162,70 @@ def test_deepseek_v3_closes_tool_results_in_every_reply_and_is_not_reported():
     path = SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3-0324.jinja"
     codes, _ = lint_text(path.read_text(encoding="utf-8"))
     assert [code for code, _, _ in codes if code == "PC007"] == []
+
+
+# -- a value printed after the messages: the template's text around it says what moves ------
+
+HISTORY_LOOP = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+GENERATION_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+@pytest.mark.parametrize(
+    ("after", "anchor", "shown"),
+    [
+        # the year, printed alone: its literal text is only a newline
+        ('{{ strftime_now("%Y") }}\n', "strftime_now", "'{{ strftime_now(\"%Y\") }}\\n'"),
+        # a template variable with a default: no clock at all (/tmp/qa8/tt/f.jinja of the QA)
+        ("{{ date_string }}", "date_string }}", "'{{ date_string }}'"),
+    ],
+)
+def test_a_value_printed_after_the_messages_is_reported_and_proven_by_the_turn_that_moves_it(after, anchor, shown):
+    head = '{%- if date_string is not defined %}{%- set date_string = "2026" %}{%- endif %}' if "date_string" in after else ""
+    source = head + HISTORY_LOOP + after + GENERATION_PROMPT
+    codes, findings = lint_text(source)
+    assert at("PC007", source, anchor) in codes
+    (finding,) = [finding for finding in findings if finding.code == "PC007"]
+    assert f"{shown} is printed after the messages" in finding.message
+    proven = prove(source, engine="hf")
+    assert "PC100" not in [finding.code for finding in proven]
+    (text_after,) = [finding for finding in proven if finding.code == "PC007"]
+    assert text_after.fails()
+    # chat, call 1 -> 2: the value printed after the user message is where call 2 prints the reply
+    assert ("chat", Cause.HISTORY_REWRITE) in text_after.proof.explains
+    divergence = text_after.proof.divergence
+    assert divergence.cause is Cause.HISTORY_REWRITE and divergence.scenario_kind != "clock"
+
+
+def test_the_clock_after_the_messages_is_the_clocks_in_the_clock_scenarios_and_the_moves_otherwise():
+    # /tmp/qa8/tt/e.jinja of the QA: PC100 "and no rule explains why" for the chat's turns.
+    source = HISTORY_LOOP + '{{ strftime_now("%Y") }}\n' + GENERATION_PROMPT
+    proven = prove(source, engine="hf")
+    by_code = {finding.code: finding for finding in proven}
+    assert sorted(by_code) == ["PC001", "PC007"]
+    assert all(finding.fails() for finding in proven)
+    # the clock moved a year between two sends of one conversation: PC001's
+    assert by_code["PC001"].proof.divergence.scenario_kind == "clock"
+    assert by_code["PC001"].proof.divergence.before.endswith("France?<|im_end|>\n2026\n<|im_start|>assistant\n")
+    # the clock stands still in the turns (every call at midday): the year moves behind the
+    # new messages, which PC001's fix (a fixed date_string) would not change
+    assert {scenario for scenario, _ in by_code["PC007"].proof.explains} >= {"chat", "agent"}
+    assert not any(scenario.startswith("clock") for scenario, _ in by_code["PC007"].proof.explains)
+
+
+def test_text_with_a_value_in_it_is_shown_with_that_value_s_expression():
+    # /tmp/qa8/tt/d.jinja of the QA: the message said 'Today: \n'
+    source = HISTORY_LOOP + 'Today: {{ strftime_now("%Y") }}\n' + GENERATION_PROMPT
+    codes, findings = lint_text(source)
+    assert at("PC007", source, "Today") in codes
+    (finding,) = [finding for finding in findings if finding.code == "PC007"]
+    assert finding.message.startswith("'Today: {{ strftime_now(\"%Y\") }}\\n' is printed after the messages")
+
+
+def test_a_refusal_after_the_messages_prints_nothing_and_is_not_reported():
+    source = HISTORY_LOOP + "{% if messages[-1].role == 'assistant' %}{{ raise_exception('no') }}{% endif %}" + GENERATION_PROMPT
+    assert lint_text(source)[0] == []
+
+
+def test_a_choice_of_blank_literals_after_the_messages_is_whitespace_and_not_reported():
+    source = HISTORY_LOOP + '{{ "\\n" if tools else "" }}' + GENERATION_PROMPT
+    assert lint_text(source)[0] == []

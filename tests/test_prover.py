@@ -7,6 +7,7 @@ import pytest
 from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start, stop_after_reply
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.sources import TemplateSource
@@ -128,11 +129,12 @@ def test_unexplained_divergence_is_pc100():
     assert [f.code for f in findings] == ["PC100"]
     assert findings[0].proof.status == "proven"
     assert findings[0].proof.cause == "system"
-    # it says where the render changed
+    # it says where the render changed: the count, printed before the loop, is no message's
     assert findings[0].message == (
-        'the next turn does not extend the previous prompt: message 0 (user, markup) renders differently in "chat", '
+        'the next turn does not extend the previous prompt: the text before the first message renders differently in "chat", '
         "calls 2->3 (system), and no rule explains why"
     )
+    assert (findings[0].proof.divergence.message_index, findings[0].proof.divergence.role) == (None, None)
 
 
 CLOSES_DIFFERENTLY_WHEN_LAST = (
@@ -307,3 +309,57 @@ def test_a_scenarios_hit_rate_includes_its_first_request_and_the_replies_blocks(
     result = prover.run_scenario(chat)
     assert [(r.queries, r.hits) for r in result.requests] == [(30, 0), (49, 32), (78, 48)]
     assert result.hit_rate() == (80 / 157, 80 / 157)
+
+
+# -- a divergence outside every message names none ---------------------------------------
+
+USER = [{"role": "user", "content": "hello"}]
+
+
+def chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_a_divergence_before_the_first_message_names_no_message():
+    # the template's own block, printed before the loop, with the time in it
+    cached, following = "<sys>12:00</sys><u>hello</u><a>", "<sys>12:01</sys><u>hello</u><a>"
+    divergence = compare_prompts(
+        "clock", 0, "a", cached, chars(cached), following, chars(following), USER, 1, "char", 4, (len(cached) - 3, len(cached))
+    )
+    assert divergence.first_divergence == len("<sys>12:0")
+    assert (divergence.message_index, divergence.role, divergence.field) == (None, None, BEFORE_MESSAGES)
+    assert divergence.cause is Cause.SYSTEM
+    assert divergence.place == "before the first message"
+    assert locate(following, USER, 0) == (None, None, BEFORE_MESSAGES)
+
+
+def test_a_divergence_after_the_last_message_of_a_conversation_sent_again_names_no_message():
+    # the clock's scenarios send one conversation twice: no message came after the user's,
+    # so the text printed after it is not its closing markup rewritten by a new message
+    cached, following = "<u>hello</u>Today: 2026\n<a>", "<u>hello</u>Today: 2027\n<a>"
+    opener = (len("<u>hello</u>Today: 2026\n"), len(cached))
+    divergence = compare_prompts("clock", 0, "a", cached, chars(cached), following, chars(following), USER, 1, "char", 4, opener)
+    assert divergence.first_divergence == len("<u>hello</u>Today: 202")
+    assert (divergence.message_index, divergence.role, divergence.field) == (None, None, AFTER_MESSAGES)
+    assert divergence.cause is Cause.AFTER_HISTORY
+    assert divergence.place == "after the last message"
+    assert not divergence.in_reply
+
+
+def test_the_same_place_once_a_message_arrived_is_the_last_messages_closing_markup():
+    # with a reply after it, the markup that closes the user message is history rewritten
+    # (or PC007's text after the loop, which the renders alone cannot tell apart)
+    cached = "<u>hello</u>Today: 2026\n<a>"
+    following = "<u>hello</u><a>hi</a>Today: 2026\n<a>"
+    messages = USER + [{"role": "assistant", "content": "hi"}]
+    opener = (len("<u>hello</u>Today: 2026\n"), len(cached))
+    divergence = compare_prompts(
+        "chat", 0, "a", cached, chars(cached), following, chars(following), messages, 1, "char", 4, opener
+    )
+    assert divergence.first_divergence == len("<u>hello</u>")
+    assert (divergence.message_index, divergence.role, divergence.field, divergence.cause) == (
+        0,
+        "user",
+        "markup",
+        Cause.HISTORY_REWRITE,
+    )

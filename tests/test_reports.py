@@ -156,14 +156,14 @@ def test_sarif_line_in_yaml_is_the_templates_own_line_of_the_right_key(tmp_path,
     )
     monkeypatch.chdir(tmp_path)
     code, out, _ = run("serving.yaml", "--format", "sarif", "--no-prove")
-    (result,) = json.loads(out)["runs"][0]["results"]
-    assert (result["ruleId"], result["properties"]["template"], result["properties"]["templateLine"]) == (
-        "PC001",
-        "models.1.chat_template",
-        2,
-    )
+    results = json.loads(out)["runs"][0]["results"]
+    # the clock (PC001), printed after the messages (PC007): both at the call, in one template
+    assert [(r["ruleId"], r["properties"]["template"], r["properties"]["templateLine"]) for r in results] == [
+        ("PC001", "models.1.chat_template", 2),
+        ("PC007", "models.1.chat_template", 2),
+    ]
     # the second chat_template key is line 5; its block's second line is line 7
-    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 7
+    assert [result["locations"][0]["physicalLocation"]["region"]["startLine"] for result in results] == [7, 7]
 
 
 def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkeypatch):
@@ -193,10 +193,13 @@ def test_sarif_line_in_python_follows_the_literals_own_newlines(tmp_path, monkey
     ]
     lines = (tmp_path / "serving.py").read_text().splitlines()
     assert found == [
-        # escaped newlines: the whole template is on line 2, the call where it is written
+        # escaped newlines: the whole template is on line 2, the call where it is written (the
+        # clock, and the text it prints after the messages, which starts with it)
         ("PC001", "chat_template@2", 3, 2, lines[1].index("strftime_now") + 1),
+        ("PC007", "chat_template@2", 3, 2, lines[1].index("strftime_now") + 1),
         # a backslash continuation joins file lines 8 and 9: the call is on line 9
         ("PC001", "chat_template@6", 3, 9, lines[8].index("strftime_now") + 1),
+        ("PC007", "chat_template@6", 3, 9, lines[8].index("strftime_now") + 1),
         ("PC005", "chat_template@6", 4, 10, lines[9].index("lipsum") + 1),
     ]
 
@@ -214,11 +217,15 @@ def test_a_template_written_as_adjacent_python_literals_is_placed_in_each(tmp_pa
     assert out.splitlines() == [
         f"serving.py:3:{lines[2].index('strftime_now') + 1}: PC001 [live-clock] (template chat_template@2) (not proven: "
         "--no-prove) `strftime_now(...)` puts the current time into the prompt: the prefix cache goes cold whenever the "
-        "rendered date changes"
+        "rendered date changes",
+        # the year is printed after the messages, in the second literal
+        f"serving.py:3:{lines[2].index('strftime_now') + 1}: PC007 [text-after-history] (template chat_template@2) (not "
+        "proven: --no-prove) '{{ strftime_now(\"%Y\") }}' is printed after the messages, outside the generation prompt: "
+        "the next turn renders its new messages before it, so the prompt diverges at the end of the last message",
     ]
     code, out, _ = run("serving.py", "--no-prove", "--format", "sarif")
-    (region,) = [r["locations"][0]["physicalLocation"]["region"] for r in json.loads(out)["runs"][0]["results"]]
-    assert (region["startLine"], region["startColumn"]) == (3, lines[2].index("strftime_now") + 1)
+    regions = [r["locations"][0]["physicalLocation"]["region"] for r in json.loads(out)["runs"][0]["results"]]
+    assert [(region["startLine"], region["startColumn"]) for region in regions] == [(3, lines[2].index("strftime_now") + 1)] * 2
 
 
 # -- what fails the run: the proof decides ------------------------------------------------
