@@ -250,8 +250,8 @@ DEALT_LAST = (
 
 def dealing_order(nodeid: str) -> tuple[int, int]:
     """Where xdist deals a test: the groups that fork first (the fix and diff fuzz is the
-    largest unit, the shared corpus the one of most tests), then the tests that fork, then
-    the real tokenizers' group, then DEALT_LAST in its order."""
+    largest unit, the shared corpus the one of most tests), then the tests that fork (those
+    of test_gguf last), then the real tokenizers' group, then DEALT_LAST in its order."""
     group = group_of(nodeid)
     if group in ("fix and diff fuzz", "shared corpus"):
         return (0, 0)
@@ -260,7 +260,11 @@ def dealing_order(nodeid: str) -> tuple[int, int]:
         return (2, next(index for index, prefix in enumerate(ONE_WORKER_GROUPS[group]) if test.startswith(prefix)))
     test = nodeid.removeprefix("tests/")
     last = next((index for index, prefix in enumerate(DEALT_LAST) if test.startswith(prefix)), None)
-    return (1, 0) if last is None else (3, last)
+    if last is not None:
+        return (3, last)
+    # test_gguf builds tokenizers from GGUF files, which its worker keeps (about 200 MB): its
+    # tests fork after the others do.
+    return (1, 1) if test.startswith("test_gguf.py::") else (1, 0)
 
 
 def pytest_collection_modifyitems(config, items):
