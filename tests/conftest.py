@@ -196,13 +196,15 @@ def pytest_unconfigure(config):
 # - the shared corpus's expectations, which all read one CLI run over the corpus (its report
 #   fixture): split between the workers, one of them waited seconds for the other's run.
 ONE_WORKER_GROUPS = {
+    # in the order they run (dealing_order): those that fork most first, while the worker is
+    # smallest (test_replay forks 26 times, test_diff 19), those that load most last
     "real tokenizers": (
-        "test_tokenizer.py::",
-        "test_prover_tokens.py::",
         "test_replay.py::",
         "test_diff.py::",
-        "test_prefix_encoder.py::",
         "test_harmony.py::",
+        "test_prover_tokens.py::",
+        "test_prefix_encoder.py::",
+        "test_tokenizer.py::",
     ),
     "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
     "shared corpus": ("test_shared_corpus.py::",),
@@ -214,14 +216,76 @@ def group_of(nodeid: str) -> str | None:
     return next((name for name, prefixes in ONE_WORKER_GROUPS.items() if test.startswith(prefixes)), None)
 
 
+# Tests that fork no process of their own (they run in the worker, or start programs, which
+# Python starts with vfork): after them, the order in which xdist deals the rest. A fork
+# copies the worker's page tables and the child's writes copy its pages, so its cost grows
+# with the worker: one that has loaded the real tokenizers holds about 1 GB, three to six
+# times another, and the tests that fork after them on that worker spent half as much CPU
+# again (test_fix_closure's four chunks 21 CPU-s against 13 on the other worker, one run).
+# So the tokenizer group is dealt after every test that forks, and these come last: while one
+# worker runs the group the other takes them, and then both do. The largest come first, as
+# they are dealt best (they run in the worker: a long one last would leave the other idle).
+DEALT_LAST = (
+    "test_fuzz.py::test_static_lint_never_raises",
+    "test_fuzz.py::test_prover_never_raises_and_stable_means_stable",
+    "test_precommit.py::",  # pre-commit and tmpl-lint run as programs
+    "test_audit.py::",  # tmpl-lint audit runs as a program
+    "test_render_equivalence.py::",
+    "test_packaging.py::",
+    "test_switches.py::",
+    "test_fuzz.py::test_fix_is_idempotent",
+    "test_kv_cache.py::",
+    "test_prover.py::",
+    "test_rule_pages.py::",
+    "test_pc000_",
+    "test_pc001_",
+    "test_pc003_",
+    "test_pc005_",
+    "test_pc100_",
+    "test_pc102_",
+    "test_pc103_",
+    "test_pc900_",
+)
+
+
+def dealing_order(nodeid: str) -> tuple[int, int]:
+    """Where xdist deals a test: the groups that fork first (the fix and diff fuzz is the
+    largest unit, the shared corpus the one of most tests), then the tests that fork (those
+    of test_gguf last), then the real tokenizers' group, then DEALT_LAST in its order."""
+    group = group_of(nodeid)
+    if group in ("fix and diff fuzz", "shared corpus"):
+        return (0, 0)
+    if group == "real tokenizers":
+        test = nodeid.removeprefix("tests/")
+        return (2, next(index for index, prefix in enumerate(ONE_WORKER_GROUPS[group]) if test.startswith(prefix)))
+    test = nodeid.removeprefix("tests/")
+    last = next((index for index, prefix in enumerate(DEALT_LAST) if test.startswith(prefix)), None)
+    if last is not None:
+        return (3, last)
+    # test_gguf builds tokenizers from GGUF files, which its worker keeps (about 200 MB): its
+    # tests fork after the others do.
+    return (1, 1) if test.startswith("test_gguf.py::") else (1, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, each worker collects in the dealing order (every worker alike, as xdist
+    requires), and the scheduler below deals in collection order. Without xdist the order is
+    pytest's own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: dealing_order(item.nodeid))  # stable: pytest's order within
+
+
 def pytest_xdist_make_scheduler(config, log):
     """xdist's load scheduling (tests dealt one at a time as workers free up), except that each
-    group of ONE_WORKER_GROUPS is one unit, dealt first (the largest first) while the other
-    worker takes the rest. (xdist's own --dist loadgroup cannot do this here: it marks a
-    group by rewriting a test's nodeid, which pytest 9 no longer reads.)"""
+    group of ONE_WORKER_GROUPS is one unit, run by one worker while the other takes the rest,
+    and that units are dealt in collection order (see dealing_order), not largest first.
+    (xdist's own --dist loadgroup cannot do this here: it marks a group by rewriting a test's
+    nodeid, which pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "load":
         return None  # another --dist asked for on the command line: xdist's own
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the order is dealing_order's
 
     class LoadWithOneWorkerGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
