@@ -244,7 +244,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
 
 def _in_folder(folder: Path, note: str) -> str:
     """A note about the files of ``folder``, which names it unless it is the working directory."""
-    return note if folder == Path(".") else f"{folder}: {note}"
+    return note if folder == Path(".") else f"{quoted_name(folder)}: {note}"
 
 
 def read_config(path: Path | None) -> Config:

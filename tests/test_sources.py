@@ -83,6 +83,11 @@ def test_the_note_names_the_folder_unless_it_is_the_working_directory(tmp_path, 
     monkeypatch.chdir(tmp_path / "m1")  # not "note: .: chat_template.jinja ..."
     result = CliRunner().invoke(main, ["tokenizer_config.json", "--no-prove"])
     assert (result.exit_code, result.stdout) == (0, "note: " + note + "All checks passed!\n")
+    # a folder whose name holds a newline is quoted as the report quotes every name
+    (tmp_path / "m1").rename(tmp_path / "m\n1")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["m\n1/tokenizer_config.json", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (0, 'note: "m\\n1": ' + note + "All checks passed!\n")
 
 
 def test_model_directory_without_jinja_uses_chat_template_json(tmp_path):
