@@ -160,8 +160,10 @@ def explains(change: Departure | None, divergence: Divergence) -> bool:
         return False
     if change.message_index is None:  # the tools, system prompt or options: before every message
         return True
-    if divergence.field == BEFORE_MESSAGES:  # a message changed after where the prompts part
-        return False
+    if divergence.field == BEFORE_MESSAGES:
+        # The first message's header is printed before its text: a change to that message
+        # (its role, a system prompt dropped) shows there; a later message's cannot.
+        return change.message_index == 0
     return divergence.message_index is None or change.message_index <= divergence.message_index
 
 

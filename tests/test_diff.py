@@ -446,3 +446,19 @@ def test_the_configuration_gives_the_tokenizer_and_with_it_the_template(tmp_path
     assert (code, err, result["unit"]) == (0, "", "token")
     ids = transformers_tokenizer("qwen3").apply_chat_template([USER_1], tokenize=True, add_generation_prompt=True)["input_ids"]
     assert result["prompt_tokens"][0] == len(ids)
+
+
+def test_a_change_to_the_first_messages_role_is_the_clients_though_it_shows_before_its_text(tmp_path):
+    # ChatML prints message 0's role header before its text: a client that sends the system
+    # prompt as "developer" next turn parts the prompts at char 12, "before the first
+    # message"'s text, and that is the client's change of message 0, not the template's.
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    system = {"role": "system", "content": "Be brief."}
+    first = {"messages": [system, USER_1]}
+    second = {"messages": [dict(system, role="developer"), USER_1, REPLY, USER_2]}
+    turns = write_turns(tmp_path, first, second)
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    result = json.loads(out)
+    assert (code, result["first_divergence_char"]) == (1, len("<|im_start|>"))
+    assert result["client_change"]["message_index"] == 0
