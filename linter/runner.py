@@ -351,6 +351,10 @@ class _Fixing:
                     self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
                 now.append(placed.now)
+                # The lint that follows reads the fixed template beside the model: what was
+                # said of the model's template was said of it.
+                said = {code for path, name, code in self.addressed if (path, name) == (str(model), fix.source.name)}
+                self.addressed |= {(str(placed.now.path), placed.now.name, code) for code in said}
             if self.write and self.gguf_copy is not None:
                 if not placed_all:
                     self.say(f"{model}: no copy written: a fixed template could not be written beside the model")

@@ -527,6 +527,20 @@ def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path, qwen_
 # -- --fix -----------------------------------------------------------------------------------------
 
 
+def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path):
+    # Text after the messages (PC007) has no fix: said once for the model's template, not
+    # again for the fixed template beside it, which the lint after --fix reads.
+    prompt = CLOCK.index("{%- if add_generation_prompt %}")
+    model = write_gguf(tmp_path / "m.gguf", CLOCK[:prompt] + "Remember: be brief.\n" + CLOCK[prompt:])
+    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN)
+    declined = [line for line in out.splitlines() if "not fixed PC007" in line]
+    assert code == 1
+    assert declined == [
+        f"{model}:default:{CLOCK[:prompt].count(chr(10)) + 1}:1: not fixed PC007 [text-after-history]: no edit keeps the model's trained format: "
+        "it was trained to see this after the messages"
+    ]
+
+
 def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sha(model)
