@@ -730,15 +730,25 @@ class CopyTarget:
     @classmethod
     def given(cls, text: str) -> CopyTarget:
         path = Path(text)
-        return cls(path, text.endswith(tuple(filter(None, (os.sep, os.altsep)))) or path.is_dir())
+        try:
+            existing = path.is_dir()
+        except OSError:  # under a folder that cannot be searched: problem() says so
+            existing = False
+        return cls(path, text.endswith(tuple(filter(None, (os.sep, os.altsep)))) or existing)
 
     def destination(self, model: Path) -> Path:
         return self.path / model.name if self.folder else self.path
 
     def problem(self) -> str | None:
         """Why no copy can be written there, said before anything is written: the folder it
-        goes in (only the folder named with a trailing separator is created) is missing or
-        not a folder."""
+        goes in (only the folder named with a trailing separator is created) is missing, not
+        a folder, or cannot be searched."""
+        try:
+            return self._problem()
+        except OSError as error:  # Python 3.11's is_dir raises under an unsearchable folder
+            return f"{error.filename or self.path}: {error.strerror or error}"
+
+    def _problem(self) -> str | None:
         if self.folder and self.path.exists() and not self.path.is_dir():
             return f"{self.path}: not a folder (--gguf-copy names a folder with a trailing {os.sep})"
         containing = self.path.parent

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, built_once, needs_shared
+from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, built_once, needs_permissions, needs_shared, run_unprivileged
 
 from tmpl_lint.cli import main
 from tmpl_lint.sources import NothingToLint, SourceError, collect
@@ -1163,3 +1163,21 @@ def test_a_fifo_named_like_a_model_is_refused_without_waiting(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"tmpl-lint: error: {fifo}: not a regular file"]
+
+
+@needs_permissions
+# (a copy named straight inside it, locked/x.gguf, fails as it is written: one line, exit 2)
+@pytest.mark.parametrize("named", ["locked/sub/", "locked/sub/x.gguf"])
+def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_anything_is_written(tmp_path, named):
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o600)  # readable, not searchable: what is in it cannot be looked at
+    try:
+        result = run_unprivileged(str(model), "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
+    finally:
+        locked.chmod(0o755)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("tmpl-lint: error: locked/") and result.stderr.endswith(": Permission denied\n")
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "m.chat_template.jinja").exists()
