@@ -40,6 +40,7 @@ from typing import Any
 
 from . import writes
 from .config import cache_directory
+from .findings import quoted_name
 from .sources import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource
 from .writes import WriteError
 
@@ -919,9 +920,10 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
         return PlacedFix(target, fix.source, error=error)
     placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"))
     lines = placed.lines
-    lines.append(f"{fix.source.label}: {'wrote' if fresh else 'already written:'} the fixed template to {target}")
+    label = f"{quoted_name(model)}:{fix.source.name}"
+    lines.append(f"{label}: {'wrote' if fresh else 'already written:'} the fixed template to {quoted_name(target)}")
     if fix.source.name == DEFAULT_NAME:
-        lines.append(f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {target}")
+        lines.append(f"  llama.cpp: llama-server -m {shell_word(model)} --jinja --chat-template-file {shell_word(target)}")
         if "tool_use" in names:
             lines.append(
                 "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, "
@@ -933,6 +935,18 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
             "--gguf-copy PATH writes a GGUF that carries the fix"
         )
     return placed
+
+
+def shell_word(path: Path) -> str:
+    """``path`` as a word of a shell command to copy: as it is when the shell reads it so,
+    else quoted, in bash's $'...' form where it holds a character that would split the
+    printed line (the report's C-quoting, which a shell does not read)."""
+    import shlex
+
+    quoted = quoted_name(path)
+    if quoted == str(path):
+        return shlex.quote(quoted)
+    return "$'" + quoted[1:-1].replace("'", "\\'") + "'"
 
 
 def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str]:
@@ -950,8 +964,8 @@ def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str
                 copy_to.path.rmdir()
         raise
     lines = [
-        f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)",
-        f"  llama.cpp: llama-server -m {destination} --jinja",
+        f"{quoted_name(model)}: wrote {quoted_name(destination)}, a copy with the fixed templates in its metadata (tensors unchanged)",
+        f"  llama.cpp: llama-server -m {shell_word(destination)} --jinja",
     ]
     if SPLIT_NAME.search(model.name):
         lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")

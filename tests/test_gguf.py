@@ -1181,3 +1181,20 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
     assert result.stderr.startswith("tmpl-lint: error: locked/") and result.stderr.endswith(": Permission denied\n")
     assert result.stderr.count("\n") == 1
     assert not (tmp_path / "m.chat_template.jinja").exists()
+
+
+def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_commands_read_back(tmp_path):
+    model = write_gguf(tmp_path / "a\nb.gguf", CLOCK)
+    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
+    companion, copy = tmp_path / "a\nb.chat_template.jinja", tmp_path / "out" / "a\nb.gguf"
+    assert code == 0 and companion.is_file() and copy.is_file()
+    lines = out.splitlines()
+    quoted = '"' + str(tmp_path) + "/a\\nb"
+    assert lines[1] == f'{quoted}.gguf":default: wrote the fixed template to {quoted}.chat_template.jinja"'
+    assert lines[3].startswith(f'{quoted}.gguf": wrote "{tmp_path}/out/a\\nb.gguf", a copy')
+    # each llama.cpp command, run by bash, names the files it was printed for
+    for line, files in ((lines[2], [model, companion]), (lines[4], [copy])):
+        command = line.removeprefix("  llama.cpp: ")
+        listed = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, check=True).stdout
+        named = [Path(word.decode()) for word in listed.split(b"\0")[:-1] if word.decode().startswith(str(tmp_path))]
+        assert named == files, line
