@@ -11,7 +11,7 @@ import sys
 
 
 def run() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated)
     try:
         from .cli import run as run_command
 
@@ -21,7 +21,7 @@ def run() -> None:
         sys.exit(130)
 
 
-def _terminated(signum, frame):
+def terminated(signum, frame):
     # Raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs.
     raise SystemExit(128 + signum)
 

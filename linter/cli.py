@@ -598,7 +598,9 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     # As __main__.run does first: again here for a console script made before that was the
     # entry point (an editable install not redone), which still calls this function.
-    signal.signal(signal.SIGTERM, _terminated)
+    from .__main__ import terminated
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         status = main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
@@ -625,8 +627,3 @@ def run() -> None:
         )
         sys.exit(EXIT_ERROR)
     sys.exit(status if isinstance(status, int) else EXIT_CLEAN)
-
-
-def _terminated(signum, frame):
-    # Raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs.
-    raise SystemExit(128 + signum)
