@@ -82,7 +82,7 @@ def _pyproject_table(path: Path) -> dict | None:
 
 def _toml_type(value: object) -> str:
     names = {str: "a string", bool: "a boolean", int: "an integer", float: "a float", list: "an array", dict: "a table"}
-    return names.get(type(value), "nothing" if value is None else "a date or time")
+    return names.get(type(value), "empty (null)" if value is None else "a date or time")
 
 
 def _read(path: Path) -> dict:

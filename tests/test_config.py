@@ -86,7 +86,7 @@ def test_bad_value_is_an_error(tmp_path, monkeypatch):
             "a string",
         ),
         (".tmpl-lint.yaml", "select: [1]\n", "select", "a list of other values"),
-        (".tmpl-lint.yaml", "ignore:\n", "ignore", "nothing"),
+        (".tmpl-lint.yaml", "ignore:\n", "ignore", "empty (null)"),
     ],
 )
 def test_codes_that_are_not_a_list_are_one_error_line_naming_the_file(tmp_path, monkeypatch, name, text, key, kind):
