@@ -173,12 +173,17 @@ def _printed(facts: Facts, sink: Sink) -> str:
     `'Today: {{ strftime_now("%Y") }}\\n'`, not `'Today: \\n'`."""
     if not sink.unknown or not isinstance(sink.node, nodes.Output):
         return _shown(sink.text)
-    return _shown(
-        "".join(
-            child.data if isinstance(child, nodes.TemplateData) else "{{ " + _source_of(facts, child) + " }}"
-            for child in sink.node.nodes
-        )
-    )
+    return _shown("".join(_piece(facts, child) for child in sink.node.nodes))
+
+
+def _piece(facts: Facts, child: nodes.Node) -> str:
+    """One part of what an output prints: text and string literals as they print, else the
+    expression in its braces."""
+    if isinstance(child, nodes.TemplateData):
+        return child.data
+    if isinstance(child, nodes.Const) and isinstance(child.value, str):
+        return child.value
+    return "{{ " + _source_of(facts, child) + " }}"
 
 
 def _source_of(facts: Facts, expression: nodes.Expr) -> str:

@@ -221,6 +221,13 @@ def test_text_with_a_value_in_it_is_shown_with_that_value_s_expression():
     assert finding.message.startswith("'Today: {{ strftime_now(\"%Y\") }}\\n' is printed after the messages")
 
 
+def test_a_literal_printed_in_braces_beside_a_value_is_shown_as_it_prints():
+    # a string printed as {{ "Today: " }} shows as the text it prints, not as '{{ ... }}'
+    source = HISTORY_LOOP + '{{ "Today: " }}{{ strftime_now("%Y") }}\n' + GENERATION_PROMPT
+    (finding,) = [finding for finding in lint_text(source)[1] if finding.code == "PC007"]
+    assert finding.message.startswith("'Today: {{ strftime_now(\"%Y\") }}\\n' is printed after the messages")
+
+
 def test_a_refusal_after_the_messages_prints_nothing_and_is_not_reported():
     source = HISTORY_LOOP + "{% if messages[-1].role == 'assistant' %}{{ raise_exception('no') }}{% endif %}" + GENERATION_PROMPT
     assert lint_text(source)[0] == []
