@@ -551,10 +551,9 @@ def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path
     json.loads(result.stdout)
 
 
-def test_two_requests_sharing_37_characters_by_hand(tmp_path):
-    # vLLM, blocks of 16: request 1 queries 57 and hits nothing; request 2 queries 57 and hits
-    # the 2 full blocks of the 37 characters it shares: 32 / 114. Had the client not edited
-    # the message, 56 looked up: 3 blocks, 48; the last 9 are in a partial block.
+def two_requests_sharing_37_characters(tmp_path):
+    """A template that prints each message's text, and a log of one session's two requests
+    whose one message shares its first 37 characters (then 20 A's, then 20 B's)."""
     template = tmp_path / "plain.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     log = tmp_path / "log.jsonl"
@@ -563,6 +562,14 @@ def test_two_requests_sharing_37_characters_by_hand(tmp_path):
             json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
         )
     )
+    return template, log
+
+
+def test_two_requests_sharing_37_characters_by_hand(tmp_path):
+    # vLLM, blocks of 16: request 1 queries 57 and hits nothing; request 2 queries 57 and hits
+    # the 2 full blocks of the 37 characters it shares: 32 / 114. Had the client not edited
+    # the message, 56 looked up: 3 blocks, 48; the last 9 are in a partial block.
+    template, log = two_requests_sharing_37_characters(tmp_path)
     result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
     summary = json.loads(result.stdout)["template"]
     assert result.exit_code == 0
@@ -589,14 +596,7 @@ def test_two_requests_sharing_37_characters_by_hand(tmp_path):
 def test_the_configuration_gives_the_block_size(tmp_path, monkeypatch):
     # The 37 shared characters above in blocks of 4 (the project's vLLM block size, said once
     # in its configuration): 9 full blocks, 36 hits of 114.
-    template = tmp_path / "plain.jinja"
-    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
-    log = tmp_path / "log.jsonl"
-    log.write_text(
-        "".join(
-            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
-        )
-    )
+    template, log = two_requests_sharing_37_characters(tmp_path)
     (tmp_path / "pyproject.toml").write_text("[tool.tmpl-lint]\nblock-size = 4\n")
     monkeypatch.chdir(tmp_path)
     result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
