@@ -883,6 +883,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             continue
         worst = _first_shown(claimed, report)
         finding = rule.found_by_proof(facts, worst)
+        finding.hypothesis = False  # the render found it: no pattern in the template stands for it
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
         model_format(finding, claimed)

@@ -272,8 +272,9 @@ class _Fixing:
     gguf_copy: CopyTarget | None
     result: CheckResult
     on_line: Callable[[FixLine], None] | None
-    # (path, template, code) of every finding a line has said was fixed or not, and why.
-    addressed: set[tuple[str, str | None, str]] = field(default_factory=set)
+    # (path, template, code, whether a pattern found it) of every finding a line has said
+    # was fixed or not, and why.
+    addressed: set[tuple[str, str | None, str, bool]] = field(default_factory=set)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -353,8 +354,10 @@ class _Fixing:
                 now.append(placed.now)
                 # The lint that follows reads the fixed template beside the model: what was
                 # said of the model's template was said of it.
-                said = {code for path, name, code in self.addressed if (path, name) == (str(model), fix.source.name)}
-                self.addressed |= {(str(placed.now.path), placed.now.name, code) for code in said}
+                said = {
+                    (code, static) for path, name, code, static in self.addressed if (path, name) == (str(model), fix.source.name)
+                }
+                self.addressed |= {(str(placed.now.path), placed.now.name, code, static) for code, static in said}
             if self.write and self.gguf_copy is not None:
                 if not placed_all:
                     self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
@@ -376,7 +379,7 @@ class _Fixing:
             self.say_finding(finding, "not fixed", reason)
 
     def say_finding(self, finding: Finding, verb: str, why: str) -> None:
-        self.addressed.add((str(finding.path), finding.template, finding.code))
+        self.addressed.add((str(finding.path), finding.template, finding.code, finding.hypothesis))
         self.say(f"{_headline(finding, verb)}: {why}")
 
     def say_unaddressed(self, linted: list[LintedSource]) -> None:
@@ -388,7 +391,8 @@ class _Fixing:
             finding
             for item in linted
             for finding in item.findings
-            if finding.fails(self.result.strict) and (str(finding.path), finding.template, finding.code) not in self.addressed
+            if finding.fails(self.result.strict)
+            and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
         ]
         for finding in unaddressed if not self.quiet else ():
             self.say_finding(finding, "not fixed", "found by the proof, not from a pattern a fix edits: no automatic fix")

@@ -274,3 +274,27 @@ def test_a_static_lint_imports_neither_the_proof_stack_nor_the_other_commands():
     )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (ran.stdout, ran.stderr) == ("0 []\n", "")
+
+
+def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of_its_code_was():
+    # A template where --fix fixed one PC004 pattern (a `tojson` it saw) and the proof found
+    # another re-serialisation no pattern shows: the second still fails, and says why.
+    from tmpl_lint.findings import Finding
+    from tmpl_lint.proofs import Proof
+    from tmpl_lint.runner import CheckResult, LintedSource, _Fixing
+    from tmpl_lint.sources import TemplateSource
+
+    def finding(line: int, found_by_proof: bool) -> Finding:
+        made = Finding("PC004", "tool-args-reserialized", "warning", line, 1, "m", path="t.jinja")
+        made.hypothesis = not found_by_proof
+        made.proof = Proof.proven_by("char", "a render")  # proven: it fails the run
+        return made
+
+    fixing = _Fixing(None, None, True, False, None, CheckResult(), None)
+    fixing.say_finding(finding(9, found_by_proof=False), "fixed", "written as the model writes them")
+    left = finding(3, found_by_proof=True)
+    fixing.say_unaddressed([LintedSource(TemplateSource(Path("t.jinja"), None, "", "jinja"), [left])])
+    assert [line.text for line in fixing.result.fix_lines] == [
+        "t.jinja:9:1: fixed PC004 [tool-args-reserialized]: written as the model writes them",
+        "t.jinja:3:1: not fixed PC004 [tool-args-reserialized]: found by the proof, not from a pattern a fix edits: no automatic fix",
+    ]
