@@ -256,7 +256,9 @@ def replace_python_template(text: str, name: str, template: str) -> str:
                 return updated_node.with_changes(value=_python_literal(original_node.value, template, newline))
             return updated_node
 
-    return module.visit(Replace()).code
+    code = module.visit(Replace()).code
+    # libcst reads a leading byte-order mark and does not write it back: every other byte stays.
+    return "\ufeff" + code if text.startswith("\ufeff") and not code.startswith("\ufeff") else code
 
 
 # -- YAML --------------------------------------------------------------------------------

@@ -595,6 +595,19 @@ def test_a_triple_quoted_python_template_in_a_crlf_file_keeps_crlf(tmp_path, lin
     assert path.read_bytes() == ('chat_template = """' + "\r\n".join(fixed) + '"""\r\nOTHER = 1\r\n').encode()
 
 
+def test_a_python_file_keeps_its_byte_order_mark(tmp_path):
+    # libcst does not write a leading BOM back: --fix and --diff dropped the three bytes
+    path = tmp_path / "serving.py"
+    path.write_bytes(b"\xef\xbb\xbf# bom\nchat_template = '" + "".join(CLOCK_LINES).encode() + b"'\nOTHER = 1\n")
+    code, out, _ = run(str(path), "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert code == 1
+    assert [line for line in out.splitlines() if "# bom" in line] == [" \ufeff# bom"]  # context, not changed
+    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    fixed = "\n".join([HEADER] + [line.replace('strftime_now("%Y")', "date_string") for line in CLOCK_LINES])
+    assert (code, err) == (0, "")
+    assert path.read_bytes() == b"\xef\xbb\xbf# bom\nchat_template = " + repr(fixed).encode() + b"\nOTHER = 1\n"
+
+
 @pytest.mark.parametrize(
     ("text", "inserted", "expected"),
     [
