@@ -603,7 +603,7 @@ def test_a_python_file_keeps_its_byte_order_mark(tmp_path):
     assert code == 1
     assert [line for line in out.splitlines() if "# bom" in line] == [" \ufeff# bom"]  # context, not changed
     code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    fixed = "\n".join([HEADER] + [line.replace('strftime_now("%Y")', "date_string") for line in CLOCK_LINES])
+    fixed = HEADER + "\n" + "".join(line.replace('strftime_now("%Y")', "date_string") for line in CLOCK_LINES)
     assert (code, err) == (0, "")
     assert path.read_bytes() == b"\xef\xbb\xbf# bom\nchat_template = " + repr(fixed).encode() + b"\nOTHER = 1\n"
 
