@@ -403,7 +403,10 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
 
 def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     """One report row as text: repo, template, findings, first divergence, hit rate."""
-    findings = f"error: {row['error']}" if row["error"] else ", ".join(row["codes"]) or "clean"
+    failing = {finding["code"] for finding in row.get("findings", ()) if finding.get("fails")}
+    # as --statistics marks them: a code none of whose findings fails the run is "(info)"
+    codes = ", ".join(code if code in failing else f"{code} (info)" for code in row["codes"])
+    findings = f"error: {row['error']}" if row["error"] else codes or "clean"
     divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
     rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
     return row["repo"], row["template"] or "", findings, divergence, rate

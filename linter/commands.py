@@ -234,10 +234,11 @@ class AuditRun:
     @property
     def status(self) -> int:
         """2 when a repo or the cache could not be read, or no repo had a template; else 1
-        when a template has findings."""
+        when a template has a finding that fails the run (as check decides it), else 0."""
         if any(repo.error for repo in self.audit.repos) or self.cache_problems or not self.audit.analyses:
             return EXIT_ERROR
-        return EXIT_FINDINGS if any(row["codes"] for row in self.rows) else EXIT_CLEAN
+        failing = any(finding.get("fails") for row in self.rows for finding in row.get("findings", ()))
+        return EXIT_FINDINGS if failing else EXIT_CLEAN
 
 
 def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) -> AuditRun:

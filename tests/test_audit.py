@@ -298,3 +298,16 @@ def test_the_configuration_gives_the_block_size_of_the_projected_figures(tmp_pat
     assert proof() == (16, 84, 80)
     (tmp_path / ".tmpl-lint.yaml").write_text("block-size: 4\n")
     assert proof() == (4, 84, 84)
+
+
+def test_an_informational_finding_does_not_fail_the_audit_as_it_does_not_fail_check(tmp_path, monkeypatch):
+    # PC006_generation_prompt_mismatch's mismatch opens only with enable_thinking=false (line
+    # 11 of the fixture): informational, check exits 0; the audit did 1.
+    model = tmp_path / "m"
+    model.mkdir()
+    shutil.copy(CORPUS / "PC006_generation_prompt_mismatch.jinja", model / "chat_template.jinja")
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(main, ["m"]).exit_code == 0
+    result = CliRunner().invoke(main, ["audit", "m", "--format", "markdown", "--no-cache", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert "| m | chat_template.jinja | PC006 (info) |" in result.stdout
