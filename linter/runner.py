@@ -275,6 +275,8 @@ class _Fixing:
     # (path, template, code, whether a pattern found it) of every finding a line has said
     # was fixed or not, and why.
     addressed: set[tuple[str, str | None, str, bool]] = field(default_factory=set)
+    # (path, template) of the templates whose every fix was refused, with the reason said once.
+    refused: set[tuple[str, str | None]] = field(default_factory=set)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -293,7 +295,7 @@ class _Fixing:
         for fixed in fixed_files:
             for fix in fixed.fixes:
                 if fix.refusal:
-                    self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+                    self.say_refused(fix)
                 elif fixed.error is None:
                     self.say_fixed(fix)
                 self.say_skipped(fix)
@@ -331,7 +333,7 @@ class _Fixing:
             placed_all = True
             for fix in fixes:
                 if fix.refusal:
-                    self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+                    self.say_refused(fix)
                 if not fix.changed:
                     self.say_skipped(fix)
                     now.append(fix.source)
@@ -378,6 +380,12 @@ class _Fixing:
         for finding, reason in fix.skipped if not self.quiet else ():
             self.say_finding(finding, "not fixed", reason)
 
+    def say_refused(self, fix: TemplateFix) -> None:
+        """A template none of whose fixes can be written (adjacent Python literals, a YAML
+        alias): said once, for all its findings."""
+        self.refused.add((str(fix.source.path), fix.source.name))
+        self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+
     def say_finding(self, finding: Finding, verb: str, why: str) -> None:
         self.addressed.add((str(finding.path), finding.template, finding.code, finding.hypothesis))
         self.say(f"{_headline(finding, verb)}: {why}")
@@ -393,6 +401,7 @@ class _Fixing:
             for finding in item.findings
             if finding.fails(self.result.strict)
             and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
+            and (str(finding.path), finding.template) not in self.refused
         ]
         for finding in unaddressed if not self.quiet else ():
             self.say_finding(finding, "not fixed", "found by the proof, not from a pattern a fix edits: no automatic fix")

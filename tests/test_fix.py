@@ -431,6 +431,9 @@ def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path
     assert "fixed" not in out.replace("not fixed", "")
     assert f"{path}:2:9: PC001 [live-clock] (template chat_template@2)" in out  # still reported, where the file holds it
     assert code == 1
+    # proven, the PC001 fails after --fix: the refusal is its reason, said once, not another
+    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    assert (code, [line for line in out.splitlines() if "not fixed" in line]) == (1, [out.splitlines()[0]])
 
 
 def test_diff_exits_1_and_applies_with_patch(tmp_path):
