@@ -161,6 +161,12 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
+    # A flag of another engine's cache would be read as if it changed these figures.
+    if options.page_size != 1 and options.cache_model != "sglang":
+        raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
+    if (options.slots is not None or options.cache_reuse) and options.cache_model != "llamacpp":
+        flag = "--slots" if options.slots is not None else "--cache-reuse"
+        raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     template = options.template or tokenizer
     if template is None:

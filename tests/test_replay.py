@@ -619,3 +619,19 @@ def test_a_departure_before_the_first_message_says_so_and_names_no_message():
     departure = Departure(TokenCause.TEMPLATE, "PC100 system", None, None, BEFORE_MESSAGES)
     assert departure.describe() == "template PC100 system, before the first message"
     assert departure.to_json()["message_index"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--page-size", "4"], "--page-size is SGLang's page size: it needs --cache-model sglang"),
+        (["--cache-model", "llamacpp", "--page-size", "3"], "--page-size is SGLang's page size: it needs --cache-model sglang"),
+        (["--cache-model", "sglang", "--slots", "3"], "--slots is llama.cpp's: it needs --cache-model llamacpp"),
+        (["--cache-reuse", "5"], "--cache-reuse is llama.cpp's: it needs --cache-model llamacpp"),
+    ],
+)
+def test_a_flag_of_another_engines_cache_is_a_usage_error(tmp_path, flags, message):
+    # it was accepted, and the figures were those of a run without it
+    template, log = two_requests_sharing_37_characters(tmp_path)
+    result = replay(log, "--template", template, "--session-key", "user", *flags)
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (2, f"Error: {message}")
