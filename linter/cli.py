@@ -100,7 +100,9 @@ def use_colour() -> bool:
     help="Tokenizer directory for proofs (default: beside the template; else characters).",
 )
 @click.option(
-    "--block-size", type=click.IntRange(1, 1 << 20), help="KV cache block size for reusable-token figures [default: 16]."
+    "--block-size",
+    type=click.IntRange(1, 1 << 20),
+    help="KV cache block size for reusable-token figures (default: the configuration's, else 16).",
 )
 @click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")

@@ -177,7 +177,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         raise OptionsError(str(error)) from None
     try:
         shape = None
-        if options.kv_cache_gib is not None:
+        if options.kv_cache_gib is not None and options.cache_blocks is None:  # both: capacities says so
             config = kv_cache.read_model_config(options.model_config) if options.model_config else None
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)

@@ -288,6 +288,13 @@ def _yaml_places(node, path=()):
             yield from _yaml_places(value, path + (str(index),))
 
 
+def _yaml_problem(error: Exception) -> str:
+    first = str(error).splitlines()[0]
+    if "expected a single document" in first:  # valid YAML, which tmpl-lint does not read
+        return "holds several YAML documents (---); tmpl-lint reads a file of one"
+    return f"not valid YAML: {first}"
+
+
 def yaml_templates(text: str) -> list[tuple[str, str]]:
     from ruamel.yaml import YAMLError
 
@@ -295,7 +302,7 @@ def yaml_templates(text: str) -> list[tuple[str, str]]:
         document = _yaml().load(text)
         return [(".".join(path), str(mapping[key])) for path, mapping, key in _yaml_places(document)]
     except YAMLError as error:
-        raise ContainerError(f"not valid YAML: {str(error).splitlines()[0]}") from None
+        raise ContainerError(_yaml_problem(error)) from None
     except RecursionError:
         raise ContainerError("not readable as YAML: nested too deeply") from None
 
@@ -416,7 +423,7 @@ def replace_yaml_template(text: str, name: str, template: str) -> str:
         found = _yaml_node(root, name) if root is not None else None
         original = safe.load(text)
     except YAMLError as error:
-        raise ContainerError(f"not valid YAML: {str(error).splitlines()[0]}") from None
+        raise ContainerError(_yaml_problem(error)) from None
     except RecursionError:
         raise ContainerError("not readable as YAML: nested too deeply") from None
     if found is None:

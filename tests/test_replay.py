@@ -635,3 +635,10 @@ def test_a_flag_of_another_engines_cache_is_a_usage_error(tmp_path, flags, messa
     template, log = two_requests_sharing_37_characters(tmp_path)
     result = replay(log, "--template", template, "--session-key", "user", *flags)
     assert (result.exit_code, result.stderr.splitlines()[-1]) == (2, f"Error: {message}")
+
+
+def test_both_capacities_given_is_said_before_what_either_needs(tmp_path):
+    # --kv-cache-gib needs the model's shape; given with --cache-blocks, the one error is "both"
+    template, log = two_requests_sharing_37_characters(tmp_path)
+    result = replay(log, "--template", template, "--cache-blocks", "8", "--kv-cache-gib", "1")
+    assert (result.exit_code, result.stderr) == (2, "tmpl-lint: error: give --cache-blocks or --kv-cache-gib, not both\n")

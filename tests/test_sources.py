@@ -318,3 +318,15 @@ def test_a_template_given_with_template_is_read_whatever_its_extension(tmp_path)
 
     path = write(tmp_path / "template.txt", TEMPLATE)
     assert read_template(path) == (TEMPLATE, {})
+
+
+def test_a_yaml_file_of_several_documents_is_one_line_saying_so(tmp_path):
+    # valid YAML, which tmpl-lint does not read: not "not valid YAML: expected a single document"
+    pytest.importorskip("ruamel.yaml")
+    config = tmp_path / "models.yaml"
+    config.write_text('a:\n  chat_template: "{{ messages }}"\n---\nb: 1\n')
+    result = CliRunner().invoke(main, [str(config), "--no-prove"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"tmpl-lint: error: {config}: holds several YAML documents (---); tmpl-lint reads a file of one\n",
+    )
