@@ -141,6 +141,7 @@ def _python_literals(module):
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
     found = []
+    unread = []  # (key, line, what it is) of a template built by code: f-string, `+`
 
     def record(key: str | None, value) -> None:
         # f-strings evaluate to None, bytes to bytes: neither is a template to read.
@@ -148,6 +149,9 @@ def _python_literals(module):
         if key in TEMPLATE_KEYS and literal:
             start = positions[value].start
             found.append((key, start.line, start.column + 1, value))
+        elif key in TEMPLATE_KEYS and isinstance(value, (cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation)):
+            what = "an expression built with +" if isinstance(value, cst.BinaryOperation) else "an f-string"
+            unread.append((key, positions[value].start.line, what))
 
     class Finder(cst.CSTVisitor):
         def visit_Assign(self, node) -> None:
@@ -167,6 +171,9 @@ def _python_literals(module):
                 record(node.key.evaluated_value, node.value)
 
     wrapper.module.visit(Finder())
+    if not found and unread:
+        key, line, what = unread[0]
+        raise ContainerError(f"{key} at line {line} is {what}: tmpl-lint reads a template written as a string literal")
     lines = [(key, line) for key, line, _, _ in found]
     named = [
         (f"{key}@{line}" if lines.count((key, line)) == 1 else f"{key}@{line}:{column}", literal)

@@ -330,3 +330,22 @@ def test_a_yaml_file_of_several_documents_is_one_line_saying_so(tmp_path):
         2,
         f"tmpl-lint: error: {config}: holds several YAML documents (---); tmpl-lint reads a file of one\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ('chat_template = f"{BOS}{{{{ messages }}}}"\n', "an f-string"),
+        ('chat_template = BOS + "{{ messages }}"\n', "an expression built with +"),
+    ],
+)
+def test_a_python_template_built_by_code_is_named_not_passed_over(tmp_path, line, what):
+    # it said "no string assigned to chat_template" where a string plainly is
+    pytest.importorskip("libcst")
+    source = tmp_path / "serving.py"
+    source.write_text('BOS = "<s>"\n' + line)
+    result = CliRunner().invoke(main, [str(source), "--no-prove"])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"tmpl-lint: error: {source}: chat_template at line 2 is {what}: tmpl-lint reads a template written as a string literal\n",
+    )
