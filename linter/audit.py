@@ -371,8 +371,9 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "revision": repo.revision,
                     "template": None,
                     "codes": [],
-                    "error": repo.error or "no chat template",
-                    "warning": repo.warning,
+                    "error": repo.error,
+                    # a base model holds none: said on its row, and it fails nothing
+                    "warning": repo.warning or (None if repo.error else "no chat template"),
                     "first_divergence": None,
                     "hit_rate": None,
                     "ideal_hit_rate": None,
@@ -406,7 +407,12 @@ def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     failing = {finding["code"] for finding in row.get("findings", ()) if finding.get("fails")}
     # as --statistics marks them: a code none of whose findings fails the run is "(info)"
     codes = ", ".join(code if code in failing else f"{code} (info)" for code in row["codes"])
-    findings = f"error: {row['error']}" if row["error"] else codes or "clean"
+    if row["error"]:
+        findings = f"error: {row['error']}"
+    elif row["template"] is None:
+        findings = row["warning"] or "no chat template"
+    else:
+        findings = codes or "clean"
     divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
     rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
     return row["repo"], row["template"] or "", findings, divergence, rate
