@@ -443,7 +443,21 @@ def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection
             kept.append(finding)
     unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
     if selection.includes(unused.code):
-        for suppression in found:
-            if not suppression.used or suppression.unknown:
-                kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe()))
+        candidates = [suppression for suppression in found if not suppression.used or suppression.unknown]
+        silenced = set()
+        for suppression in candidates:
+            # as ruff's noqa of RUF100: a suppression naming PC900 on the line silences it
+            silencers = [
+                other
+                for other in found
+                if other is not suppression and other.codes and other.covers(unused.code, suppression.line)
+            ]
+            if silencers:
+                silenced.add(id(suppression))
+            for other in silencers:
+                other.used = True
+        for suppression in candidates:
+            if id(suppression) in silenced or (suppression.used and not suppression.unknown):
+                continue  # silenced, or a suppression of PC900 that silenced another
+            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe()))
     return kept

@@ -20,6 +20,16 @@ def test_unused_suppression_is_reported():
     assert findings[0].message == "the suppression of PC004 suppresses nothing on this line"
 
 
+def test_a_suppression_of_pc900_on_the_line_silences_it_as_ruff_s_noqa_of_ruf100():
+    source = "{{ messages[0].content }} {# tmpl-lint: ignore[PC004] #}{# tmpl-lint: ignore[PC900] #}\n"
+    assert lint_text(source)[0] == []
+    # alone, a suppression of PC900 that silences nothing is itself unused
+    source = "{{ messages[0].content }} {# tmpl-lint: ignore[PC900] #}\n"
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#")]
+    assert findings[0].message == "the suppression of PC900 suppresses nothing on this line"
+
+
 def test_a_code_no_rule_has_is_named_as_such():
     # `PC04` for PC004: it would suppress nothing, and says why
     source = '{{ strftime_now("%Y") }} {# tmpl-lint: ignore[PC04, PC001] #}\n'
