@@ -247,9 +247,9 @@ def test_an_audit_of_a_base_model_says_it_has_no_template_and_does_not_fail(tmp_
     (base / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
     clean = model_folder(tmp_path / "clean", "clean_chatml.jinja")
     run = run_audit(AuditOptions(local=(base, clean), prove=False, use_cache=False))
-    assert [(row["repo"], row["error"], row["codes"]) for row in run.rows] == [
-        (str(base), "no chat template", []),
-        (str(clean), None, []),
+    assert [(row["repo"], row["error"], row["warning"], row["codes"]) for row in run.rows] == [
+        (str(base), None, "no chat template", []),
+        (str(clean), None, None, []),
     ]
     assert [repo.error for repo in run.audit.repos] == [None, None]
     assert run.status == EXIT_CLEAN
