@@ -456,7 +456,23 @@ def read_templates(path: Path, required: bool = True) -> list[TemplateSource]:
             "no chat template in its metadata (tokenizer.chat_template): nothing to lint"
             " (a base model, an embedding model or a vision projector holds none)",
         )
-    return [TemplateSource(first, name, text, "gguf") for name, text in pairs]
+    return [TemplateSource(first, name, text, "gguf", _companion_note(first, name)) for name, text in pairs]
+
+
+def _companion_note(model: Path, name: str) -> str | None:
+    """Said where --fix wrote this template's fix beside the model: the check reads the
+    model's metadata, which --fix never rewrites, and the fixed file is what llama.cpp
+    serves only when told to."""
+    try:
+        companion = companion_path(model, name)
+        if not companion.is_file():
+            return None
+    except OSError:
+        return None
+    return (
+        f"{quoted_name(companion.name)} beside the model holds a fixed {name} template, which llama.cpp serves with "
+        "--chat-template-file; this is the one in the model's metadata (--fix --gguf-copy writes a model that carries the fix)"
+    )
 
 
 def model_for(source: TemplateSource) -> Path | None:
@@ -897,6 +913,7 @@ class PlacedFix:
     lines: list[str] = field(default_factory=list)  # what was written where, and how llama.cpp reads it
     new_file: tuple[Path, str] | None = None  # --diff: the file --fix would create, and its text
     error: WriteError | None = None  # why the fix is not (or would not be) written: it is not made
+    fresh: bool = True  # False: the same fixed template was already there, nothing was written
 
     @property
     def reason(self) -> str:
@@ -913,12 +930,12 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
             there = _already_written(target, writes.encode(target, fix.patched))
         except WriteError as error:
             return PlacedFix(target, fix.source, error=error)
-        return PlacedFix(target, _patched(fix), new_file=None if there else (target, fix.patched))
+        return PlacedFix(target, _patched(fix), new_file=None if there else (target, fix.patched), fresh=not there)
     try:
         target, fresh = write_companion(model, fix.source.name, fix.patched)
     except WriteError as error:
         return PlacedFix(target, fix.source, error=error)
-    placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"))
+    placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"), fresh=fresh)
     lines = placed.lines
     label = f"{quoted_name(model)}:{fix.source.name}"
     lines.append(f"{label}: {'wrote' if fresh else 'already written:'} the fixed template to {quoted_name(target)}")

@@ -341,7 +341,8 @@ class _Fixing:
                 # Said as each file is written (or found written), and "fixed" only then.
                 placed = place_fix(model, fix, self.write, names)
                 if placed.error is None:
-                    self.say_fixed(fix)
+                    # "fixed" only when written: a fixed template already beside the model is not
+                    self.say_fixed(fix, None if placed.fresh else "already fixed")
                 else:
                     placed_all = False
                     for finding, _title in fix.applied:
@@ -371,8 +372,8 @@ class _Fixing:
                     self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error, write=True))
         return now
 
-    def say_fixed(self, fix: TemplateFix) -> None:
-        done = "fixed" if self.write else "would fix"
+    def say_fixed(self, fix: TemplateFix, done: str | None = None) -> None:
+        done = done or ("fixed" if self.write else "would fix")
         for finding, title in fix.applied:
             self.say_finding(finding, done, title)
 

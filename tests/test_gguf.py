@@ -561,9 +561,19 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
         f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {companion}",
         "All checks passed!",
     ]
-    # again: the same fix is already there
+    # again: the same fix is already there, and nothing is written, so nothing is "fixed"
     code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
     assert code == 0 and f"{model}:default: already written: the fixed template to {companion}" in out
+    assert f"{model}:default:3:28: already fixed PC001 [live-clock]" in out
+    # the check reads the model's metadata, which --fix never rewrites: it still fails, and says
+    # where the fix is
+    code, out, _ = run(model, "--frozen-date", FROZEN, "--no-prove")
+    assert code == 1
+    assert (
+        f"note: {tmp_path}: m.chat_template.jinja beside the model holds a fixed default template, which llama.cpp "
+        "serves with --chat-template-file; this is the one in the model's metadata (--fix --gguf-copy writes a model "
+        "that carries the fix)\n"
+    ) in out
     # a file of the user's own under that name is never replaced
     companion.write_text("mine")
     code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
@@ -850,8 +860,8 @@ def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path
         companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
     out, err = process.communicate(timeout=120)
     assert (process.returncode, err) == (0, "")
-    assert out.splitlines()[:2] == [
-        f"{model}:tool_use:5:89: fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes "
+    assert out.splitlines()[:2] == [  # the other one wrote it: "already fixed", not "fixed"
+        f"{model}:tool_use:5:89: already fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes "
         'them: a string byte for byte, a mapping as {"city":"Paris"}',
         f"{model}:tool_use: already written: the fixed template to {companion}",
     ]
