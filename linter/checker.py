@@ -141,8 +141,10 @@ def as_reported(findings: list[Finding]) -> list[Finding]:
 
 
 def lint_with_facts(
-    source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None
+    source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None, *, suppress: bool = True
 ) -> tuple[Facts, list[Finding]]:
+    """``suppress`` False keeps what the template's suppression comments hide (and reports
+    none of them unused): a fix's verification counts the patterns still in the template."""
     tree, error, raw_tokens = parse_with_tokens(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
     facts = analyze(source.text, tree, source_map, record=True)
@@ -159,7 +161,8 @@ def lint_with_facts(
             finding.proof = Proof.not_provable("char", "the template does not parse")
     selection = selection.for_path(source.path)
     findings = [finding for finding in findings if selection.includes(finding.code)]
-    findings = apply_suppressions(findings, source_map, selection)
+    if suppress:
+        findings = apply_suppressions(findings, source_map, selection)
     findings = fold_related(findings)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
     for finding in with_related(findings):

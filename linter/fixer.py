@@ -34,6 +34,7 @@ from .proofs import Cause, ProofStatus
 from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
 from .rules import BY_CODE
+from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
 from .writes import WriteError
 
@@ -158,7 +159,10 @@ class Verifier:
         The last text's is kept: a candidate is parsed, linted and proven from one lint."""
         if self._linted is not None and self._linted[0] == text:
             return self._linted[1]
-        facts, findings = lint_with_facts(TemplateSource(self.source.path, self.source.name, text, self.source.container))
+        # A suppressed pattern is still in the template: it still explains its divergence
+        # (a fix of another finding must not be refused for leaving it unexplained).
+        source = TemplateSource(self.source.path, self.source.name, text, self.source.container)
+        facts, findings = lint_with_facts(source, suppress=False)
         linted = Linted(facts, as_reported(findings))
         self._linted = (text, linted)
         return linted
@@ -311,9 +315,10 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
             pending.append((finding, fix))
     if not pending:
         return result
-    # The lint above is the verifier's own when every code is selected: the places its
+    # The lint above is the verifier's own when every code is selected and no comment
+    # suppresses any (the verifier counts suppressed patterns too): the places its
     # findings keep are not read by the verifier.
-    everything = selection.runs_every_code_on(source.path)
+    everything = selection.runs_every_code_on(source.path) and not suppressions(facts.source_map)
     verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
     if not options.unreproduced:
         for finding, fix in list(pending):

@@ -625,3 +625,19 @@ def test_an_edit_inserts_line_breaks_as_the_template_writes_them(text, inserted,
     from tmpl_lint.edits import Edit, apply_edits
 
     assert apply_edits(text, [Edit(0, 0, inserted)]) == expected
+
+
+def test_a_suppressed_clock_still_explains_its_divergence_and_does_not_block_another_fix(tmp_path):
+    # Line 1's clock is suppressed (left as it is); line 2's is fixed. The check after the fix
+    # still sees line 1's clock: its divergence is its own, not one "no finding explains"
+    # (the fix was refused: "would report PC100 (a system divergence no finding explains)").
+    path = tmp_path / "s2.jinja"
+    first = "{{- 'Date: ' + strftime_now('%Y') }}{# tmpl-lint: ignore[PC001] #}\n"
+    path.write_text(first + "{% for m in messages %}{{ m.content }}{% endfor %}{{ strftime_now('%Y') }}\n")
+    code, _, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    assert path.read_text() == (
+        '{%- if date_string is not defined %}{%- set date_string = "2026" %}{%- endif %}\n'
+        + first
+        + "{% for m in messages %}{{ m.content }}{% endfor %}{{ date_string }}\n"
+    )
+    assert code == 1  # what is printed after the messages is still there: PC007, which has no fix
