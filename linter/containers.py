@@ -280,19 +280,29 @@ def _yaml():
     return yaml
 
 
-def _yaml_places(node, path=()):
-    """(path, mapping, key) of every template key at any depth."""
+def _yaml_places(node, path=(), seen=None):
+    """(path, mapping, key) of every template key at any depth, each where it is written: a
+    mapping an alias repeats is walked once, and a key a merge (`<<: *defaults`) brings in
+    is its anchor's, not another template."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+    seen = set() if seen is None else seen
+    if isinstance(node, (CommentedMap, CommentedSeq)):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
     if isinstance(node, CommentedMap):
+        own = getattr(node, "_ok", None)  # ruamel's own keys, without merged ones
         for key, value in node.items():
+            if own is not None and key not in own:
+                continue
             if key in TEMPLATE_KEYS and isinstance(value, str):
                 yield path + (str(key),), node, key
             else:
-                yield from _yaml_places(value, path + (str(key),))
+                yield from _yaml_places(value, path + (str(key),), seen)
     elif isinstance(node, CommentedSeq):
         for index, value in enumerate(node):
-            yield from _yaml_places(value, path + (str(index),))
+            yield from _yaml_places(value, path + (str(index),), seen)
 
 
 def _yaml_problem(error: Exception) -> str:

@@ -349,3 +349,25 @@ def test_a_python_template_built_by_code_is_named_not_passed_over(tmp_path, line
         2,
         f"tmpl-lint: error: {source}: chat_template at line 2 is {what}: tmpl-lint reads a template written as a string literal\n",
     )
+
+
+def test_a_yaml_template_an_alias_or_a_merge_repeats_is_read_once_where_it_is_written(tmp_path):
+    # it was a second template, models.0.chat_template, placed at 1:1 (the file's comment)
+    pytest.importorskip("ruamel.yaml")
+    config = tmp_path / "models.yaml"
+    config.write_text(
+        "# models\n"
+        "defaults: &defaults\n"
+        '  chat_template: "{{ messages }}"\n'
+        "models:\n"
+        "  - <<: *defaults\n"
+        "    name: a\n"
+        "  - *defaults\n"
+        '  - chat_template: "{{ messages[0] }}"\n'
+    )
+    sources, errors = collect([config])
+    assert errors == []
+    assert [(source.name, source.text) for source in sources] == [
+        ("defaults.chat_template", "{{ messages }}"),
+        ("models.2.chat_template", "{{ messages[0] }}"),
+    ]
