@@ -268,6 +268,12 @@ def run_audit(
         for repo_id, folder, commit in cached_repos():
             result = RepoResult(repo_id, commit)
             repos.append(result)
+            # A cache folder named by hand is no repo's: checked as an id named on the command
+            # line is, and passed over (the cache is the user's, not the audit's input).
+            problem = spec_problem(repo_id)
+            if problem is not None:
+                result.warning = f"passed over: {problem} (the cache folder {folder.parent.parent.name})"
+                continue
             places.append((result, folder))
     for spec in specs:
         result = RepoResult(spec)

@@ -314,3 +314,18 @@ def test_an_informational_finding_does_not_fail_the_audit_as_it_does_not_fail_ch
     result = CliRunner().invoke(main, ["audit", "m", "--format", "markdown", "--no-cache", "--jobs", "1"])
     assert result.exit_code == 0, result.output
     assert "| m | chat_template.jinja | PC006 (info) |" in result.stdout
+
+
+def test_a_cache_folder_whose_name_is_no_repo_id_is_passed_over_with_a_warning(tmp_path):
+    # a folder renamed by hand: as an id on the command line, "evil/x<script>" is no repo id
+    hub = build_cache(tmp_path)
+    real = next(hub.iterdir())
+    shutil.copytree(real, hub / "models--evil--x<script>", symlinks=True)
+    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
+    assert sorted(rows) == sorted([*REPOS, "evil/x<script>"])
+    evil = rows["evil/x<script>"]
+    assert (evil["error"], evil["template"], evil["findings"]) == (None, None, [])
+    assert evil["warning"].startswith("passed over: not a valid repo id: ")
+    assert evil["warning"].endswith("(the cache folder models--evil--x<script>)")
+    assert f"tmpl-lint: warning: evil/x<script>: {evil['warning']}\n" in result.stderr
