@@ -171,15 +171,15 @@ def _python_literals(module):
                 record(node.key.evaluated_value, node.value)
 
     wrapper.module.visit(Finder())
-    if not found and unread:
-        key, line, what = unread[0]
-        raise ContainerError(f"{key} at line {line} is {what}: tmpl-lint reads a template written as a string literal")
     lines = [(key, line) for key, line, _, _ in found]
     named = [
         (f"{key}@{line}" if lines.count((key, line)) == 1 else f"{key}@{line}:{column}", literal)
         for key, line, column, literal in found
     ]
-    return wrapper.module, named
+    passed_over = [
+        f"{key} at line {line} is {what}: tmpl-lint reads a template written as a string literal" for key, line, what in unread
+    ]
+    return wrapper.module, named, passed_over
 
 
 def _parse_python(text: str):
@@ -193,13 +193,16 @@ def _parse_python(text: str):
         raise ContainerError("not readable as Python: nested too deeply") from None
 
 
-def python_templates(text: str) -> list[tuple[str, str]]:
-    """(name, template) pairs; see ``_python_literals`` for the names."""
+def python_templates(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, template) pairs, see ``_python_literals`` for the names; and why each template
+    built by code (an f-string, a ``+``) was passed over."""
     try:
-        _, found = _python_literals(_parse_python(text))
+        _, found, passed_over = _python_literals(_parse_python(text))
     except RecursionError:
         raise ContainerError("not readable as Python: nested too deeply") from None
-    return [(name, literal.evaluated_value) for name, literal in found]
+    if not found and passed_over:
+        raise ContainerError(passed_over[0])
+    return [(name, literal.evaluated_value) for name, literal in found], passed_over
 
 
 # A Python string literal's prefix and opening quote.
@@ -236,7 +239,7 @@ def replace_python_template(text: str, name: str, template: str) -> str:
     import libcst as cst
 
     try:
-        module, found = _python_literals(_parse_python(text))
+        module, found, _ = _python_literals(_parse_python(text))
     except RecursionError:
         raise ContainerError("not readable as Python: nested too deeply") from None
     targets = [literal for key, literal in found if key == name]
@@ -497,11 +500,11 @@ def _without(document, name: str):
     return document
 
 
-def read_container(path: Path, text: str) -> list[tuple[str | None, str]]:
-    """Templates in a Python or YAML file."""
+def read_container(path: Path, text: str) -> tuple[list[tuple[str | None, str]], list[str]]:
+    """Templates in a Python or YAML file, and why any it holds was passed over."""
     if path.suffix == ".py":
         return python_templates(text)
-    return yaml_templates(text)
+    return yaml_templates(text), []
 
 
 def replace_in_container(text: str, name: str | None, template: str, container: str) -> str:

@@ -112,7 +112,7 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
     from .containers import QUOTED_LITERAL, _parse_python, _python_literals
 
-    _, found = _python_literals(_parse_python(text))
+    _, found, _ = _python_literals(_parse_python(text))
     literal = next((node for key, node in found if key == name), None)
     parts = _simple_strings(literal)
     if not parts:

@@ -253,7 +253,7 @@ def _read_embedded(path: Path, text: str | None = None) -> list[TemplateSource]:
 
     text = read_text(path) if text is None else text
     try:
-        found = read_container(path, text)
+        found, passed_over = read_container(path, text)
     except ContainerError as error:
         raise SourceError(path, str(error)) from None
     except ImportError as error:
@@ -261,7 +261,10 @@ def _read_embedded(path: Path, text: str | None = None) -> list[TemplateSource]:
     if not found:
         raise SourceError(path, "no string assigned to chat_template")
     container = "python" if path.suffix == ".py" else "yaml"
-    return [TemplateSource(path, name, template, container) for name, template in found]
+    sources = [TemplateSource(path, name, template, container) for name, template in found]
+    if passed_over:  # said once, with the file's first template
+        sources[0] = _with_note(sources[0], f"{path.name}: passed over: {'; '.join(passed_over)}")
+    return sources
 
 
 def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> tuple[bytes, os.stat_result]:

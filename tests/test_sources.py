@@ -371,3 +371,17 @@ def test_a_yaml_template_an_alias_or_a_merge_repeats_is_read_once_where_it_is_wr
         ("defaults.chat_template", "{{ messages }}"),
         ("models.2.chat_template", "{{ messages[0] }}"),
     ]
+
+
+def test_a_python_template_built_by_code_beside_a_literal_is_said_to_be_passed_over(tmp_path, monkeypatch):
+    pytest.importorskip("libcst")
+    (tmp_path / "serving.py").write_text(
+        'BOS = "<s>"\nchat_template = f"{BOS}{{{{ messages }}}}"\nchat_template = "{{ messages[0].content }}"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["serving.py", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (
+        0,
+        "note: serving.py: passed over: chat_template at line 2 is an f-string: tmpl-lint reads a template written "
+        "as a string literal\nAll checks passed!\n",
+    )
