@@ -150,6 +150,12 @@ class Value:
 NOTHING = Value()
 
 
+class Record(dict):
+    """A dict literal with constant string keys, each key to what the analysis knows of its
+    value: reading a key back (``{'content': call}['content']``, or in a macro the dict was
+    passed to) gives that value, where a union of them lost what it is (a tool call)."""
+
+
 @dataclass(frozen=True)
 class MacroRef:
     node: nodes.Macro
@@ -1062,8 +1068,15 @@ class _Interpreter:
             value = self.undeclared[name] = Value(frozenset({label}))
         return value
 
+    def expr_Dict(self, node: nodes.Dict) -> Value:
+        if not all(isinstance(pair.key, nodes.Const) and isinstance(pair.key.value, str) for pair in node.items):
+            return NOTHING
+        return Value(const=Record((pair.key.value, self.expr(pair.value)) for pair in node.items))
+
     def expr_Getattr(self, node: nodes.Getattr) -> Value:
         base = self.expr(node.node)
+        if isinstance(base.const, Record):
+            return base.const.get(node.attr, NOTHING)
         if isinstance(base.const, NamespaceRef):
             value = self.namespaces.get((base.const.key, node.attr), NOTHING)
             return self.read_scan(value, node)
@@ -1084,6 +1097,8 @@ class _Interpreter:
                 return Value(_as_positions(frozenset(labels)))  # messages cut at a scanned fact
             return Value(frozenset(labels))
         key = self.expr(arg)
+        if isinstance(base.const, Record) and isinstance(key.const, str):
+            return base.const.get(key.const, NOTHING)
         if isinstance(base.const, NamespaceRef) and isinstance(key.const, str):
             return self.read_scan(self.namespaces.get((base.const.key, key.const), NOTHING), node)
         if isinstance(base.const, LoopRef) and isinstance(key.const, str):
@@ -1286,7 +1301,7 @@ class _Interpreter:
                 return Value(value.data() | {Label(LabelKind.MESSAGE), Label(LabelKind.FIRST_MESSAGE)})
             if name in LIST_FILTERS:
                 return Value(value.labels | _union(*args).labels)
-        if value.known and not args and name in _FOLDABLE_FILTERS:
+        if value.known and not args and name in _FOLDABLE_FILTERS and not isinstance(value.const, Record):
             try:
                 return Value(const=_FOLDABLE_FILTERS[name](value.const))
             except Exception:

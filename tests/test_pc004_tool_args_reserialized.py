@@ -200,3 +200,21 @@ def test_a_template_that_never_prints_arguments_is_not_fixed_and_says_why(tmp_pa
         "tool-call arguments, so the fix cannot be checked"
     )
     assert path.read_text() == source
+
+
+def test_arguments_reached_through_a_dict_literal_passed_to_a_macro_are_found():
+    # GigaChat's shape: the tool call goes into a macro inside a dict literal; the macro
+    # reads it back by key. A union of the dict's values lost that it was a tool call, so
+    # only the proof found the re-serialisation (no static finding, so no fix).
+    source = (
+        "{%- macro show(message) -%}\n"
+        "    {%- set call = message['content'] -%}\n"
+        "    {%- set arguments = call['arguments'] -%}\n"
+        "    {%- if arguments is not string -%}{%- set arguments = arguments | tojson -%}{%- endif -%}\n"
+        "    {{- '{\"name\": \"' ~ call['name'] ~ '\", \"arguments\": ' ~ arguments ~ '}' }}\n"
+        "{%- endmacro -%}\n"
+        "{%- for message in messages %}{{- message.role + ': ' + (message.content or '') }}\n"
+        "    {%- for tc in message.tool_calls or [] %}{{- show({'role': 'function call', 'content': tc.function}) }}{%- endfor %}\n"
+        "{%- endfor %}\n"
+    )
+    assert lint_text(source)[0] == [at("PC004", source, "tojson")]
