@@ -153,7 +153,12 @@ NOTHING = Value()
 class Record(dict):
     """A dict literal with constant string keys, each key to what the analysis knows of its
     value: reading a key back (``{'content': call}['content']``, or in a macro the dict was
-    passed to) gives that value, where a union of them lost what it is (a tool call)."""
+    passed to) gives that value, where a union of them lost what it is (a tool call).
+
+    A dict, so that its truth, length, ``in`` and ``is mapping`` fold as the literal's do;
+    hashed by identity, as a Value holding it may be (a frozen dataclass hashes its const)."""
+
+    __hash__ = object.__hash__
 
 
 @dataclass(frozen=True)
