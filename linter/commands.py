@@ -83,8 +83,7 @@ def configured(config_path: Path | None, block_size: int | None, tokenizer: Path
     """The block size and tokenizer of a run: the flags', else the configuration's (as
     ``check`` takes them), else 16 and none. Raises RunError when the configuration cannot
     be read."""
-    config = read_config(config_path)
-    return block_size or config.block_size or 16, tokenizer or config.tokenizer
+    return read_config(config_path).layered(block_size, tokenizer)
 
 
 def _diff_or_error(function, args):

@@ -34,6 +34,11 @@ class Config:
     tokenizer: Path | None = None
     strict: bool = False  # findings the proof did not reproduce fail the run too
 
+    def layered(self, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
+        """The block size and tokenizer of a run: the flags', else this file's, else vLLM's
+        16 and none (every command layers them so)."""
+        return block_size or self.block_size or 16, tokenizer or self.tokenizer
+
 
 def cache_directory() -> Path:
     """tmpl-lint's cache: $TMPL_LINT_CACHE_DIR, else tmpl-lint in $XDG_CACHE_HOME (~/.cache)."""

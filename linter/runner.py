@@ -172,8 +172,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root, options.ignore)
     except SelectionError as error:
         raise OptionsError(str(error)) from None
-    tokenizer = options.tokenizer or config.tokenizer
-    block_size = options.block_size or config.block_size or 16
+    block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
     result = CheckResult(strict=strict, exit_zero=options.exit_zero)
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
