@@ -2,8 +2,9 @@
 
 A fix is kept only if the patched template parses, renders every scenario the original
 rendered, leaves the prover no divergence of the causes it fixed (check b, with the
-tokenizer when there is one), and renders a single-turn conversation exactly as the
-original does at the fix date. Otherwise nothing is written for that finding and the
+tokenizer when there is one), renders a single-turn conversation exactly as the
+original does at the fix date, and still prints every text of the messages the original
+printed (a tool result, an answer, reasoning) in each scenario's whole conversation. Otherwise nothing is written for that finding and the
 reason is printed.
 
 Each file is fixed under its lock (see writes.py): read, fix each of its templates in a
@@ -34,6 +35,7 @@ from .proofs import Cause, ProofStatus
 from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
 from .rules import BY_CODE
+from .scenarios import Scenario
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
 from .writes import WriteError
@@ -126,6 +128,8 @@ class Verifier:
         extra = attach_proofs(proven, self.original_report)
         self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
+        # Per scenario the original rendered: the text of its messages its whole conversation prints.
+        self._printed: list[tuple[Scenario, list[tuple[int, dict, str]]]] | None = None
         self.original_single_turns = self.single_turns(source.text)
 
     def unreproduced(self, finding: Finding) -> str | None:
@@ -222,6 +226,9 @@ class Verifier:
                 return f"the patched template has a {code} finding the original does not"
         if self.single_turns(patched) != self.original_single_turns:
             return "a single-turn conversation would render differently"
+        lost = self.lost_text(patched)
+        if lost is not None:
+            return lost
         report = self.prove(patched)
         # Scenarios rendered before that fail now (a clock step is rendered only when its
         # probe changed the render, so one the fix made stable is not tried at all).
@@ -252,6 +259,31 @@ class Verifier:
                 return reason
         return None
 
+    def lost_text(self, patched: str) -> str | None:
+        """Why ``patched`` leaves out of a whole conversation text of its messages that the
+        original prints, else None. Removing a look-ahead that groups tool results under
+        the call that asked for them stops the prover's divergence, and the tool results
+        with it: the model would never see them."""
+        if self._printed is None:
+            self._printed = []
+            for scenario in self.rendered_scenarios():
+                rendered = self.render(self.source.text, _history(scenario), scenario.tools, scenario.kwargs)
+                if rendered is not None:
+                    shown = [(i, m, s) for i, m, s in _message_strings(_history(scenario)) if s in rendered]
+                    self._printed.append((scenario, shown))
+        for scenario, shown in self._printed:
+            rendered = self.render(patched, _history(scenario), scenario.tools, scenario.kwargs)
+            if rendered is None:
+                continue  # said as a scenario the patched template no longer renders
+            for index, message, text in shown:
+                if text not in rendered:
+                    role = message.get("role", "?")
+                    return (
+                        f"the patched template leaves out text of message {index} ({role}) that the original prints: "
+                        f'{_quoted_excerpt(text)} in "{scenario.name}"'
+                    )
+        return None
+
     def render(self, text: str, messages: list[dict], tools=None, kwargs=None) -> str | None:
         """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
@@ -270,6 +302,33 @@ class Verifier:
     def rendered_scenarios(self):
         """The scenarios the original template rendered: conversations in shapes it accepts."""
         return [result.scenario for result in self.original_report.rendered]
+
+
+def _history(scenario: Scenario) -> list[dict]:
+    """The scenario's whole conversation: its last request's messages and the reply to it."""
+    last = scenario.calls[-1]
+    return [*last.messages, *([last.reply] if last.reply else [])]
+
+
+def _message_strings(messages: list[dict]) -> list[tuple[int, dict, str]]:
+    """(index, message, text) of every string in the messages a template may print (content,
+    reasoning, tool calls' names and arguments), roles and short markers apart."""
+    found: list[tuple[int, dict, str]] = []
+    for index, message in enumerate(messages):
+        stack: list = [value for key, value in message.items() if key != "role"]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, str) and len(value) >= 3:
+                found.append((index, message, value))
+            elif isinstance(value, dict):
+                stack.extend(value.values())
+            elif isinstance(value, list):
+                stack.extend(value)
+    return found
+
+
+def _quoted_excerpt(text: str, width: int = 40) -> str:
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
 def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:

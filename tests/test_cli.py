@@ -137,9 +137,9 @@ def test_statistics_and_exit_zero():
     assert run("--statistics", *fixtures)[0] == 1
     code, out, _ = run("--statistics", "--exit-zero", *fixtures)
     assert code == 0
-    # four fixtures; PC003_future_dependent_render's two findings share one divergence and count
+    # five fixtures; PC003_future_dependent_render's two findings share one divergence and count
     # once; PC003_unproven_same_text_either_way's renders the same text either way: unproven, info
-    assert "    3\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (info)\n" in out
+    assert "    4\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (info)\n" in out
 
 
 def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():

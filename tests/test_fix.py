@@ -143,6 +143,22 @@ def test_unfixable_look_ahead_is_explained_and_untouched(tmp_path):
     assert code == 1
 
 
+def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
+    # The look-ahead groups each tool result under the call that asked for it, and its tag
+    # reads like reasoning, so the PC003 fix tries reading it as "no later message". That
+    # ends the divergence, and every tool result with it: the "agent" scenario's tool
+    # message (message 2, "18 C, sunny") would never reach the model.
+    path = copy(CORPUS / "PC003_tool_results_grouped.jinja", tmp_path)
+    before = path.read_bytes()
+    code, out, _ = run(str(path), "--fix")
+    assert path.read_bytes() == before
+    assert out.splitlines()[0] == (
+        f"{path}:10:14: not fixed PC003 [future-dependent-render]: the patched template leaves out text of "
+        "message 2 (tool) that the original prints: '18 C, sunny' in \"agent\""
+    )
+    assert code == 1
+
+
 def test_failed_verification_leaves_the_file_untouched(tmp_path, monkeypatch):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
