@@ -123,6 +123,7 @@ class Verifier:
         self.original_report = self.prove(source.text)
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(original)
+        self.original_keys = {finding.key for finding in original}
         # The original's findings with their proofs: which the proof shows, and what it finds itself.
         proven = [copy.copy(finding) for finding in original]
         extra = attach_proofs(proven, self.original_report)
@@ -170,6 +171,15 @@ class Verifier:
         linted = Linted(facts, as_reported(findings))
         self._linted = (text, linted)
         return linted
+
+    def still_found_at(self, found: list[Finding], code: str) -> str:
+        """Where the patched template still has a ``code`` finding: one the original had
+        not at that place first (an edit that ends one look-ahead lets another, folded into
+        it before, stand on its own)."""
+        same = sorted((finding for finding in found if finding.code == code), key=lambda f: f.key in self.original_keys)
+        if not same:
+            return ""
+        return f", at line {same[0].line}, column {same[0].column} of the template"
 
     @staticmethod
     def severe_codes(findings: list[Finding]) -> Counter:
@@ -219,7 +229,7 @@ class Verifier:
             now = codes[(code, True)] + (0 if applies else codes[(code, False)])
             before = self.original_codes[(code, True)] + (0 if applies else self.original_codes[(code, False)])
             if now > before - count:
-                return f"{code} is still found in the patched template"
+                return f"{code} is still found in the patched template{self.still_found_at(found, code)}"
         fixed_codes = {finding.code for finding in fixed}
         for code, applies in codes:
             if applies and code not in fixed_codes and codes[(code, True)] > self.original_codes[(code, True)]:

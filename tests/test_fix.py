@@ -159,6 +159,23 @@ def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
     assert code == 1
 
 
+@needs_shared
+def test_a_fix_refused_for_a_finding_still_there_says_where(tmp_path):
+    # Gemma 4 scans ahead for tool results twice (lines 280 and 354): one PC003, the second
+    # scan its related place. Reading the first as "no later message" leaves the second
+    # standing alone; the reason names it, at its `range(`.
+    path = tmp_path / "gemma.jinja"
+    shutil.copyfile(SHARED_TEMPLATES / "google--gemma-4-31B-it.jinja", path)
+    second = path.read_text().splitlines()[353]
+    assert second.lstrip().startswith("{%- for j in range(loop.index0 + 1")
+    code, _, err = run(str(path), "--diff", "--no-prove")  # the patch on stdout, what was done on stderr
+    assert (
+        f"{path}:280:30: not fixed PC003 [future-dependent-render]: PC003 is still found in the patched template, "
+        f"at line 354, column {second.index('range(') + 1} of the template"
+    ) in err.splitlines()
+    assert code == 1
+
+
 def test_failed_verification_leaves_the_file_untouched(tmp_path, monkeypatch):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
