@@ -224,6 +224,9 @@ class RuleInfo:
     makes_renders_incomparable: bool = False
     # The engine's own outcome this rule reports, for rules the prover or checker raise.
     reports: Outcome | None = None
+    # Why no edit of the template can fix its findings, said where ``--fix`` leaves one
+    # (None: it has no pattern for a fix to edit, said alike for every such rule).
+    no_fix: str | None = None
 
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern."""

@@ -11,6 +11,7 @@ for importing no more than check needs.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
@@ -23,6 +24,7 @@ from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding, quoted_name
 from .progress import ProgressBar
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
+from .rules import BY_CODE
 from .selection import Selection, SelectionError
 from .sources import NothingToLint, SourceError, TemplateSource, collect
 
@@ -403,8 +405,12 @@ class _Fixing:
             and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
             and (str(finding.path), finding.template) not in self.refused
         ]
+        at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
-            self.say_finding(finding, "not fixed", "found by the proof, not from a pattern a fix edits: no automatic fix")
+            why = BY_CODE[finding.code].RULE.no_fix or "found by the proof, not from a pattern a fix edits: no automatic fix"
+            if at_one_place[(finding.location(), finding.code)] > 1 and finding.proof is not None:
+                why += f" (the {finding.proof.cause} divergence)"  # two causes at one place (PC103's date and analysis)
+            self.say_finding(finding, "not fixed", why)
 
 
 def _headline(finding: Finding, verb: str) -> str:

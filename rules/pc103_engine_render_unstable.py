@@ -55,6 +55,7 @@ RULE = RuleInfo(
     "warning",
     "the engine's own render does not extend the previous prompt",
     reports=Outcome.ENGINE_RENDER_UNSTABLE,
+    no_fix="the engine renders this model with its own code, not the template: no edit of the template changes it",
 )
 
 # What the engine does for each cause of divergence, where it is known.

@@ -6,9 +6,11 @@ rendered, unstable where vLLM renders the model itself.
 
 from __future__ import annotations
 
+from click.testing import CliRunner
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import ProveOptions, Selection, lint_source
+from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
 
 FIXTURE = CORPUS / "PC103_engine_render_unstable.jinja"
@@ -123,3 +125,19 @@ def test_model_type_is_read_from_the_model_directory(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     assert model_type_beside(tmp_path / "tokenizer_config.json") is None
     assert model_type_beside(tmp_path / "additional_chat_templates" / "missing" / "x.jinja") is None
+
+
+def test_fix_says_no_edit_of_the_template_changes_the_engines_render(tmp_path, monkeypatch):
+    # Both divergences are the engine's (its date, its dropped analysis): the template has
+    # nothing to edit, and the line for each says so, with the cause that tells them apart.
+    monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    path = tmp_path / "harmony.jinja"
+    path.write_bytes(FIXTURE.read_bytes())
+    result = CliRunner().invoke(main, [str(path), "--fix"])
+    assert path.read_bytes() == FIXTURE.read_bytes()
+    why = "the engine renders this model with its own code, not the template: no edit of the template changes it"
+    assert [line for line in result.stdout.splitlines() if "not fixed" in line] == [
+        f"{path}:1:1: not fixed PC103 [engine-render-unstable]: {why} (the history-rewrite divergence)",
+        f"{path}:1:1: not fixed PC103 [engine-render-unstable]: {why} (the system divergence)",
+    ]
+    assert result.exit_code == 1
