@@ -130,7 +130,7 @@ class Verifier:
         self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
-        self._printed: list[tuple[Scenario, list[tuple[int, dict, str]]]] | None = None
+        self._printed: list[tuple[Scenario, list[tuple[str, str]]]] | None = None
         self.original_single_turns = self.single_turns(source.text)
 
     def unreproduced(self, finding: Finding) -> str | None:
@@ -270,26 +270,27 @@ class Verifier:
         return None
 
     def lost_text(self, patched: str) -> str | None:
-        """Why ``patched`` leaves out of a whole conversation text of its messages that the
-        original prints, else None. Removing a look-ahead that groups tool results under
-        the call that asked for them stops the prover's divergence, and the tool results
-        with it: the model would never see them."""
+        """Why ``patched`` leaves out of a whole conversation text of its messages or tools
+        that the original prints, else None. Removing a look-ahead that groups tool results
+        under the call that asked for them stops the prover's divergence, and the tool
+        results with it: the model would never see them."""
         if self._printed is None:
             self._printed = []
             for scenario in self.rendered_scenarios():
                 rendered = self.render(self.source.text, _history(scenario), scenario.tools, scenario.kwargs)
                 if rendered is not None:
-                    shown = [(i, m, s) for i, m, s in _message_strings(_history(scenario)) if s in rendered]
-                    self._printed.append((scenario, shown))
-        for scenario, shown in self._printed:
+                    printed = [(what, text) for what, text in _strings(scenario) if text in rendered]
+                    # The longest first: a short one ("city") may be printed only inside a longer.
+                    printed.sort(key=lambda item: -len(item[1]))
+                    self._printed.append((scenario, printed))
+        for scenario, printed in self._printed:
             rendered = self.render(patched, _history(scenario), scenario.tools, scenario.kwargs)
             if rendered is None:
                 continue  # said as a scenario the patched template no longer renders
-            for index, message, text in shown:
+            for what, text in printed:
                 if text not in rendered:
-                    role = message.get("role", "?")
                     return (
-                        f"the patched template leaves out text of message {index} ({role}) that the original prints: "
+                        f"the patched template leaves out text of {what} that the original prints: "
                         f'{_quoted_excerpt(text)} in "{scenario.name}"'
                     )
         return None
@@ -320,16 +321,18 @@ def _history(scenario: Scenario) -> list[dict]:
     return [*last.messages, *([last.reply] if last.reply else [])]
 
 
-def _message_strings(messages: list[dict]) -> list[tuple[int, dict, str]]:
-    """(index, message, text) of every string in the messages a template may print (content,
-    reasoning, tool calls' names and arguments), roles and short markers apart."""
-    found: list[tuple[int, dict, str]] = []
-    for index, message in enumerate(messages):
-        stack: list = [value for key, value in message.items() if key != "role"]
+def _strings(scenario: Scenario) -> list[tuple[str, str]]:
+    """(whose, text) of every string of the scenario's conversation a template may print:
+    the tools' names, descriptions and parameters, and each message's content, reasoning,
+    tool calls' names and arguments (roles and short markers apart)."""
+    found: list[tuple[str, str]] = []
+    owners = [(f"message {index} ({message.get('role', '?')})", message) for index, message in enumerate(_history(scenario))]
+    for whose, owner in [("the tool definitions", scenario.tools or []), *owners]:
+        stack: list = [value for key, value in owner.items() if key != "role"] if isinstance(owner, dict) else list(owner)
         while stack:
             value = stack.pop()
             if isinstance(value, str) and len(value) >= 3:
-                found.append((index, message, value))
+                found.append((whose, value))
             elif isinstance(value, dict):
                 stack.extend(value.values())
             elif isinstance(value, list):

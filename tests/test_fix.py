@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -370,6 +371,25 @@ def test_fix_is_verified_with_the_engine_of_the_check(template, engine, verified
     (source,), _ = collect([CORPUS / template])
     verifier = Verifier(source, FixOptions(datetime(2026, 1, 1).date(), engine=engine))
     assert verifier.engine == verified_with
+
+
+def test_a_patch_that_leaves_out_the_tool_definitions_is_refused(tmp_path):
+    from tmpl_lint.fixer import FixOptions
+
+    template = tmp_path / "tools.jinja"
+    tools_block = "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}</tools>{% endif %}"
+    history = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+    template.write_text(tools_block + history)
+    (source,), _ = collect([template])
+    verifier = Verifier(source, FixOptions(datetime(2026, 1, 1).date(), engine="hf"))
+    assert verifier.lost_text(source.text) is None
+    reason = verifier.lost_text(history)
+    match = re.fullmatch(
+        r"the patched template leaves out text of the tool definitions that the original prints: '(.+)' in \"(.+)\"", reason
+    )
+    assert match is not None, reason
+    (scenario,) = [s for s in verifier.rendered_scenarios() if s.name == match[2]]
+    assert match[1] in {tool["function"][key] for tool in scenario.tools for key in ("name", "description")}
 
 
 # -- only the template's bytes change ------------------------------------------------------
