@@ -104,7 +104,20 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
             errors.append(error)
         except OSError as error:  # a folder that may be listed but not searched: Path.is_file raises
             errors.append(SourceError(Path(error.filename or path), _reason(error)))
-    return sources, errors
+    return _once_each(sources), errors
+
+
+def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
+    """Each template once, where it was first found: a file named twice, or named beside
+    the folder holding it (or the tokenizer config that loads it), is linted and fixed once."""
+    seen: set[tuple[Path, str | None]] = set()
+    kept = []
+    for source in sources:
+        key = (source.path.resolve(), source.name)
+        if key not in seen:
+            seen.add(key)
+            kept.append(source)
+    return kept
 
 
 def _reason(error: OSError) -> str:
@@ -230,6 +243,12 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> list[Template
         return read_templates(path)
     if path.suffix == ".json":
         found = _read_json(path, required=True)
+        if not found and template_file_beside(path):
+            # Named as the tokenizer (`tmpl-lint tokenizer_config.json`), a config that keeps its
+            # template in a file beside it is linted as transformers loads it: that file's.
+            in_force = read_model_directory(path.parent)
+            note = f"{path.name} holds no chat template: transformers loads {in_force[0].path.name} beside it"
+            return [_with_note(source, note) for source in in_force]
         # Named on its own (pre-commit names each file a commit touches), a file another
         # beside it overrides is linted, and the note says which one transformers reads.
         precedence = [CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG]

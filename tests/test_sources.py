@@ -229,17 +229,23 @@ def test_deeply_nested_json_is_one_error_and_the_batch_goes_on(tmp_path):
     assert [(finding["path"], finding["code"]) for finding in json.loads(result.stdout)] == [(str(fine), "PC001")]
 
 
-def test_a_template_less_tokenizer_config_beside_a_template_file_is_not_an_error(tmp_path):
+def test_a_template_less_tokenizer_config_beside_a_template_file_lints_that_file_once(tmp_path):
     # gpt-oss: the template is chat_template.jinja; tokenizer_config.json has none, and
-    # pre-commit names both files.
+    # pre-commit names both files: the template is linted once.
     config = write(tmp_path / "tokenizer_config.json", {"eos_token": "<|return|>"})
     template = write(tmp_path / "chat_template.jinja", TEMPLATE)
-    sources, errors = collect([config, template])
-    assert (errors, [source.path for source in sources]) == ([], [template])
-    # named alone, it holds nothing to lint: a warning, not an error
+    note = "tokenizer_config.json holds no chat template: transformers loads chat_template.jinja beside it"
+    for named in ([config, template], [template, config], [config, config, tmp_path]):
+        sources, errors = collect(named)
+        assert (errors, [source.path for source in sources]) == ([], [template])
+    # named alone (`tmpl-lint tokenizer_config.json`, as the tokenizer), the template
+    # transformers loads with it is linted, and a note says which file that is: passing
+    # it over said "no chat templates found" and exited 0 over a failing template
+    write(tmp_path / "chat_template.jinja", "{{ strftime_now('%Y') }}")
     result = CliRunner().invoke(main, [str(config), "--no-prove"])
-    assert (result.exit_code, result.stdout) == (0, "")
-    assert result.stderr == "tmpl-lint: warning: no chat templates found in the given paths\n"
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == f"note: {tmp_path}: {note}"
+    assert result.stdout.splitlines()[1].startswith(f"{template}:1:4: PC001 [live-clock]")
     # without the template file beside it, it is a base model's: nothing to lint, which a
     # check says in a warning (and a command that needs a template in an error)
     template.unlink()
