@@ -148,9 +148,11 @@ def replace_at(facts: Facts, site: Site, text: str) -> Edit | None:
     return Edit(span[0], span[1], text)
 
 
-def default_header(name: str, literal: str) -> Edit:
-    """``name`` defaults to ``literal`` unless the caller passes it; prints nothing."""
-    return Edit(0, 0, f"{{%- if {name} is not defined %}}{{%- set {name} = {literal} %}}{{%- endif %}}\n")
+def default_header(text: str, name: str, literal: str) -> Edit:
+    """``name`` defaults to ``literal`` unless the caller passes it; prints nothing. It goes
+    first in ``text``, after a byte order mark: the mark stays the file's first bytes."""
+    start = 1 if text.startswith("\ufeff") else 0
+    return Edit(start, start, f"{{%- if {name} is not defined %}}{{%- set {name} = {literal} %}}{{%- endif %}}\n")
 
 
 def jinja_literal(value) -> str:
@@ -165,7 +167,7 @@ def jinja_literal(value) -> str:
     return repr(value)
 
 
-def switch_default_fix(finding) -> Fix | None:
+def switch_default_fix(text: str, finding) -> Fix | None:
     """The fix that only changes the default of the switch the lint named, if there is one."""
     switch = finding.switch
     if switch is None:
@@ -175,4 +177,4 @@ def switch_default_fix(finding) -> Fix | None:
     if switch.stable_value is None:
         return None
     title = f"{switch.name} now defaults to {jinja_literal(switch.stable_value)}; callers can still pass it"
-    return Fix(title, [[default_header(switch.name, jinja_literal(switch.stable_value))]])
+    return Fix(title, [[default_header(text, switch.name, jinja_literal(switch.stable_value))]])

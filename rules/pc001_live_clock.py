@@ -133,7 +133,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         return Fix(title, [[Edit(span[0], span[1], literal)]])
     variable = _free_name(facts, "date_string")
     title = f"the model sees the date {frozen} instead of today's unless the caller passes {variable}"
-    return Fix(title, [[default_header(variable, literal), Edit(span[0], span[1], variable)]])
+    return Fix(title, [[default_header(facts.text, variable, literal), Edit(span[0], span[1], variable)]])
 
 
 def _free_name(facts: Facts, wanted: str) -> str:

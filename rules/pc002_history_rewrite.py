@@ -101,7 +101,7 @@ def _by_place(item) -> tuple[int, int]:
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Set the template's own switch to its stable default, or else read the scanned
     position as "before every message", so every assistant turn keeps its reasoning."""
-    switch_fix = switch_default_fix(finding)
+    switch_fix = switch_default_fix(facts.text, finding)
     if switch_fix is not None:
         return switch_fix
     name = finding.site.text

@@ -177,7 +177,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Where the look-ahead drops reasoning from past turns, read it as "no later message"
     so the reasoning stays; blocks the model was trained to see on the last message
     (Mistral's tool list and system prompt) have no edit that keeps its format."""
-    switch_fix = switch_default_fix(finding)
+    switch_fix = switch_default_fix(facts.text, finding)
     if switch_fix is not None:
         return switch_fix
     place = (finding.site.line, finding.site.column)

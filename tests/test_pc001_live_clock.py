@@ -175,3 +175,16 @@ def test_a_clock_after_the_last_message_is_located_there_and_is_no_history_rewri
     assert (divergence.message_index, divergence.role, divergence.field) == (None, None, AFTER_MESSAGES)
     assert divergence.cause is Cause.AFTER_HISTORY
     assert divergence.place == "after the last message"
+
+
+def test_the_fix_header_goes_after_a_byte_order_mark(tmp_path):
+    # The default for the date is written first in the template: after the file's byte order
+    # mark, which stays its first three bytes; the rest of the file follows the header as it was.
+    path = tmp_path / "chat_template.jinja"
+    body = '{{ strftime_now("%Y-%m-%d") }}{% for m in messages %}{{ m.content }}{% endfor %}\n'
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    fixed = body.replace('strftime_now("%Y-%m-%d")', "date_string")
+    assert path.read_bytes() == b"\xef\xbb\xbf" + (header + fixed).encode()
+    assert result.exit_code == 0
