@@ -716,8 +716,8 @@ class _Interpreter:
     def run(self, tree: nodes.Template, reusing: Sequence[Trace] = ()) -> None:
         trace = self.facts.trace
         assumed = list(self.facts.assumptions)
-        if len(assumed) != 1 or assumed[0] in CLOCK_GLOBALS:
-            reusing = ()  # the clock is read by name, not as a variable
+        if len(assumed) != 1:
+            reusing = ()
         own = Label(LabelKind.VARIABLE, name=assumed[0]) if reusing else None
         reusing = [other for other in reusing if other.usable_for(own)]
         if trace is None and not reusing:

@@ -98,6 +98,27 @@ def test_statements_before_the_switch_is_read_are_taken_over():
     assert compared.fast == compared.reference
 
 
+CLOCK_NAMED_SWITCH = """\
+{%- set ns = namespace(last=-1) -%}
+{%- for message in messages %}{% if message.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor -%}
+{%- if current_date is defined %}Today: {{ current_date }}{% else %}Today: {{ current_date() }}{% endif -%}
+{%- for message in messages %}<|{{ message.role }}|>{{ message.content }}{% endfor -%}
+"""
+
+
+def test_a_clock_named_switch_takes_over_what_does_not_read_it():
+    # `current_date` is read as a variable and called as a clock: only the statement that
+    # names it is analysed again; the namespace, the scan and the render loop are taken over.
+    tree, _, raw = parse_with_tokens(CLOCK_NAMED_SWITCH)
+    source_map = SourceMap(CLOCK_NAMED_SWITCH, PARSE_ENVIRONMENT, tree, raw)
+    facts = analyze(CLOCK_NAMED_SWITCH, tree, source_map, record=True)
+    trial = analyze(CLOCK_NAMED_SWITCH, tree, source_map, {"current_date": "26 Jul 2024"}, reusing=[facts.trace])
+    assert (trial.taken_over, len(tree.body)) == (3, 4)
+    compared = both_paths(CLOCK_NAMED_SWITCH)
+    assert compared.fast == compared.reference
+    assert compared.trials == 2  # unset, and a date as the template's own clock call writes it
+
+
 MACRO_READS_THE_SWITCH = """\
 {%- macro show(m, is_last) -%}{% if not keep and is_last %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{%- endmacro -%}
 {%- for message in messages -%}<|{{ message.role }}|>{{ show(message, loop.last) }}{%- endfor -%}
