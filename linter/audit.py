@@ -300,14 +300,18 @@ def run_audit(
             try:
                 found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
                 sources += found.sources
+                errors += [SourceError(Path(result.repo), problem) for problem in found.unread]
                 hub_problem = found.tokens_problem
             except HubGGUFError as error:
                 errors.append(SourceError(Path(result.repo), str(error)))
             except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
                 errors.append(SourceError(Path(result.repo), f"GGUF metadata: {describe_error(error)}"))
-        if errors and not sources:
-            result.error = "; ".join(error.message for error in errors)
-            continue
+        if errors:
+            # A file of the repo that cannot be read is its error; its other templates are
+            # still audited (a repo with any error fails the audit).
+            result.error = "; ".join(_in_repo(error, folder) for error in errors)
+            if not sources:
+                continue
         if with_tokenizer and prove is not None:
             result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
         for source in sources:
@@ -348,6 +352,16 @@ def template_label(source: TemplateSource, folder: Path) -> str:
     return f"{where}:{source.name}" if source.name and source.container != "jinja" else where
 
 
+def _in_repo(error: SourceError, folder: Path) -> str:
+    """An error of one file of a repo, naming the file inside the repo as the template
+    column does (one of several files, it would say nothing of which)."""
+    try:
+        where = error.path.relative_to(folder)
+    except ValueError:  # not a file of the folder (the Hub's metadata of a GGUF)
+        return error.message
+    return error.message if where == Path(".") else f"{where.as_posix()}: {error.message}"
+
+
 def _tokens_problem(sources: list[TemplateSource]) -> str | None:
     """Why --tokens cannot measure these templates in tokens, or None when it can."""
     from .tokenizer import TokenizerError, load_tokenizer
@@ -370,7 +384,7 @@ def _tokens_problem(sources: list[TemplateSource]) -> str | None:
 def rows(audit: Audit) -> list[dict[str, Any]]:
     out = []
     for repo in audit.repos:
-        if repo.error or not repo.templates:
+        if repo.error or not repo.templates:  # a row of its own, before the templates it has
             out.append(
                 {
                     "repo": repo.repo,
@@ -386,7 +400,6 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "findings": [],
                 }
             )
-            continue
         for name, key in repo.templates:
             analysis = audit.analyses[key]
             proof = analysis.worst_proof()
