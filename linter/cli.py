@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -51,6 +52,19 @@ def file_path(**checks) -> click.Path:
     whole batch: the code that reads a file says why it cannot, in one line, and the other
     inputs are still read."""
     return click.Path(path_type=Path, readable=False, **checks)
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, and a finite number: ``nan`` passes every bound click checks
+    (it compares false with all of them), and ``inf`` passes one without a maximum."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 # One --engine for every command that renders: check, diff, audit and replay.
@@ -112,7 +126,7 @@ def use_colour() -> bool:
     help="Date a fixed template renders instead of the clock (default: today).",
 )
 @click.option(
-    "--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take."
+    "--render-timeout", type=FiniteRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take."
 )
 @click.option(
     "--render-max-bytes",
@@ -472,7 +486,8 @@ def audit(
 )
 @click.option(
     "--kv-cache-gib",
-    type=click.FloatRange(0, min_open=True),
+    # At most a pebibyte: any more is no engine's, and its tokens would overflow a float.
+    type=FiniteRange(0, 1 << 20, min_open=True),
     help="KV-cache memory of the engine instead: blocks = GiB * 2^30 / (block size * bytes per token).",
 )
 @click.option(
