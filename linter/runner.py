@@ -399,7 +399,9 @@ class _Fixing:
         """A template none of whose fixes can be written (adjacent Python literals, a YAML
         alias): said once, for all its findings."""
         self.refused.add((str(fix.source.path), fix.source.name))
-        self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+        source = fix.source
+        label = f"{quoted_name(source.path)}:{quoted_name(source.name)}" if source.name else quoted_name(source.path)
+        self.say(f"{label}: not fixed: {fix.refusal}")
 
     def say_finding(self, finding: Finding, verb: str, why: str) -> None:
         self.addressed.add((str(finding.path), finding.template, finding.code, finding.hypothesis))

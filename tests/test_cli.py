@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -355,3 +356,43 @@ def test_every_float_option_of_every_command_refuses_nan_and_inf():
         for value in ("nan", "inf", "-inf"):
             code, _, err = run(name, "x", flag, value)
             assert (code, err.splitlines()[-1].startswith(f"Error: Invalid value for '{flag}': ")) == (2, True), (name, value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Path("") is "." : an unset variable in a script linted, or audited, the working directory
+        (["check", ""], "Invalid value for 'PATHS...': an empty path names no file or folder (the working directory is '.')"),
+        ([""], "Invalid value for 'PATHS...': an empty path names no file or folder (the working directory is '.')"),
+        (
+            ["check", CLEAN, "--config", ""],
+            "Invalid value for '--config': an empty path names no file or folder (the working directory is '.')",
+        ),
+        (
+            ["audit", ""],
+            "Invalid value for '[SPECS]...': an empty argument names no repo or folder (the working directory is '.')",
+        ),
+    ],
+)
+def test_an_empty_path_is_a_usage_error_not_the_working_directory(tmp_path, monkeypatch, args, message):
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "chat_template.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(*args)
+    assert (code, out, err.splitlines()[-1]) == (2, "", f"Error: {message}")
+
+
+def test_a_template_name_holding_a_newline_is_quoted_and_splits_no_line(tmp_path):
+    config = tmp_path / "tokenizer_config.json"
+    clock = '{{ strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    config.write_text(json.dumps({"chat_template": [{"name": 'a\nb"', "template": clock}]}))
+    code, out, _ = run(str(config), "--no-prove", "-q")
+    assert code == 1
+    assert out.splitlines() == [
+        f'{config}:1:55: PC001 [live-clock] (template "a\\nb\\"") (not proven: --no-prove) `strftime_now(...)` puts the '
+        "current time into the prompt: the prefix cache goes cold whenever the rendered date changes",
+    ]
+    code, out, _ = run(str(config), "--no-prove", "-q", "--fix", "--frozen-date", "2026-01-15")
+    assert out.splitlines()[0] == (
+        f'{config}:1:55: fixed PC001 [live-clock] (template "a\\nb\\""): the model sees the date 2026 instead of '
+        "today's unless the caller passes date_string"
+    )
