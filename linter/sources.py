@@ -108,7 +108,7 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
             errors.append(error)
         except OSError as error:  # a folder that may be listed but not searched: Path.is_file raises
             errors.append(SourceError(Path(error.filename or path), _reason(error)))
-    return _once_each(sources), errors
+    return _once_each(sources), _each_error_once(errors)
 
 
 def _extend(sources: list[TemplateSource], errors: list[SourceError], found: Found) -> None:
@@ -126,6 +126,19 @@ def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
         if key not in seen:
             seen.add(key)
             kept.append(source)
+    return kept
+
+
+def _each_error_once(errors: list[SourceError]) -> list[SourceError]:
+    """Each error once: a file named twice, or with its folder, is one input that could not
+    be read, as it is one template linted."""
+    seen: set[tuple[Path, str]] = set()
+    kept = []
+    for error in errors:
+        key = (Path(os.path.abspath(error.path)), error.message)
+        if key not in seen:
+            seen.add(key)
+            kept.append(error)
     return kept
 
 

@@ -455,3 +455,25 @@ def test_an_unreadable_template_in_force_is_an_error_and_the_one_it_overrides_is
         ("tool_use.jinja", "tool_use", None),
     ]
     assert [str(error) for error in errors] == [f"{model / 'chat_template.jinja'}: not valid UTF-8 (byte 0)"]
+
+
+def test_an_unreadable_file_named_twice_or_with_its_folder_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    live_clock_model(Path("m"), b"\xff")
+    write(Path("bad.jinja"), b"\xff")
+    _, errors = collect(
+        [
+            Path("bad.jinja"),
+            Path("./bad.jinja"),
+            tmp_path / "bad.jinja",
+            Path("m"),
+            Path("m/additional_chat_templates/draft.jinja"),
+        ]
+    )
+    assert [str(error) for error in errors] == [
+        "bad.jinja: not valid UTF-8 (byte 0)",
+        "m/additional_chat_templates/draft.jinja: not valid UTF-8 (byte 0)",
+    ]
+    result = CliRunner().invoke(main, ["bad.jinja", "bad.jinja", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (2, "No findings; 1 input could not be read (see the errors above).\n")
+    assert result.stderr == "tmpl-lint: error: bad.jinja: not valid UTF-8 (byte 0)\n"
