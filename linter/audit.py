@@ -148,14 +148,33 @@ class NoHubCache(Exception):
 _WHERE_THE_CACHE_IS = "--from-cache reads $HF_HUB_CACHE, else $HF_HOME/hub"
 
 
-def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
-    """Every model in the local Hugging Face cache: (repo id, snapshot folder, commit)."""
+@dataclass(frozen=True)
+class CachedRepo:
+    """A model repo in the local Hugging Face cache."""
+
+    repo_id: str
+    entry: str  # the cache folder, models--org--name
+    folder: Path | None  # its snapshot (main's, else the newest); None when the entry cannot be read
+    commit: str | None
+    # Why huggingface_hub cannot read the entry (a blob missing, as a download cut short
+    # leaves it): its scan passes such a repo over, and the audit says so on its row.
+    problem: str | None = None
+
+
+def cached_repos(cache_dir: Path | None = None) -> list[CachedRepo]:
+    """Every model in the local Hugging Face cache, those it cannot read included."""
     from huggingface_hub import constants, scan_cache_dir
     from huggingface_hub.utils import CacheNotFound
 
     folder = Path(cache_dir or constants.HF_HUB_CACHE)
     try:
         info = scan_cache_dir(folder)
+        scanned = {Path(repo.repo_path).name for repo in info.repos}
+        # scan_cache_dir leaves a repo it cannot read out of its list, and says why only in
+        # a warning naming a path inside it.
+        unreadable = sorted(
+            entry for entry in folder.resolve().iterdir() if entry.name.startswith("models--") and entry.name not in scanned
+        )
     except CacheNotFound:
         raise NoHubCache(f"{folder}: no Hugging Face cache here ({_WHERE_THE_CACHE_IS})") from None
     except ValueError:  # huggingface_hub's word for a file where the folder should be
@@ -163,12 +182,19 @@ def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path, str]]:
     except OSError as error:
         raise NoHubCache(f"{folder}: cannot read the Hugging Face cache: {error.strerror or error}") from None
     found = []
-    for repo in sorted(info.repos, key=lambda repo: repo.repo_id):
+    for repo in info.repos:
         if repo.repo_type != "model" or not repo.revisions:
             continue
         revisions = sorted(repo.revisions, key=lambda revision: ("main" not in revision.refs, -revision.last_modified))
-        found.append((repo.repo_id, Path(revisions[0].snapshot_path), revisions[0].commit_hash))
-    return found
+        found.append(
+            CachedRepo(repo.repo_id, Path(repo.repo_path).name, Path(revisions[0].snapshot_path), revisions[0].commit_hash)
+        )
+    for entry in unreadable:
+        said = [str(warning) for warning in info.warnings if str(entry) in str(warning)]
+        why = "; ".join(said) or "huggingface_hub's scan_cache_dir cannot read it"
+        repo_id = entry.name.removeprefix("models--").replace("--", "/")
+        found.append(CachedRepo(repo_id, entry.name, None, None, f"its cache entry is corrupt, so it is not audited: {why}"))
+    return sorted(found, key=lambda repo: repo.repo_id)
 
 
 def template_key(source: TemplateSource, options: ProveOptions | None, selection: Selection) -> str:
@@ -265,16 +291,19 @@ def run_audit(
     places: list[tuple[RepoResult, Path]] = []
     on_hub: set[int] = set()  # results of repos named by id: their GGUF models may be only on the Hub
     if from_cache:
-        for repo_id, folder, commit in cached_repos():
-            result = RepoResult(repo_id, commit)
+        for cached in cached_repos():
+            result = RepoResult(cached.repo_id, cached.commit)
             repos.append(result)
             # A cache folder named by hand is no repo's: checked as an id named on the command
             # line is, and passed over (the cache is the user's, not the audit's input).
-            problem = spec_problem(repo_id)
+            problem = spec_problem(cached.repo_id)
             if problem is not None:
-                result.warning = f"passed over: {problem} (the cache folder {folder.parent.parent.name})"
+                result.warning = f"passed over: {problem} (the cache folder {cached.entry})"
                 continue
-            places.append((result, folder))
+            if cached.folder is None:
+                result.error = cached.problem
+                continue
+            places.append((result, cached.folder))
     for spec in specs:
         result = RepoResult(spec)
         repos.append(result)
@@ -300,14 +329,18 @@ def run_audit(
             try:
                 found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
                 sources += found.sources
+                errors += [SourceError(Path(result.repo), problem) for problem in found.unread]
                 hub_problem = found.tokens_problem
             except HubGGUFError as error:
                 errors.append(SourceError(Path(result.repo), str(error)))
             except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
                 errors.append(SourceError(Path(result.repo), f"GGUF metadata: {describe_error(error)}"))
-        if errors and not sources:
-            result.error = "; ".join(error.message for error in errors)
-            continue
+        if errors:
+            # A file of the repo that cannot be read is its error; its other templates are
+            # still audited (a repo with any error fails the audit).
+            result.error = "; ".join(_in_repo(error, folder) for error in errors)
+            if not sources:
+                continue
         if with_tokenizer and prove is not None:
             result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
         for source in sources:
@@ -348,6 +381,16 @@ def template_label(source: TemplateSource, folder: Path) -> str:
     return f"{where}:{source.name}" if source.name and source.container != "jinja" else where
 
 
+def _in_repo(error: SourceError, folder: Path) -> str:
+    """An error of one file of a repo, naming the file inside the repo as the template
+    column does (one of several files, it would say nothing of which)."""
+    try:
+        where = error.path.relative_to(folder)
+    except ValueError:  # not a file of the folder (the Hub's metadata of a GGUF)
+        return error.message
+    return error.message if where == Path(".") else f"{where.as_posix()}: {error.message}"
+
+
 def _tokens_problem(sources: list[TemplateSource]) -> str | None:
     """Why --tokens cannot measure these templates in tokens, or None when it can."""
     from .tokenizer import TokenizerError, load_tokenizer
@@ -370,7 +413,7 @@ def _tokens_problem(sources: list[TemplateSource]) -> str | None:
 def rows(audit: Audit) -> list[dict[str, Any]]:
     out = []
     for repo in audit.repos:
-        if repo.error or not repo.templates:
+        if repo.error or not repo.templates:  # a row of its own, before the templates it has
             out.append(
                 {
                     "repo": repo.repo,
@@ -386,7 +429,6 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "findings": [],
                 }
             )
-            continue
         for name, key in repo.templates:
             analysis = audit.analyses[key]
             proof = analysis.worst_proof()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .config import MAX_BLOCK_SIZE
 from .engines import ENGINES
 from .render import RenderLimits
 from .reporters import (
@@ -46,11 +48,47 @@ def main() -> None:
     """
 
 
+# An empty argument is Path(""), which is "." (a script's unset variable linted, or
+# audited, the working directory): it names nothing, and is a usage error.
+EMPTY_PATH = "an empty path names no file or folder (the working directory is '.')"
+
+
+class NamedPath(click.Path):
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail(EMPTY_PATH, param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class RepoOrFolder(click.ParamType):
+    """An audit's argument: a repo id or a model folder, not empty."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        if not value:
+            self.fail("an empty argument names no repo or folder (the working directory is '.')", param, ctx)
+        return value
+
+
 def file_path(**checks) -> click.Path:
     """click's Path without its readability check, which is a usage error that stops the
     whole batch: the code that reads a file says why it cannot, in one line, and the other
-    inputs are still read."""
-    return click.Path(path_type=Path, readable=False, **checks)
+    inputs are still read. An empty path is a usage error."""
+    return NamedPath(path_type=Path, readable=False, **checks)
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, and a finite number: ``nan`` passes every bound click checks
+    (it compares false with all of them), and ``inf`` passes one without a maximum."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 # One --engine for every command that renders: check, diff, audit and replay.
@@ -101,7 +139,7 @@ def use_colour() -> bool:
 )
 @click.option(
     "--block-size",
-    type=click.IntRange(1, 1 << 20),
+    type=click.IntRange(1, MAX_BLOCK_SIZE),
     help="KV cache block size for reusable-token figures (default: the configuration's, else 16).",
 )
 @click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
@@ -112,7 +150,7 @@ def use_colour() -> bool:
     help="Date a fixed template renders instead of the clock (default: today).",
 )
 @click.option(
-    "--render-timeout", type=click.FloatRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take."
+    "--render-timeout", type=FiniteRange(0.01, 3600), default=2.0, show_default=True, help="Seconds one render may take."
 )
 @click.option(
     "--render-max-bytes",
@@ -285,7 +323,9 @@ def rules() -> None:
 @click.option("--template", type=file_path(), help="Template file or model directory to render with.")
 @click.option("--server", metavar="URL", help="Ask a running vLLM for the token ids (render endpoint).")
 @click.option("--model", help="Served model name for --server (default: the only one served).")
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
+@click.option(
+    "--block-size", type=click.IntRange(1, MAX_BLOCK_SIZE), help="vLLM's block size (default: the configuration's, else 16)."
+)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @engine_option
 @config_option
@@ -308,7 +348,7 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 
 
 @main.command()
-@click.argument("specs", nargs=-1)
+@click.argument("specs", nargs=-1, type=RepoOrFolder())
 @click.option("--from-file", type=file_path(dir_okay=False), help="Repo ids, one a line.")
 @click.option("--search", help="Hub search query (huggingface_hub list_models).")
 @click.option("--author", help="Every model of this organisation or user.")
@@ -464,7 +504,9 @@ def audit(
     show_default=True,
     help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots.",
 )
-@click.option("--block-size", type=click.IntRange(1, 1 << 20), help="vLLM's block size (default: the configuration's, else 16).")
+@click.option(
+    "--block-size", type=click.IntRange(1, MAX_BLOCK_SIZE), help="vLLM's block size (default: the configuration's, else 16)."
+)
 @click.option(
     "--cache-blocks",
     metavar="N[,N...]",
@@ -472,7 +514,8 @@ def audit(
 )
 @click.option(
     "--kv-cache-gib",
-    type=click.FloatRange(0, min_open=True),
+    # At most a pebibyte: any more is no engine's, and its tokens would overflow a float.
+    type=FiniteRange(0, 1 << 20, min_open=True),
     help="KV-cache memory of the engine instead: blocks = GiB * 2^30 / (block size * bytes per token).",
 )
 @click.option(

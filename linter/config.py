@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 
+# The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
+MAX_BLOCK_SIZE = 1 << 20
 KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict")
 YAML_NAME = ".tmpl-lint.yaml"
 
@@ -133,7 +135,7 @@ def _codes(path: Path, key: str, value) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         kind = "a list of other values" if isinstance(value, list) else _toml_type(value)
         raise ConfigError(f'{path}: {key} must be a list of codes, such as ["PC001"], not {kind}')
-    return [item.strip() for item in value if item.strip()]
+    return [item.strip() for item in value]  # an empty one is refused with the selection's words
 
 
 def load_config(path: Path) -> Config:
@@ -157,6 +159,8 @@ def load_config(path: Path) -> Config:
         size = table["block-size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"{path}: block-size must be a positive integer")
+        if size > MAX_BLOCK_SIZE:  # as --block-size refuses it
+            raise ConfigError(f"{path}: block-size {size} is over {MAX_BLOCK_SIZE}, the largest --block-size takes")
         config.block_size = size
     if "frozen-date" in table:
         value = table["frozen-date"]

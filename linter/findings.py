@@ -118,12 +118,13 @@ class Finding:
         path = quoted_name(self.path)
         if self.file_line is not None:
             return f"{path}:{self.file_line}:{self.file_column}"
-        where = f"{path}:{self.template}" if self.template else path
+        where = f"{path}:{quoted_name(self.template)}" if self.template else path
         return f"{where}:{self.line}:{self.column}"
 
     def template_label(self) -> str:
-        """ "(template NAME) " for a named template whose name the location does not give."""
-        return f"(template {self.template}) " if self.template and self.file_line is not None else ""
+        """ "(template NAME) " for a named template whose name the location does not give (the
+        name quoted as a file's is: a newline in it would split the line)."""
+        return f"(template {quoted_name(self.template)}) " if self.template and self.file_line is not None else ""
 
     def verdict(self, strict: bool = False) -> Verdict:
         """The one place the severity policy lives (README, "Proofs decide what fails")."""

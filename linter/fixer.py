@@ -87,6 +87,7 @@ class FileFix:
     updated: str = ""  # with the fixed templates put back: what --fix writes, --diff shows
     written: bool = False
     error: SourceError | WriteError | None = None
+    made: bool = False  # the file was read again and its fixes made (before any error writing it)
 
     @property
     def changed(self) -> bool:
@@ -475,6 +476,7 @@ def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, sele
             snapshot = writes.read(path)
             result.original = result.updated = snapshot.text
             result.fixes = [fix_isolated(source, options, selection) for source in reread(found, snapshot.text)]
+            result.made = True
             result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:
                 writes.replace(snapshot, result.updated)

@@ -157,8 +157,19 @@ class Metadata:
         return default if found is None or found.value is None else found.value
 
     def templates(self) -> list[tuple[str, str]]:
-        """(name, text) of every chat template, the default first."""
-        found: list[tuple[str, str]] = []
+        """(name, text) of every chat template that can be read, the default first."""
+        found = [(name, text) for name, text, problem in self._template_entries() if problem is None]
+        return sorted(found, key=lambda pair: pair[0] != DEFAULT_NAME)
+
+    def template_problems(self) -> list[str]:
+        """Why each ``tokenizer.chat_template*`` entry that is no template cannot be read: it
+        is its own error, and the model's other templates are still read (as llama.cpp reads
+        the default whatever a variant holds)."""
+        return [problem for _name, _text, problem in self._template_entries() if problem is not None]
+
+    def _template_entries(self) -> list[tuple[str, str, str | None]]:
+        """(name, text, why it cannot be read or None) of every chat template entry."""
+        entries: list[tuple[str, str, str | None]] = []
         for key, entry in self.fields.items():
             if key == CHAT_TEMPLATE_KEY:
                 name = DEFAULT_NAME
@@ -167,11 +178,12 @@ class Metadata:
             else:
                 continue
             if entry.type != ValueType.STRING:
-                raise GGUFError(f"{key} is {type_name(entry)}, expected a string")
-            if not entry.value.strip():
-                raise GGUFError(f"{key} is empty")
-            found.append((name, entry.value))
-        return sorted(found, key=lambda pair: pair[0] != DEFAULT_NAME)
+                entries.append((name, "", f"{key} is {type_name(entry)}, expected a string"))
+            elif not entry.value.strip():
+                entries.append((name, "", f"{key} is empty"))
+            else:
+                entries.append((name, entry.value, None))
+        return entries
 
 
 def type_name(entry: Field) -> str:
@@ -438,25 +450,28 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def read_templates(path: Path, required: bool = True) -> list[TemplateSource]:
-    """Every chat template in a GGUF's metadata (the first split's, for a split model).
+def read_templates(path: Path, required: bool = True) -> tuple[list[TemplateSource], list[SourceError]]:
+    """Every chat template in a GGUF's metadata (the first split's, for a split model), and
+    an error for each template entry that cannot be read (the others are still linted).
 
     ``required`` False is a directory walk: a GGUF without a template (a vision projector,
     an embedding model) is not a template file there, and is passed over.
     """
     first = first_split(path)
     try:
-        pairs = read_metadata(first).templates()
+        metadata = read_metadata(first)
     except GGUFError as error:
         raise SourceError(first, str(error)) from None
-    if not pairs and required:
+    pairs = metadata.templates()
+    unread = [SourceError(first, problem) for problem in metadata.template_problems()]
+    if not pairs and not unread and required:
         # Named on the command line, as a base model's tokenizer_config.json: nothing to lint.
         raise NothingToLint(
             first,
             "no chat template in its metadata (tokenizer.chat_template): nothing to lint"
             " (a base model, an embedding model or a vision projector holds none)",
         )
-    return [TemplateSource(first, name, text, "gguf", _companion_note(first, name)) for name, text in pairs]
+    return [TemplateSource(first, name, text, "gguf", _companion_note(first, name)) for name, text in pairs], unread
 
 
 def _companion_note(model: Path, name: str) -> str | None:
@@ -1006,6 +1021,8 @@ class HubGGUFError(Exception):
 class HubTemplates:
     sources: list[TemplateSource]
     tokens_problem: str | None = None  # why ``tokens`` was asked and the figures are in characters
+    # Why each template entry that is no template cannot be read (the others are audited).
+    unread: list[str] = field(default_factory=list)
 
 
 def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubTemplates:
@@ -1032,10 +1049,10 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
         # the summary does not say which of the repo's files it describes
         return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)])
     data, metadata = read_hub_metadata(repo, models[0], revision)
-    try:
-        pairs = metadata.templates()
-    except GGUFError as error:
-        raise HubGGUFError(f"{models[0]}: {error}") from None
+    pairs = metadata.templates()
+    unread = [f"{models[0]}: {problem}" for problem in metadata.template_problems()]
+    if unread and not pairs:
+        raise HubGGUFError("; ".join(unread))
     directory, problem = None, None
     if tokens:
         own = tokenizer_in(data, metadata, Path(models[0]))
@@ -1051,7 +1068,7 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
         TemplateSource(Path(repo) / models[0], name, text, "gguf", special_tokens=special_pairs, tokenizer_directory=directory)
         for name, text in pairs
     ]
-    return HubTemplates(sources, problem)
+    return HubTemplates(sources, problem, unread)
 
 
 def read_hub_metadata(repo: str, filename: str, revision: str | None) -> tuple[bytes, Metadata]:

@@ -278,6 +278,9 @@ class _Fixing:
     addressed: set[tuple[str, str | None, str, bool]] = field(default_factory=set)
     # (path, template) of the templates whose every fix was refused, with the reason said once.
     refused: set[tuple[str, str | None]] = field(default_factory=set)
+    # Why the findings of a file --fix could not write (or read again) are not fixed, by its
+    # path: the error line says why, and a finding its fix would have edited says that.
+    unwritten: dict[str, str] = field(default_factory=dict)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -294,15 +297,25 @@ class _Fixing:
         with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
             fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance)
         for fixed in fixed_files:
-            for fix in fixed.fixes:
-                if fix.refusal:
-                    self.say_refused(fix)
-                elif fixed.error is None:
-                    self.say_fixed(fix)
-                self.say_skipped(fix)
+            unfixed = None
             if fixed.error is not None:
                 # a file gone or changed when it was read again to be fixed, else a failed write
                 wrote = not isinstance(fixed.error, SourceError)
+                unfixed = "the file could not be " + ("written" if wrote else "read again") + " (see the error)"
+                if not fixed.made:
+                    # Its fixes were never made (its lock not taken, the file not read again):
+                    # every finding of it is not fixed for that reason.
+                    self.unwritten[str(fixed.path)] = unfixed
+            for fix in fixed.fixes:
+                if fix.refusal:
+                    self.say_refused(fix)
+                elif unfixed is None:
+                    self.say_fixed(fix)
+                else:
+                    for finding, _title in fix.applied:
+                        self.say_finding(finding, "not fixed", unfixed)
+                self.say_skipped(fix)
+            if fixed.error is not None:
                 self.result.errors.append(InputError.of(fixed.path, fixed.error, write=wrote))
                 now.extend(fix.source for fix in fixed.fixes)
                 continue
@@ -386,7 +399,9 @@ class _Fixing:
         """A template none of whose fixes can be written (adjacent Python literals, a YAML
         alias): said once, for all its findings."""
         self.refused.add((str(fix.source.path), fix.source.name))
-        self.say(f"{fix.source.label}: not fixed: {fix.refusal}")
+        source = fix.source
+        label = f"{quoted_name(source.path)}:{quoted_name(source.name)}" if source.name else quoted_name(source.path)
+        self.say(f"{label}: not fixed: {fix.refusal}")
 
     def say_finding(self, finding: Finding, verb: str, why: str) -> None:
         self.addressed.add((str(finding.path), finding.template, finding.code, finding.hypothesis))
@@ -407,7 +422,11 @@ class _Fixing:
         ]
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
-            why = BY_CODE[finding.code].RULE.no_fix or "found by the proof, not from a pattern a fix edits: no automatic fix"
+            why = (
+                self.unwritten.get(str(finding.path))
+                or BY_CODE[finding.code].RULE.no_fix
+                or "found by the proof, not from a pattern a fix edits: no automatic fix"
+            )
             if at_one_place[(finding.location(), finding.code)] > 1 and finding.proof is not None:
                 why += f" (the {finding.proof.cause} divergence)"  # two causes at one place (PC103's date and analysis)
             self.say_finding(finding, "not fixed", why)

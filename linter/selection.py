@@ -40,6 +40,14 @@ class Selection:
         root: Path | None = None,
         also_ignore: Iterable[str] | None = None,
     ) -> Selection:
+        per_file_codes = [code for codes in (per_file_ignores or {}).values() for code in codes]
+        for value in (*(select or ()), *(ignore or ()), *(also_ignore or ()), *per_file_codes):
+            # `--select ""` (a script's empty variable) or `PC001,` selected every rule, as no
+            # --select does; ruff refuses an empty selector.
+            if not all(part.strip() for part in value.split(",")):
+                raise SelectionError(
+                    f"empty rule code or prefix in {value!r}: name codes such as PC001 or prefixes such as PC00, separated by commas"
+                )
         chosen = tuple(_codes(select)) or ("PC",)
         ignored = tuple(_codes(ignore))
         later = tuple(_codes(also_ignore))

@@ -84,6 +84,10 @@ class NothingToLint(SourceError):
     an error."""
 
 
+# The templates read from one input, and the parts of it that could not be read.
+Found = tuple[list[TemplateSource], list[SourceError]]
+
+
 def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[list[TemplateSource], list[SourceError]]:
     """Every template under ``paths``, in a stable order, and the files that failed.
     ``any_file_is_a_template``: a named file of any extension is read as a template (``diff
@@ -95,7 +99,7 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
             if path.is_dir():
                 _collect_directory(path, sources, errors)
             elif path.exists():
-                sources.extend(read_file(path, any_file_is_a_template))
+                _extend(sources, errors, read_file(path, any_file_is_a_template))
             elif path.is_symlink():
                 raise SourceError(path, _broken_link(path))
             else:
@@ -104,7 +108,12 @@ def collect(paths: list[Path], any_file_is_a_template: bool = False) -> tuple[li
             errors.append(error)
         except OSError as error:  # a folder that may be listed but not searched: Path.is_file raises
             errors.append(SourceError(Path(error.filename or path), _reason(error)))
-    return _once_each(sources), errors
+    return _once_each(sources), _each_error_once(errors)
+
+
+def _extend(sources: list[TemplateSource], errors: list[SourceError], found: Found) -> None:
+    sources.extend(found[0])
+    errors.extend(found[1])
 
 
 def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
@@ -117,6 +126,19 @@ def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
         if key not in seen:
             seen.add(key)
             kept.append(source)
+    return kept
+
+
+def _each_error_once(errors: list[SourceError]) -> list[SourceError]:
+    """Each error once: a file named twice, or with its folder, is one input that could not
+    be read, as it is one template linted."""
+    seen: set[tuple[Path, str]] = set()
+    kept = []
+    for error in errors:
+        key = (Path(os.path.abspath(error.path)), error.message)
+        if key not in seen:
+            seen.add(key)
+            kept.append(error)
     return kept
 
 
@@ -153,7 +175,7 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
             continue
         if model_directory:
             try:
-                sources.extend(read_model_directory(here))
+                _extend(sources, errors, read_model_directory(here))
             except SourceError as error:
                 errors.append(error)
             if ADDITIONAL_TEMPLATES_DIR in subdirs:
@@ -168,7 +190,7 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
             if name in claimed or not name.endswith(TEMPLATE_SUFFIXES):
                 continue
             try:
-                sources.extend(read_file(here / name))
+                _extend(sources, errors, read_file(here / name))
             except SourceError as error:
                 errors.append(error)
 
@@ -179,7 +201,7 @@ def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[Source
     if is_later_split(path):
         return  # its metadata, templates included, is read from the first split
     try:
-        sources.extend(read_templates(path, required=False))
+        _extend(sources, errors, read_templates(path, required=False))
     except SourceError as error:
         errors.append(error)
 
@@ -188,8 +210,10 @@ def is_model_directory(path: Path) -> bool:
     return any((path / marker).is_file() for marker in MODEL_DIR_MARKERS)
 
 
-def read_model_directory(path: Path) -> list[TemplateSource]:
-    """The templates transformers would load from a model directory, the default first."""
+def read_model_directory(path: Path) -> Found:
+    """The templates transformers would load from a model directory, the default first, and
+    the files among them that cannot be read: one unreadable extra template (an empty draft in
+    ``additional_chat_templates``) is its own error, and hides none of the others."""
     candidates = [
         path / CHAT_TEMPLATE_JINJA,
         path / CHAT_TEMPLATE_JSON,
@@ -197,26 +221,37 @@ def read_model_directory(path: Path) -> list[TemplateSource]:
     ]
     present = [candidate for candidate in candidates if candidate.is_file()]
     in_force: list[TemplateSource] = []
+    unread: list[SourceError] = []
     shadowed: list[str] = []
     for candidate in present:
-        if not in_force:
-            in_force = _read_optional(candidate)
+        if not in_force and not unread:
+            try:
+                in_force = _read_optional(candidate)
+            except SourceError as error:
+                # The file in force cannot be read, as transformers would fail to load it: the
+                # ones it overrides are not in force, and are not linted in its place.
+                unread.append(error)
             continue
         try:
-            if _read_optional(candidate):
+            if in_force and _read_optional(candidate):
                 shadowed.append(candidate.name)
         except SourceError:
             pass  # a file that is not in force cannot break the lint of the one that is
-    if not in_force and not (path / ADDITIONAL_TEMPLATES_DIR).is_dir():
+    if not in_force and not unread and not (path / ADDITIONAL_TEMPLATES_DIR).is_dir():
         if present == [path / TOKENIZER_CONFIG]:
-            return []  # a base model: nothing to lint, and a walk passes it over
+            return [], []  # a base model: nothing to lint, and a walk passes it over
         names = ", ".join(candidate.name for candidate in present)
         raise SourceError(path, f"no chat template in {names}")
     if shadowed:
         note = f"{in_force[0].path.name} is in force; it overrides the template in {', '.join(shadowed)}"
         in_force = [_with_note(source, note) for source in in_force]
-    additional = sorted((path / ADDITIONAL_TEMPLATES_DIR).glob("*.jinja"))
-    return in_force + [_read_jinja(file, name=file.stem) for file in additional]
+    additional: list[TemplateSource] = []
+    for file in sorted((path / ADDITIONAL_TEMPLATES_DIR).glob("*.jinja")):
+        try:
+            additional.append(_read_jinja(file, name=file.stem))
+        except SourceError as error:
+            unread.append(error)
+    return in_force + additional, unread
 
 
 def _with_note(source: TemplateSource, note: str) -> TemplateSource:
@@ -236,7 +271,10 @@ EMBEDDING_SUFFIXES = (".py", ".yaml", ".yml")
 NAMED_TEMPLATE_SUFFIXES = (*TEMPLATE_SUFFIXES, ".jinja2", ".tmpl", "")
 
 
-def read_file(path: Path, any_file_is_a_template: bool = False) -> list[TemplateSource]:
+def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
+    """The templates a named file holds, and the parts of it that cannot be read (a model
+    directory's unreadable extra template, a GGUF's template that is not a string); raises
+    SourceError when the file itself cannot be read as a template."""
     if path.suffix == GGUF_SUFFIX:
         from .gguf import read_templates
 
@@ -246,9 +284,12 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> list[Template
         if not found and template_file_beside(path):
             # Named as the tokenizer (`tmpl-lint tokenizer_config.json`), a config that keeps its
             # template in a file beside it is linted as transformers loads it: that file's.
-            in_force = read_model_directory(path.parent)
-            note = f"{path.name} holds no chat template: transformers loads {in_force[0].path.name} beside it"
-            return [_with_note(source, note) for source in in_force]
+            in_directory, unread = read_model_directory(path.parent)
+            loaded = [source for source in in_directory if source.path.parent == path.parent]
+            if not loaded:  # the file in force is unread: its error line says so
+                return in_directory, unread
+            note = f"{path.name} holds no chat template: transformers loads {loaded[0].path.name} beside it"
+            return [_with_note(source, note) for source in in_directory], unread
         # Named on its own (pre-commit names each file a commit touches), a file another
         # beside it overrides is linted, and the note says which one transformers reads.
         precedence = [CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG]
@@ -257,11 +298,11 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> list[Template
             if above:
                 note = f"{above[0]} is in force; it overrides the template in {path.name}"
                 found = [_with_note(source, note) for source in found]
-        return found
+        return found, []
     if path.suffix in EMBEDDING_SUFFIXES:
-        return _read_embedded(path)
+        return _read_embedded(path), []
     if any_file_is_a_template or path.suffix.lower() in NAMED_TEMPLATE_SUFFIXES:
-        return [_read_jinja(path)]
+        return [_read_jinja(path)], []
     # Plain text is a valid Jinja template, and would "pass".
     raise NothingToLint(path, f"not a chat template: tmpl-lint does not read {path.suffix} files (name a template .jinja)")
 

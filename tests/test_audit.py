@@ -329,3 +329,40 @@ def test_a_cache_folder_whose_name_is_no_repo_id_is_passed_over_with_a_warning(t
     assert evil["warning"].startswith("passed over: not a valid repo id: ")
     assert evil["warning"].endswith("(the cache folder models--evil--x<script>)")
     assert f"tmpl-lint: warning: evil/x<script>: {evil['warning']}\n" in result.stderr
+
+
+def test_an_unreadable_extra_template_is_the_repos_error_and_its_other_templates_are_audited(tmp_path):
+    model = tmp_path / "m"
+    (model / "additional_chat_templates").mkdir(parents=True)
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", model / "chat_template.jinja")
+    shutil.copyfile(CORPUS / "clean_chatml.jinja", model / "additional_chat_templates" / "tool_use.jinja")
+    (model / "additional_chat_templates" / "draft.jinja").write_bytes(b"")
+    result = audit(tmp_path, str(model), "--format", "json", "--no-cache", "--no-prove")
+    rows = [(row["template"], row["codes"], row["error"]) for row in json.loads(result.stdout)["rows"]]
+    assert rows == [
+        (None, [], "additional_chat_templates/draft.jinja: empty chat template"),
+        ("chat_template.jinja", ["PC001"], None),
+        ("additional_chat_templates/tool_use.jinja", [], None),
+    ]
+    assert result.stderr == f"tmpl-lint: error: {model}: additional_chat_templates/draft.jinja: empty chat template\n"
+    assert result.returncode == 2
+
+
+def test_a_cached_repo_with_a_missing_blob_has_a_row_and_an_error_line(tmp_path):
+    # huggingface_hub's scan_cache_dir leaves such a repo out of its list, and says why only
+    # in a warning: the audit passed it over and exited as if it were not there
+    hub = build_cache(tmp_path)
+    root = hub / "models--qwen--qwen25-chat"
+    snapshot = next((root / "snapshots").iterdir())
+    (snapshot / "tokenizer.json").symlink_to(os.path.relpath(root / "blobs" / "gone", snapshot))  # a download cut short
+    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
+    assert sorted(rows) == sorted(REPOS)
+    problem = (
+        f"its cache entry is corrupt, so it is not audited: Blob missing (broken symlink): {(root / 'blobs' / 'gone').resolve()}"
+    )
+    broken = rows["qwen/qwen25-chat"]
+    assert (broken["error"], broken["template"], broken["codes"]) == (problem, None, [])
+    assert all(rows[repo]["error"] is None and rows[repo]["template"] for repo in REPOS if repo != "qwen/qwen25-chat")
+    assert result.stderr == f"tmpl-lint: error: qwen/qwen25-chat: {problem}\n"
+    assert result.returncode == 2

@@ -1,11 +1,13 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, needs_permissions, run_unprivileged, wait_for_children
@@ -307,3 +309,90 @@ def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err.strip() == "tmpl-lint: interrupted"
+
+
+CLEAN = str(CORPUS / "clean_chatml.jinja")
+
+
+@pytest.mark.parametrize(
+    ("command", "value", "message"),
+    [
+        # a clean template with nan seconds to render failed every render: PC102, exit 1
+        (["check", CLEAN, "--render-timeout"], "nan", "Invalid value for '--render-timeout': 'nan' is not a finite number."),
+        (["check", CLEAN, "--render-timeout"], "-nan", "Invalid value for '--render-timeout': '-nan' is not a finite number."),
+        (
+            ["check", CLEAN, "--render-timeout"],
+            "inf",
+            "Invalid value for '--render-timeout': inf is not in the range 0.01<=x<=3600.",
+        ),
+        # replay's figures went through int(): an internal error
+        (["replay", "log.jsonl", "--kv-cache-gib"], "nan", "Invalid value for '--kv-cache-gib': 'nan' is not a finite number."),
+        (
+            ["replay", "log.jsonl", "--kv-cache-gib"],
+            "inf",
+            "Invalid value for '--kv-cache-gib': inf is not in the range 0<x<=1048576.",
+        ),
+        (
+            ["replay", "log.jsonl", "--kv-cache-gib"],
+            "1e300",
+            "Invalid value for '--kv-cache-gib': 1e+300 is not in the range 0<x<=1048576.",
+        ),
+    ],
+)
+def test_a_number_flag_that_is_not_a_finite_number_is_a_usage_error(command, value, message):
+    code, out, err = run(*command, value)
+    assert (code, out, err.splitlines()[-1]) == (2, "", f"Error: {message}")
+
+
+def test_every_float_option_of_every_command_refuses_nan_and_inf():
+    floats = {
+        (name, option.opts[0])
+        for name, command in main.commands.items()
+        for option in command.params
+        if isinstance(option.type, click.types.FloatParamType)
+    }
+    assert floats == {("check", "--render-timeout"), ("replay", "--kv-cache-gib")}
+    for name, flag in sorted(floats):
+        for value in ("nan", "inf", "-inf"):
+            code, _, err = run(name, "x", flag, value)
+            assert (code, err.splitlines()[-1].startswith(f"Error: Invalid value for '{flag}': ")) == (2, True), (name, value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Path("") is "." : an unset variable in a script linted, or audited, the working directory
+        (["check", ""], "Invalid value for 'PATHS...': an empty path names no file or folder (the working directory is '.')"),
+        ([""], "Invalid value for 'PATHS...': an empty path names no file or folder (the working directory is '.')"),
+        (
+            ["check", CLEAN, "--config", ""],
+            "Invalid value for '--config': an empty path names no file or folder (the working directory is '.')",
+        ),
+        (
+            ["audit", ""],
+            "Invalid value for '[SPECS]...': an empty argument names no repo or folder (the working directory is '.')",
+        ),
+    ],
+)
+def test_an_empty_path_is_a_usage_error_not_the_working_directory(tmp_path, monkeypatch, args, message):
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "chat_template.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(*args)
+    assert (code, out, err.splitlines()[-1]) == (2, "", f"Error: {message}")
+
+
+def test_a_template_name_holding_a_newline_is_quoted_and_splits_no_line(tmp_path):
+    config = tmp_path / "tokenizer_config.json"
+    clock = '{{ strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
+    config.write_text(json.dumps({"chat_template": [{"name": 'a\nb"', "template": clock}]}))
+    code, out, _ = run(str(config), "--no-prove", "-q")
+    assert code == 1
+    assert out.splitlines() == [
+        f'{config}:1:55: PC001 [live-clock] (template "a\\nb\\"") (not proven: --no-prove) `strftime_now(...)` puts the '
+        "current time into the prompt: the prefix cache goes cold whenever the rendered date changes",
+    ]
+    code, out, _ = run(str(config), "--no-prove", "-q", "--fix", "--frozen-date", "2026-01-15")
+    assert out.splitlines()[0] == (
+        f'{config}:1:55: fixed PC001 [live-clock] (template "a\\nb\\""): the model sees the date 2026 instead of '
+        "today's unless the caller passes date_string"
+    )

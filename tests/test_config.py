@@ -258,3 +258,51 @@ def test_no_strict_on_the_command_line_overrides_strict_in_the_configuration(tmp
     assert (code, out.splitlines()[-1]) == (1, "Found 1 finding (1 failing; 1 of the failing unproven).")
     code, out, _ = run("unproven.jinja", "--no-strict")
     assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (0 failing, 1 not reproduced).")
+
+
+EMPTY_CODE = "empty rule code or prefix in {!r}: name codes such as PC001 or prefixes such as PC00, separated by commas"
+
+
+@pytest.mark.parametrize(
+    ("flags", "value"),
+    [(["--select", ""], ""), (["--select", ","], ","), (["--select", "PC001,"], "PC001,"), (["--ignore", ""], "")],
+)
+def test_an_empty_code_on_the_command_line_is_a_usage_error(tmp_path, monkeypatch, flags, value):
+    # `--select ""` (a script's empty variable) selected every rule, as no --select does
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.other]\n")
+    code, out, err = run("a.jinja", "--no-prove", *flags)
+    assert (code, out, err.splitlines()[-1]) == (2, "", "Error: " + EMPTY_CODE.format(value))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ('[tool.tmpl-lint]\nselect = [""]\n', ""),
+        ('[tool.tmpl-lint]\nignore = ["PC001", " "]\n', " "),
+        ('[tool.tmpl-lint]\nper-file-ignores = { "a.jinja" = ["PC003,"] }\n', "PC003,"),
+    ],
+)
+def test_an_empty_code_in_the_configuration_is_one_error_line_naming_the_file(tmp_path, monkeypatch, text, value):
+    setup(tmp_path, monkeypatch, "pyproject.toml", text)
+    code, out, err = run("a.jinja", "--no-prove")
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: {EMPTY_CODE.format(value.strip())}\n"
+
+
+def test_the_configurations_block_size_has_the_flags_bounds(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", "[tool.tmpl-lint]\nblock-size = 100000000\n")
+    code, out, err = run("a.jinja", "--no-prove")
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: block-size 100000000 is over 1048576, the largest --block-size takes\n"
+    )
+    code, _, err = run("a.jinja", "--no-prove", "--block-size", "100000000")
+    assert (code, err.splitlines()[-1]) == (
+        2,
+        "Error: Invalid value for '--block-size': 100000000 is not in the range 1<=x<=1048576.",
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.tmpl-lint]\nblock-size = 1048576\n")
+    code, out, _ = run("b.jinja", "--format", "json")
+    assert code == 1
+    assert json.loads(out)[0]["proof"]["block_size"] == 1048576

@@ -191,9 +191,11 @@ def test_read_only_file_is_an_error_and_untouched(tmp_path):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
     path.chmod(0o444)
-    code, _, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--no-prove")
     assert code == 2
     assert err == f"tmpl-lint: error: {path}: the file is read-only; nothing written\n"
+    # not "found by the proof, not from a pattern a fix edits": its fix was made, not written
+    assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be written (see the error)"
     assert path.read_bytes() == before
     assert list(tmp_path.iterdir()) == [path]
 

@@ -1208,3 +1208,31 @@ def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_comma
         listed = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, check=True).stdout
         named = [Path(word.decode()) for word in listed.split(b"\0")[:-1] if word.decode().startswith(str(tmp_path))]
         assert named == files, line
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tokenizer.chat_template.tool_use": 5}, "tokenizer.chat_template.tool_use is a uint32, expected a string"),
+        ({"tokenizer.chat_template": 7}, "tokenizer.chat_template is a uint32, expected a string"),
+    ],
+)
+def test_a_template_entry_that_is_no_string_is_its_own_error_and_hides_no_other(tmp_path, extra, message):
+    model = tmp_path / "v.gguf"
+    writer = gguf.GGUFWriter(model, "llama")
+    name = "rag" if "tokenizer.chat_template" in extra else "default"
+    writer.add_string("tokenizer.chat_template" + ("" if name == "default" else f".{name}"), CLOCK)
+    for key, value in extra.items():
+        writer.add_uint32(key, value)
+    writer.add_tensor("t", np.arange(16, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    sources, errors = collect([model])
+    assert [(s.path, s.name, s.text) for s in sources] == [(model, name, CLOCK)]
+    assert [(type(e), str(e)) for e in errors] == [(SourceError, f"{model}: {message}")]
+    code, out, err = run(model, "--no-prove", "-q")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {model}: {message}\n"
+    assert out.startswith(f"{model}:{name}:3:28: PC001 [live-clock]")

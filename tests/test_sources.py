@@ -391,3 +391,89 @@ def test_a_python_template_built_by_code_beside_a_literal_is_said_to_be_passed_o
         "note: serving.py: passed over: chat_template at line 2 is an f-string: tmpl-lint reads a template written "
         "as a string literal\nAll checks passed!\n",
     )
+
+
+CLOCK_DAY = '{{ strftime_now("%Y-%m-%d") }}' + TEMPLATE
+CLOCK_MINUTE = TEMPLATE + '{{ strftime_now("%H:%M") }}'
+
+
+def live_clock_model(folder: Path, draft: bytes) -> Path:
+    """A model directory with live clocks in its tokenizer config and in one extra template,
+    and a second extra template holding ``draft``."""
+    write(folder / "tokenizer_config.json", {"chat_template": CLOCK_DAY})
+    write(folder / "additional_chat_templates" / "tool_use.jinja", CLOCK_MINUTE)
+    write(folder / "additional_chat_templates" / "draft.jinja", draft)
+    return folder
+
+
+@pytest.mark.parametrize(("draft", "message"), [(b"", "empty chat template"), (b"\xff\xfe{{ x }}", "not valid UTF-8 (byte 0)")])
+def test_an_unreadable_extra_template_is_its_own_error_and_hides_no_other_template(tmp_path, monkeypatch, draft, message):
+    monkeypatch.chdir(tmp_path)
+    model = live_clock_model(Path("m"), draft)
+    config, tool_use, bad = (
+        model / "tokenizer_config.json",
+        model / "additional_chat_templates" / "tool_use.jinja",
+        model / "additional_chat_templates" / "draft.jinja",
+    )
+    sources, errors = collect([model])
+    assert [(s.path, s.name, s.container) for s in sources] == [(config, None, "json"), (tool_use, "tool_use", "jinja")]
+    assert [str(error) for error in errors] == [f"{bad}: {message}"]
+
+    result = CliRunner().invoke(main, ["m", "--no-prove", "-q"])
+    assert result.exit_code == 2
+    assert result.stderr == f"tmpl-lint: error: m/additional_chat_templates/draft.jinja: {message}\n"
+    assert [line.split(" (not proven")[0] for line in result.stdout.splitlines()] == [
+        "m/tokenizer_config.json:1:23: PC001 [live-clock]",
+        "m/additional_chat_templates/tool_use.jinja:1:54: PC001 [live-clock] (template tool_use)",
+        "m/additional_chat_templates/tool_use.jinja:1:54: PC007 [text-after-history] (template tool_use)",
+    ]
+
+    result = CliRunner().invoke(main, ["m", "--no-prove", "-q", "--fix", "--frozen-date", "2026-01-15"])
+    assert result.exit_code == 2
+    assert result.stdout.splitlines()[0] == (
+        "m/tokenizer_config.json:1:23: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's"
+        " unless the caller passes date_string"
+    )
+    assert json.loads(config.read_text())["chat_template"] == (
+        '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n{{ date_string }}' + TEMPLATE
+    )
+    assert result.stderr == f"tmpl-lint: error: m/additional_chat_templates/draft.jinja: {message}\n"
+
+
+def test_an_unreadable_template_in_force_is_an_error_and_the_one_it_overrides_is_not_linted_instead(tmp_path):
+    model = live_clock_model(tmp_path / "m", TEMPLATE.encode())
+    write(model / "chat_template.jinja", b"\xff{{ x }}")
+    sources, errors = collect([model])
+    assert [(s.path.name, s.name) for s in sources] == [("draft.jinja", "draft"), ("tool_use.jinja", "tool_use")]
+    assert [str(error) for error in errors] == [f"{model / 'chat_template.jinja'}: not valid UTF-8 (byte 0)"]
+    # Named on its own, a config without a template of its own lints what transformers loads
+    # beside it: the extra templates, and the error of the one in force.
+    write(model / "tokenizer_config.json", {"eos_token": "</s>"})
+    sources, errors = collect([model / "tokenizer_config.json"])
+    assert [(s.path.name, s.name, s.note) for s in sources] == [
+        ("draft.jinja", "draft", None),
+        ("tool_use.jinja", "tool_use", None),
+    ]
+    assert [str(error) for error in errors] == [f"{model / 'chat_template.jinja'}: not valid UTF-8 (byte 0)"]
+
+
+def test_an_unreadable_file_named_twice_or_with_its_folder_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    live_clock_model(Path("m"), b"\xff")
+    write(Path("bad.jinja"), b"\xff")
+    _, errors = collect(
+        [
+            Path("bad.jinja"),
+            Path("./bad.jinja"),
+            tmp_path / "bad.jinja",
+            Path("m"),
+            Path("m/additional_chat_templates/draft.jinja"),
+        ]
+    )
+    assert [str(error) for error in errors] == [
+        "bad.jinja: not valid UTF-8 (byte 0)",
+        "m/additional_chat_templates/draft.jinja: not valid UTF-8 (byte 0)",
+    ]
+    result = CliRunner().invoke(main, ["bad.jinja", "bad.jinja", "--no-prove"])
+    assert (result.exit_code, result.stdout) == (2, "No findings; 1 input could not be read (see the errors above).\n")
+    assert result.stderr == "tmpl-lint: error: bad.jinja: not valid UTF-8 (byte 0)\n"

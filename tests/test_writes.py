@@ -116,9 +116,41 @@ def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypat
     assert err == (
         f"tmpl-lint: error: {path}: changed since it was read (another program wrote it); nothing written, run tmpl-lint again\n"
     )
+    # the finding its fix edits was not fixed because the file could not be written, not
+    # because no fix edits it
+    assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be written (see the error)"
     assert "fixed PC001" not in out.replace("not fixed", "")
     assert path.read_text() == saved_by_editor
     assert leftovers(tmp_path, path) == []
+
+
+def test_a_file_whose_lock_cannot_be_taken_says_each_finding_is_not_fixed_for_that(tmp_path, monkeypatch):
+    # the fixes are never made: no finding is "found by the proof, not from a pattern"
+    path = live_clock(tmp_path / "model")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / f"tmpl-lint-{os.getuid()}").write_text("a file where the lock folder goes")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    code, out, err = run(str(path), "--fix", "--no-prove")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {runtime / f'tmpl-lint-{os.getuid()}'}: cannot hold lock files: File exists\n"
+    assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be written (see the error)"
+    assert path.read_bytes() == (CORPUS / "PC001_live_clock.jinja").read_bytes()
+
+
+def test_a_file_that_cannot_be_read_again_to_be_fixed_says_so_for_each_finding(tmp_path, monkeypatch):
+    path = live_clock(tmp_path)
+    read = writes.read
+
+    def read_after_an_editor_broke_it(target):
+        path.write_bytes(b"\xff" + (CORPUS / "PC001_live_clock.jinja").read_bytes())
+        return read(target)
+
+    monkeypatch.setattr(writes, "read", read_after_an_editor_broke_it)
+    code, out, err = run(str(path), "--fix", "--no-prove")
+    assert code == 2
+    assert err == f"tmpl-lint: error: {path}: not valid UTF-8 (byte 0)\n"
+    assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be read again (see the error)"
 
 
 # -- signals -------------------------------------------------------------------------------
