@@ -81,7 +81,8 @@ def test_live_clock_fixture_is_proven_when_the_clock_moves_a_day():
     assert finding.proof.status == "proven"
     assert finding.proof.divergence.scenario == "clock, a day later"
     assert finding.proof.cause == "system"
-    assert "2026-03-01" in finding.proof.divergence.before and "2026-03-02" in finding.proof.divergence.after
+    # the day steps Monday -> Tuesday (MIDDAY is a Sunday: see CLOCK_STEPS)
+    assert "2026-03-02" in finding.proof.divergence.before and "2026-03-03" in finding.proof.divergence.after
     assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
 
 
