@@ -199,9 +199,11 @@ def message_fields(message: dict[str, Any]) -> list[tuple[str, str]]:
             parsed = _parsed(arguments)
             if parsed is not None:  # vLLM parses the string into a mapping before rendering
                 found.append(("tool_calls.function.arguments", json.dumps(parsed)))
+                found.append(("tool_calls.function.arguments", str(parsed)))  # printed as is: {'city': 'Paris'}
         elif arguments is not None:
             found.append(("tool_calls.function.arguments", json.dumps(arguments)))
             found.append(("tool_calls.function.arguments", json.dumps(arguments, separators=(",", ":"))))
+            found.append(("tool_calls.function.arguments", str(arguments)))
     return [(name, text) for name, text in found if text]
 
 
@@ -523,13 +525,14 @@ class Reply:
 def _argument_forms(reply: dict[str, Any], separators: tuple[str, str]):
     """For each tool call of ``reply`` whose arguments are JSON: the arguments as the model
     wrote them (compact JSON) and the forms a render may print instead (a string passed
-    through `tojson`, then the mapping re-serialised with and without ASCII escapes)."""
+    through `tojson`, then the mapping re-serialised with and without ASCII escapes, and the
+    mapping printed as it is, `{{ arguments }}` or `| string`: Python's {'city': 'Paris'})."""
     for tool in reply.get("tool_calls") or ():
         arguments = tool["function"]["arguments"]
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
+        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False), str(mapping)]
         if isinstance(arguments, str):
             printed.insert(0, json.dumps(arguments))
         yield json.dumps(mapping, separators=separators), printed
@@ -539,7 +542,7 @@ def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, 
     """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
     the reply's first tool-call arguments, those arguments as the model wrote them, and the
     rest of the reply to its end-of-turn marker. None when the render prints them in no
-    JSON form."""
+    form of the mapping (JSON, or Python's own)."""
     for written, printed in _argument_forms(reply, separators):
         found = [(next_text.find(form), form) for form in (written, *printed) if form in next_text]
         if not found:
