@@ -163,15 +163,56 @@ def first_difference(a: list, b: list) -> int | None:
     return None if len(a) <= len(b) else len(b)
 
 
-def reply_start(prompt: str, with_reply: str) -> int:
+def reply_start(prompt: str, with_reply: str, bare: str | None = None) -> int:
     """Where the reply begins in the render that ends with it: after what it shares with the
-    prompt, but never inside a tag (`<think>` against `</think>` share only "<")."""
+    prompt, but never inside a tag (`<think>` against `</think>` share only "<").
+
+    ``bare`` is the conversation rendered without a generation prompt. Where the two part
+    inside it, before the generation prompt (the last message renders otherwise once a reply
+    follows it: a `loop.last` test), the model still wrote only what follows prompt N: the
+    reply starts where the render, past that point, prints the generation prompt (or the
+    longest start of it), not at the text the two share, which would put the rest of the
+    last message and a second header in the reply."""
     shared = common_prefix_length(prompt, with_reply)
+    opener = common_prefix_length(bare, prompt) if bare is not None else shared
+    if shared < opener:
+        shared = _after_longest_start(prompt[opener:], with_reply, shared)
+    return _outside_tags(with_reply, shared)
+
+
+def _outside_tags(text: str, shared: int) -> int:
     for opening, closing in (("<", ">"), ("[", "]")):
-        start = with_reply.rfind(opening, 0, shared)
-        if start >= 0 and closing not in with_reply[start:shared]:
+        start = text.rfind(opening, 0, shared)
+        if start >= 0 and closing not in text[start:shared]:
             shared = start
     return shared
+
+
+def _after_longest_start(wanted: str, text: str, parted: int) -> int:
+    """Where ``text`` first finishes the longest start of ``wanted`` it prints past
+    ``parted`` (an occurrence may begin before: Command R's "<|START_OF_TURN_TOKEN|>" is
+    shared, its "<|CHATBOT_TOKEN|>" is not); ``parted`` if none."""
+    for length in range(len(wanted), 0, -1):
+        position = text.find(wanted[:length], max(0, parted - length + 1))
+        if position >= 0:
+            return position + length
+    return parted
+
+
+def last_message_mark(prompt: str, with_reply: str, bare: str | None) -> str:
+    """What prompt N prints after its last message only while it is the last (`{% if
+    loop.last %} (latest){% endif %}`): the text where prompt N parts from the render with
+    the reply, before both print the same closing markup again. Empty where they part
+    anywhere else. The render gives the reply the same mark as the newest message; the
+    model does not write it."""
+    if bare is None:
+        return ""
+    shared = _outside_tags(with_reply, common_prefix_length(prompt, with_reply))
+    tail = prompt[shared : common_prefix_length(bare, prompt)]
+    for length in range(1, len(tail)):
+        if with_reply.startswith(tail[length:], shared):
+            return tail[:length]
+    return ""
 
 
 def full_blocks(count: int, block_size: int) -> int:
@@ -199,9 +240,11 @@ def message_fields(message: dict[str, Any]) -> list[tuple[str, str]]:
             parsed = _parsed(arguments)
             if parsed is not None:  # vLLM parses the string into a mapping before rendering
                 found.append(("tool_calls.function.arguments", json.dumps(parsed)))
+                found.append(("tool_calls.function.arguments", str(parsed)))  # printed as is: {'city': 'Paris'}
         elif arguments is not None:
             found.append(("tool_calls.function.arguments", json.dumps(arguments)))
             found.append(("tool_calls.function.arguments", json.dumps(arguments, separators=(",", ":"))))
+            found.append(("tool_calls.function.arguments", str(arguments)))
     return [(name, text) for name, text in found if text]
 
 
@@ -479,9 +522,14 @@ class Prover:
         if call.reply is None:
             return None
         with_reply = self.render(scenario, call.messages + [call.reply], call.clock, False).text
-        start = reply_start(prompt, with_reply)
+        bare = None
+        if common_prefix_length(prompt, with_reply) < len(prompt):
+            # Rendered only where the two part before prompt N ends: was it in the history?
+            bare = self.render(scenario, call.messages, call.clock, False).text
+        start = reply_start(prompt, with_reply, bare)
         text = stop_after_reply(with_reply[start:], call.reply)
         end = start + len(text)
+        text = unmarked(text, last_message_mark(prompt, with_reply, bare))
         if not text.strip() and isinstance(call.reply.get("content"), str):
             text = call.reply["content"]  # never replayed: the model still wrote it
         if scenario.compact_arguments:
@@ -523,13 +571,14 @@ class Reply:
 def _argument_forms(reply: dict[str, Any], separators: tuple[str, str]):
     """For each tool call of ``reply`` whose arguments are JSON: the arguments as the model
     wrote them (compact JSON) and the forms a render may print instead (a string passed
-    through `tojson`, then the mapping re-serialised with and without ASCII escapes)."""
+    through `tojson`, then the mapping re-serialised with and without ASCII escapes, and the
+    mapping printed as it is, `{{ arguments }}` or `| string`: Python's {'city': 'Paris'})."""
     for tool in reply.get("tool_calls") or ():
         arguments = tool["function"]["arguments"]
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False)]
+        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False), str(mapping)]
         if isinstance(arguments, str):
             printed.insert(0, json.dumps(arguments))
         yield json.dumps(mapping, separators=separators), printed
@@ -539,7 +588,7 @@ def as_written_in(next_text: str, reply: dict[str, Any], separators: tuple[str, 
     """What a cache that kept the generated tokens holds: ``next_text`` up to where it prints
     the reply's first tool-call arguments, those arguments as the model wrote them, and the
     rest of the reply to its end-of-turn marker. None when the render prints them in no
-    JSON form."""
+    form of the mapping (JSON, or Python's own)."""
     for written, printed in _argument_forms(reply, separators):
         found = [(next_text.find(form), form) for form in (written, *printed) if form in next_text]
         if not found:
@@ -583,6 +632,18 @@ def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
         return text[: first.end()] if first else text
     marker = STOP_MARKER.search(text, end)
     return text[: marker.end()] if marker else text[:end]
+
+
+def unmarked(reply: str, mark: str) -> str:
+    """The reply without the mark the render gives the newest message before its end marker
+    (see ``last_message_mark``): the model wrote its text and the marker, not the mark."""
+    if not mark:
+        return reply
+    closing = next((marker for marker in STOP_MARKER.finditer(reply) if marker.end() == len(reply)), None)
+    body = reply[: closing.start()] if closing else reply
+    if not body.endswith(mark):
+        return reply
+    return body[: len(body) - len(mark)] + reply[len(body) :]
 
 
 def compare_prompts(

@@ -11,8 +11,9 @@ Clock scenarios send one conversation twice, the clock stepped between the two c
 and without tools and a system message, where a live date hides under `if tools` or in a
 default system prompt): whatever differs is the clock's. A first probe steps every field of
 the clock at once; only where it changes the render is the clock stepped again, by a second,
-a minute, an hour, a day and a year, finest first and until one changes it (in the first
-shape that showed it), so that the finding can say how often the prompt changes.
+a minute, an hour, half a day (across noon), a day, a week, a month and a year, finest first
+and until one changes it (in the first shape that showed it), so that the finding can say how
+often the prompt changes.
 """
 
 from __future__ import annotations
@@ -37,18 +38,26 @@ class ClockStep:
     name: str  # "a minute"
     later: datetime
     granularity: str  # "per minute"
+    earlier: datetime = MIDDAY  # the first call's clock
 
 
-# Each step moves one field of the clock from MIDDAY and nothing coarser (12:00:00 -> 12:01:00).
+# Finest first. Each step changes one field of the clock and nothing coarser: 12:00:00 ->
+# 12:01:00 changes the minute, not the hour. MIDDAY is a Sunday, where a week begins for %U
+# and ends for %W, so the day is stepped Monday -> Tuesday, inside both weeks; and the half
+# day from midnight to noon (AM -> PM, the same date).
 CLOCK_STEPS = (
     ClockStep("a second", MIDDAY + timedelta(seconds=1), "per request"),
     ClockStep("a minute", MIDDAY + timedelta(minutes=1), "per minute"),
     ClockStep("an hour", MIDDAY + timedelta(hours=1), "per hour"),
-    ClockStep("a day", MIDDAY + timedelta(days=1), "per day"),
+    ClockStep("half a day", MIDDAY, "twice a day", earlier=MIDDAY - timedelta(hours=12)),
+    ClockStep("a day", MIDDAY + timedelta(days=2), "per day", earlier=MIDDAY + timedelta(days=1)),
+    ClockStep("a week", MIDDAY + timedelta(weeks=1), "per week"),
+    ClockStep("a month", MIDDAY.replace(month=MIDDAY.month + 1), "per month"),
     ClockStep("a year", MIDDAY.replace(year=MIDDAY.year + 1), "per year"),
 )
-# Every field at once: the probe that decides whether the steps are worth rendering.
-EVERYTHING_LATER = MIDDAY.replace(year=MIDDAY.year + 1) + timedelta(days=1, hours=1, minutes=1, seconds=1)
+# Every field at once, AM -> PM and the week numbers included: the probe that decides whether
+# the steps are worth rendering. 2026-03-01 12:00:00 (Sunday) -> 2027-04-02 11:01:01 (Friday).
+EVERYTHING_LATER = datetime(2027, 4, 2, 11, 1, 1)
 
 # Nine alphanumerics: Mistral's templates reject anything else, and others accept it.
 CALL_IDS = ("Ab3dE6gH9", "Xy7wV5uT3")
@@ -241,7 +250,7 @@ def clock_scenarios(kwargs: dict[str, Any] | None = None) -> list[Scenario]:
                 found.append(
                     Scenario(
                         f"{shape}{label}, {step.name} later",
-                        [Call(head, None, MIDDAY), Call(head, None, step.later)],
+                        [Call(head, None, step.earlier), Call(head, None, step.later)],
                         TOOLS if tools else None,
                         kwargs=dict(kwargs),
                         kind=ScenarioKind.CLOCK,

@@ -6,8 +6,9 @@ A clock value that is computed but never printed (Llama 4's `date_string`) is no
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
 The proof sends one conversation twice with the clock stepped between the calls, with and
 without tools and a system message (a date can hide under `if tools` or in a default
-system prompt), by a second, a minute, an hour, a day and a year, and the finding says how
-often the prompt changes: per request, per minute, per hour, per day or per year.
+system prompt), by a second, a minute, an hour, half a day (across noon), a day, a week, a
+month and a year, and the finding says how often the prompt changes: per request, per
+minute, per hour, twice a day (AM/PM), per day, per week, per month or per year.
 
 ## Why is this bad?
 The date sits in the system block, in the first cache block of every prompt. When its text
@@ -44,7 +45,7 @@ from tmpl_lint.analysis import Facts, LabelKind
 from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
-from tmpl_lint.scenarios import ScenarioKind
+from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
 # prompt is the clock's, before the first message, in any message or after the last.
@@ -93,9 +94,10 @@ def prove(report, finding: Finding) -> Proof:
     if not stepped:
         chosen = max(matching, key=lambda divergence: divergence.lost_tokens)
         return Proof.proven(chosen, report.rates(chosen.scenario))
-    finest = min(step.later for step, _ in stepped)
+    finest = min(CLOCK_STEPS.index(step) for step, _ in stepped)  # the steps run finest first
     step, chosen = max(
-        ((step, divergence) for step, divergence in stepped if step.later == finest), key=lambda pair: pair[1].lost_tokens
+        ((step, divergence) for step, divergence in stepped if CLOCK_STEPS.index(step) == finest),
+        key=lambda pair: pair[1].lost_tokens,
     )
     finding.message += f"; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
     return Proof.proven(chosen, report.rates(chosen.scenario))

@@ -34,8 +34,9 @@ arguments written with those separators.
 The proof replays the compact JSON the model wrote (`{"city":"Paris"}`) as the client
 sends it back (the string; the parsed mapping where the template takes no string) and
 compares it with how the next call renders that tool call. Arguments it shows re-serialised
-where the analysis saw no `tojson` (a serialisation the template writes itself) are reported
-here too, where the template first reads `arguments`.
+where the analysis saw no `tojson` (a serialisation the template writes itself, or the
+mapping printed as it is, `{{ arguments }}`: Python's `{'city': 'Paris'}` under vLLM) are
+reported here too, where the template first reads `arguments`.
 
 ## Fix safety
 The fix adds the `is string` pass-through where there is none, so a client that keeps the

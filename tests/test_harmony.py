@@ -143,9 +143,10 @@ def test_decoded_text_encodes_back_to_the_same_ids():
                 ids = harmony_prompt_ids(model_call.messages, scenario.tools, model_call.clock, generation_prompt)
                 assert tokens.encode(harmony_encoding().decode_utf8(ids)) == ids
                 checked += 1
-    # every call of the scenarios (chat, agent and clock shapes, chained tool calls, the clock's steps, the
-    # argument replay), both ways
-    assert checked == 2 * sum(len(scenario.calls) for scenario in scenarios({}, arguments_as_string=True)) == 162
+    # every call of the scenarios, both ways: three chats of 3 calls, three agents of 5, the
+    # chained agent's 4, the argument replay's 5, and the clock's 4 shapes of a probe and 8
+    # steps of 2 calls each: 9 + 15 + 4 + 5 + 72 = 105
+    assert checked == 2 * sum(len(scenario.calls) for scenario in scenarios({}, arguments_as_string=True)) == 2 * 105
 
 
 @needs_shared

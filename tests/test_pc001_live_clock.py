@@ -64,13 +64,13 @@ def test_a_date_under_if_tools_is_proven_only_where_tools_are_sent():
     assert codes == [("PC001", 4, 43)]
     divergence = finding.proof.divergence
     assert divergence.scenario == "clock with tools, a day later"
-    # "Today is 01 March 2026" against "02 March": the day's second digit, counted by hand
+    # "Today is 02 March 2026" against "03 March": the day's second digit, counted by hand
     assert divergence.first_divergence == len("<|im_start|>system\nToday is 0")
     # the template's own system block, printed before the loop: before the first message
     assert (divergence.message_index, divergence.field, divergence.cause) == (None, BEFORE_MESSAGES, "system")
     assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
     # only the shapes with tools show it; the first is stepped, finest step first, until one
-    # changes the render: a second, a minute, an hour did not, a day did
+    # changes the render: a second, a minute, an hour, half a day did not, a day did
     shown = {scenario for scenario, _ in finding.proof.explains}
     assert shown == {
         "clock with tools, everything later",
@@ -79,7 +79,7 @@ def test_a_date_under_if_tools_is_proven_only_where_tools_are_sent():
     }
     report = Prover((CORPUS / "PC001_clock_under_tools.jinja").read_text(), None).run({})
     steps = [name for name in report.tried() if name.startswith("clock") and not name.endswith("everything later")]
-    assert steps == [f"clock with tools, {step} later" for step in ("a second", "a minute", "an hour", "a day")]
+    assert steps == [f"clock with tools, {step} later" for step in ("a second", "a minute", "an hour", "half a day", "a day")]
 
 
 def test_a_clock_to_the_minute_changes_the_prompt_every_minute():
@@ -91,25 +91,64 @@ def test_a_clock_to_the_minute_changes_the_prompt_every_minute():
     assert finding.message.endswith("; the rendered prompt changes per minute: it changed when the clock moved a minute")
 
 
+MIDDAY = datetime(2026, 3, 1, 12)  # a Sunday: the first day of a %U week, the last of a %W week
+
+
 @pytest.mark.parametrize(
-    ("format", "granularity", "step", "later"),
+    ("format", "granularity", "step", "earlier", "later"),
     [
-        ("%H:%M:%S", "per request", "a second", datetime(2026, 3, 1, 12, 0, 1)),
-        ("%H:%M", "per minute", "a minute", datetime(2026, 3, 1, 12, 1)),
-        ("%H", "per hour", "an hour", datetime(2026, 3, 1, 13)),
-        ("%A", "per day", "a day", datetime(2026, 3, 2, 12)),
-        ("%Y-%m-%d", "per day", "a day", datetime(2026, 3, 2, 12)),
-        ("%Y", "per year", "a year", datetime(2027, 3, 1, 12)),
+        ("%H:%M:%S", "per request", "a second", MIDDAY, datetime(2026, 3, 1, 12, 0, 1)),
+        ("%H:%M", "per minute", "a minute", MIDDAY, datetime(2026, 3, 1, 12, 1)),
+        ("%H", "per hour", "an hour", MIDDAY, datetime(2026, 3, 1, 13)),
+        # AM/PM: 13:00 is still PM; only midnight -> noon (or noon -> midnight) changes it
+        ("%p", "twice a day", "half a day", datetime(2026, 3, 1, 0), MIDDAY),
+        # 12 AM and 12 PM print the same hour: the hour step (12 -> 01) changes it first
+        ("%I %p", "per hour", "an hour", MIDDAY, datetime(2026, 3, 1, 13)),
+        # Monday -> Tuesday: inside a Sunday-first and a Monday-first week
+        ("%A", "per day", "a day", datetime(2026, 3, 2, 12), datetime(2026, 3, 3, 12)),
+        ("%Y-%m-%d", "per day", "a day", datetime(2026, 3, 2, 12), datetime(2026, 3, 3, 12)),
+        # week numbers: Sunday-first 09 -> 10, Monday-first 08 -> 09; a day never changes them
+        ("%U", "per week", "a week", MIDDAY, datetime(2026, 3, 8, 12)),
+        ("%W %Y", "per week", "a week", MIDDAY, datetime(2026, 3, 8, 12)),
+        ("%B", "per month", "a month", MIDDAY, datetime(2026, 4, 1, 12)),
+        ("%m", "per month", "a month", MIDDAY, datetime(2026, 4, 1, 12)),
+        ("%B %Y", "per month", "a month", MIDDAY, datetime(2026, 4, 1, 12)),
+        ("%Y", "per year", "a year", MIDDAY, datetime(2027, 3, 1, 12)),
     ],
 )
-def test_the_finding_says_how_often_the_prompt_changes(format, granularity, step, later):
+def test_the_finding_says_how_often_the_prompt_changes(format, granularity, step, earlier, later):
     source = "{{ 'Now: ' + strftime_now('" + format + "') }}{% for m in messages %}{{ m.content }}{% endfor %}"
     (finding,) = prove_text(source)[1]
     assert finding.message.endswith(f"; the rendered prompt changes {granularity}: it changed when the clock moved {step}")
-    # the clock starts at 2026-03-01 12:00:00 and moves by the step
-    before, after = datetime(2026, 3, 1, 12).strftime(format), later.strftime(format)
+    before, after = earlier.strftime(format), later.strftime(format)
+    assert before != after
     assert finding.proof.divergence.first_divergence == len("Now: ") + len(os.path.commonprefix([before, after]))
-    assert finding.proof.divergence.scenario.endswith(f", {step} later")
+    assert finding.proof.divergence.scenario == f"clock, {step} later"
+
+
+@pytest.mark.parametrize(
+    ("step", "unchanged"),
+    [
+        ("a second", "%Y %m %U %W %d %p %H %M"),
+        ("a minute", "%Y %m %U %W %d %p %H"),
+        ("an hour", "%Y %m %U %W %d %p"),
+        ("half a day", "%Y %m %U %W %d %I %M %S"),
+        ("a day", "%Y %m %U %W %p %H %M %S"),
+        ("a week", "%Y %m %p %H %M %S"),
+        ("a month", "%Y %p %H %M %S"),
+    ],
+)
+def test_each_clock_step_leaves_every_coarser_field_as_it_was(step, unchanged):
+    # how often the prompt changes is the finest step that changes it: a step that also moved
+    # a coarser field (a day from Sunday to Monday moves a Monday-first week) would name the
+    # wrong rate
+    from tmpl_lint.scenarios import CLOCK_STEPS, EVERYTHING_LATER
+
+    (moved,) = [candidate for candidate in CLOCK_STEPS if candidate.name == step]
+    assert moved.earlier.strftime(unchanged) == moved.later.strftime(unchanged)
+    # the probe that decides whether the steps are rendered moves every field
+    for field in ["%Y", "%m", "%U", "%W", "%d", "%p", "%I", "%H", "%M", "%S", "%a"]:
+        assert MIDDAY.strftime(field) != EVERYTHING_LATER.strftime(field), field
 
 
 def test_a_template_without_a_clock_renders_no_clock_step():

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture
+from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.cli import main
@@ -218,3 +218,42 @@ def test_arguments_reached_through_a_dict_literal_passed_to_a_macro_are_found():
         "{%- endfor %}\n"
     )
     assert lint_text(source)[0] == [at("PC004", source, "tojson")]
+
+
+# -- arguments printed as the mapping they are: Python's {'city': 'Paris'} -----------------
+
+PRINTS_ARGUMENTS_AS_IS = (
+    "{%- for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for tc in m.tool_calls %}"
+    "<tool_call>{{ tc.function.arguments ARGUMENTS }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}|"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.mark.parametrize("printed", ["", "| string"])
+def test_arguments_printed_as_a_mapping_are_found_by_the_proof_under_vllm(printed):
+    # vLLM parses the model's {"city":"Paris"} into a mapping; `{{ arguments }}` (or `|string`)
+    # prints Python's {'city': 'Paris'}: quotes and spaces the model never wrote
+    source = PRINTS_ARGUMENTS_AS_IS.replace("ARGUMENTS", printed)
+    assert lint_text(source)[0] == []  # no `tojson` for the analysis
+    codes, (finding,) = prove_text(source, "vllm")
+    assert codes == [at("PC004", source, "tc.function.arguments")]  # where the template first reads `arguments`
+    assert finding.fails()
+    assert finding.message.startswith(
+        "tool-call arguments replay as \"{'city': 'Paris'}\" where the model wrote '{\"city\":\"Paris\"}'"
+    )
+    divergence = finding.proof.divergence
+    assert (divergence.scenario, divergence.check, divergence.call) == ("compact tool arguments replayed as sent", "c", 0)
+    # counted by hand: the first quote of the arguments, ' against "
+    assert divergence.first_divergence == len("user:What is the weather in Paris?|assistant:<tool_call>{")
+    assert (divergence.message_index, divergence.field, divergence.cause) == (
+        1,
+        "tool_calls.function.arguments",
+        "tool-arguments",
+    )
+
+
+@pytest.mark.parametrize("printed", ["", "| string"])
+def test_an_argument_string_printed_as_is_replays_byte_for_byte_under_transformers(printed):
+    # transformers passes the string the client sent: printed as is, it is what the model wrote
+    source = PRINTS_ARGUMENTS_AS_IS.replace("ARGUMENTS", printed)
+    assert prove_text(source, "hf")[0] == []

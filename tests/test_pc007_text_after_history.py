@@ -101,15 +101,17 @@ def test_text_after_the_messages_on_every_turn_is_reported_and_not_fixable(tmp_p
     proven = prove(source)
     assert [finding.code for finding in proven] == ["PC007"]
     divergence = proven[0].proof.divergence
-    # the longest prompt it costs: the chained agent's call 2, which ends with the second
-    # tool result (message 4); call 3 renders the answer where the instruction block was
-    assert (divergence.scenario, divergence.call, divergence.cause) == ("agent, chained tool calls", 2, Cause.HISTORY_REWRITE)
-    assert (divergence.message_index, divergence.role) == (4, "tool")
-    shared = (
-        "<|user|>Is it warmer in Paris or in Rome?<|end|><|assistant|><|end|><|tool|>18 C, sunny<|end|>"
-        "<|assistant|><|end|><|tool|>24 C, clear<|end|><|"
-    )
-    assert divergence.first_divergence == len(shared)
+    # the most it costs, counted by hand: the narrated agent's call 1 plus its reply (the
+    # model writes "Checking the weather in Paris.<|end|>" after <|assistant|>): 109 + 37 =
+    # 146 chars, 144 in full 16-char blocks; call 2 renders the reply where the instruction
+    # block was, after the user message (message 0), at char 46 (block 32): 112 recomputed.
+    # The agent's call 2 and the chained agent's call 3 lose 112 too; the first call is shown.
+    assert (divergence.scenario, divergence.call, divergence.check) == ("agent, narrated tool calls", 0, "b")
+    assert (divergence.message_index, divergence.role, divergence.cause) == (0, "user", Cause.HISTORY_REWRITE)
+    prompt = "<|user|>What is the weather in Paris?<|end|><|system|>Answer with a JSON list of actions.<|end|><|assistant|>"
+    assert divergence.prompt_tokens[0] == len(prompt + "Checking the weather in Paris.<|end|>") == 146
+    assert divergence.first_divergence == len("<|user|>What is the weather in Paris?<|end|><|") == 46
+    assert (divergence.reusable_tokens, divergence.lost_tokens) == (32, 112)
     path = tmp_path / "t.jinja"
     path.write_text(source, encoding="utf-8")
     result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])

@@ -8,7 +8,16 @@ from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
-from tmpl_lint.prover import Prover, compare_prompts, first_difference, full_blocks, locate, reply_start, stop_after_reply
+from tmpl_lint.prover import (
+    Prover,
+    compare_prompts,
+    first_difference,
+    full_blocks,
+    last_message_mark,
+    locate,
+    reply_start,
+    stop_after_reply,
+)
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.sources import TemplateSource
 
@@ -81,7 +90,8 @@ def test_live_clock_fixture_is_proven_when_the_clock_moves_a_day():
     assert finding.proof.status == "proven"
     assert finding.proof.divergence.scenario == "clock, a day later"
     assert finding.proof.cause == "system"
-    assert "2026-03-01" in finding.proof.divergence.before and "2026-03-02" in finding.proof.divergence.after
+    # the day steps Monday -> Tuesday (MIDDAY is a Sunday: see CLOCK_STEPS)
+    assert "2026-03-02" in finding.proof.divergence.before and "2026-03-03" in finding.proof.divergence.after
     assert finding.message.endswith("; the rendered prompt changes per day: it changed when the clock moved a day")
 
 
@@ -172,6 +182,25 @@ def test_a_loop_last_closing_is_proven_as_pc003():
 )
 def test_the_reply_starts_after_the_shared_text_never_inside_a_tag(prompt, with_reply, start):
     assert reply_start(prompt, with_reply) == start
+
+
+@pytest.mark.parametrize(
+    ("prompt", "bare", "with_reply", "start", "mark"),
+    [
+        # the last message is marked while it is the last: once the reply follows it, the
+        # two part inside that message, and the reply starts after the generation prompt
+        ("<U>hi (latest)<E><A>", "<U>hi (latest)<E>", "<U>hi<E><A>Paris. (latest)<E>", len("<U>hi<E><A>"), " (latest)"),
+        # a tool result closed otherwise once something follows it (Hermes-3's newline)
+        ("<T>18 C<E><A>", "<T>18 C<E>", "<T>18 C\n<E><A><call>", len("<T>18 C\n<E><A>"), ""),
+        # the generation prompt opens a think block history does not print: its longest start
+        ("<T>18 C<E><A><think>", "<T>18 C<E>", "<T>18 C\n<E><A>Paris.<E>", len("<T>18 C\n<E><A>"), ""),
+        # parted in the generation prompt, not in history: as without ``bare``
+        ("<U>hi<E><A><think>", "<U>hi<E>", "<U>hi<E><A></think>Paris.", len("<U>hi<E><A>"), ""),
+    ],
+)
+def test_the_reply_starts_where_the_generation_prompt_ends_when_history_parts_first(prompt, bare, with_reply, start, mark):
+    assert reply_start(prompt, with_reply, bare) == start
+    assert last_message_mark(prompt, with_reply, bare) == mark
 
 
 PARIS_CALL = {

@@ -147,3 +147,37 @@ def test_a_tool_call_reply_is_measured_to_its_end_marker_in_tokens_too(tmp_path)
         verdicts.append([(f["code"], f["severity"], f["fails"], (f["switch"] or {}).get("name")) for f in json.loads(ran.stdout)])
         verdicts[-1].append(ran.exit_code)
     assert verdicts[0] == verdicts[1] == [("PC006", "info", False, "enable_thinking"), 0]
+
+
+# The last message is marked while it is the last (/tmp/qa5 d06): once a reply follows it,
+# the render with the reply parts from prompt N inside that message.
+MARKS_THE_LATEST = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}{% if loop.last %} (latest){% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_generated_reply_starts_where_prompt_n_ends_when_the_last_message_renders_otherwise(monkeypatch):
+    # Independently: prompt N by transformers, and the reply as the model writes it after
+    # the generation prompt: its text and <|im_end|>, nothing of the message before it.
+    scenario = scenario_named("agent, narrated tool calls")
+    tokenizer = transformers_tokenizer("qwen3")
+    prompts = [hf_ids(tokenizer, MARKS_THE_LATEST, call, scenario.tools, monkeypatch) for call in scenario.calls]
+    replies = [tokenizer.encode(call.reply["content"] + "<|im_end|>", add_special_tokens=False) for call in scenario.calls[:-1]]
+    result = Prover(MARKS_THE_LATEST, shared_tokenizer("qwen3")).run_scenario(scenario)
+    with_replies = [d for d in result.divergences if d.check == "b"]
+    cached = [prompt + reply for prompt, reply in zip(prompts, replies)]
+    assert [d.prompt_tokens for d in with_replies] == [(len(a), len(b)) for a, b in zip(cached, prompts[1:])]
+    assert [d.prompt_tokens[0] for d in with_replies] == [25, 51, 71, 97]  # QA's hand count
+    assert [d.first_divergence for d in with_replies] == [first_difference(a, b) for a, b in zip(cached, prompts[1:])]
+    # recomputed: the full blocks N + reply leaves for N+1 (at most all but its last token) past the divergence
+    assert [d.lost_tokens for d in with_replies] == [
+        min(len(a), len(b) - 1) // 16 * 16 - first_difference(a, b) // 16 * 16 for a, b in zip(cached, prompts[1:])
+    ]
+    assert with_replies[0].lost_tokens == 16
+    # the ideal: each request hits all the previous one left computed (its prompt, its reply but the last token)
+    computed = [None] + [len(prompt) + len(reply) - 1 for prompt, reply in zip(prompts, replies)]
+    ideal = sum(0 if before is None else min(before, len(prompt) - 1) // 16 * 16 for before, prompt in zip(computed, prompts))
+    assert result.hit_rate()[1] == pytest.approx(ideal / sum(map(len, prompts)))
+    assert round(result.hit_rate()[1], 3) == 0.713  # QA's hand figure (hand_hit_rate.py)
