@@ -174,6 +174,14 @@ def reply_start(prompt: str, with_reply: str) -> int:
     return shared
 
 
+def generation_prompt_span(prompt: str, without_prompt: str) -> tuple[int, int]:
+    """Where the generation prompt sits in ``prompt`` (start, end): after the text it shares
+    with the same request rendered without one (``without_prompt``). What ``compare_prompts``
+    needs to tell the markup closing the last message from the prompt that opens the reply;
+    check, diff and replay all find it this way."""
+    return common_prefix_length(without_prompt, prompt), len(prompt)
+
+
 def full_blocks(count: int, block_size: int) -> int:
     return (count // block_size) * block_size
 
@@ -401,7 +409,7 @@ class Prover:
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
                         bare = self.render(scenario, call.messages, call.clock, False).text
-                        opener = (common_prefix_length(bare, text), len(text))
+                        opener = generation_prompt_span(text, bare)
                     result.divergences.append(
                         compare_prompts(
                             scenario.name,
@@ -663,7 +671,7 @@ def compare_prompts(
         if message_index is None or message_index > reply_index:
             message_index, field_name = reply_index, "markup"
             role = next_messages[reply_index].get("role") if reply_index < len(next_messages) else "assistant"
-    elif opener_start is not None and message_index is not None and message_index >= reply_index > 0:
+    elif opener_start is not None and char < opener_start and message_index is not None and message_index >= reply_index > 0:
         if reply_index < len(next_messages):
             # Before prompt N's opener, so still inside its last message: the markup that
             # closes it changed once a message came after it (a `loop.last` test, say).
@@ -845,10 +853,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     for index, divergence in enumerate(divergences):
         candidates = [finding for finding in generic if index in matching[id(finding)]]
         if candidates:
-            explainer[index] = max(
-                candidates,
-                key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column),
-            )
+            explainer[index] = best_explainer(candidates, divergence)
     explained |= set(explainer)
     for finding in generic:
         own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
@@ -870,15 +875,39 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     return extra
 
 
+def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
+    """Of findings whose rules all prove ``divergence``, the one that explains it: the rule
+    that names its cause, then the one that names what moved it, then the first in the
+    template."""
+    return max(candidates, key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column))
+
+
+def rule_found_by_proof(divergence: Divergence):
+    """The rule that reports ``divergence`` where no finding explains it: the first that can
+    be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
+    for unexplained divergences)."""
+    return next((rule for rule in RULES if hasattr(rule, "found_by_proof") and rule.RULE.proves(divergence)), None)
+
+
+def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
+    """The code of the rule a check of the template names for ``divergence``, chosen as
+    ``attach_proofs`` chooses: the finding whose rule explains it best, else the rule found
+    by proof for it, else the rule for unexplained divergences. Replay names the rule of a
+    divergence in logged traffic with it, so check and replay never disagree."""
+    explaining = [finding for finding in findings if BY_CODE[finding.code].RULE.proves(divergence)]
+    if explaining:
+        return best_explainer(explaining, divergence).code
+    rule = rule_found_by_proof(divergence) or reporting(Outcome.UNEXPLAINED_DIVERGENCE)
+    return rule.RULE.code
+
+
 def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[Finding]:
     """Findings for divergences no static finding explains: one per rule that can be found by
     its proof (it says where in the template), else one per cause of the rule for
     unexplained divergences, saying which message and field changed."""
     found = []
     for rule in RULES:
-        if not hasattr(rule, "found_by_proof"):
-            continue
-        claimed = [d for d in divergences if rule.RULE.proves(d)]
+        claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
         if not claimed:
             continue
         worst = _first_shown(claimed, report)
