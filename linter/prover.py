@@ -224,8 +224,9 @@ def _parsed(arguments: str) -> Any:
 def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int | None, str | None, str | None]:
     """Message index, role and field the character ``offset`` falls in: no message, and the
     field ``BEFORE_MESSAGES``, before the text of the first message (the template's own
-    system block); past every message's text, the message to come and its generation prompt
-    (``compare_prompts`` tells the markup closing the last message from it)."""
+    system block); past every message's text, the first of the last messages that printed no
+    text, else the message to come and its generation prompt (``compare_prompts`` tells the
+    markup closing the last message from it)."""
     cursor = 0
     unseen: int | None = None  # the first message since the last located one with nothing printed
     for index, message in enumerate(messages):
@@ -251,6 +252,11 @@ def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int 
             return index, message.get("role"), "markup"
         cursor = end
         unseen = None
+    if unseen is not None:
+        # Past the text of every message that printed any, and a message after them printed
+        # none (its content emptied, an image only): that message is where it changed, not
+        # one to come.
+        return unseen, messages[unseen].get("role"), "markup"
     return len(messages), "assistant", "generation-prompt"
 
 

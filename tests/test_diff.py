@@ -490,3 +490,23 @@ def test_a_last_message_rewrite_is_placed_in_that_message_as_check_places_it(tmp
         "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?"
     )
     assert (result["message_index"], result["role"], result["field"], result["cause"]) == (1, "user", "markup", "history-rewrite")
+
+
+@pytest.mark.parametrize("content", ["", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]])
+def test_a_message_that_no_longer_prints_text_is_where_the_prompts_diverge(tmp_path, content):
+    """The only message's text "What is 2+2?" becomes empty, or an image: the divergence is in
+    message 0, the message the client edited, not in a message 1 that does not exist."""
+    template = tmp_path / "parts.jinja"
+    template.write_text(
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.content is string %}{{ m.content }}{% else %}{% for part in m.content %}"
+        "{% if part.type == 'text' %}{{ part.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [{"role": "user", "content": content}]})
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["first_divergence_char"] == len("<|im_start|>user\n")
+    assert (result["message_index"], result["role"], result["field"]) == (0, "user", "markup")
+    assert (result["client_change"]["message_index"], result["client_change"]["detail"]) == (0, "message edited")
