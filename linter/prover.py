@@ -852,8 +852,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
     # another rule's to explain.
     matching = {
-        id(finding): {i for i, d in enumerate(divergences) if i not in explained and BY_CODE[finding.code].RULE.proves(d)}
-        for finding in generic
+        id(finding): {i for i, d in enumerate(divergences) if i not in explained and shows(finding, d)} for finding in generic
     }
     explainer: dict[int, Finding] = {}
     for index, divergence in enumerate(divergences):
@@ -881,6 +880,16 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     return extra
 
 
+def shows(finding: Finding, divergence: Divergence) -> bool:
+    """Whether ``divergence`` shows ``finding``: its rule proves it, and, where the rule
+    narrows what one finding of its stands for (``shown_by``: PC006's opener finding is shown
+    only where the opener differs, not by any reply rewrite), the finding's claim does."""
+    rule = BY_CODE[finding.code]
+    if not rule.RULE.proves(divergence):
+        return False
+    return not hasattr(rule, "shown_by") or rule.shown_by(finding, divergence)
+
+
 def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
     """Of findings whose rules all prove ``divergence``, the one that explains it: the rule
     that names its cause, then the one that names what moved it, then the first in the
@@ -900,7 +909,7 @@ def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
     ``attach_proofs`` chooses: the finding whose rule explains it best, else the rule found
     by proof for it, else the rule for unexplained divergences. Replay names the rule of a
     divergence in logged traffic with it, so check and replay never disagree."""
-    explaining = [finding for finding in findings if BY_CODE[finding.code].RULE.proves(divergence)]
+    explaining = [finding for finding in findings if shows(finding, divergence)]
     if explaining:
         return best_explainer(explaining, divergence).code
     rule = rule_found_by_proof(divergence) or reporting(Outcome.UNEXPLAINED_DIVERGENCE)
@@ -987,7 +996,7 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
         # format, not what a switch decides (see model_format).
         return any(
             d.first_divergence is not None
-            and rule.proves(d)
+            and shows(finding, d)
             and d.reply_as_trained not in ("reasoning-block", "end-marker")
             and not explained_elsewhere(d)
             for result in rendered
