@@ -968,8 +968,9 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
-    is withdrawn (and a finding made informational by it gets its severity back); one no
-    scenario could check stays as the analysis made it.
+    is withdrawn (and a finding made informational by it gets its severity back), and so is
+    one naming a value every render with it fails on; one no scenario could check stays as
+    the analysis made it.
 
     A divergence in the reply generated after the generation prompt that the rule of another
     finding in ``others`` explains better (Qwen3's reasoning, dropped once a user message
@@ -1003,6 +1004,22 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
             for d in result.divergences
         )
 
+    def fails(value: Any) -> bool:
+        # Every scenario rendered with the variable at ``value`` failed: a request that sets it
+        # gets an error, not a prompt, so the value is nothing to advise nor to warn of.
+        tried = [result for result in report.results if result.scenario.kwargs == {switch.name: value}]
+        return bool(tried) and all(result.error is not None for result in tried)
+
+    if switch.stable_value is not None and fails(switch.stable_value):
+        if not switch.default_is_stable:
+            finding.switch = None  # "set it to a value that fails" is no advice
+            return
+        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
+    if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
+        # "only when <a value the template fails on>": no caller meets the pattern that way.
+        finding.switch = None
+        finding.severity = switch.demoted_from or finding.severity
+        return
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
         if switch.stable_value is not None and advised_diverges is False:
