@@ -737,7 +737,17 @@ class _Interpreter:
             trace.record(self)
 
     def block(self, body: Iterable[nodes.Node]) -> None:
-        for statement in body:
+        for index, statement in enumerate(body):
+            if type(statement) is nodes.If and _skips_rest(statement):
+                # `{% if test %}{% continue %}{% endif %}` then the rest: the rest runs only
+                # where the test is false, as if it were the test's `else`.
+                labels = self.stmt_If(statement)
+                self.controls.append(Control(statement, labels))
+                try:
+                    self.block(list(body)[index + 1 :])
+                finally:
+                    self.controls.pop()
+                return
             handler = _STATEMENTS.get(type(statement))  # ``statement``, without its call
             if handler is not None:
                 handler(self, statement)
@@ -831,6 +841,11 @@ class _Interpreter:
         loop: after the loop it holds a fact about the whole list, e.g. the position of the
         last user query when the assigned value is a loop index. A position that ends as the
         first match in message order is a fact about a prefix, which new messages keep."""
+        if _increments(node, target) and self.controls and self.controls[-1].node is loop.node:
+            # `{% set ns.n = ns.n + 1 %}` on every message, under no test: after the loop it
+            # is the number of messages, as `messages|length` is, not a position found.
+            site = self.facts.site(node, f"{target.name}.{target.attr}")
+            return Value(value.labels | {Label(LabelKind.COUNT, site)}, value.const)
         is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
         earlier_only = any(label.kind is LabelKind.BEFORE_CURRENT and label.loop == loop.loop for label in value.labels)
         if earlier_only or (is_position and _keeps_first(loop, node, self.facts.source_map)):
@@ -852,7 +867,8 @@ class _Interpreter:
             labels |= control.labels
         return frozenset(labels)
 
-    def stmt_If(self, node: nodes.If) -> None:
+    def stmt_If(self, node: nodes.If) -> frozenset[Label]:
+        """Run the branches that may be taken; the labels of the tests that choose."""
         branches = [(node.test, node.body)] + [(elif_.test, elif_.body) for elif_ in node.elif_]
         chain: set[Label] = set()
         taken: list[list[nodes.Node]] = []
@@ -878,8 +894,9 @@ class _Interpreter:
             roles.append(frozenset({"other"}) if "assistant" in exact else None)
         if certain and len(taken) == 1:
             self.block(taken[0])
-            return
+            return frozenset(chain)
         self.branches(node, frozenset(chain), taken, roles)
+        return frozenset(chain)
 
     def roles_of(self, test: nodes.Node, subject: str) -> tuple[frozenset[str] | None, frozenset[str] | None]:
         """``_roles`` of a test, and its exact roles: worked out once for every analysis."""
@@ -1437,6 +1454,26 @@ def _as_positions(labels: frozenset[Label]) -> frozenset[Label]:
     )
 
 
+def _increments(node: nodes.Node, target: nodes.NSRef) -> bool:
+    """``{% set ns.n = ns.n + 1 %}``: the field counts up by a number."""
+    if not isinstance(node, nodes.Assign) or not isinstance(node.node, nodes.Add):
+        return False
+    operands = (node.node.left, node.node.right)
+    own = [
+        operand
+        for operand in operands
+        if isinstance(operand, nodes.Getattr)
+        and isinstance(operand.node, nodes.Name)
+        and (operand.node.name, operand.attr) == (target.name, target.attr)
+    ]
+    numbers = [
+        operand
+        for operand in operands
+        if isinstance(operand, nodes.Const) and isinstance(operand.value, int) and not isinstance(operand.value, bool)
+    ]
+    return len(own) == 1 and len(numbers) == 1
+
+
 def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
     """``{% set ns.out = ns.out + ... %}``: the field is built up from its own value (text or
     a list, not a number)."""
@@ -1618,6 +1655,15 @@ def _handlers(prefix: str) -> dict[type, object]:
 
 
 _STATEMENTS = _handlers("stmt_")
+
+
+def _skips_rest(node: nodes.If) -> bool:
+    """Whether a branch of the ``if`` ends with `{% continue %}` or `{% break %}`: what
+    follows it in the loop body runs only where that branch is not taken."""
+    bodies = [node.body, *(branch.body for branch in node.elif_), node.else_]
+    return any(body and type(body[-1]) in (nodes.Continue, nodes.Break) for body in bodies)
+
+
 _EXPRESSIONS = _handlers("expr_")
 # The parser never makes a bare BinExpr, only its operator classes; without these entries
 # `{% set n = 2 * 3 %}` or `range(4 - 1)` fell through to the generic union and never folded.

@@ -20,7 +20,7 @@ from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, reporting
-from .selection import Selection, suppressions
+from .selection import Selection, Suppression, suppressions
 from .sources import TemplateSource
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
@@ -162,7 +162,7 @@ def lint_with_facts(
     selection = selection.for_path(source.path)
     findings = [finding for finding in findings if selection.includes(finding.code)]
     if suppress:
-        findings = apply_suppressions(findings, source_map, selection)
+        findings = apply_suppressions(findings, source_map, selection, complete=tree is not None)
     findings = fold_related(findings)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
     for finding in with_related(findings):
@@ -431,9 +431,13 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     return extra + engine_findings(on_engine.run({}))
 
 
-def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection: Selection) -> list[Finding]:
+def apply_suppressions(
+    findings: list[Finding], source_map: SourceMap, selection: Selection, complete: bool = True
+) -> list[Finding]:
     """Drop findings a ``{# tmpl-lint: ignore[CODE] #}`` on their line, or an
-    ``ignore-file`` anywhere, suppresses; report suppressions that suppress nothing."""
+    ``ignore-file`` anywhere, suppresses; report suppressions that suppress nothing, code by
+    code. ``complete`` False: the template does not parse, so the rules did not see it all and
+    no suppression can be said to suppress nothing (a code no rule has still can)."""
     found = suppressions(source_map)
     if not found:
         return findings
@@ -441,12 +445,16 @@ def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection
     for finding in findings:
         matched = [suppression for suppression in found if suppression.covers(finding.code, finding.line)]
         for suppression in matched:
-            suppression.used = True
+            suppression.suppress(finding.code)
         if not matched:
             kept.append(finding)
     unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
+
+    def idle(suppression: Suppression) -> bool:
+        return complete and (not suppression.used or bool(suppression.unused_codes(unused.code)))
+
     if selection.includes(unused.code):
-        candidates = [suppression for suppression in found if not suppression.used or suppression.unknown]
+        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown]
         silenced = set()
         for suppression in candidates:
             # as ruff's noqa of RUF100: a suppression naming PC900 on the line silences it
@@ -458,9 +466,10 @@ def apply_suppressions(findings: list[Finding], source_map: SourceMap, selection
             if silencers:
                 silenced.add(id(suppression))
             for other in silencers:
-                other.used = True
+                other.suppress(unused.code)
         for suppression in candidates:
-            if id(suppression) in silenced or (suppression.used and not suppression.unknown):
+            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown):
                 continue  # silenced, or a suppression of PC900 that silenced another
-            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe()))
+            codes = suppression.unused_codes(unused.code) if idle(suppression) else ()
+            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe(codes)))
     return kept

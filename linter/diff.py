@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
 from .proofs import BEFORE_MESSAGES, Divergence
-from .prover import Measure, compare_prompts, resolve_special_tokens
+from .prover import Measure, compare_prompts, generation_prompt_span, resolve_special_tokens
 from .render import FrozenClock, RenderError
 from .sources import SourceError, collect, load_json
 from .tokenizer import Tokenizer
@@ -109,25 +109,31 @@ def diff_requests(
 ) -> Divergence:
     measure = Measure(tokenizer or engine_tokenizer(engine))
     prompts: list[Prompt] = []
+    opener: tuple[int, int] | None = None
     if template is not None:
         clock = FrozenClock(datetime.now())  # both rendered at one instant, as one server would now
         tokens = resolve_special_tokens(tokenizer, special_tokens)
-        for request in (first, second):
+
+        def render(request: Request, generation_prompt: bool) -> Prompt:
             try:
-                prompts.append(
-                    render_prompt(
-                        engine,
-                        template,
-                        request.messages,
-                        clock=clock,
-                        tools=request.tools,
-                        kwargs=request.kwargs,
-                        special_tokens=tokens,
-                        reasoning_effort=request.body.get("reasoning_effort"),
-                    )
+                return render_prompt(
+                    engine,
+                    template,
+                    request.messages,
+                    clock=clock,
+                    tools=request.tools,
+                    kwargs=request.kwargs,
+                    add_generation_prompt=generation_prompt,
+                    special_tokens=tokens,
+                    reasoning_effort=request.body.get("reasoning_effort"),
                 )
             except (RenderError, EngineError) as error:
                 raise RequestError(f"{request.path}: the template fails on this request: {error}") from None
+
+        prompts = [render(first, True), render(second, True)]
+        # Where turn 1's generation prompt starts, as the prover finds it: a divergence before it
+        # is in the last message's closing markup (a `loop.last` test), not the generation prompt.
+        opener = generation_prompt_span(prompts[0].text, render(first, False).text)
     texts: list[str | None] = [prompt.text for prompt in prompts] if prompts else [None, None]
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
@@ -136,7 +142,7 @@ def diff_requests(
         ids = [measure.prompt_ids(prompt) for prompt in prompts]
         unit = measure.unit
     return compare_prompts(
-        "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size
+        "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size, opener
     )
 
 

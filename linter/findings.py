@@ -230,10 +230,11 @@ class RuleInfo:
     no_fix: str | None = None
 
     def proves(self, divergence: Divergence) -> bool:
-        """Whether ``divergence`` shows this rule's pattern."""
+        """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
+        traffic, a diff of two real requests) may be of any kind: a clock moves there too."""
         return (
             divergence.cause in self.proven_by
-            and (not self.proven_in or divergence.scenario_kind in self.proven_in)
+            and (not self.proven_in or not divergence.scenario_kind or divergence.scenario_kind in self.proven_in)
             and (not self.moved_by or bool(self.moved_by.intersection(divergence.arrived)))
         )
 

@@ -215,6 +215,14 @@ def last_message_mark(prompt: str, with_reply: str, bare: str | None) -> str:
     return ""
 
 
+def generation_prompt_span(prompt: str, without_prompt: str) -> tuple[int, int]:
+    """Where the generation prompt sits in ``prompt`` (start, end): after the text it shares
+    with the same request rendered without one (``without_prompt``). What ``compare_prompts``
+    needs to tell the markup closing the last message from the prompt that opens the reply;
+    check, diff and replay all find it this way."""
+    return common_prefix_length(without_prompt, prompt), len(prompt)
+
+
 def full_blocks(count: int, block_size: int) -> int:
     return (count // block_size) * block_size
 
@@ -259,8 +267,9 @@ def _parsed(arguments: str) -> Any:
 def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int | None, str | None, str | None]:
     """Message index, role and field the character ``offset`` falls in: no message, and the
     field ``BEFORE_MESSAGES``, before the text of the first message (the template's own
-    system block); past every message's text, the message to come and its generation prompt
-    (``compare_prompts`` tells the markup closing the last message from it)."""
+    system block); past every message's text, the first of the last messages that printed no
+    text, else the message to come and its generation prompt (``compare_prompts`` tells the
+    markup closing the last message from it)."""
     cursor = 0
     unseen: int | None = None  # the first message since the last located one with nothing printed
     for index, message in enumerate(messages):
@@ -286,6 +295,11 @@ def locate(text: str, messages: list[dict[str, Any]], offset: int) -> tuple[int 
             return index, message.get("role"), "markup"
         cursor = end
         unseen = None
+    if unseen is not None:
+        # Past the text of every message that printed any, and a message after them printed
+        # none (its content emptied, an image only): that message is where it changed, not
+        # one to come.
+        return unseen, messages[unseen].get("role"), "markup"
     return len(messages), "assistant", "generation-prompt"
 
 
@@ -444,7 +458,7 @@ class Prover:
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
                         bare = self.render(scenario, call.messages, call.clock, False).text
-                        opener = (common_prefix_length(bare, text), len(text))
+                        opener = generation_prompt_span(text, bare)
                     result.divergences.append(
                         compare_prompts(
                             scenario.name,
@@ -724,7 +738,7 @@ def compare_prompts(
         if message_index is None or message_index > reply_index:
             message_index, field_name = reply_index, "markup"
             role = next_messages[reply_index].get("role") if reply_index < len(next_messages) else "assistant"
-    elif opener_start is not None and message_index is not None and message_index >= reply_index > 0:
+    elif opener_start is not None and char < opener_start and message_index is not None and message_index >= reply_index > 0:
         if reply_index < len(next_messages):
             # Before prompt N's opener, so still inside its last message: the markup that
             # closes it changed once a message came after it (a `loop.last` test, say).
@@ -899,17 +913,13 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
     # another rule's to explain.
     matching = {
-        id(finding): {i for i, d in enumerate(divergences) if i not in explained and BY_CODE[finding.code].RULE.proves(d)}
-        for finding in generic
+        id(finding): {i for i, d in enumerate(divergences) if i not in explained and shows(finding, d)} for finding in generic
     }
     explainer: dict[int, Finding] = {}
     for index, divergence in enumerate(divergences):
         candidates = [finding for finding in generic if index in matching[id(finding)]]
         if candidates:
-            explainer[index] = max(
-                candidates,
-                key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column),
-            )
+            explainer[index] = best_explainer(candidates, divergence)
     explained |= set(explainer)
     for finding in generic:
         own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
@@ -931,15 +941,49 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     return extra
 
 
+def shows(finding: Finding, divergence: Divergence) -> bool:
+    """Whether ``divergence`` shows ``finding``: its rule proves it, and, where the rule
+    narrows what one finding of its stands for (``shown_by``: PC006's opener finding is shown
+    only where the opener differs, not by any reply rewrite), the finding's claim does."""
+    rule = BY_CODE[finding.code]
+    if not rule.RULE.proves(divergence):
+        return False
+    return not hasattr(rule, "shown_by") or rule.shown_by(finding, divergence)
+
+
+def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
+    """Of findings whose rules all prove ``divergence``, the one that explains it: the rule
+    that names its cause, then the one that names what moved it, then the first in the
+    template."""
+    return max(candidates, key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column))
+
+
+def rule_found_by_proof(divergence: Divergence):
+    """The rule that reports ``divergence`` where no finding explains it: the first that can
+    be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
+    for unexplained divergences)."""
+    return next((rule for rule in RULES if hasattr(rule, "found_by_proof") and rule.RULE.proves(divergence)), None)
+
+
+def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
+    """The code of the rule a check of the template names for ``divergence``, chosen as
+    ``attach_proofs`` chooses: the finding whose rule explains it best, else the rule found
+    by proof for it, else the rule for unexplained divergences. Replay names the rule of a
+    divergence in logged traffic with it, so check and replay never disagree."""
+    explaining = [finding for finding in findings if shows(finding, divergence)]
+    if explaining:
+        return best_explainer(explaining, divergence).code
+    rule = rule_found_by_proof(divergence) or reporting(Outcome.UNEXPLAINED_DIVERGENCE)
+    return rule.RULE.code
+
+
 def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[Finding]:
     """Findings for divergences no static finding explains: one per rule that can be found by
     its proof (it says where in the template), else one per cause of the rule for
     unexplained divergences, saying which message and field changed."""
     found = []
     for rule in RULES:
-        if not hasattr(rule, "found_by_proof"):
-            continue
-        claimed = [d for d in divergences if rule.RULE.proves(d)]
+        claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
         if not claimed:
             continue
         worst = _first_shown(claimed, report)
@@ -985,8 +1029,9 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
-    is withdrawn (and a finding made informational by it gets its severity back); one no
-    scenario could check stays as the analysis made it.
+    is withdrawn (and a finding made informational by it gets its severity back), and so is
+    one naming a value every render with it fails on; one no scenario could check stays as
+    the analysis made it.
 
     A divergence in the reply generated after the generation prompt that the rule of another
     finding in ``others`` explains better (Qwen3's reasoning, dropped once a user message
@@ -1013,13 +1058,29 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
         # format, not what a switch decides (see model_format).
         return any(
             d.first_divergence is not None
-            and rule.proves(d)
+            and shows(finding, d)
             and d.reply_as_trained not in ("reasoning-block", "end-marker")
             and not explained_elsewhere(d)
             for result in rendered
             for d in result.divergences
         )
 
+    def fails(value: Any) -> bool:
+        # Every scenario rendered with the variable at ``value`` failed: a request that sets it
+        # gets an error, not a prompt, so the value is nothing to advise nor to warn of.
+        tried = [result for result in report.results if result.scenario.kwargs == {switch.name: value}]
+        return bool(tried) and all(result.error is not None for result in tried)
+
+    if switch.stable_value is not None and fails(switch.stable_value):
+        if not switch.default_is_stable:
+            finding.switch = None  # "set it to a value that fails" is no advice
+            return
+        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
+    if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
+        # "only when <a value the template fails on>": no caller meets the pattern that way.
+        finding.switch = None
+        finding.severity = switch.demoted_from or finding.severity
+        return
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
         if switch.stable_value is not None and advised_diverges is False:

@@ -44,10 +44,21 @@ from pathlib import Path
 from typing import Any
 
 from .engines import ENGINES, HARMONY, EngineError, Prompt, engine_tokenizer, prepare, render_prompt
+from .findings import Finding, Outcome
 from .kv_cache import CacheError, CacheModel, CacheRequest, make_cache
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
-from .prover import STOP_MARKER, Measure, compare_prompts, reply_start, stop_after_reply
+from .prover import (
+    STOP_MARKER,
+    Measure,
+    Reply,
+    compare_prompts,
+    explaining_code,
+    generation_prompt_span,
+    reply_start,
+    stop_after_reply,
+)
 from .render import FrozenClock, RenderError
+from .rules import reporting
 from .tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
 
 # Below this many requests, forking workers costs more than it saves.
@@ -449,10 +460,10 @@ class Tracer:
         self.clock = FrozenClock(datetime.now())
 
     @functools.cached_property
-    def rules(self) -> dict[Cause, str]:
-        """Divergence cause -> the rule that explains it; linted where the renders run (a
-        limited child), the first time a prompt departs."""
-        return rules_by_cause(self.template, self.engine)
+    def findings(self) -> list[Finding]:
+        """The template's findings, which name the rule of each departure; linted where the
+        renders run (a limited child), the first time a prompt departs."""
+        return template_findings(self.template)
 
     @property
     def unit(self) -> str:
@@ -507,6 +518,17 @@ class Tracer:
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
         text = _as_generated(text, reply)
         return self.measure.ids(text), text
+
+    def latest(self, previous: _Previous) -> Reply | None:
+        """How the previous request's logged reply renders while it is the newest message
+        (the prover's ``Reply``), or None where no reply is logged."""
+        if previous.reply is None:
+            return None
+        reply = {key: value for key, value in previous.reply.items() if value is not None}
+        with_reply = self.render(previous.call, previous.call.messages + [reply], False).text
+        start = reply_start(previous.prompt.text, with_reply)
+        text = with_reply[start:]
+        return Reply(text, with_reply, start + len(_as_generated(text, reply)))
 
     def trace(self, index: int, session: Session) -> tuple[list[Trace], list[tuple[int, str]]]:
         """The session's traces, and (line, why) for each request the template cannot render:
@@ -571,13 +593,24 @@ class Tracer:
         known = not self.server_ids
         if self.engine in ENGINES:  # locate the divergence in the messages as the template saw them
             messages = prepare(self.engine, self.template, messages)[0]
+        cached_text = (
+            previous.prompt.text + previous.generated_text
+            if known and (previous.generated_text or not previous.generated)
+            else None
+        )
+        opener, latest = None, None
+        if cached_text is not None:
+            # Where the previous prompt's generation prompt starts, and how its reply rendered
+            # while it was the newest message, as check finds them: a divergence before the
+            # opener is in the last message's closing markup; one in a reply that renders
+            # otherwise once a message follows it is a rewrite of that reply.
+            opener = generation_prompt_span(previous.prompt.text, self.render(previous.call, previous.call.messages, False).text)
+            latest = self.latest(previous)
         divergence = compare_prompts(
             "replay",
             0,
             "b" if previous.generated else "a",
-            previous.prompt.text + previous.generated_text
-            if known and (previous.generated_text or not previous.generated)
-            else None,
+            cached_text,
             previous.prompt.ids + previous.generated[:-1],
             prompt.text if known else None,
             prompt.ids,
@@ -585,8 +618,15 @@ class Tracer:
             len(previous.call.messages),
             self.unit,
             1,
+            opener,
+            latest=latest,
         )
-        code = self.rules.get(divergence.cause) or ("rule unknown" if divergence.cause == Cause.UNKNOWN else _unexplained_rule())
+        if divergence.cause == Cause.UNKNOWN:
+            code = "rule unknown"
+        elif self.engine == HARMONY:  # openai-harmony renders the model with its own code
+            code = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
+        else:
+            code = explaining_code(divergence, self.findings)
         return Departure(
             TokenCause.TEMPLATE,
             f"{code} {divergence.cause}",
@@ -621,31 +661,12 @@ def _departure(prompt: list[int], computed: list[int], following: list[int], sha
     return position if extra < len(computed) and position < len(following) else None
 
 
-def rules_by_cause(template: str, engine: str) -> dict[Cause, str]:
-    """Which rule explains each cause of divergence in this template: the lint's own
-    findings (PC100 where none does; PC103 where the engine renders without the template)."""
-    from .findings import Outcome
-    from .rules import BY_CODE, reporting
-
-    if engine == HARMONY:
-        code = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
-        return {cause: code for cause in Cause if cause not in (Cause.CLEAN, Cause.UNKNOWN)}
+def template_findings(template: str) -> list[Finding]:
+    """The findings a check of ``template`` reports: the same that name each divergence in check."""
     from .checker import lint_source
     from .sources import TemplateSource
 
-    found: dict[Cause, str] = {}
-    for finding in lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja")):
-        rule = BY_CODE.get(finding.code)
-        for cause in rule.RULE.proven_by if rule is not None else ():
-            found.setdefault(cause, finding.code)
-    return found
-
-
-def _unexplained_rule() -> str:
-    from .findings import Outcome
-    from .rules import reporting
-
-    return reporting(Outcome.UNEXPLAINED_DIVERGENCE).RULE.code
+    return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 
 
 def _trace_group(tracer: Tracer, groups: list[Session], indices: list[int]) -> tuple[list[Trace], list[tuple[int, str]]]:

@@ -117,9 +117,24 @@ class Suppression:
     codes: tuple[str, ...]  # empty: every code
     whole_file: bool
     used: bool = field(default=False, compare=False)
+    # The codes it names that suppressed a finding: one naming several may use some only.
+    used_codes: set[str] = field(default_factory=set, compare=False)
 
     def covers(self, code: str, line: int) -> bool:
         return (self.whole_file or self.line == line) and (not self.codes or any(code.startswith(c) for c in self.codes))
+
+    def suppress(self, code: str) -> None:
+        """Record that it suppressed a finding of ``code``."""
+        self.used = True
+        self.used_codes.update(c for c in self.codes if code.startswith(c))
+
+    def unused_codes(self, silencer: str) -> tuple[str, ...]:
+        """The rule codes it names that suppressed nothing, as ruff names a noqa's unused
+        codes one by one: all of them where it suppressed nothing at all. In one that is used,
+        ``silencer`` (PC900's code) is kept on purpose, not unused."""
+        if not self.used:
+            return tuple(code for code in self.codes if _known(code))
+        return tuple(code for code in self.codes if _known(code) and code not in self.used_codes and code != silencer)
 
     @property
     def unknown(self) -> tuple[str, ...]:
@@ -127,12 +142,18 @@ class Suppression:
         where the others do, as ruff says of a noqa."""
         return tuple(code for code in self.codes if not _known(code))
 
-    def describe(self) -> str:
+    def describe(self, unused: tuple[str, ...]) -> str:
+        """Why it is reported: the codes it names that no rule has, and ``unused``, the rule
+        codes that suppress nothing."""
+        where = "this template" if self.whole_file else "this line"
         if self.unknown:
             named = ", ".join(self.unknown)
-            return f"the suppression names {named}, which {'is' if len(self.unknown) == 1 else 'are'} no rule code: it suppresses nothing"
-        what = ", ".join(self.codes) or "all codes"
-        return f"the suppression of {what} suppresses nothing on {'this template' if self.whole_file else 'this line'}"
+            said = f"the suppression names {named}, which {'is' if len(self.unknown) == 1 else 'are'} no rule code"
+            return (
+                f"{said}, and {', '.join(unused)} suppresses nothing on {where}" if unused else f"{said}: it suppresses nothing"
+            )
+        what = ", ".join(unused) or "all codes"
+        return f"the suppression of {what} suppresses nothing on {where}"
 
 
 def suppressions(source_map: SourceMap) -> list[Suppression]:

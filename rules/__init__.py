@@ -12,7 +12,9 @@ severity, summary, which divergences prove it, what its fix must remove), and as
   the prompt), or where no divergence shows it (random output);
 - ``found_by_proof(facts, divergence)``: a finding for a divergence no static finding
   explains, at the place in the template the rule knows (the generation prompt's test);
-- ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None).
+- ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None);
+- ``shown_by(finding, divergence)``: whether a divergence the rule proves shows that finding,
+  where one finding stands for less than every divergence the rule proves (PC006's opener).
 
 Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule
 explains...) declare what they report (``RuleInfo.reports``), and the engine asks for them

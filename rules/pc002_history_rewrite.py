@@ -20,7 +20,10 @@ serving engine recomputes everything after that point on every turn of the sessi
 ```jinja
 {%- set ns = namespace(last_query_index=messages|length - 1) %}
 {%- for message in messages[::-1] %}
-    {%- if message.role == "user" %}{%- set ns.last_query_index = (messages|length - 1) - loop.index0 %}{%- endif %}
+    {%- if message.role == "user" %}
+        {%- set ns.last_query_index = (messages|length - 1) - loop.index0 %}
+        {%- break %}
+    {%- endif %}
 {%- endfor %}
 {%- for message in messages %}
     {%- if message.role == "assistant" and loop.index0 > ns.last_query_index %}

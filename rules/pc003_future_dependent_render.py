@@ -26,22 +26,38 @@ it is recomputed on every turn.
 
 ## Example
 ```jinja
-{%- for message in messages %}
+{%- if messages[0].role == "system" %}
+    {%- set system_message = messages[0].content %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
     {%- if message.role == "user" and loop.last and system_message is defined %}
         {{- "[INST]" + system_message + "\n\n" + message.content + "[/INST]" }}
     {%- elif message.role == "user" %}
         {{- "[INST]" + message.content + "[/INST]" }}
+    {%- elif message.role == "assistant" %}
+        {{- message.content + "</s>" }}
     {%- endif %}
 {%- endfor %}
 ```
 
 ## Use instead
 ```jinja
-{%- for message in messages %}
+{%- if messages[0].role == "system" %}
+    {%- set system_message = messages[0].content %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
     {%- if message.role == "user" and loop.first and system_message is defined %}
         {{- "[INST]" + system_message + "\n\n" + message.content + "[/INST]" }}
     {%- elif message.role == "user" %}
         {{- "[INST]" + message.content + "[/INST]" }}
+    {%- elif message.role == "assistant" %}
+        {{- message.content + "</s>" }}
     {%- endif %}
 {%- endfor %}
 ```

@@ -15,7 +15,13 @@ under vLLM the `is string` pass-through never fires and the re-serialisation alw
 
 ## Example
 ```jinja
-{{- '{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}' }}
+{%- for message in messages %}
+    {{- message.content or "" }}
+    {%- for tool_call in message.tool_calls or [] %}
+        {%- set tool_call = tool_call.function %}
+        {{- '{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}' }}
+    {%- endfor %}
+{%- endfor %}
 ```
 
 A template that names the separators (`tojson(separators=(",", ":"))`) states how its

@@ -12,7 +12,9 @@ Where no literal opener shows it (a whitespace difference, a header history neve
 the proof finds it: a divergence inside the generation prompt or the reply that no other
 finding explains is reported here, at the `add_generation_prompt` test. A reply that
 renders differently once a message follows it is reported by the rule that names that
-rewrite (PC002, PC003) when one does, with this finding as a related location.
+rewrite (PC002, PC003) when one does, with this finding as a related location; a finding of
+an opener stands for that opener (and the reasoning block it opens) only, so a rewrite of
+the reply elsewhere that no other rule names is found by the proof, apart from it.
 
 ## Why is this bad?
 The engine cached the prompt and the reply it generated after the opener. On the next
@@ -136,6 +138,31 @@ def _every_turn(sink: Sink) -> bool:
     ) and not any(
         label.kind in POSITION_DEPENDENT - {LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG} for label in sink.all_labels()
     )
+
+
+def shown_by(finding: Finding, divergence: Divergence) -> bool:
+    """Whether a divergence this rule proves shows ``finding``. One found by its proof stands
+    for every such divergence. One of ``check`` stands for an opener: it is shown where the
+    text the generation prompt printed differs, or an opener tag is what differs; a reply
+    rewritten elsewhere (a `loop.last` suffix on the reply) is not its
+    pattern, and is reported apart (by its own finding, or found by the proof here). The
+    reply's reasoning, or its reasoning block, left out of history is the opener's too: the
+    block it opened is what history prints only for some turns."""
+    if not finding.hypothesis or divergence.in_generation_prompt:
+        return True
+    if divergence.reply_as_trained in ("reasoning", "reasoning-block"):
+        return True
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    return any(_tag_at(text, common) for text in (divergence.before, divergence.after))
+
+
+def _tag_at(text: str, offset: int) -> bool:
+    """Whether an opener tag starts at ``offset`` of ``text``, or spans it ("<think>" against
+    "<|im_end|>": they share the "<")."""
+    start = text.rfind("<", 0, offset + 1)
+    if start < 0 or ">" in text[start:offset]:
+        start = offset
+    return OPENER_TAG.match(text, start) is not None
 
 
 def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:

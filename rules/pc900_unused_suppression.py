@@ -1,10 +1,13 @@
 r"""## What it does
 Reports a suppression comment that suppresses nothing: `{# tmpl-lint: ignore[PC004] #}` on
 a line with no PC004 finding, or `{# tmpl-lint: ignore-file[PC001] #}` in a template with
-no PC001 finding; and a code in one that no rule has (`ignore[PC04]`, a typo), even where
-its other codes suppress something. As ruff's `noqa: RUF100`, a suppression naming PC900
-on the line (or `ignore-file[PC900]`) silences it: one kept on purpose, for a finding that
-comes and goes with a switch, say.
+no PC001 finding; a code in one that suppresses nothing while its other codes do
+(`ignore[PC003, PC001]` on a line with a PC003 finding and none of PC001: PC001 is named, as
+ruff names a noqa's unused codes); and a code in one that no rule has (`ignore[PC04]`, a
+typo), even where its other codes suppress something. In a template that does not parse the
+rules do not see it all, so only a code no rule has is reported. As ruff's `noqa: RUF100`,
+a suppression naming PC900 on the line (or `ignore-file[PC900]`) silences it: one kept on
+purpose, for a finding that comes and goes with a switch, say.
 
 ## Why is this bad?
 A stale suppression hides the next real finding of that code on its line, and tells the

@@ -462,3 +462,51 @@ def test_a_change_to_the_first_messages_role_is_the_clients_though_it_shows_befo
     result = json.loads(out)
     assert (code, result["first_divergence_char"]) == (1, len("<|im_start|>"))
     assert result["client_change"]["message_index"] == 0
+
+
+# The latest message marked while it is last: ` (latest)` is printed before its <|im_end|>.
+LAST_MARKED = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}{% if loop.last %} (latest){% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_last_message_rewrite_is_placed_in_that_message_as_check_places_it(tmp_path):
+    """Turn 1's last message (the user's, message 1) closes with ` (latest)`; turn 2 prints
+    it without. The divergence is in message 1's markup, a history rewrite (check: PC003),
+    not in the reply of turn 2 nor its generation prompt."""
+    template = tmp_path / "last.jinja"
+    template.write_text(LAST_MARKED)
+    system = {"role": "system", "content": "You are helpful."}
+    turns = write_turns(
+        tmp_path, {"messages": [system, USER_1]}, {"messages": [system, USER_1, {"role": "assistant", "content": "4."}, USER_2]}
+    )
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    # <|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2? then " (latest)"
+    assert result["first_divergence_char"] == len(
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?"
+    )
+    assert (result["message_index"], result["role"], result["field"], result["cause"]) == (1, "user", "markup", "history-rewrite")
+
+
+@pytest.mark.parametrize("content", ["", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]])
+def test_a_message_that_no_longer_prints_text_is_where_the_prompts_diverge(tmp_path, content):
+    """The only message's text "What is 2+2?" becomes empty, or an image: the divergence is in
+    message 0, the message the client edited, not in a message 1 that does not exist."""
+    template = tmp_path / "parts.jinja"
+    template.write_text(
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.content is string %}{{ m.content }}{% else %}{% for part in m.content %}"
+        "{% if part.type == 'text' %}{{ part.text }}{% else %}<image>{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [{"role": "user", "content": content}]})
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["first_divergence_char"] == len("<|im_start|>user\n")
+    assert (result["message_index"], result["role"], result["field"]) == (0, "user", "markup")
+    assert (result["client_change"]["message_index"], result["client_change"]["detail"]) == (0, "message edited")

@@ -1,5 +1,5 @@
 import pytest
-from helpers import at, lint_fixture, lint_text, prove_fixture
+from helpers import at, lint_fixture, lint_text, prove_fixture, prove_text
 
 from tmpl_lint.sources import TemplateSource
 
@@ -173,3 +173,45 @@ def test_an_index_variable_is_advised_an_index_not_true():
     assert (finding.switch.name, finding.switch.stable_value) == ("real_last_index", -1)
     assert "set real_last_index=-1 to avoid it" in finding.full_message()
     assert "true" not in finding.full_message()
+
+
+# A tool result is printed only while it is among the last two messages.
+LOOK_AHEAD_SKIPPED = (
+    "{%- for m in messages -%}\n"
+    "{%- if m.role == 'tool' and loop.index0 < messages|length - 2 %}{% continue %}{% endif -%}\n"
+    "<|{{ m.role }}|>{{ m.content }}<|end|>\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif -%}\n"
+)
+
+
+@pytest.mark.parametrize("skip", ["{% continue %}{% endif -%}\n", "{% else -%}\n"])
+def test_a_look_ahead_that_skips_the_rest_of_the_loop_is_pc003(skip):
+    """`{% if test %}{% continue %}{% endif %}` then the rest is the rest under the test's
+    `else`: the analysis follows the loop control, so the proof's divergence is PC003's, not
+    an unexplained PC100."""
+    source = LOOK_AHEAD_SKIPPED.replace("{% continue %}{% endif -%}\n", skip)
+    if skip.startswith("{% else"):
+        source = source.replace("<|end|>\n{%- endfor", "<|end|>\n{%- endif -%}\n{%- endfor")
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "messages|length")]
+    assert findings[0].proof.is_proven
+
+
+def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
+    """`ns.n` counts every message: compared with `loop.index` it marks the last message, as
+    `messages|length` does. One PC003, not a PC002 for a scanned position and a PC100 for the
+    divergence it cannot explain."""
+    source = (
+        "{%- set ns = namespace(n=0) -%}\n"
+        "{%- for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor -%}\n"
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}{% if loop.index == ns.n %} (latest){% endif %}<|end|>"
+        "{% endfor -%}\n"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif -%}\n"
+    )
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "ns.n + 1")]
+    assert findings[0].proof.is_proven
+    # counted only under a test, it is a count of some messages: still a scan (PC002's)
+    conditional = source.replace("{% set ns.n = ns.n + 1 %}", "{% if m.role == 'user' %}{% set ns.n = ns.n + 1 %}{% endif %}")
+    assert "PC003" not in [code for code, _, _ in lint_text(conditional)[0]]

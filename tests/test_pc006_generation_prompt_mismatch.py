@@ -1,6 +1,6 @@
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
+from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.cli import main
 from tmpl_lint.fixer import found_by_proof
@@ -187,3 +187,34 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     divergence = pc006.proof.divergence
     assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "reply-rewrite")
     assert [f.fails(False) for f in findings[:2]] == [True, True]
+
+
+# The opener only under enable_thinking=false, and, apart from it, ` [END]` printed on the
+# last message when it is the assistant's: the reply as generated ends with it, history not.
+OPENER_AND_LAST_SUFFIX = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}{% if loop.last and m.role == 'assistant' %} [END]{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opener():
+    """The [END] rewrite diverges in every scenario, enable_thinking or not; it is not the
+    opener's pattern. The opener finding keeps what the renders show of it (only when
+    enable_thinking=false: informational, with the advice); the [END] divergence is found by
+    the proof at the generation prompt's test, and fails the run."""
+    source = OPENER_AND_LAST_SUFFIX
+    codes, findings = prove_text(source)
+    opener_at = at("PC006", source, "if enable_thinking")
+    prompt_test_at = at("PC006", source, "add_generation_prompt")
+    assert sorted(codes) == sorted([opener_at, prompt_test_at])
+    opener = next(finding for finding in findings if (finding.code, finding.line, finding.column) == opener_at)
+    assert opener.severity == "info"
+    assert (opener.switch.name, opener.switch.default_is_stable, opener.switch.unstable_value) == ("enable_thinking", True, False)
+    assert "only when enable_thinking=false" in opener.full_message()
+    assert opener.proof.is_proven and opener.proof.divergence.in_generation_prompt
+    suffix = next(finding for finding in findings if (finding.code, finding.line, finding.column) == prompt_test_at)
+    assert suffix.severity == "warning" and suffix.proof.is_proven
+    assert "' [END]'" in suffix.message
+    assert suffix.proof.divergence.cause == "reply-rewrite"

@@ -52,3 +52,30 @@ def test_fixture():
     path = CORPUS / "PC900_unused_suppression.jinja"
     source = path.read_text()
     assert lint_fixture("PC900_unused_suppression.jinja")[0] == [at("PC900", source, "{#-")]
+
+
+def test_a_code_that_suppresses_nothing_is_named_where_the_others_suppress_something():
+    """ruff names a noqa's unused codes one by one: `ignore[PC003, PC001]` suppresses the
+    PC003 of its line, and its PC001 suppresses nothing."""
+    source = "{%- for m in messages -%}{{ m.content }}{% if loop.last %}(X){% endif %}{# tmpl-lint: ignore[PC003, PC001] #}{%- endfor -%}\n"
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#")]
+    assert findings[0].message == "the suppression of PC001 suppresses nothing on this line"
+    # a code no rule has, and a rule's code that suppresses nothing, both said
+    source = source.replace("PC003, PC001", "PC003, PC04, PC001")
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#")]
+    assert findings[0].message == "the suppression names PC04, which is no rule code, and PC001 suppresses nothing on this line"
+    # every code used: nothing to say
+    assert lint_text(source.replace("PC003, PC04, PC001", "PC003"))[0] == []
+
+
+def test_a_template_that_does_not_parse_reports_no_suppression_unused_but_a_code_no_rule_has():
+    """Line 2 does not parse: the rules never saw line 1's live clock, so its suppression
+    cannot be said to suppress nothing. A typo is one whatever the template."""
+    source = '{{ strftime_now("%Y") }}{# tmpl-lint: ignore[PC001] #}\n{% for m in messages %}{{ m.content }}{% endif %}\n'
+    assert lint_text(source)[0] == [("PC000", 2, 1)]
+    source = source.replace("PC001", "PC01")
+    codes, findings = lint_text(source)
+    assert codes == [at("PC900", source, "{#"), ("PC000", 2, 1)]
+    assert findings[0].message == "the suppression names PC01, which is no rule code: it suppresses nothing"

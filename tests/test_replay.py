@@ -201,8 +201,10 @@ def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
     before, after = report["template"], report["compare"]
     hits, queries = independent_hits(entries, original.read_text(), tokenizer, 16, 50)
     assert (before["prefix_cache_hits"], before["prefix_cache_queries"]) == (hits, queries)
+    # The reply rendered with its reasoning while it was the newest message, without it once a
+    # user message follows: a rewrite of the reply, as check's proof calls that pair.
     assert [(c["cause"], c["detail"]) for c in before["causes"] if c["cause"] != "capacity"] == [
-        ("template", "PC002 history-rewrite")
+        ("template", "PC002 reply-rewrite")
     ]
     assert before["tokens_by_cause"]["client"] == 0
     assert [(c["cause"], c["detail"]) for c in after["causes"] if c["cause"] != "capacity"] == [("client", "reasoning dropped")]
@@ -642,3 +644,69 @@ def test_both_capacities_given_is_said_before_what_either_needs(tmp_path):
     template, log = two_requests_sharing_37_characters(tmp_path)
     result = replay(log, "--template", template, "--cache-blocks", "8", "--kv-cache-gib", "1")
     assert (result.exit_code, result.stderr) == (2, "tmpl-lint: error: give --cache-blocks or --kv-cache-gib, not both\n")
+
+
+def last_marked_log(path, kwargs=None):
+    """Two sessions of three turns each, the model's replies logged."""
+    system = {"role": "system", "content": "You are helpful."}
+    lines = []
+    for turn in range(3):
+        for user in ("alice", "bob"):
+            messages = [system]
+            for k in range(turn):
+                messages += [
+                    {"role": "user", "content": f"{user} question {k}?"},
+                    {"role": "assistant", "content": f"Answer {k}."},
+                ]
+            messages.append({"role": "user", "content": f"{user} question {turn}?"})
+            request = {"messages": messages, "user": user} | ({"chat_template_kwargs": kwargs} if kwargs else {})
+            reply = {"role": "assistant", "content": f"Answer {turn}."}
+            lines.append({"request": request, "response": {"choices": [{"message": reply}]}})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_a_last_message_rewrite_is_named_by_the_rule_check_names(tmp_path):
+    """A `loop.last` test that marks the latest message: check reports PC003, a history
+    rewrite in the last message; replay names the same rule, cause and message, not the
+    generation prompt of the reply after it (nor PC100)."""
+    template = tmp_path / "last.jinja"
+    template.write_text(
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{{ m.content }}{% if loop.last %} (latest){% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    check = CliRunner().invoke(main, ["check", str(template), "--format", "json"])
+    assert {finding["code"] for finding in json.loads(check.stdout)} == {"PC003"}
+    log = tmp_path / "traffic.jsonl"
+    last_marked_log(log)
+    result = replay(log, "--template", template, "--session-key", "user", "--block-size", "1", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["template"]
+    assert [(cause["cause"], cause["detail"], cause["requests"]) for cause in report["causes"]] == [
+        ("template", "PC003 history-rewrite", 4)
+    ]
+    (reason,) = report["worst_sessions"][0]["first_departure"]["reasons"]
+    assert (reason["detail"], reason["message_index"], reason["role"], reason["field"]) == (
+        "PC003 history-rewrite",
+        1,
+        "user",
+        "markup",
+    )
+
+
+def test_an_unexplained_generation_prompt_divergence_is_pc006_not_pc100(tmp_path):
+    """A generation prompt that prints a newline more only under a variable the scenarios do
+    not try: check passes, the traffic that sets it diverges in the generation prompt. The
+    README: such a divergence is PC006's (found by proof), never PC100's."""
+    template = tmp_path / "spaced.jinja"
+    template.write_text(
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        '{% if add_generation_prompt %}<|im_start|>assistant\n{% if style == "spaced" %}{{ "\\n" }}{% endif %}{% endif %}'
+    )
+    assert CliRunner().invoke(main, ["check", str(template)]).exit_code == 0
+    log = tmp_path / "traffic.jsonl"
+    last_marked_log(log, {"style": "spaced"})
+    result = replay(log, "--template", template, "--session-key", "user", "--block-size", "1", "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["template"]
+    assert [(cause["cause"], cause["detail"]) for cause in report["causes"]] == [("template", "PC006 generation-prompt")]

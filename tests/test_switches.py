@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
+from helpers import CORPUS, SHARED_TEMPLATES, needs_shared, prove_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -198,3 +198,26 @@ def switch_templates(draw) -> str:
 def test_generated_templates_trials_match_reanalysis(text: str):
     compared = both_paths(text)
     assert compared.fast == compared.reference
+
+
+def test_a_value_every_render_fails_on_is_not_advised():
+    """`system_message` is concatenated as a string, yet the analysis tries it as a number
+    (-1): both scenarios with system_message=-1 fail to render (str + int), so "only when
+    system_message=-1: leave it unset" names a value no request can use. The claim is
+    withdrawn: the finding keeps its severity, unproven, without the advice."""
+    source = (
+        "{%- for message in messages %}\n"
+        '    {%- if message.role == "user" and loop.last and system_message is defined %}\n'
+        '        {{- "[INST]" + system_message + "\\n\\n" + message.content + "[/INST]" }}\n'
+        '    {%- elif message.role == "user" %}\n'
+        '        {{- "[INST]" + message.content + "[/INST]" }}\n'
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+    )
+    codes, findings = prove_text(source)
+    (finding,) = [finding for finding in findings if finding.code == "PC003"]
+    assert finding.proof.status == "not-reproduced"
+    assert {name for name, _ in finding.proof.unrendered} == {"chat, system_message=-1", "agent, system_message=-1"}
+    assert finding.switch is None
+    assert finding.severity == "warning"
+    assert "system_message=-1" not in finding.full_message()
