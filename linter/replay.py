@@ -54,8 +54,10 @@ from .prover import (
     compare_prompts,
     explaining_code,
     generation_prompt_span,
+    last_message_mark,
     reply_start,
     stop_after_reply,
+    unmarked,
 )
 from .render import FrozenClock, RenderError
 from .rules import reporting
@@ -509,15 +511,26 @@ class Tracer:
             return [], ""
         reply = {key: value for key, value in reply.items() if value is not None}
         with_reply = self.render(call, call.messages + [reply], False).text
-        text = with_reply[reply_start(prompt, with_reply) :]
+        start, mark = self.reply_start(call, prompt, with_reply)
+        text = with_reply[start:]
         # The arguments as the model wrote them, not as the template re-serialises a mapping.
         for tool in reply.get("tool_calls") or ():
             arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
             if isinstance(arguments, str):
                 with contextlib.suppress(json.JSONDecodeError, TypeError):
                     text = text.replace(json.dumps(json.loads(arguments)), arguments)
-        text = _as_generated(text, reply)
+        text = unmarked(_as_generated(text, reply), mark)
         return self.measure.ids(text), text
+
+    def reply_start(self, call: Call, prompt: str, with_reply: str) -> tuple[int, str]:
+        """Where the reply begins in ``with_reply``, the render ending with it, and the mark
+        that render gives it as the newest message, as the prover finds them: where the two
+        part before ``prompt`` ends (a `loop.last` mark on the last message), the reply
+        still starts after the generation prompt, and the model never wrote the mark."""
+        bare = None
+        if common_prefix_length(prompt, with_reply) < len(prompt):
+            bare = self.render(call, call.messages, False).text
+        return reply_start(prompt, with_reply, bare), last_message_mark(prompt, with_reply, bare)
 
     def latest(self, previous: _Previous) -> Reply | None:
         """How the previous request's logged reply renders while it is the newest message
@@ -526,7 +539,7 @@ class Tracer:
             return None
         reply = {key: value for key, value in previous.reply.items() if value is not None}
         with_reply = self.render(previous.call, previous.call.messages + [reply], False).text
-        start = reply_start(previous.prompt.text, with_reply)
+        start, _mark = self.reply_start(previous.call, previous.prompt.text, with_reply)
         text = with_reply[start:]
         return Reply(text, with_reply, start + len(_as_generated(text, reply)))
 

@@ -392,6 +392,28 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     assert ids == [ord(char) for char in generated]
 
 
+def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
+    """The template marks the newest message (`{% if loop.last %} (latest)`): rendered with
+    the reply, the user message loses its mark, so the render parts from the prompt before
+    the prompt ends. The model still wrote only its answer and <|im_end|>, after prompt N's
+    generation prompt, and never the mark the render gives the reply as the newest."""
+    from tmpl_lint.replay import Call, Tracer, reply_message
+
+    text = (
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{{ m.content }}{% if loop.last %} (latest){% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tracer = Tracer(text, None, {}, "vllm")
+    reply = {"role": "assistant", "content": "Answer 1."}
+    call = Call(1, {"messages": [{"role": "user", "content": "Question 1?"}]}, {"choices": [{"message": reply}]})
+    prompt = tracer.prompt(call, None)
+    assert prompt.text == "<|im_start|>user\nQuestion 1? (latest)<|im_end|>\n<|im_start|>assistant\n"
+    ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
+    assert generated == "Answer 1.<|im_end|>"
+    assert ids == [ord(char) for char in generated]
+
+
 def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_path):
     user = {"role": "user", "content": "hi"}
     good = [
