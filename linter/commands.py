@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checker import ProveOptions
+from .findings import quoted_name
 from .render import RenderLimits
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError, read_config
 from .selection import Selection
@@ -200,7 +201,9 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
             summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
             summaries.append((label, summary))
-            failed.extend(f"{options.log}:{line}: {reason}" for line, reason in refused)
+            # With --compare two templates replay the same lines: the line says whose failure it is.
+            whose = f"{quoted_name(path)}: " if options.compare else ""
+            failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
     except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:

@@ -930,11 +930,15 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             f"{ENGINE_NAMES[summary.cache_model]} ({_capacity(summary)})"
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
-        lines.append(
-            f"  {name}: {summary.hit_rate:.1%} ({summary.metric}, every request: {summary.hits:,} of {summary.queries:,} {unit}s)"
-        )
-        lines.append(f"  steady state, each session's first request left out: {summary.steady_hit_rate:.1%}")
-        lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+        if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request
+            lines.append(f"  {name}: n/a (no request could be rendered)")
+        else:
+            lines.append(
+                f"  {name}: {summary.hit_rate:.1%} ({summary.metric}, every request: {summary.hits:,} of {summary.queries:,} {unit}s)"
+            )
+            steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
+            lines.append(f"  steady state, each session's first request left out: {steady}")
+            lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
         lines.append(f"  prompt {unit}s by cause:")
         for cause in TokenCause:
             count = summary.tokens[cause]

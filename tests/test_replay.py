@@ -732,3 +732,37 @@ def test_an_unexplained_generation_prompt_divergence_is_pc006_not_pc100(tmp_path
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)["template"]
     assert [(cause["cause"], cause["detail"]) for cause in report["causes"]] == [("template", "PC006 generation-prompt")]
+
+
+def test_a_compare_template_that_fails_everywhere_is_named_and_rates_nothing(tmp_path):
+    """Two templates replay the same lines: an error line says whose failure it is. A template
+    that renders no request has no hit rate (not 0.0%), and one request per session leaves
+    no steady state to rate."""
+    good = tmp_path / "good.jinja"
+    good.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    broken = tmp_path / "broken.jinja"
+    broken.write_text('{% include "header.jinja" %}{% for m in messages %}{{ m.content }}{% endfor %}')
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"request": {"messages": [{"role": "user", "content": f"question {i}?"}], "user": f"u{i}"}}) + "\n"
+            for i in range(2)
+        )
+    )
+    result = replay(log, "--template", good, "--compare", broken, "--session-key", "user")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"tmpl-lint: error: {log}:{line}: {broken}: the template fails on this request: "
+        "TypeError: no loader for this environment specified"
+        for line in (1, 2)
+    ]
+    lines = result.stdout.splitlines()
+    assert "  steady state, each session's first request left out: n/a (no session sent a second request)" in lines
+    compare = lines[lines.index(next(line for line in lines if line.startswith("compare: "))) :]
+    assert compare[:2] == [
+        "compare: 0 requests in 2 sessions, vLLM prefix cache (blocks of 16, unbounded pool)",
+        "  Prefix cache hit rate: n/a (no request could be rendered)",
+    ]
