@@ -19,7 +19,7 @@ from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
 from .proofs import BEFORE_MESSAGES, Divergence
 from .prover import Measure, compare_prompts, generation_prompt_span, resolve_special_tokens
 from .render import FrozenClock, RenderError
-from .sources import SourceError, collect, load_json
+from .sources import ADDITIONAL_TEMPLATES_DIR, SourceError, collect, load_json
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -81,11 +81,14 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
     from .tokenizer import special_tokens_from_config
 
     sources, errors = collect([path], any_file_is_a_template=True)
-    if errors:
+    # The template in force is the first found outside additional_chat_templates/: an
+    # unreadable extra template there does not change what the server renders.
+    in_force = [source for source in sources if source.path.parent.name != ADDITIONAL_TEMPLATES_DIR]
+    if not in_force and errors:
         raise RequestError(str(errors[0]))
-    if not sources:
+    if not in_force:
         raise RequestError(f"{path}: no chat template")
-    source = sources[0]
+    source = in_force[0]
     special: dict[str, Any] = {}
     if source.container == "json":
         document = load_json(source.path)

@@ -47,6 +47,20 @@ def test_clean_extension_in_characters(tmp_path):
     assert result["cause"] == "clean-extension"
 
 
+def test_an_unreadable_extra_template_does_not_stop_a_diff_of_the_one_in_force(tmp_path):
+    # A model folder whose default template reads fine, beside an empty extra template: the
+    # server renders the default, and the diff is of it (the extra one's error was the
+    # whole answer).
+    model = tmp_path / "model"
+    (model / "additional_chat_templates").mkdir(parents=True)
+    (model / "chat_template.jinja").write_text((CORPUS / "clean_chatml.jinja").read_text())
+    (model / "additional_chat_templates" / "draft.jinja").write_text("")
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    code, out, err = run(*turns, "--template", str(model), "--format", "json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["cause"] == "clean-extension"
+
+
 def test_history_rewrite_in_characters(tmp_path):
     turns = write_turns(tmp_path, {"messages": [USER_1, REPLY]}, {"messages": [USER_1, REPLY, USER_2]})
     code, out, _ = run(*turns, "--template", str(CORPUS / "PC002_history_rewrite.jinja"), "--format", "json", "--block-size", "4")
