@@ -172,8 +172,12 @@ def cached_repos(cache_dir: Path | None = None) -> list[CachedRepo]:
         scanned = {Path(repo.repo_path).name for repo in info.repos}
         # scan_cache_dir leaves a repo it cannot read out of its list, and says why only in
         # a warning naming a path inside it.
+        # An entry without snapshots/ holds nothing downloaded yet (a download under way or
+        # cut short, only .no_exist/ records): passed over, as the scan passes over it.
         unreadable = sorted(
-            entry for entry in folder.resolve().iterdir() if entry.name.startswith("models--") and entry.name not in scanned
+            entry
+            for entry in folder.resolve().iterdir()
+            if entry.name.startswith("models--") and entry.name not in scanned and (entry / "snapshots").is_dir()
         )
     except CacheNotFound:
         raise NoHubCache(f"{folder}: no Hugging Face cache here ({_WHERE_THE_CACHE_IS})") from None
@@ -190,11 +194,17 @@ def cached_repos(cache_dir: Path | None = None) -> list[CachedRepo]:
             CachedRepo(repo.repo_id, Path(repo.repo_path).name, Path(revisions[0].snapshot_path), revisions[0].commit_hash)
         )
     for entry in unreadable:
-        said = [str(warning) for warning in info.warnings if str(entry) in str(warning)]
+        said = [str(warning) for warning in info.warnings if _names(str(warning), entry)]
         why = "; ".join(said) or "huggingface_hub's scan_cache_dir cannot read it"
         repo_id = entry.name.removeprefix("models--").replace("--", "/")
         found.append(CachedRepo(repo_id, entry.name, None, None, f"its cache entry is corrupt, so it is not audited: {why}"))
     return sorted(found, key=lambda repo: repo.repo_id)
+
+
+def _names(text: str, entry: Path) -> bool:
+    """Whether ``text`` names ``entry`` or a path inside it (not another entry whose name
+    starts with it: models--org--m2 under models--org--m)."""
+    return f"{entry}{os.sep}" in text or text.rstrip("'\")").endswith(str(entry))
 
 
 def template_key(source: TemplateSource, options: ProveOptions | None, selection: Selection) -> str:

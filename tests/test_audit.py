@@ -366,3 +366,28 @@ def test_a_cached_repo_with_a_missing_blob_has_a_row_and_an_error_line(tmp_path)
     assert all(rows[repo]["error"] is None and rows[repo]["template"] for repo in REPOS if repo != "qwen/qwen25-chat")
     assert result.stderr == f"tmpl-lint: error: qwen/qwen25-chat: {problem}\n"
     assert result.returncode == 2
+
+
+def test_a_download_under_way_is_passed_over_and_a_broken_repo_names_only_its_own_blob(tmp_path):
+    # An entry with no snapshots/ holds nothing yet (a download under way or cut short before
+    # its first file): passed over, as before. Two broken repos, one name the start of the
+    # other's: each error names its own missing blob only.
+    hub = build_cache(tmp_path)
+    partial = hub / "models--org--partial" / "blobs"
+    partial.mkdir(parents=True)
+    (partial / "deadbeef.incomplete").write_bytes(b"")
+    root = hub / "models--qwen--qwen25-chat"
+    twin = hub / "models--qwen--qwen25-chat2"
+    shutil.copytree(root, twin, symlinks=True)
+    for entry, gone in ((root, "gone"), (twin, "gone2")):
+        snapshot = next((entry / "snapshots").iterdir())
+        (snapshot / "tokenizer.json").symlink_to(os.path.relpath(entry / "blobs" / gone, snapshot))
+    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
+    assert sorted(rows) == sorted([*REPOS, "qwen/qwen25-chat2"])
+    for repo, entry, gone in (("qwen/qwen25-chat", root, "gone"), ("qwen/qwen25-chat2", twin, "gone2")):
+        assert rows[repo]["error"] == (
+            "its cache entry is corrupt, so it is not audited: Blob missing (broken symlink): "
+            f"{(entry / 'blobs' / gone).resolve()}"
+        )
+    assert result.returncode == 2
