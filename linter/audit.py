@@ -331,7 +331,7 @@ def run_audit(
     pending: dict[str, TemplateSource] = {}
     for result, folder in places:
         sources, errors = collect([folder])
-        hub_problem = None
+        hub_problem = lookup_problem = None
         if id(result) in on_hub and not offline() and not any(source.container == "gguf" for source in sources):
             # GGUF models are not downloaded: their templates come from the Hub's metadata.
             from .gguf import HubGGUFError, hub_templates
@@ -341,10 +341,14 @@ def run_audit(
                 sources += found.sources
                 errors += [SourceError(Path(result.repo), problem) for problem in found.unread]
                 hub_problem = found.tokens_problem
-            except HubGGUFError as error:
-                errors.append(SourceError(Path(result.repo), str(error)))
             except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
-                errors.append(SourceError(Path(result.repo), f"GGUF metadata: {describe_error(error)}"))
+                why = str(error) if isinstance(error, HubGGUFError) else f"GGUF metadata: {describe_error(error)}"
+                if sources:
+                    # The repo's own templates are audited; a lookup of GGUF files that failed
+                    # (a rate limit) is said on its row, and does not fail them.
+                    lookup_problem = f"its GGUF files were not looked up: {why}"
+                else:
+                    errors.append(SourceError(Path(result.repo), why))
         if errors:
             # A file of the repo that cannot be read is its error; its other templates are
             # still audited (a repo with any error fails the audit).
@@ -353,6 +357,7 @@ def run_audit(
                 continue
         if with_tokenizer and prove is not None:
             result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
+        result.warning = result.warning or lookup_problem
         for source in sources:
             key = template_key(source, prove, selection)
             if not dedupe:

@@ -1090,6 +1090,35 @@ def test_audit_of_hub_gguf_repos_reads_metadata_never_models(tmp_path, monkeypat
     }
 
 
+def test_a_failed_lookup_of_gguf_files_is_a_warning_beside_templates_the_repo_has(tmp_path, monkeypatch):
+    # A rate limit on the Hub's model_info: a repo whose own chat_template.jinja was
+    # downloaded is audited, with the failed lookup said on its row; a GGUF-only repo has
+    # nothing else to audit, and the failure is its error.
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub
+
+    from tmpl_lint.audit import ResultsCache, run_audit
+    from tmpl_lint.selection import Selection
+
+    hub = FakeHub(tmp_path)
+    jinja = tmp_path / "chat_template.jinja"
+    jinja.write_text(CLOCK)
+    hub.repo("org/plain", None, {"chat_template.jinja": jinja})
+    hub.repo("org/only-GGUF", None, {"x.gguf": jinja})
+    hub.install(monkeypatch)
+
+    def rate_limited(self, repo_id, **_):
+        raise RuntimeError("429 Too Many Requests")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", rate_limited)
+    result = run_audit(["org/plain", "org/only-GGUF"], [], False, Selection(), None, 1, ResultsCache(None))
+    plain, only = sorted(result.repos, key=lambda repo: repo.repo)[::-1]
+    assert (plain.repo, plain.error, [name for name, _ in plain.templates]) == ("org/plain", None, ["chat_template.jinja"])
+    assert plain.warning == "its GGUF files were not looked up: GGUF metadata: RuntimeError: 429 Too Many Requests"
+    assert (only.repo, only.templates) == ("org/only-GGUF", [])
+    assert only.error == "GGUF metadata: RuntimeError: 429 Too Many Requests"
+
+
 def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
     pytest.importorskip("huggingface_hub")
     from tmpl_lint.checker import prover_inputs
