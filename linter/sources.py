@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -117,29 +118,34 @@ def _extend(sources: list[TemplateSource], errors: list[SourceError], found: Fou
 
 
 def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
-    """Each template once, where it was first found: a file named twice, or named beside
-    the folder holding it (or the tokenizer config that loads it), is linted and fixed once."""
-    seen: set[tuple[Path, str | None]] = set()
-    kept = []
-    for source in sources:
-        key = (source.path.resolve(), source.name)
-        if key not in seen:
-            seen.add(key)
-            kept.append(source)
-    return kept
+    """Each template once, where it was first found: a file named twice, through a link, or
+    beside the folder holding it (or the tokenizer config that loads it), is linted and
+    fixed once."""
+    return _first_of_each(sources, lambda source: (_real(source.path), source.name))
 
 
 def _each_error_once(errors: list[SourceError]) -> list[SourceError]:
-    """Each error once: a file named twice, or with its folder, is one input that could not
-    be read, as it is one template linted."""
-    seen: set[tuple[Path, str]] = set()
+    """Each error once: a file named twice, through a link, or with its folder, is one
+    input that could not be read, as it is one template linted."""
+    return _first_of_each(errors, lambda error: (_real(error.path), error.message))
+
+
+def _first_of_each(items: list, key: Callable) -> list:
+    seen: set = set()
     kept = []
-    for error in errors:
-        key = (Path(os.path.abspath(error.path)), error.message)
-        if key not in seen:
-            seen.add(key)
-            kept.append(error)
+    for item in items:
+        if key(item) not in seen:
+            seen.add(key(item))
+            kept.append(item)
     return kept
+
+
+def _real(path: Path) -> Path:
+    """The file ``path`` names, through links; as written where the links loop."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a loop: Python 3.11 raises RuntimeError, 3.13 OSError
+        return Path(os.path.abspath(path))
 
 
 def _reason(error: OSError) -> str:
@@ -289,7 +295,7 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
             if not loaded:  # the file in force is unread: its error line says so
                 return in_directory, unread
             note = f"{path.name} holds no chat template: transformers loads {loaded[0].path.name} beside it"
-            return [_with_note(source, note) for source in in_directory], unread
+            return [_with_note(source, note) if source in loaded else source for source in in_directory], unread
         # Named on its own (pre-commit names each file a commit touches), a file another
         # beside it overrides is linted, and the note says which one transformers reads.
         precedence = [CHAT_TEMPLATE_JINJA, CHAT_TEMPLATE_JSON, TOKENIZER_CONFIG]

@@ -238,6 +238,10 @@ def test_a_template_less_tokenizer_config_beside_a_template_file_lints_that_file
     for named in ([config, template], [template, config], [config, config, tmp_path]):
         sources, errors = collect(named)
         assert (errors, [source.path for source in sources]) == ([], [template])
+    # an extra template beside it is linted too, without the note: transformers loads it by name
+    extra = write(tmp_path / "additional_chat_templates" / "tool_use.jinja", TEMPLATE)
+    sources, _ = collect([config])
+    assert [(source.path, source.note) for source in sources] == [(template, note), (extra, None)]
     # named alone (`tmpl-lint tokenizer_config.json`, as the tokenizer), the template
     # transformers loads with it is linted, and a note says which file that is: passing
     # it over said "no chat templates found" and exited 0 over a failing template
@@ -461,6 +465,7 @@ def test_an_unreadable_file_named_twice_or_with_its_folder_is_one_error(tmp_path
     monkeypatch.chdir(tmp_path)
     live_clock_model(Path("m"), b"\xff")
     write(Path("bad.jinja"), b"\xff")
+    Path("link.jinja").symlink_to("bad.jinja")
     _, errors = collect(
         [
             Path("bad.jinja"),
@@ -468,6 +473,7 @@ def test_an_unreadable_file_named_twice_or_with_its_folder_is_one_error(tmp_path
             tmp_path / "bad.jinja",
             Path("m"),
             Path("m/additional_chat_templates/draft.jinja"),
+            Path("link.jinja"),  # a link to bad.jinja: the same file
         ]
     )
     assert [str(error) for error in errors] == [
