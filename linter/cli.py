@@ -175,7 +175,7 @@ def use_colour() -> bool:
 )
 @click.option(
     "--gguf-copy",
-    type=click.Path(readable=False),  # the text as given: a trailing / says a folder, which a Path forgets
+    type=NamedPath(readable=False),  # the text as given: a trailing / says a folder, which a Path forgets
     metavar="PATH",
     help="With --fix: also write a new GGUF with the fixed templates in its metadata, at PATH "
     "(a new file, or a folder for a copy under the model's name: one that exists, or one named with a trailing /, "

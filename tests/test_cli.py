@@ -358,6 +358,24 @@ def test_every_float_option_of_every_command_refuses_nan_and_inf():
             assert (code, err.splitlines()[-1].startswith(f"Error: Invalid value for '{flag}': ")) == (2, True), (name, value)
 
 
+def test_every_path_option_of_every_command_refuses_an_empty_path(tmp_path, monkeypatch):
+    # `--gguf-copy ""` wrote ./MODEL.gguf: each option that names a file or folder says so
+    monkeypatch.chdir(tmp_path)
+    paths = sorted(
+        (name, " / ".join(f"'{opt}'" for opt in option.opts))
+        for name, command in main.commands.items()
+        for option in command.params
+        if isinstance(option, click.Option) and isinstance(option.type, click.Path)
+    )
+    assert ("check", "'--gguf-copy'") in paths
+    for name, shown in paths:
+        code, _, err = run(name, "x", shown.split(" / ")[0].strip("'"), "")
+        assert (code, err.splitlines()[-1]) == (
+            2,
+            f"Error: Invalid value for {shown}: an empty path names no file or folder (the working directory is '.')",
+        ), (name, shown)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
