@@ -26,6 +26,8 @@ def _line_starts(text: str) -> list[int]:
 class Placement:
     """Maps template (line, column) to file (line, column), both 1-based."""
 
+    # The offset at which each line starts, in the template and in the file: read only with
+    # ``offsets``.
     template_starts: list[int]
     file_starts: list[int]
     # The file offset of each template character, and one past the last; None: the file
@@ -52,12 +54,14 @@ class Placement:
 def placement(path: Path, container: str, name: str | None, template: str, file_text: str | None = None) -> Placement | None:
     """Where ``template`` sits in its file (read from ``path`` unless ``file_text``), or
     None when the file no longer holds it as read."""
-    starts = _line_starts(template)
     if container == "jinja":
-        return Placement(starts, starts)
+        # The file is the template, line for line: no offsets to map, so no lines to find
+        # (a scan of the whole template, for each template with a finding).
+        return Placement([], [])
     if container not in ("json", "python", "yaml"):
         # a GGUF's template is placed by its own lines; its file (tens of GB) is never read
         return None
+    starts = _line_starts(template)
     if file_text is None:
         try:
             file_text = path.read_bytes().decode("utf-8")
