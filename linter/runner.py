@@ -422,11 +422,15 @@ class _Fixing:
         ]
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
-            why = (
-                self.unwritten.get(str(finding.path))
-                or BY_CODE[finding.code].RULE.no_fix
-                or "found by the proof, not from a pattern a fix edits: no automatic fix"
-            )
+            rule = BY_CODE[finding.code]
+            if finding.hypothesis and not hasattr(rule, "fix"):
+                why = "no automatic fix for this rule"  # as the fixes say it, when they run
+            else:
+                why = (
+                    (self.unwritten.get(str(finding.path)) if finding.hypothesis else None)
+                    or rule.RULE.no_fix
+                    or "found by the proof, not from a pattern a fix edits: no automatic fix"
+                )
             if at_one_place[(finding.location(), finding.code)] > 1 and finding.proof is not None:
                 why += f" (the {finding.proof.cause} divergence)"  # two causes at one place (PC103's date and analysis)
             self.say_finding(finding, "not fixed", why)

@@ -138,6 +138,26 @@ def test_a_file_whose_lock_cannot_be_taken_says_each_finding_is_not_fixed_for_th
     assert path.read_bytes() == (CORPUS / "PC001_live_clock.jinja").read_bytes()
 
 
+def test_a_file_whose_lock_cannot_be_taken_says_no_fix_where_its_rule_has_none(tmp_path, monkeypatch):
+    # line 1's clock has a fix, which could not be written; line 3's opener (PC006) has no
+    # fix at all, and says so as it does when the lock is taken
+    path = tmp_path / "t.jinja"
+    path.write_text(
+        '{{ strftime_now("%Y-%m-%d") }}\n{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}\n'
+        "{%- if add_generation_prompt %}<|assistant|><think>\n{%- endif %}\n"
+    )
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / f"tmpl-lint-{os.getuid()}").write_text("a file where the lock folder goes")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    code, out, _ = run(str(path), "--fix", "--no-prove")
+    assert code == 2
+    assert out.splitlines()[:2] == [
+        f"{path}:1:4: not fixed PC001 [live-clock]: the file could not be written (see the error)",
+        f"{path}:3:5: not fixed PC006 [generation-prompt-mismatch]: no automatic fix for this rule",
+    ]
+
+
 def test_a_file_that_cannot_be_read_again_to_be_fixed_says_so_for_each_finding(tmp_path, monkeypatch):
     path = live_clock(tmp_path)
     read = writes.read
