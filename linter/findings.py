@@ -225,8 +225,9 @@ class RuleInfo:
     makes_renders_incomparable: bool = False
     # The engine's own outcome this rule reports, for rules the prover or checker raise.
     reports: Outcome | None = None
-    # Why no edit of the template can fix its findings, said where ``--fix`` leaves one
-    # (None: it has no pattern for a fix to edit, said alike for every such rule).
+    # Why no edit of the template can fix its findings, said where ``--fix`` leaves one the
+    # proof found (None: "found by the proof, not from a pattern a fix edits", said alike
+    # for every such rule); a finding of a pattern says its rule has no fix, or why not.
     no_fix: str | None = None
 
     def proves(self, divergence: Divergence) -> bool:

@@ -180,7 +180,7 @@ class Verifier:
         same = sorted((finding for finding in found if finding.code == code), key=lambda f: f.key in self.original_keys)
         if not same:
             return ""
-        return f", at line {same[0].line}, column {same[0].column} of the template"
+        return f", at line {same[0].line}, column {same[0].column} of the patched template"
 
     @staticmethod
     def severe_codes(findings: list[Finding]) -> Counter:

@@ -172,7 +172,7 @@ def test_a_fix_refused_for_a_finding_still_there_says_where(tmp_path):
     code, _, err = run(str(path), "--diff", "--no-prove")  # the patch on stdout, what was done on stderr
     assert (
         f"{path}:280:30: not fixed PC003 [future-dependent-render]: PC003 is still found in the patched template, "
-        f"at line 354, column {second.index('range(') + 1} of the template"
+        f"at line 354, column {second.index('range(') + 1} of the patched template"
     ) in err.splitlines()
     assert code == 1
 
