@@ -34,7 +34,7 @@ from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
 from .proofs import Cause, ProofStatus
-from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
+from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
 from .scenarios import Scenario
@@ -70,6 +70,9 @@ class TemplateFix:
     refusal: str | None = None
     # What verifying the fixes answered, for another file of the run with the same template.
     verdicts: Verdicts | None = None
+    # What the verifier's proof of the template as patched rendered and encoded, for the
+    # check that follows the fix (its proof renders those requests again), where it has one.
+    recorded: Recorded | None = None
 
     @property
     def changed(self) -> bool:
@@ -139,9 +142,8 @@ class VerificationKey:
 
     @classmethod
     def of(cls, source: TemplateSource, options: FixOptions, proving: ProvingInputs) -> VerificationKey:
-        tokenizer = proving.tokenizer
-        named = None if tokenizer is None else (type(tokenizer).__name__ + ":" + tokenizer.kind, str(tokenizer.directory))
-        return cls(source.text, options, named, json.dumps(proving.special, sort_keys=True, default=repr), proving.engine)
+        special = json.dumps(proving.special, sort_keys=True, default=repr)
+        return cls(source.text, options, tokenizer_identity(proving.tokenizer), special, proving.engine)
 
 
 # A check's question: the patched text, and the fixed findings as the check counts them
@@ -177,10 +179,13 @@ class Verifier:
         # Renders so far whose outcome another run might not repeat (over a time limit, or
         # random): while there are none, this Verifier's answers can be recalled (Verdicts).
         self.unrepeatable = 0
+        self.measure: Measure | None = None  # the proofs' token ids, kept from one to the next
+        self.last_recorded: Recorded | None = None  # what the last proof rendered and encoded
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
         self._linted: tuple[str, Linted] | None = (source.text, linted) if linted is not None else None
         original = self.findings(source.text)
         self.original_report = self.prove(source.text)
+        self.original_recorded = self.last_recorded
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(original)
         self.original_keys = {finding.key for finding in original}
@@ -214,7 +219,10 @@ class Verifier:
         # and analysing each candidate again was a fifth of a fix.
         self.ready_to_render(text)
         separators = argument_separators_of(text, self.lint(text).facts)
-        report = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators).run({})
+        prover = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators, self.measure)
+        self.measure = prover.measure  # the candidates render most prompts as the original does
+        report = prover.run({})
+        self.last_recorded = prover.recorded()
         if not report.deterministic or any(result.limit_exceeded for result in report.results):
             self.unrepeatable += 1
         return report
@@ -420,6 +428,7 @@ class Verification:
         key = VerificationKey.of(source, options, self.proving)
         self.verdicts = next((verdicts for verdicts in recalled if verdicts.key == key), None) or Verdicts(key)
         self._verifier: Verifier | None = None
+        self._accepted: dict[str, Recorded | None] = {}  # by patched text: what proving it recorded
 
     @property
     def verifier(self) -> Verifier:
@@ -443,7 +452,18 @@ class Verification:
         reason = self.verifier.check(patched, fixed)
         if not self.verifier.unrepeatable:
             self.verdicts.checks[question] = reason
+        if reason is None:  # a verified candidate was proven last
+            self._accepted[patched] = self.verifier.last_recorded
         return reason
+
+    def recorded(self, text: str) -> Recorded | None:
+        """What proving ``text`` (the original, or a verified candidate) recorded, if this
+        fix proved it."""
+        if self._verifier is None:
+            return None
+        if text == self.source.text:
+            return self._verifier.original_recorded
+        return self._accepted.get(text)
 
 
 def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
@@ -535,6 +555,7 @@ def fix_template(
                 reasons.setdefault(id(finding), reason)  # the first candidate's: the most direct edit
     for finding, _fix in pending:
         result.skipped.append((finding, reasons.get(id(finding), "no candidate edit")))
+    result.recorded = verifier.recorded(result.patched)
     return result
 
 

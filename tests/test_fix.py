@@ -783,3 +783,30 @@ def test_answers_of_a_verifier_over_a_render_limit_are_not_kept():
     fixed = fix_template(source, FixOptions(date(2026, 1, 15), limits=RenderLimits(max_bytes=300)))
     assert [finding.code for finding, _ in fixed.applied] == ["PC001"]  # verified: the check was asked
     assert (fixed.verdicts.checks, fixed.verdicts.unreproduced) == ({}, {})
+
+
+def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_path, monkeypatch):
+    """The verifier proves the fixed template; the check that follows proves it again with
+    its switch values: what the verifier rendered comes with the fix, and each request of
+    the fixed template is rendered once in the run."""
+    from collections import Counter
+
+    from tmpl_lint import prover as proving
+
+    log = tmp_path / "requests rendered"
+    render_prompt = proving.render_prompt
+
+    def logged(engine, template, messages, **options):
+        if messages != [{"role": "user", "content": "Hi"}]:  # the determinism check renders afresh by design
+            request = [engine, template, messages, options["clock"](), options["tools"], options["kwargs"]]
+            with log.open("a") as stream:  # rendered in forked workers: logged in a file
+                stream.write(json.dumps([*request, options["add_generation_prompt"]], sort_keys=True, default=str) + "\n")
+        return render_prompt(engine, template, messages, **options)
+
+    monkeypatch.setattr(proving, "render_prompt", logged)
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    _, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    fixed = path.read_text()
+    assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
+    of_fixed = Counter(line for line in log.read_text().splitlines() if json.loads(line)[1] == fixed)
+    assert of_fixed and max(of_fixed.values()) == 1
