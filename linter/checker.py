@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jinja2 import nodes
 
@@ -23,6 +23,9 @@ from .rules import STATIC, reporting
 from .selection import Selection, Suppression, suppressions
 from .sources import TemplateSource
 
+if TYPE_CHECKING:
+    from .prover import Recorded
+
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
 
 
@@ -36,13 +39,15 @@ class ProveOptions:
     engine: str = "vllm"  # whose request preprocessing to apply (see engines.py)
 
 
-def lint_isolated(source: TemplateSource, selection: Selection, prove: ProveOptions | None) -> list[Finding]:
+def lint_isolated(
+    source: TemplateSource, selection: Selection, prove: ProveOptions | None, recalled: Recorded | None = None
+) -> list[Finding]:
     """``lint_source`` in a child process with time and memory limits (see isolation.py);
     a template that exceeds them is reported as a render limit exceeded."""
     from .isolation import IsolationError, run_isolated
 
     try:
-        return run_isolated(lint_source, (source, selection, prove))
+        return run_isolated(lint_source, (source, selection, prove, recalled))
     except IsolationError as error:
         limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
         finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
@@ -125,12 +130,17 @@ def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_har
             harmony_encoding()
 
 
-def lint_source(source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None) -> list[Finding]:
+def lint_source(
+    source: TemplateSource,
+    selection: Selection = Selection(),
+    prove: ProveOptions | None = None,
+    recalled: Recorded | None = None,
+) -> list[Finding]:
     """The findings as reported, without their places in the parse tree (``lint_with_facts``
     keeps them, for fixes): a batch would otherwise keep every template's tree alive, and
     the garbage collector walked them all again and again (a seventh of a static run); nor
-    need they cross processes."""
-    return as_reported(lint_with_facts(source, selection, prove)[1])
+    need they cross processes. ``recalled``: see ``prove_findings``."""
+    return as_reported(lint_with_facts(source, selection, prove, recalled=recalled)[1])
 
 
 def as_reported(findings: list[Finding]) -> list[Finding]:
@@ -141,7 +151,12 @@ def as_reported(findings: list[Finding]) -> list[Finding]:
 
 
 def lint_with_facts(
-    source: TemplateSource, selection: Selection = Selection(), prove: ProveOptions | None = None, *, suppress: bool = True
+    source: TemplateSource,
+    selection: Selection = Selection(),
+    prove: ProveOptions | None = None,
+    *,
+    suppress: bool = True,
+    recalled: Recorded | None = None,
 ) -> tuple[Facts, list[Finding]]:
     """``suppress`` False keeps what the template's suppression comments hide (and reports
     none of them unused): a fix's verification counts the patterns still in the template."""
@@ -155,7 +170,7 @@ def lint_with_facts(
     name_switches(findings, SwitchTrials(facts, STATIC, findings))
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
-        findings.extend(prove_findings(source, findings, facts, prove))
+        findings.extend(prove_findings(source, findings, facts, prove, recalled))
     elif prove is not None:
         for finding in findings:
             finding.proof = Proof.not_provable("char", "the template does not parse")
@@ -392,7 +407,12 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     return ProverInputs(tokenizer, special, note)
 
 
-def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions) -> list[Finding]:
+def prove_findings(
+    source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions, recalled: Recorded | None = None
+) -> list[Finding]:
+    """``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
+    of the template (as the engine renders it, or as transformers does) takes where its
+    key (template, engine, special tokens, limits, tokenizer) is the same."""
     # Imported here: the static lint must not pay for rendering or tokenizers.
     from .engines import HARMONY, content_format, resolve_engine
     from .gguf import model_for, own_tokenizer
@@ -409,7 +429,9 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
     with contextlib.suppress(RenderError):  # each render says it, as it would have
         compile_template(source.text, options.limits, facts.tree)
     if engine != HARMONY:
-        prover = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
+        prover = Prover(
+            source.text, tokenizer, options.block_size, special, options.limits, engine, separators, recalled=recalled
+        )
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
             report.note = own_tokenizer(model).description  # whose ids, or why characters
@@ -418,7 +440,7 @@ def prove_findings(source: TemplateSource, findings: list[Finding], facts: Facts
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
-    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators)
+    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled)
     report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (

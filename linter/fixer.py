@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import json
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from pathlib import Path
+from typing import Any
 
 from . import writes
 from .analysis import Facts
@@ -32,12 +34,13 @@ from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
 from .proofs import Cause, ProofStatus
-from .prover import Prover, argument_separators_of, attach_proofs, resolve_special_tokens
-from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimits, compile_template, render
+from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
 from .scenarios import Scenario
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
+from .tokenizer import Tokenizer
 from .writes import WriteError
 
 
@@ -65,6 +68,11 @@ class TemplateFix:
     # Why the verified fixes cannot be kept (the template cannot be put back into its file,
     # or fixing it ran over the limits): said once for the template.
     refusal: str | None = None
+    # What verifying the fixes answered, for another file of the run with the same template.
+    verdicts: Verdicts | None = None
+    # What the verifier's proof of the template as patched rendered and encoded, for the
+    # check that follows the fix (its proof renders those requests again), where it has one.
+    recorded: Recorded | None = None
 
     @property
     def changed(self) -> bool:
@@ -103,25 +111,81 @@ class Linted:
     findings: list[Finding]
 
 
-class Verifier:
-    """Checks a patched template against the original."""
+@dataclass(frozen=True)
+class ProvingInputs:
+    """What a Verifier proves a template's candidates with, besides their text."""
 
-    def __init__(self, source: TemplateSource, options: FixOptions, linted: Linted | None = None):
-        """``linted``: the original's lint with the default selection, where the caller has it."""
-        self.source = source
-        self.options = options
-        self.tokenizer, config, _ = prover_inputs(source, options.tokenizer)
-        self.special = resolve_special_tokens(self.tokenizer, config)
-        self.block_size = options.block_size
-        self.limits = options.limits
+    tokenizer: Tokenizer | None
+    special: dict[str, Any]
+    engine: str
+
+    @classmethod
+    def of(cls, source: TemplateSource, options: FixOptions) -> ProvingInputs:
+        tokenizer, config, _ = prover_inputs(source, options.tokenizer)
         # The fix is proven as the check proves the template: where vLLM renders the model
         # without it (openai-harmony), the template is proven as transformers renders it.
         engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
-        self.engine = "hf" if engine == HARMONY else engine
+        return cls(tokenizer, resolve_special_tokens(tokenizer, config), "hf" if engine == HARMONY else engine)
+
+
+@dataclass(frozen=True)
+class VerificationKey:
+    """Everything a Verifier's answers depend on but the question: the original text, the
+    fix options, and what it proves with. Where a run meets one template text in several
+    files (four containers, a model's copies) and these agree, its answers are the same."""
+
+    text: str
+    options: FixOptions
+    tokenizer: tuple[str, str] | None  # (kind, directory) of the tokenizer; None: characters
+    special: str  # the special tokens the template sees, as sorted JSON
+    engine: str
+
+    @classmethod
+    def of(cls, source: TemplateSource, options: FixOptions, proving: ProvingInputs) -> VerificationKey:
+        special = json.dumps(proving.special, sort_keys=True, default=repr)
+        return cls(source.text, options, tokenizer_identity(proving.tokenizer), special, proving.engine)
+
+
+# A check's question: the patched text, and the fixed findings as the check counts them
+# (how many of each code, and whether each applies by default).
+CheckQuestion = tuple[str, tuple[tuple[tuple[str, bool], int], ...]]
+
+
+@dataclass
+class Verdicts:
+    """A Verifier's answers under one key, returned with a fix so that the next file of the
+    run holding the same template is not verified again. Only answers another run would
+    repeat are kept: none from a Verifier whose renders ran over a limit or came out random."""
+
+    key: VerificationKey
+    unreproduced: dict[tuple[str, int, int], str | None] = field(default_factory=dict)
+    checks: dict[CheckQuestion, str | None] = field(default_factory=dict)
+
+
+class Verifier:
+    """Checks a patched template against the original."""
+
+    def __init__(
+        self, source: TemplateSource, options: FixOptions, linted: Linted | None = None, proving: ProvingInputs | None = None
+    ):
+        """``linted``: the original's lint with the default selection, where the caller has it;
+        ``proving``: ``ProvingInputs.of(source, options)``, where the caller has it."""
+        self.source = source
+        self.options = options
+        proving = proving or ProvingInputs.of(source, options)
+        self.tokenizer, self.special, self.engine = proving.tokenizer, proving.special, proving.engine
+        self.block_size = options.block_size
+        self.limits = options.limits
+        # Renders so far whose outcome another run might not repeat (over a time limit, or
+        # random): while there are none, this Verifier's answers can be recalled (Verdicts).
+        self.unrepeatable = 0
+        self.measure: Measure | None = None  # the proofs' token ids, kept from one to the next
+        self.last_recorded: Recorded | None = None  # what the last proof rendered and encoded
         self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
         self._linted: tuple[str, Linted] | None = (source.text, linted) if linted is not None else None
         original = self.findings(source.text)
         self.original_report = self.prove(source.text)
+        self.original_recorded = self.last_recorded
         self.original_rendered = {result.scenario.name for result in self.original_report.rendered}
         self.original_codes = self.severe_codes(original)
         self.original_keys = {finding.key for finding in original}
@@ -155,7 +219,13 @@ class Verifier:
         # and analysing each candidate again was a fifth of a fix.
         self.ready_to_render(text)
         separators = argument_separators_of(text, self.lint(text).facts)
-        return Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators).run({})
+        prover = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators, self.measure)
+        self.measure = prover.measure  # the candidates render most prompts as the original does
+        report = prover.run({})
+        self.last_recorded = prover.recorded()
+        if not report.deterministic or any(result.limit_exceeded for result in report.results):
+            self.unrepeatable += 1
+        return report
 
     def findings(self, text: str) -> list[Finding]:
         return self.lint(text).findings
@@ -215,7 +285,8 @@ class Verifier:
                         limits=self.limits,
                     )
                 )
-            except RenderError:
+            except RenderError as error:
+                self.unrepeatable += isinstance(error, RenderLimitExceeded)
                 out.append(None)
         return out
 
@@ -308,7 +379,8 @@ class Verifier:
                 special_tokens=self.special,
                 limits=self.limits,
             )
-        except RenderError:
+        except RenderError as error:
+            self.unrepeatable += isinstance(error, RenderLimitExceeded)
             return None
 
     def rendered_scenarios(self):
@@ -345,6 +417,55 @@ def _quoted_excerpt(text: str, width: int = 40) -> str:
     return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
+class Verification:
+    """A template's Verifier, asked only what the run has not answered yet for the same key
+    (``recalled``: the Verdicts earlier fixes of the run returned for this text). The
+    Verifier, which proves the original, is made at the first question not recalled."""
+
+    def __init__(self, source: TemplateSource, options: FixOptions, linted: Linted | None, recalled: tuple[Verdicts, ...]):
+        self.source, self.options, self.linted = source, options, linted
+        self.proving = ProvingInputs.of(source, options)
+        key = VerificationKey.of(source, options, self.proving)
+        self.verdicts = next((verdicts for verdicts in recalled if verdicts.key == key), None) or Verdicts(key)
+        self._verifier: Verifier | None = None
+        self._accepted: dict[str, Recorded | None] = {}  # by patched text: what proving it recorded
+
+    @property
+    def verifier(self) -> Verifier:
+        if self._verifier is None:
+            self._verifier = Verifier(self.source, self.options, self.linted, self.proving)
+        return self._verifier
+
+    def unreproduced(self, finding: Finding) -> str | None:
+        if finding.key in self.verdicts.unreproduced:
+            return self.verdicts.unreproduced[finding.key]
+        reason = self.verifier.unreproduced(finding)
+        if not self.verifier.unrepeatable:
+            self.verdicts.unreproduced[finding.key] = reason
+        return reason
+
+    def check(self, patched: str, fixed: list[Finding]) -> str | None:
+        counted = Counter((finding.code, applies_by_default(finding)) for finding in fixed)
+        question: CheckQuestion = (patched, tuple(sorted(counted.items())))
+        if question in self.verdicts.checks:
+            return self.verdicts.checks[question]
+        reason = self.verifier.check(patched, fixed)
+        if not self.verifier.unrepeatable:
+            self.verdicts.checks[question] = reason
+        if reason is None:  # a verified candidate was proven last
+            self._accepted[patched] = self.verifier.last_recorded
+        return reason
+
+    def recorded(self, text: str) -> Recorded | None:
+        """What proving ``text`` (the original, or a verified candidate) recorded, if this
+        fix proved it."""
+        if self._verifier is None:
+            return None
+        if text == self.source.text:
+            return self._verifier.original_recorded
+        return self._accepted.get(text)
+
+
 def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
     """(code, cause) of each failing finding the proof itself would add to ``findings``: a
     divergence no finding explains (PC100), or one a rule finds by its proof. The reply's
@@ -363,7 +484,10 @@ def applies_by_default(finding: Finding) -> bool:
     return finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
 
 
-def fix_template(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
+def fix_template(
+    source: TemplateSource, options: FixOptions, selection: Selection = Selection(), recalled: tuple[Verdicts, ...] = ()
+) -> TemplateFix:
+    """``recalled``: what earlier fixes of the run verified for templates of the same text."""
     facts, findings = lint_with_facts(source, selection)
     result = TemplateFix(source, source.text)
     if facts.tree is None:
@@ -392,7 +516,8 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
     # suppresses any (the verifier counts suppressed patterns too): the places its
     # findings keep are not read by the verifier.
     everything = selection.runs_every_code_on(source.path) and not suppressions(facts.source_map)
-    verifier = Verifier(source, options, Linted(facts, findings) if everything else None)
+    verifier = Verification(source, options, Linted(facts, findings) if everything else None, recalled)
+    result.verdicts = verifier.verdicts
     if not options.unreproduced:
         for finding, fix in list(pending):
             reason = verifier.unreproduced(finding)
@@ -430,22 +555,27 @@ def fix_template(source: TemplateSource, options: FixOptions, selection: Selecti
                 reasons.setdefault(id(finding), reason)  # the first candidate's: the most direct edit
     for finding, _fix in pending:
         result.skipped.append((finding, reasons.get(id(finding), "no candidate edit")))
+    result.recorded = verifier.recorded(result.patched)
     return result
 
 
-def fix_isolated(source: TemplateSource, options: FixOptions, selection: Selection = Selection()) -> TemplateFix:
+def fix_isolated(
+    source: TemplateSource, options: FixOptions, selection: Selection = Selection(), recalled: tuple[Verdicts, ...] = ()
+) -> TemplateFix:
     """``fix_template`` in a limited child process, as check proves in one (the patched
     templates are parsed, compiled and rendered there)."""
     from .isolation import IsolationError, run_isolated
 
     try:
-        return run_isolated(_fix_for_parent, (source, options, selection))
+        return run_isolated(_fix_for_parent, (source, options, selection, recalled))
     except IsolationError as error:
         return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
 
 
-def _fix_for_parent(source: TemplateSource, options: FixOptions, selection: Selection) -> TemplateFix:
-    result = fix_template(source, options, selection)
+def _fix_for_parent(
+    source: TemplateSource, options: FixOptions, selection: Selection, recalled: tuple[Verdicts, ...]
+) -> TemplateFix:
+    result = fix_template(source, options, selection, recalled)
     for finding, _ in result.applied + result.skipped:  # places hold parse trees, which need not cross processes
         finding.site, finding.related = None, ()
     return result
@@ -460,14 +590,24 @@ def fix_files(
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
     results = []
+    # What verifying each template text answered, by text: a template in several files (a
+    # model's copies, one per quantisation) is proven once, not once a file.
+    recalled: dict[str, list[Verdicts]] = {}
     for path, found in by_path.items():
-        results.append(_fix_file(path, found, options, selection, write))
+        results.append(_fix_file(path, found, options, selection, write, recalled))
         if advance is not None:
             advance()
     return results
 
 
-def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, selection: Selection, write: bool) -> FileFix:
+def _fix_file(
+    path: Path,
+    found: list[TemplateSource],
+    options: FixOptions,
+    selection: Selection,
+    write: bool,
+    recalled: dict[str, list[Verdicts]],
+) -> FileFix:
     result = FileFix(path, [TemplateFix(source, source.text) for source in found])
     try:
         # Read, fix and write under the file's lock: another tmpl-lint fixing this file
@@ -475,7 +615,13 @@ def _fix_file(path: Path, found: list[TemplateSource], options: FixOptions, sele
         with writes.locked(path) if write else contextlib.nullcontext():
             snapshot = writes.read(path)
             result.original = result.updated = snapshot.text
-            result.fixes = [fix_isolated(source, options, selection) for source in reread(found, snapshot.text)]
+            result.fixes = []
+            for source in reread(found, snapshot.text):
+                fix = fix_isolated(source, options, selection, tuple(recalled.get(source.text, ())))
+                if fix.verdicts is not None:
+                    known = recalled.setdefault(source.text, [])
+                    known[:] = [verdicts for verdicts in known if verdicts.key != fix.verdicts.key] + [fix.verdicts]
+                result.fixes.append(fix)
             result.made = True
             result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:

@@ -43,18 +43,61 @@ class Measure:
     """Token ids from the tokenizer, or characters when there is none (unit "char")."""
 
     tokenizer: Tokenizer | None
+    # Token ids by text, where the caller keeps them: a proof encodes one prompt in several
+    # scenarios, and a fix's candidates render most prompts as the original did (half of
+    # a fix's encoding was of texts it had encoded already). None: none kept (replay
+    # encodes a log's many texts once each).
+    encoded: dict[str, list[int]] | None = None
 
     @property
     def unit(self) -> str:
         return "token" if self.tokenizer else "char"
 
     def ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text) if self.tokenizer else list(map(ord, text))
+        if not self.tokenizer:
+            return list(map(ord, text))
+        if self.encoded is None:
+            return self.tokenizer.encode(text)
+        ids = self.encoded.get(text)
+        if ids is None:
+            ids = self.encoded[text] = self.tokenizer.encode(text)
+        return list(ids)  # the caller's own: the kept ids serve the next caller too
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         if prompt.token_ids is not None:
             return list(prompt.token_ids)  # the engine's own tokenization
         return self.ids(prompt.text)
+
+
+def tokenizer_identity(tokenizer: Tokenizer | None) -> tuple[str, str] | None:
+    """What names a tokenizer across processes: its kind and where it was loaded from (a
+    directory, a GGUF model). None: measured in characters."""
+    if tokenizer is None:
+        return None
+    return f"{type(tokenizer).__name__}:{getattr(tokenizer, 'kind', '')}", str(getattr(tokenizer, "directory", ""))
+
+
+@dataclass(frozen=True)
+class ProofKey:
+    """Everything a proof's renders and token ids depend on but the request: the template,
+    whose renderer, the special tokens it sees, the render limits, the tokenizer."""
+
+    template: str
+    engine: str
+    special_tokens: str  # as sorted JSON
+    limits: RenderLimits
+    tokenizer: tuple[str, str] | None
+
+
+@dataclass
+class Recorded:
+    """What a proof rendered and encoded, for another proof of the same template with the
+    same inputs (``key``) to take instead of computing it again: ``--fix`` verifies the
+    fixed template with the proof the check that follows makes, less its switch values."""
+
+    key: ProofKey
+    prompts: dict[str, Prompt]  # by request (Prover.request_key)
+    encoded: dict[str, list[int]]  # token ids by text
 
 
 @dataclass(frozen=True)
@@ -334,18 +377,52 @@ class Prover:
         limits: RenderLimits = DEFAULT_LIMITS,
         engine: str = "hf",
         separators: tuple[str, str] | None = None,
+        measure: Measure | None = None,
+        recalled: Recorded | None = None,
     ):
         """``separators``: how the model writes tool-call arguments (``model_separators``),
-        where the caller has analysed the template already."""
+        where the caller has analysed the template already; ``measure``: another proof's,
+        whose encoded texts this one reuses when it measures with the same tokenizer;
+        ``recalled``: what another process's proof of the template recorded, taken only
+        where its key is this proof's."""
         self.template = template
         self.limits = limits
         self.engine = engine
-        self.measure = Measure(tokenizer or engine_tokenizer(engine))
+        measured_with = tokenizer or engine_tokenizer(engine)
+        self.measure = measure if measure is not None and measure.tokenizer is measured_with else Measure(measured_with, {})
         self.block_size = block_size
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
         self._renders: dict[str, Prompt] | None = None
         self._model_separators = separators
+        self.key = ProofKey(
+            template,
+            engine,
+            json.dumps(self.special_tokens, sort_keys=True, default=repr),
+            limits,
+            tokenizer_identity(self.measure.tokenizer),
+        )
+        self._recalled: dict[str, Prompt] = {}
+        if recalled is not None and recalled.key == self.key:
+            self._recalled = recalled.prompts
+            if self.measure.encoded is not None:
+                self.measure.encoded.update(recalled.encoded)
+        self._recordable: dict[str, Prompt] | None = None  # the last run's renders, where it can be recorded
+
+    @staticmethod
+    def request_key(scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str | None:
+        """What names a request among a template's renders (None: a request that cannot be named)."""
+        try:
+            return json.dumps([messages, at.isoformat(), generation_prompt, scenario.tools, scenario.kwargs], sort_keys=True)
+        except (TypeError, ValueError):
+            return None
+
+    def recorded(self) -> Recorded | None:
+        """What the last run rendered and encoded, for another proof of this key; None where
+        another run might not repeat it (a render over a limit, random output)."""
+        if self._recordable is None:
+            return None
+        return Recorded(self.key, dict(self._recordable), dict(self.measure.encoded or {}))
 
     def render(self, scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> Prompt:
         """The prompt for one request, rendered once per request while ``_renders`` keeps
@@ -353,11 +430,11 @@ class Prover:
         tool-call arguments, say)."""
         key = None
         if self._renders is not None:
-            try:
-                key = json.dumps([messages, at.isoformat(), generation_prompt, scenario.tools, scenario.kwargs], sort_keys=True)
-            except (TypeError, ValueError):
-                key = None
+            key = self.request_key(scenario, messages, at, generation_prompt)
             if key in self._renders:
+                return self._renders[key]
+            if key in self._recalled:  # rendered for the same key in another process
+                self._renders[key] = self._recalled[key]
                 return self._renders[key]
         self.clock.set(at)
         try:
@@ -379,14 +456,16 @@ class Prover:
         return prompt
 
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
-        self._renders = {}
+        self._renders, self._recordable = {}, None
         report = self.run_scenarios(switches, clocked)
         if any(result.limit_exceeded for result in report.results):
             return report  # no more seconds spent on it
-        self._renders = None  # the determinism check renders one request twenty times
+        renders, self._renders = self._renders, None  # the determinism check renders one request twenty times
         # openai-harmony runs no template code: twenty renders of one request would prove nothing.
         report.deterministic = self.engine == HARMONY or self.deterministic()
-        if not report.deterministic:
+        if report.deterministic:
+            self._recordable = renders
+        else:
             # Every render of a random template is a draw of its own: none is reused.
             report = self.run_scenarios(switches, clocked)
             report.deterministic = False

@@ -31,6 +31,7 @@ from .sources import NothingToLint, SourceError, TemplateSource, collect
 if TYPE_CHECKING:
     from .fixer import FixOptions, TemplateFix
     from .gguf import CopyTarget
+    from .prover import Recorded
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -227,9 +228,10 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         if fixing is not None:
             sources = fixing.run(sources)
         if prove:
+            recorded = fixing.recorded if fixing is not None else {}
 
             def proven(source):
-                found = lint_isolated(source, selection, prove)
+                found = lint_isolated(source, selection, prove, recorded.pop((str(source.path), source.name), None))
                 bar.advance()
                 return found
 
@@ -281,6 +283,9 @@ class _Fixing:
     # Why the findings of a file --fix could not write (or read again) are not fixed, by its
     # path: the error line says why, and a finding its fix would have edited says that.
     unwritten: dict[str, str] = field(default_factory=dict)
+    # By (path, template): what verifying its fixes recorded proving the template as it now
+    # is, for the check's proof (which takes it only for the same template and inputs).
+    recorded: dict[tuple[str, str | None], Recorded] = field(default_factory=dict)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -325,6 +330,9 @@ class _Fixing:
             # Under --diff the file on disk is not what the lint that follows reads: its
             # findings are placed in the file as it would be.
             now.extend(replace(fix.now, file_text=None if self.write else fixed.updated) for fix in fixed.fixes)
+            for fix in fixed.fixes:
+                if fix.recorded is not None and fix.refusal is None:
+                    self.recorded[(str(fix.now.path), fix.now.name)] = fix.recorded
         models = [source for source in sources if source.container == "gguf"]
         if models:
             now.extend(self.fix_models(models))

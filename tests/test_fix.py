@@ -696,3 +696,117 @@ def test_a_suppressed_clock_still_explains_its_divergence_and_does_not_block_ano
         + "{% for m in messages %}{{ m.content }}{% endfor %}{{ date_string }}\n"
     )
     assert code == 1  # what is printed after the messages is still there: PC007, which has no fix
+
+
+# -- a template text met in several files is verified once ---------------------------------
+
+
+def test_a_template_in_several_files_of_a_run_is_verified_once(tmp_path, monkeypatch):
+    """Verifying is most of a fix: the second file holding the same template (another copy
+    of a model) recalls the first one's answers, and is fixed alike. Another text is
+    verified on its own."""
+    made = tmp_path / "verifiers made"
+    real_init = Verifier.__init__
+
+    def counted(self, source, *args, **kwargs):
+        with made.open("a") as log:  # the fixes run in forked workers: counted in a file
+            log.write(f"{source.path.parent.name}\n")
+        real_init(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "__init__", counted)
+    text = (CORPUS / "PC001_live_clock.jinja").read_text()
+    paths = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / "chat_template.jinja")
+        paths[-1].write_text(text)
+    (tmp_path / "c").mkdir()
+    paths.append(tmp_path / "c" / "chat_template.jinja")
+    paths[-1].write_text(text.replace("Knowledge cutoff", "Cutoff"))
+    code, out, _ = run(*map(str, paths), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert made.read_text().splitlines() == ["a", "c"]
+    assert paths[0].read_text() == paths[1].read_text() != text
+    assert paths[2].read_text() == paths[0].read_text().replace("Knowledge cutoff", "Cutoff")
+    for path in paths:
+        assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
+    assert code == 0
+
+
+def test_recalled_verdicts_answer_only_the_same_text_and_inputs(tmp_path):
+    """Answers recalled under another key would be stale: a verdict forged for the template
+    as a .jinja file is heard there, and not by the same text in a tokenizer config whose
+    special tokens it renders with, nor under other options, nor by another text asking
+    the same questions."""
+    from datetime import date
+
+    from tmpl_lint.fixer import FixOptions, Verdicts, fix_template
+
+    text = (CORPUS / "PC001_live_clock.jinja").read_text()
+    (tmp_path / "jinja").mkdir()
+    (tmp_path / "jinja" / "chat_template.jinja").write_text(text)
+    (tmp_path / "json").mkdir()
+    config = {"chat_template": text, "bos_token": "<|begin|>", "eos_token": "<|end|>"}
+    (tmp_path / "json" / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "chat_template.jinja").write_text(text.replace("Knowledge cutoff", "Cutoff"))
+    (as_jinja,), _ = collect([tmp_path / "jinja" / "chat_template.jinja"])
+    (as_json,), _ = collect([tmp_path / "json" / "tokenizer_config.json"])
+    (other,), _ = collect([tmp_path / "other" / "chat_template.jinja"])
+    options = FixOptions(date(2026, 1, 15))
+
+    fresh = fix_template(as_jinja, options)
+    assert [finding.code for finding, _ in fresh.applied] == ["PC001"] and fresh.verdicts.checks
+    forged = Verdicts(fresh.verdicts.key, dict(fresh.verdicts.unreproduced), {q: "forged" for q in fresh.verdicts.checks})
+    recalled = fix_template(as_jinja, options, recalled=(forged,))
+    assert ([finding.code for finding, reason in recalled.skipped if reason == "forged"], recalled.patched) == (["PC001"], text)
+
+    for source, other_options in ((as_json, options), (as_jinja, FixOptions(date(2026, 1, 15), block_size=32))):
+        fixed = fix_template(source, other_options, recalled=(forged,))
+        assert [finding.code for finding, _ in fixed.applied] == ["PC001"]
+        assert fixed.patched == fresh.patched
+    # Another text's own questions, filed under this text's key: not heard by it.
+    asked = fix_template(other, options).verdicts.checks
+    misfiled = Verdicts(fresh.verdicts.key, {}, {q: "forged" for q in asked})
+    fixed = fix_template(other, options, recalled=(misfiled,))
+    assert [finding.code for finding, _ in fixed.applied] == ["PC001"] and fixed.patched != other.text
+
+
+def test_answers_of_a_verifier_over_a_render_limit_are_not_kept():
+    """A render over a limit may not be over it in another process (the time limit): what
+    such a verification answered is not recalled for the next file."""
+    from datetime import date
+
+    from tmpl_lint.fixer import FixOptions, fix_template
+    from tmpl_lint.render import RenderLimits
+
+    (source,), _ = collect([CORPUS / "PC001_live_clock.jinja"])
+    fixed = fix_template(source, FixOptions(date(2026, 1, 15), limits=RenderLimits(max_bytes=300)))
+    assert [finding.code for finding, _ in fixed.applied] == ["PC001"]  # verified: the check was asked
+    assert (fixed.verdicts.checks, fixed.verdicts.unreproduced) == ({}, {})
+
+
+def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_path, monkeypatch):
+    """The verifier proves the fixed template; the check that follows proves it again with
+    its switch values: what the verifier rendered comes with the fix, and each request of
+    the fixed template is rendered once in the run."""
+    from collections import Counter
+
+    from tmpl_lint import prover as proving
+
+    log = tmp_path / "requests rendered"
+    render_prompt = proving.render_prompt
+
+    def logged(engine, template, messages, **options):
+        if messages != [{"role": "user", "content": "Hi"}]:  # the determinism check renders afresh by design
+            request = [engine, template, messages, options["clock"](), options["tools"], options["kwargs"]]
+            with log.open("a") as stream:  # rendered in forked workers: logged in a file
+                stream.write(json.dumps([*request, options["add_generation_prompt"]], sort_keys=True, default=str) + "\n")
+        return render_prompt(engine, template, messages, **options)
+
+    monkeypatch.setattr(proving, "render_prompt", logged)
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    _, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    fixed = path.read_text()
+    assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
+    of_fixed = Counter(line for line in log.read_text().splitlines() if json.loads(line)[1] == fixed)
+    assert of_fixed and max(of_fixed.values()) == 1

@@ -392,3 +392,57 @@ def test_the_same_place_once_a_message_arrived_is_the_last_messages_closing_mark
         "markup",
         Cause.HISTORY_REWRITE,
     )
+
+
+class _Backend:
+    """A tokenizers backend whose ids are the characters' code points."""
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(ids=list(map(ord, text)))
+
+
+def test_a_proof_takes_what_another_recorded_only_for_the_same_template_and_inputs():
+    """--fix hands the check's proof what its verifier rendered and encoded proving the fixed
+    template. Taken for another template, or other inputs, it would prove the wrong renders:
+    forged renders and ids recorded for one template are taken by a proof of that template
+    with the same inputs (the recall is live), and by none of another text, other special
+    tokens, limits, engine or tokenizer, which prove as if nothing were recorded."""
+    from dataclasses import replace
+
+    from tmpl_lint.engines import Prompt
+    from tmpl_lint.render import RenderLimits
+    from tmpl_lint.tokenizer import Tokenizer
+
+    def divergences(prover: Prover) -> list[tuple]:
+        report = prover.run({})
+        return [(d.scenario, d.call, d.check, d.first_divergence, d.cause) for d in report.divergences()]
+
+    text = (CORPUS / "PC002_history_rewrite.jinja").read_text()
+    other = text.replace("<|im_start|>", "<|turn|>")
+    assert other != text
+    recorder = Prover(text, None)
+    recorder.run({})
+    recorded = recorder.recorded()
+    forged = replace(recorded, prompts={request: Prompt("forged") for request in recorded.prompts})
+    fresh = divergences(Prover(text, None))
+    assert fresh and divergences(Prover(text, None, recalled=forged)) != fresh  # taken
+    for changed in (
+        {"template": other},
+        {"special_tokens": {"bos_token": "<B>", "eos_token": "</B>"}},
+        {"limits": RenderLimits(seconds=3.0)},
+        {"engine": "vllm"},
+    ):
+        arguments = {"template": text, "tokenizer": None, **changed}
+        assert divergences(Prover(**arguments, recalled=forged)) == divergences(Prover(**arguments)), changed
+
+    # Token ids recorded with one tokenizer are not another's.
+    first, second = (Tokenizer(Path(name), _Backend(), {"bos_token": "<s>"}) for name in ("first", "second"))
+    recorder = Prover(text, first)
+    recorder.run({})
+    recorded = recorder.recorded()
+    forged = replace(recorded, encoded={encoded: [1] for encoded in recorded.encoded})
+    fresh = divergences(Prover(text, first))
+    assert fresh and divergences(Prover(text, first, recalled=forged)) != fresh  # taken
+    assert divergences(Prover(text, second, recalled=forged)) == divergences(Prover(text, second))

@@ -105,8 +105,8 @@ def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypat
     saved_by_editor = path.read_text() + "{# saved in an editor while tmpl-lint was fixing #}\n"
     fix_isolated = fixer.fix_isolated
 
-    def fix_while_an_editor_saves(source, options, selection):
-        result = fix_isolated(source, options, selection)
+    def fix_while_an_editor_saves(source, *arguments):
+        result = fix_isolated(source, *arguments)
         path.write_text(saved_by_editor)
         return result
 
