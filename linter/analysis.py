@@ -1454,18 +1454,21 @@ def _as_positions(labels: frozenset[Label]) -> frozenset[Label]:
     )
 
 
+def _is_field(operand: nodes.Node, target: nodes.NSRef) -> bool:
+    """``ns.n`` read where ``{% set ns.n = ... %}`` writes it."""
+    return (
+        isinstance(operand, nodes.Getattr)
+        and isinstance(operand.node, nodes.Name)
+        and (operand.node.name, operand.attr) == (target.name, target.attr)
+    )
+
+
 def _increments(node: nodes.Node, target: nodes.NSRef) -> bool:
     """``{% set ns.n = ns.n + 1 %}``: the field counts up by a number."""
     if not isinstance(node, nodes.Assign) or not isinstance(node.node, nodes.Add):
         return False
     operands = (node.node.left, node.node.right)
-    own = [
-        operand
-        for operand in operands
-        if isinstance(operand, nodes.Getattr)
-        and isinstance(operand.node, nodes.Name)
-        and (operand.node.name, operand.attr) == (target.name, target.attr)
-    ]
+    own = [operand for operand in operands if _is_field(operand, target)]
     numbers = [
         operand
         for operand in operands
@@ -1488,13 +1491,7 @@ def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
             pending += operand.nodes
         else:
             operands.append(operand)
-    own = [
-        operand
-        for operand in operands
-        if isinstance(operand, nodes.Getattr)
-        and isinstance(operand.node, nodes.Name)
-        and (operand.node.name, operand.attr) == (target.name, target.attr)
-    ]
+    own = [operand for operand in operands if _is_field(operand, target)]
     others = [operand for operand in operands if operand not in own]
     numeric = all(isinstance(operand, nodes.Const) and isinstance(operand.value, (int, float)) for operand in others)
     return bool(own) and not numeric
