@@ -30,11 +30,18 @@ arguments written with those separators.
 
 ## Use instead
 ```jinja
-{%- if tool_call.arguments is string %}
-    {{- tool_call.arguments }}
-{%- else %}
-    {{- tool_call.arguments | tojson(separators=(",", ":")) }}
-{%- endif %}
+{%- for message in messages %}
+    {{- message.content or "" }}
+    {%- for tool_call in message.tool_calls or [] %}
+        {%- set tool_call = tool_call.function %}
+        {%- if tool_call.arguments is string %}
+            {%- set arguments = tool_call.arguments %}
+        {%- else %}
+            {%- set arguments = tool_call.arguments | tojson(separators=(",", ":")) %}
+        {%- endif %}
+        {{- '{"name": "' + tool_call.name + '", "arguments": ' + arguments + '}' }}
+    {%- endfor %}
+{%- endfor %}
 ```
 
 The proof replays the compact JSON the model wrote (`{"city":"Paris"}`) as the client

@@ -20,7 +20,9 @@ reader that a problem exists where there is none.
 
 ## Use instead
 ```jinja
-{{- message.content }}
+{%- for message in messages %}
+    {{- message.content }}
+{%- endfor %}
 ```
 
 ## Fix safety

@@ -102,3 +102,21 @@ def test_every_rule_page_s_example_is_reported_by_its_rule(rule, tmp_path):
     assert reported, f"{rule.RULE.code}: its Example is not reported by it"
     statuses = {finding["proof"]["status"] for finding in reported if finding["proof"] is not None}
     assert "not-reproduced" not in statuses, f"{rule.RULE.code}: its Example is not reproduced"
+
+
+def use_instead(rule) -> str:
+    """The template of a page's "Use instead", or "" where it shows none (PC103: a server setting)."""
+    section = page(rule).split("## Use instead\n", 1)[-1].split("\n## ", 1)[0] if "## Use instead" in page(rule) else ""
+    return section.split("```jinja\n", 1)[1].split("```", 1)[0] if "```jinja\n" in section else ""
+
+
+@pytest.mark.parametrize("rule", [rule for rule in RULES if use_instead(rule)], ids=lambda rule: rule.RULE.code)
+def test_every_rule_page_s_use_instead_renders_and_passes(rule, tmp_path):
+    """The page's "Use instead" is a template `tmpl-lint check` passes: it renders (PC004's,
+    PC007's and PC900's were fragments that failed on every conversation, PC102) and its
+    rule does not report it."""
+    path = tmp_path / "instead.jinja"
+    path.write_text(use_instead(rule))
+    result = CliRunner().invoke(main, ["check", str(path), "--format", "json"])
+    assert [(finding["code"], finding["fails"]) for finding in json.loads(result.stdout)] == []
+    assert result.exit_code == 0
