@@ -124,16 +124,23 @@ def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypat
     assert leftovers(tmp_path, path) == []
 
 
+def lock_folder_blocked(tmp_path: Path, monkeypatch) -> Path:
+    """A file where tmpl-lint's lock folder goes: no lock can be taken. Returns that file."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    blocker = runtime / f"tmpl-lint-{os.getuid()}"
+    blocker.write_text("a file where the lock folder goes")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return blocker
+
+
 def test_a_file_whose_lock_cannot_be_taken_says_each_finding_is_not_fixed_for_that(tmp_path, monkeypatch):
     # the fixes are never made: no finding is "found by the proof, not from a pattern"
     path = live_clock(tmp_path / "model")
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    (runtime / f"tmpl-lint-{os.getuid()}").write_text("a file where the lock folder goes")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    blocker = lock_folder_blocked(tmp_path, monkeypatch)
     code, out, err = run(str(path), "--fix", "--no-prove")
     assert code == 2
-    assert err == f"tmpl-lint: error: {runtime / f'tmpl-lint-{os.getuid()}'}: cannot hold lock files: File exists\n"
+    assert err == f"tmpl-lint: error: {blocker}: cannot hold lock files: File exists\n"
     assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be written (see the error)"
     assert path.read_bytes() == (CORPUS / "PC001_live_clock.jinja").read_bytes()
 
@@ -146,10 +153,7 @@ def test_a_file_whose_lock_cannot_be_taken_says_no_fix_where_its_rule_has_none(t
         '{{ strftime_now("%Y-%m-%d") }}\n{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}\n'
         "{%- if add_generation_prompt %}<|assistant|><think>\n{%- endif %}\n"
     )
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    (runtime / f"tmpl-lint-{os.getuid()}").write_text("a file where the lock folder goes")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    lock_folder_blocked(tmp_path, monkeypatch)
     code, out, _ = run(str(path), "--fix", "--no-prove")
     assert code == 2
     assert out.splitlines()[:2] == [
