@@ -58,28 +58,31 @@ def lint_isolated(
         return [finding] if selection.includes(finding.code) else []
 
 
-# Templates the static lint takes to one child, about: a fork costs more than linting a
-# template (MIN_BATCH templates are worth one), and a batch a hostile template stops is
-# linted again one template per child.
-STATIC_BATCH = 32
+# Templates the static lint sends to a worker at a time, about: the long-lived workers
+# (isolation.long_lived_workers) take batch after batch, so that a worker that drew the
+# costly templates is not waited for while the other idles, and a batch a hostile template
+# stops is linted again one template per child. Fewer than MIN_BATCH templates are not
+# worth a second worker.
+STATIC_BATCH = 6
 MIN_BATCH = 4
 
 
-def batch_bounds(count: int, jobs: int) -> list[tuple[int, int]]:
-    """Equal batches of ``count`` templates, as many as ``jobs`` processes run at a time (or
-    a multiple of it, for batches of about STATIC_BATCH): 67 templates in two processes are
-    batches of 34 and 33, not 32, 32 and 3 (a third fork, and one process waiting on the
-    other's last batch)."""
-    jobs = max(jobs, 1)
-    batches = jobs * max(1, round(count / (jobs * STATIC_BATCH)))
-    batches = max(1, min(batches, -(-count // MIN_BATCH)))
-    return [(index * count // batches, (index + 1) * count // batches) for index in range(batches) if count]
+def static_batches(sources: list[TemplateSource], jobs: int) -> list[list[int]]:
+    """The indices of ``sources`` in batches for ``jobs`` workers, costliest first: a
+    template's cost goes with its length, and the batches are taken in order, so the long
+    ones start at once and the short ones fill the gaps at the end."""
+    count = len(sources)
+    if count == 0:
+        return []
+    batches = 1 if jobs <= 1 or count < 2 * MIN_BATCH else max(jobs, -(-count // STATIC_BATCH))
+    order = sorted(range(count), key=lambda index: -len(sources[index].text))
+    return [order[number * count // batches : (number + 1) * count // batches] for number in range(batches)]
 
 
 def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs: int) -> list[list[Finding]]:
     """The static lint of each of ``sources``, under the limits ``lint_isolated`` applies,
-    a batch of templates per child. A batch that exceeds them is linted again one template
-    per child, so that the template at fault gets the PC101 and the others their findings."""
+    a batch of templates per call to a worker. A batch that exceeds them is linted again one
+    template per child, so that the template at fault gets the PC101 and the others their findings."""
     from .isolation import IsolationError, parallel_map, run_isolated
 
     def lint_batch(batch: list[TemplateSource]) -> list[list[Finding]]:
@@ -88,8 +91,13 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
         except IsolationError:
             return [lint_isolated(source, selection, None) for source in batch]
 
-    batches = [sources[start:end] for start, end in batch_bounds(len(sources), jobs)]
-    return [found for result in parallel_map(lint_batch, batches, jobs) for found in result]
+    batches = static_batches(sources, jobs)
+    found: list[list[Finding]] = [[] for _ in sources]
+    results = parallel_map(lint_batch, [[sources[index] for index in batch] for batch in batches], jobs)
+    for batch, result in zip(batches, results):
+        for index, findings in zip(batch, result):
+            found[index] = findings
+    return found
 
 
 def _lint_batch_for_parent(sources: list[TemplateSource], selection: Selection) -> list[list[Finding]]:

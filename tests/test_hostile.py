@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from helpers import PROJECT
 
 from tmpl_lint.render import FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render
+from tmpl_lint.sources import TemplateSource
 
 HOSTILE = PROJECT / "tests" / "hostile"
 ESCAPES = sorted(HOSTILE.glob("escape_*.jinja"))
@@ -246,17 +248,23 @@ def test_the_static_lint_is_under_the_wall_clock_limit_too(monkeypatch, tmp_path
 @pytest.mark.parametrize(
     ("count", "jobs", "sizes"),
     [
-        (67, 2, [33, 34]),  # two processes, two equal batches: not 32, 32 and 3
+        (67, 2, [5, 6, 5, 6, 5, 6, 6, 5, 6, 5, 6, 6]),  # twelve of about STATIC_BATCH, taken in turn
         (1, 2, [1]),
-        (3, 2, [3]),  # too few to be worth a second fork
+        (7, 2, [7]),  # too few to be worth a second worker
         (8, 2, [4, 4]),
-        (200, 2, [33, 33, 34, 33, 33, 34]),  # rounds of two, each about STATIC_BATCH
+        (9, 1, [9]),  # one process: one batch
         (0, 2, []),
     ],
 )
-def test_static_batches_are_equal_and_cover_every_template_once(count, jobs, sizes):
-    from tmpl_lint.checker import batch_bounds
+def test_static_batches_cover_every_template_once_longest_first(count, jobs, sizes):
+    from tmpl_lint.checker import static_batches
 
-    bounds = batch_bounds(count, jobs)
-    assert [end - start for start, end in bounds] == sizes
-    assert [index for start, end in bounds for index in range(start, end)] == list(range(count))
+    # Lengths in no order, some of them equal: the batches take the longest first, ties in
+    # the given order.
+    lengths = [(index * 37) % 11 for index in range(count)]
+    sources = [TemplateSource(Path(f"t{index}.jinja"), None, "x" * length, "jinja") for index, length in enumerate(lengths)]
+    batches = static_batches(sources, jobs)
+    assert [len(batch) for batch in batches] == sizes
+    order = [index for batch in batches for index in batch]
+    assert sorted(order) == list(range(count))
+    assert order == sorted(range(count), key=lambda index: -lengths[index])
