@@ -844,8 +844,9 @@ class _Interpreter:
         if _increments(node, target) and self.controls and self.controls[-1].node is loop.node:
             # `{% set ns.n = ns.n + 1 %}` on every message, under no test: after the loop it
             # is the number of messages, as `messages|length` is, not a position found.
-            site = self.facts.site(node, f"{target.name}.{target.attr}")
-            return Value(value.labels | {Label(LabelKind.COUNT, site)}, value.const)
+            # Named, with its loop: it is reported where it is read after the loop (read_scan).
+            name = f"{target.name}.{target.attr}"
+            return Value(value.labels | {Label(LabelKind.COUNT, self.facts.site(node, name), name, loop.loop)}, value.const)
         is_position = any(label.kind is LabelKind.LOOP_INDEX and label.loop == loop.loop for label in value.labels)
         earlier_only = any(label.kind is LabelKind.BEFORE_CURRENT and label.loop == loop.loop for label in value.labels)
         if earlier_only or (is_position and _keeps_first(loop, node, self.facts.source_map)):
@@ -1167,12 +1168,16 @@ class _Interpreter:
             # Where a look-ahead fact is read is where a fix can replace it.
             read = Label(LabelKind.NAMESPACE_READ, self.facts.site(node, expression_text(node)), expression_text(node))
             value = Value(value.labels | {read}, value.const)
-        if not any(label.kind in SCANS for label in value.labels):
+        if not any(label.kind in SCANS or (label.kind is LabelKind.COUNT and label.loop is not None) for label in value.labels):
             return value
         active = {loop.loop for loop in self.loops}
         labels = set()
         for label in value.labels:
-            if label.kind in SCANS and label.origin is None:
+            if label.kind is LabelKind.COUNT and label.loop is not None and label.origin is None and label.loop not in active:
+                # A namespace count of the messages (``scanned``), first read after its loop:
+                # the read is what makes a message render differently, so it is reported there.
+                labels.add(Label(label.kind, self.facts.site(node, label.name or ""), label.name, label.loop, label.site))
+            elif label.kind in SCANS and label.origin is None:
                 if label.loop in active:
                     continue
                 # First read after the scan: reported here, and where a fix replaces it. A

@@ -139,8 +139,9 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
         if label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):
             if label.kind is LabelKind.COUNT and not active_index:
                 return None
+            counted = f" (counted at line {label.origin.line})" if label.origin else ""
             return (
-                f"`{label.site.text}` makes a message render differently while it is the last one: "
+                f"`{label.site.text}`{counted} makes a message render differently while it is the last one: "
                 "the next turn renders it again without that"
             )
         if label.kind is LabelKind.NEXT and not closes_group:

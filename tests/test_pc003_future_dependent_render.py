@@ -201,7 +201,8 @@ def test_a_look_ahead_that_skips_the_rest_of_the_loop_is_pc003(skip):
 def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
     """`ns.n` counts every message: compared with `loop.index` it marks the last message, as
     `messages|length` does. One PC003, not a PC002 for a scanned position and a PC100 for the
-    divergence it cannot explain."""
+    divergence it cannot explain. Reported where the comparison reads it, which is what makes
+    the last message render differently, naming the line that counted it."""
     source = (
         "{%- set ns = namespace(n=0) -%}\n"
         "{%- for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor -%}\n"
@@ -210,7 +211,8 @@ def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
         "{%- if add_generation_prompt %}<|assistant|>{% endif -%}\n"
     )
     codes, findings = prove_text(source)
-    assert codes == [at("PC003", source, "ns.n + 1")]
+    assert codes == [at("PC003", source, "ns.n %}")]
+    assert findings[0].message.startswith("`ns.n` (counted at line 2) makes a message render differently")
     assert findings[0].proof.is_proven
     # counted only under a test, it is a count of some messages: still a scan (PC002's)
     conditional = source.replace("{% set ns.n = ns.n + 1 %}", "{% if m.role == 'user' %}{% set ns.n = ns.n + 1 %}{% endif %}")
