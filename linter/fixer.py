@@ -57,6 +57,9 @@ class FixOptions:
     # Fix findings the proof does not reproduce too: they fail the run under --strict and
     # --no-prove. Otherwise a fix is made only for what a render shows (see Verifier.shows).
     unreproduced: bool = False
+    # The check that follows proves the template as fixed, and takes over what the verifier
+    # rendered for it (TemplateFix.recorded); without proofs that is not sent back at all.
+    recall: bool = True
 
 
 @dataclass
@@ -555,7 +558,7 @@ def fix_template(
                 reasons.setdefault(id(finding), reason)  # the first candidate's: the most direct edit
     for finding, _fix in pending:
         result.skipped.append((finding, reasons.get(id(finding), "no candidate edit")))
-    result.recorded = verifier.recorded(result.patched)
+    result.recorded = verifier.recorded(result.patched) if options.recall else None
     return result
 
 

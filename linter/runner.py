@@ -208,7 +208,14 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         # only under --strict, and every one does without proofs.
         unreproduced = result.strict or not options.prove
         fix_options = FixOptions(
-            frozen, tokenizer, block_size, options.tool_args_style, options.engine, options.limits, unreproduced
+            frozen,
+            tokenizer,
+            block_size,
+            options.tool_args_style,
+            options.engine,
+            options.limits,
+            unreproduced,
+            prove is not None,
         )
         fixing = _Fixing(fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line)
     # Templates are untrusted code: each is fixed, parsed, analysed (and proven) in a limited

@@ -810,3 +810,25 @@ def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_pat
     assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
     of_fixed = Counter(line for line in log.read_text().splitlines() if json.loads(line)[1] == fixed)
     assert of_fixed and max(of_fixed.values()) == 1
+
+
+@pytest.mark.parametrize(("flags", "sent_back"), [((), True), (("--no-prove",), False)])
+def test_the_verifiers_renders_come_back_only_for_a_check_that_proves(tmp_path, monkeypatch, flags, sent_back):
+    """What the verifier rendered is sent back from the worker for the check to take over;
+    a check without proofs has no use for it (several MB over a corpus in tokens)."""
+    from tmpl_lint import fixer
+
+    log = tmp_path / "sent back"
+    fix_template = fixer.fix_template
+
+    def logged(*args, **kwargs):
+        result = fix_template(*args, **kwargs)
+        with log.open("a") as stream:  # fixed in forked workers: logged in a file
+            stream.write(f"{result.recorded is not None}\n")
+        return result
+
+    monkeypatch.setattr(fixer, "fix_template", logged)
+    path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
+    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN, *flags)
+    assert f"{path}:3:28: fixed PC001 [live-clock]: " in out and code == 0
+    assert log.read_text() == f"{sent_back}\n"
