@@ -585,22 +585,52 @@ def _fix_for_parent(
 
 
 def fix_files(
-    sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool, advance=None
+    sources: list[TemplateSource], options: FixOptions, selection: Selection, write: bool, advance=None, jobs: int = 1
 ) -> list[FileFix]:
     """Fix the templates of each file; with ``write``, write each changed file; call
-    ``advance`` as each file is done."""
+    ``advance`` as each file is done. Files are fixed ``jobs`` at a time."""
+    from .isolation import parallel_map
+
     by_path: dict[Path, list[TemplateSource]] = {}
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
-    results = []
-    # What verifying each template text answered, by text: a template in several files (a
-    # model's copies, one per quantisation) is proven once, not once a file.
-    recalled: dict[str, list[Verdicts]] = {}
+
+    def fix_chain(paths: list[Path]) -> list[FileFix]:
+        # What verifying each template text answered, by text: a template in several files
+        # (a model's copies, one per quantisation) is proven once, not once a file.
+        recalled: dict[str, list[Verdicts]] = {}
+        fixed = []
+        for path in paths:
+            fixed.append(_fix_file(path, by_path[path], options, selection, write, recalled))
+            if advance is not None:
+                advance()
+        return fixed
+
+    by_file = {fixed.path: fixed for chain in parallel_map(fix_chain, _chains(by_path), jobs) for fixed in chain}
+    return [by_file[path] for path in by_path]
+
+
+def _chains(by_path: dict[Path, list[TemplateSource]]) -> list[list[Path]]:
+    """The files in chains fixed one after another, in their order: files that share a
+    template text are in one chain (its verification is then recalled, not repeated), and
+    chains go at once."""
+    order = {path: index for index, path in enumerate(by_path)}
+    chain_of_text: dict[str, int] = {}
+    chains: list[list[Path] | None] = []
     for path, found in by_path.items():
-        results.append(_fix_file(path, found, options, selection, write, recalled))
-        if advance is not None:
-            advance()
-    return results
+        joined = sorted({chain_of_text[source.text] for source in found if source.text in chain_of_text})
+        if joined:
+            number = joined[0]
+            for other in joined[1:]:  # this file ties chains together: they become one
+                chains[number] = sorted(chains[number] + chains[other], key=order.__getitem__)
+                chains[other] = None
+                chain_of_text.update({text: number for text, owner in chain_of_text.items() if owner == other})
+            chains[number].append(path)
+        else:
+            number = len(chains)
+            chains.append([path])
+        chain_of_text.update({source.text: number for source in found})
+    return [chain for chain in chains if chain is not None]
 
 
 def _fix_file(

@@ -217,7 +217,9 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             unreproduced,
             prove is not None,
         )
-        fixing = _Fixing(fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line)
+        fixing = _Fixing(
+            fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line, options.jobs
+        )
     # Templates are untrusted code: each is fixed, parsed, analysed (and proven) in a limited
     # process, several at once. The processes are long-lived workers that serve the fixes
     # and then the lint (a fork per template cost a small template as much as its proof,
@@ -282,6 +284,7 @@ class _Fixing:
     gguf_copy: CopyTarget | None
     result: CheckResult
     on_line: Callable[[FixLine], None] | None
+    jobs: int
     # (path, template, code, whether a pattern found it) of every finding a line has said
     # was fixed or not, and why.
     addressed: set[tuple[str, str | None, str, bool]] = field(default_factory=set)
@@ -307,7 +310,7 @@ class _Fixing:
         now: list[TemplateSource] = []
         files = [source for source in sources if source.container != "gguf"]
         with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
-            fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance)
+            fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
         for fixed in fixed_files:
             unfixed = None
             if fixed.error is not None:

@@ -23,7 +23,7 @@ from tmpl_lint.containers import json_template_span
 from tmpl_lint.fixer import Verifier
 from tmpl_lint.prover import Prover
 from tmpl_lint.render import FrozenClock, render
-from tmpl_lint.sources import collect
+from tmpl_lint.sources import TemplateSource, collect
 
 FIXTURES = PROJECT / "tests" / "fixtures"
 FROZEN = "2026-01-15"
@@ -724,12 +724,62 @@ def test_a_template_in_several_files_of_a_run_is_verified_once(tmp_path, monkeyp
     paths.append(tmp_path / "c" / "chat_template.jinja")
     paths[-1].write_text(text.replace("Knowledge cutoff", "Cutoff"))
     code, out, _ = run(*map(str, paths), "--fix", "--no-prove", "--frozen-date", FROZEN)
-    assert made.read_text().splitlines() == ["a", "c"]
+    assert sorted(made.read_text().splitlines()) == ["a", "c"]  # a and c are fixed at once
     assert paths[0].read_text() == paths[1].read_text() != text
     assert paths[2].read_text() == paths[0].read_text().replace("Knowledge cutoff", "Cutoff")
     for path in paths:
         assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
     assert code == 0
+
+
+def test_files_are_fixed_jobs_at_a_time_and_copies_of_a_text_one_after_another(tmp_path, monkeypatch):
+    """With --jobs 2, a verifier of a's text and one of c's run at once: each waits (up to
+    ten seconds) for the other to start. b holds a's text: it comes after a, and recalls."""
+    import time
+
+    made = tmp_path / "verifiers made"
+    real_init = Verifier.__init__
+
+    def meeting(self, source, *args, **kwargs):
+        name = source.path.parent.name
+        (tmp_path / f"started {name}").touch()
+        other = tmp_path / ("started c" if name == "a" else "started a")
+        deadline = time.monotonic() + 10
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with made.open("a") as log:  # the fixes run in forked workers: logged in a file
+            log.write(f"{name} {'met' if other.exists() else 'alone'}\n")
+        real_init(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "__init__", meeting)
+    text = (CORPUS / "PC001_live_clock.jinja").read_text()
+    paths = []
+    for name, content in (("a", text), ("b", text), ("c", text.replace("Knowledge cutoff", "Cutoff"))):
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / "chat_template.jinja")
+        paths[-1].write_text(content)
+    code, out, _ = run(*map(str, paths), "--fix", "--no-prove", "--frozen-date", FROZEN, "--jobs", "2")
+    assert sorted(made.read_text().splitlines()) == ["a met", "c met"]
+    assert [line.split(":")[0] for line in out.splitlines() if " fixed PC001 " in line] == list(map(str, paths))
+    assert paths[0].read_text() == paths[1].read_text() != text
+    assert code == 0
+
+
+def test_files_sharing_a_text_are_one_chain_in_file_order():
+    """A file holding a text of two chains (two named templates) ties them into one."""
+    from tmpl_lint.fixer import _chains
+
+    def source(path: str, text: str) -> TemplateSource:
+        return TemplateSource(Path(path), None, text, "jinja")
+
+    by_path = {
+        Path("1"): [source("1", "x")],
+        Path("2"): [source("2", "y")],
+        Path("3"): [source("3", "z")],
+        Path("4"): [source("4", "x")],
+        Path("5"): [source("5", "y"), source("5", "x")],
+    }
+    assert _chains(by_path) == [[Path("1"), Path("2"), Path("4"), Path("5")], [Path("3")]]
 
 
 def test_recalled_verdicts_answer_only_the_same_text_and_inputs(tmp_path):

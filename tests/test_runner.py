@@ -290,7 +290,7 @@ def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of
         made.proof = Proof.proven_by("char", "a render")  # proven: it fails the run
         return made
 
-    fixing = _Fixing(None, None, True, False, None, CheckResult(), None)
+    fixing = _Fixing(None, None, True, False, None, CheckResult(), None, jobs=1)
     fixing.say_finding(finding(9, found_by_proof=False), "fixed", "written as the model writes them")
     left = finding(3, found_by_proof=True)
     fixing.say_unaddressed([LintedSource(TemplateSource(Path("t.jinja"), None, "", "jinja"), [left])])
