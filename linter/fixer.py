@@ -633,6 +633,18 @@ def _chains(by_path: dict[Path, list[TemplateSource]]) -> list[list[Path]]:
     return [chain for chain in chains if chain is not None]
 
 
+def fix_recalling(
+    source: TemplateSource, options: FixOptions, selection: Selection, recalled: dict[str, list[Verdicts]]
+) -> TemplateFix:
+    """``fix_isolated``, recalling what verifying the same text answered before in this run
+    (``recalled``, by text), and adding what it answered."""
+    fix = fix_isolated(source, options, selection, tuple(recalled.get(source.text, ())))
+    if fix.verdicts is not None:
+        known = recalled.setdefault(source.text, [])
+        known[:] = [verdicts for verdicts in known if verdicts.key != fix.verdicts.key] + [fix.verdicts]
+    return fix
+
+
 def _fix_file(
     path: Path,
     found: list[TemplateSource],
@@ -648,13 +660,7 @@ def _fix_file(
         with writes.locked(path) if write else contextlib.nullcontext():
             snapshot = writes.read(path)
             result.original = result.updated = snapshot.text
-            result.fixes = []
-            for source in reread(found, snapshot.text):
-                fix = fix_isolated(source, options, selection, tuple(recalled.get(source.text, ())))
-                if fix.verdicts is not None:
-                    known = recalled.setdefault(source.text, [])
-                    known[:] = [verdicts for verdicts in known if verdicts.key != fix.verdicts.key] + [fix.verdicts]
-                result.fixes.append(fix)
+            result.fixes = [fix_recalling(source, options, selection, recalled) for source in reread(found, snapshot.text)]
             result.made = True
             result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:

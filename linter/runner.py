@@ -351,7 +351,7 @@ class _Fixing:
     def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
-        from .fixer import fix_isolated, unified_diff
+        from .fixer import Verdicts, fix_recalling, unified_diff
         from .gguf import copy_with_fixes, place_fix
         from .writes import WriteError
 
@@ -359,8 +359,10 @@ class _Fixing:
         for source in models:
             by_model.setdefault(source.path, []).append(source)
         now: list[TemplateSource] = []
+        # A model's quantisations carry one template: verified for the first, recalled after.
+        recalled: dict[str, list[Verdicts]] = {}
         for model, found in by_model.items():
-            fixes = [fix_isolated(source, self.options, self.selection) for source in found]
+            fixes = [fix_recalling(source, self.options, self.selection, recalled) for source in found]
             names = {fix.source.name for fix in fixes}
             placed_all = True
             for fix in fixes:
@@ -387,6 +389,8 @@ class _Fixing:
                     self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
                 now.append(placed.now)
+                if fix.recorded is not None and fix.refusal is None:  # taken where the inputs are the same
+                    self.recorded[(str(placed.now.path), placed.now.name)] = fix.recorded
                 # The lint that follows reads the fixed template beside the model: what was
                 # said of the model's template was said of it.
                 said = {

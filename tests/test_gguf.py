@@ -585,6 +585,63 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     assert companion.read_text() == "mine"
 
 
+def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch):
+    """Two GGUF files of one model (two quantisations) carry the same template: the first
+    is verified, the second recalls its answers and is fixed alike."""
+    from tmpl_lint.fixer import Verifier
+
+    made = tmp_path / "verifiers made"
+    real_init = Verifier.__init__
+
+    def counted(self, source, *args, **kwargs):
+        with made.open("a") as log:  # the fixes run in forked workers: counted in a file
+            log.write(f"{source.path.name}\n")
+        real_init(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "__init__", counted)
+    models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK) for kind in ("Q4_K_M", "Q8_0")]
+    code, out, err = run(*models, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert (code, err) == (0, "")
+    assert made.read_text() == "m-Q4_K_M.gguf\n"
+    companions = [tmp_path / f"m-{kind}.chat_template.jinja" for kind in ("Q4_K_M", "Q8_0")]
+    assert companions[0].read_text() == companions[1].read_text() != CLOCK
+    for model in models:
+        assert f"{model}:default:3:28: fixed PC001 [live-clock]: " in out
+
+
+@pytest.mark.parametrize("mode", ["--fix", "--diff"])
+def test_the_check_after_a_models_fix_renders_no_request_the_fix_proved_already(tmp_path, monkeypatch, mode):
+    """What the verifier rendered proving the fixed template comes with the fix, for the
+    check that follows (of the template beside the model, or as it would be)."""
+    from collections import Counter
+
+    from tmpl_lint import prover as proving
+
+    log = tmp_path / "requests rendered"
+    render_prompt = proving.render_prompt
+
+    def logged(engine, template, messages, **options):
+        if messages != [{"role": "user", "content": "Hi"}]:  # the determinism check renders afresh by design
+            request = [engine, template, messages, options["clock"](), options["tools"], options["kwargs"]]
+            with log.open("a") as stream:  # rendered in forked workers: logged in a file
+                stream.write(json.dumps([*request, options["add_generation_prompt"]], sort_keys=True, default=str) + "\n")
+        return render_prompt(engine, template, messages, **options)
+
+    monkeypatch.setattr(proving, "render_prompt", logged)
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    code, out, _ = run(model, mode, "--frozen-date", FROZEN)
+    if mode == "--fix":
+        assert (code, f"{model}:default:3:28: fixed PC001 [live-clock]: " in out) == (0, True)
+    else:  # the patch that creates the file beside the model
+        assert (code, out.splitlines()[:2]) == (
+            1,
+            ["--- /dev/null", f"+++ b/{os.path.relpath(tmp_path / 'm.chat_template.jinja')}"],
+        )
+    rendered = [json.loads(line) for line in log.read_text().splitlines()]
+    of_fixed = Counter(json.dumps(request) for request in rendered if request[1] != CLOCK)
+    assert of_fixed and max(of_fixed.values()) == 1
+
+
 def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "-q")
