@@ -147,11 +147,14 @@ class CheckResult:
     @property
     def status(self) -> int:
         """2 when an input could not be read or written; else, as ruff, 1 when a finding
-        fails the run (the proof decides: Finding.verdict) or --diff would change a file."""
+        fails the run (the proof decides: Finding.verdict) or --diff would change a file,
+        unless --exit-zero (which, as ruff's, covers --diff too)."""
         if self.errors:
             return EXIT_ERROR
+        if self.exit_zero:
+            return EXIT_CLEAN
         failing = any(finding.fails(self.strict) for finding in self.findings)
-        return EXIT_FINDINGS if (failing and not self.exit_zero) or self.would_change else EXIT_CLEAN
+        return EXIT_FINDINGS if failing or self.would_change else EXIT_CLEAN
 
 
 def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | None = None) -> CheckResult:

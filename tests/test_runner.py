@@ -134,6 +134,9 @@ def test_diff_writes_nothing_gives_the_patch_and_exits_1(tmp_path):
     # the lint reads the template as the patch would leave it: nothing left to find
     assert places(result) == {path.name: []}
     assert (result.would_change, result.status) == (True, EXIT_FINDINGS)
+    # --exit-zero covers the patch as ruff's does: the patch is still given, the exit is 0
+    result = run_check(CheckOptions((path,), prove=False, fix=FixMode.DIFF, frozen_date=FROZEN, exit_zero=True))
+    assert (path.read_bytes(), result.fix_lines[1].text, result.status) == (before, patch.text, EXIT_CLEAN)
 
 
 def test_options_that_cannot_run_raise_before_anything_is_read(tmp_path):
