@@ -155,6 +155,11 @@ class Finding:
     def full_message(self) -> str:
         return f"{self.message}; {self.switch.advice()}" if self.switch else self.message
 
+    def reported_message(self) -> str:
+        """The message as every report shows it: a finding no render showed says so first."""
+        label = f"({self.unproven_reason()}) " if self.unproven else ""
+        return label + self.full_message()
+
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {
             "code": self.code,

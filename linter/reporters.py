@@ -49,9 +49,8 @@ def text_report(
     for finding in findings:
         colour_of = SEVERITY_COLOURS.get(finding.severity) if finding.fails(strict) else SEVERITY_COLOURS["info"]
         code = style(finding.code, fg=colour_of, bold=True)
-        label = f"({finding.unproven_reason()}) " if finding.unproven else ""
         named = finding.template_label()
-        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {named}{label}{finding.full_message()}")
+        out.append(f"{style(finding.location(), bold=True)}: {code} [{finding.name}] {named}{finding.reported_message()}")
         if quiet or not finding.source_line:
             continue
         shown, caret = _excerpt(finding.source_line, finding.column)
@@ -281,7 +280,7 @@ def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequ
             "ruleId": finding.code,
             "ruleIndex": index[finding.code],
             "level": SARIF_LEVELS[level(finding, strict)],
-            "message": {"text": finding.full_message()},
+            "message": {"text": finding.reported_message()},
             "locations": [
                 {
                     "physicalLocation": {
@@ -365,8 +364,7 @@ def github_report(findings: Sequence[Finding], strict: bool = False, errors: Seq
             ]
         )
         where = f"{finding.template}:{finding.line}: " if finding.template else ""
-        label = f"({finding.unproven_reason()}) " if finding.unproven else ""
-        lines.append(f"::{levels[level(finding, strict)]} {properties}::{_escape_data(where + label + finding.full_message())}")
+        lines.append(f"::{levels[level(finding, strict)]} {properties}::{_escape_data(where + finding.reported_message())}")
     return "".join(line + "\n" for line in lines)
 
 

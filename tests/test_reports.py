@@ -321,6 +321,11 @@ def test_sarif_and_github_show_a_finding_that_does_not_fail_as_a_note(tmp_path, 
     code, out, _ = run("chat_template.jinja", "--format", "sarif")
     (result,) = json.loads(out)["runs"][0]["results"]
     assert (code, result["level"], result["properties"]["fails"]) == (0, "note", False)
+    # the message code scanning shows says it, as the text report and annotations do
+    assert result["message"]["text"].startswith("(not reproduced in 11 scenarios) `loop.last`")
+    code, out, _ = run("chat_template.jinja", "--format", "sarif", "--no-prove")
+    (result,) = json.loads(out)["runs"][0]["results"]
+    assert (code, result["level"], result["message"]["text"][:36]) == (1, "warning", "(not proven: --no-prove) `loop.last`")
     code, out, _ = run("chat_template.jinja", "--format", "github")
     assert out.startswith("::notice file=chat_template.jinja,line=5,col=12,")
     assert "::(not reproduced in 11 scenarios) `loop.last`" in out
