@@ -694,7 +694,9 @@ def unified_diff(path: Path, before: str | None, after: str) -> str:
     it). A file outside the working directory is named through ``..``, which ``git apply
     --unsafe-paths`` takes (ruff's absolute name and git diff --no-index's ``a/tmp/...``
     apply from no directory but the root, and GNU patch takes no name leading out of its
-    directory). ``before`` None: the file does not exist yet (``--- /dev/null``)."""
+    directory). ``before`` None: the file does not exist yet (``--- /dev/null``). A file
+    named through a symbolic link is named as the file the link leads to, which is what
+    ``--fix`` writes (git apply would patch the link itself, and GNU patch refuses a link)."""
 
     def quoted(name: str) -> str:
         # As git writes a name, so that git apply and GNU patch read the same one back
@@ -703,7 +705,7 @@ def unified_diff(path: Path, before: str | None, after: str) -> str:
         name = quoted_name(name)
         return name + ("\t" if " " in name else "")
 
-    name = Path(os.path.relpath(os.path.abspath(path))).as_posix()
+    name = Path(os.path.relpath(os.path.abspath(path) if before is None else os.path.realpath(path))).as_posix()
     # Lines end at \n only, as patch reads them (str.splitlines also splits at \x0c, \u2028...).
     hunks = list(difflib.unified_diff(_lines(before or ""), _lines(after)))[2:]
     if not hunks:

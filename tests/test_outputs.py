@@ -132,6 +132,25 @@ def test_diff_of_a_file_outside_the_working_directory_applies_from_there(tmp_pat
     assert path.read_bytes() == expected
 
 
+def test_diff_through_a_symbolic_link_names_the_file_fix_writes_and_applies(tmp_path, monkeypatch):
+    """A Hugging Face cache snapshot links its files into blobs/: --fix writes through the
+    link, so the patch names the blob (git apply would patch the link, patch refuses it)."""
+    repo = tmp_path / "repo"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / "rev1").mkdir(parents=True)
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", repo / "blobs" / "abc")
+    (repo / "snapshots" / "rev1" / "chat_template.jinja").symlink_to("../../blobs/abc")
+    git("init", "-q", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "start", cwd=repo)
+    monkeypatch.chdir(repo)
+    expected = fixed_by(repo / "blobs" / "abc", monkeypatch)
+    code, out, _ = run("snapshots/rev1", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    assert (code, out.splitlines()[:2]) == (1, ["--- a/blobs/abc", "+++ b/blobs/abc"])
+    check_patch_applies(repo, "blobs/abc", out, expected)
+    assert (repo / "snapshots" / "rev1" / "chat_template.jinja").is_symlink()
+
+
 def test_diff_from_a_subdirectory_of_a_repository_applies_there_to_a_sibling(tmp_path, monkeypatch):
     # git apply run in a subdirectory of a repository prefixes the names with it, and passes
     # over (silently) an absolute name: "sub/../other/x.jinja" is the file.
