@@ -121,13 +121,13 @@ def _once_each(sources: list[TemplateSource]) -> list[TemplateSource]:
     """Each template once, where it was first found: a file named twice, through a link, or
     beside the folder holding it (or the tokenizer config that loads it), is linted and
     fixed once."""
-    return _first_of_each(sources, lambda source: (_real(source.path), source.name))
+    return _first_of_each(sources, lambda source: (_identity(source.path), source.name))
 
 
 def _each_error_once(errors: list[SourceError]) -> list[SourceError]:
     """Each error once: a file named twice, through a link, or with its folder, is one
     input that could not be read, as it is one template linted."""
-    return _first_of_each(errors, lambda error: (_real(error.path), error.message))
+    return _first_of_each(errors, lambda error: (_identity(error.path), error.message))
 
 
 def _first_of_each(items: list, key: Callable) -> list:
@@ -138,6 +138,16 @@ def _first_of_each(items: list, key: Callable) -> list:
             seen.add(key(item))
             kept.append(item)
     return kept
+
+
+def _identity(path: Path) -> object:
+    """Which file ``path`` is: its device and inode, so that two hard links to one file
+    (two names, no link between them) are one; where it cannot be looked at, its real path."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return _real(path)
+    return (status.st_dev, status.st_ino)
 
 
 def _real(path: Path) -> Path:
@@ -213,7 +223,9 @@ def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[Source
 
 
 def is_model_directory(path: Path) -> bool:
-    return any((path / marker).is_file() for marker in MODEL_DIR_MARKERS)
+    # A marker that is a broken link (a cache snapshot whose download was cut short) makes one
+    # too: its error line is said (read_model_directory), not passed over.
+    return any((path / marker).is_file() or (path / marker).is_symlink() for marker in MODEL_DIR_MARKERS)
 
 
 def read_model_directory(path: Path) -> Found:
@@ -226,6 +238,15 @@ def read_model_directory(path: Path) -> Found:
         path / TOKENIZER_CONFIG,
     ]
     present = [candidate for candidate in candidates if candidate.is_file()]
+    # A link to nowhere is an error line; transformers, finding no file there, loads the next
+    # one, which is linted as the one in force.
+    broken = [
+        SourceError(candidate, _broken_link(candidate))
+        for candidate in candidates
+        if candidate.is_symlink() and not candidate.exists()
+    ]
+    if broken and not present:
+        return [], broken
     in_force: list[TemplateSource] = []
     unread: list[SourceError] = []
     shadowed: list[str] = []
@@ -257,7 +278,7 @@ def read_model_directory(path: Path) -> Found:
             additional.append(_read_jinja(file, name=file.stem))
         except SourceError as error:
             unread.append(error)
-    return in_force + additional, unread
+    return in_force + additional, broken + unread
 
 
 def _with_note(source: TemplateSource, note: str) -> TemplateSource:

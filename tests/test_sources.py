@@ -167,6 +167,30 @@ def test_a_named_link_that_leads_nowhere_says_why(tmp_path):
     ]
 
 
+def test_a_models_template_link_that_leads_nowhere_is_an_error_in_a_walk(tmp_path):
+    """A cache snapshot whose blob is missing (a download cut short): the link is one error
+    line, as when it is named, and the file transformers then loads is linted."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "tokenizer_config.json").symlink_to("../../blobs/missing")
+    write(tmp_path / "b" / "tokenizer_config.json", {"chat_template": TEMPLATE})
+    (tmp_path / "b" / "chat_template.jinja").symlink_to("../../blobs/gone")
+    sources, errors = collect([tmp_path])
+    assert [(source.path.relative_to(tmp_path).as_posix(), source.note) for source in sources] == [
+        ("b/tokenizer_config.json", None)
+    ]
+    assert [(error.path.relative_to(tmp_path).as_posix(), error.message) for error in errors] == [
+        ("a/tokenizer_config.json", "broken symbolic link"),
+        ("b/chat_template.jinja", "broken symbolic link"),
+    ]
+
+
+def test_two_hard_links_to_one_file_are_one_template(tmp_path):
+    write(tmp_path / "one.jinja", TEMPLATE)
+    os.link(tmp_path / "one.jinja", tmp_path / "two.jinja")
+    sources, _ = collect([tmp_path / "one.jinja", tmp_path / "two.jinja", tmp_path])
+    assert [source.path.name for source in sources] == ["one.jinja"]
+
+
 def test_crlf_is_kept_exactly(tmp_path):
     path = write(tmp_path / "t.jinja", b"{{ messages[0].content }}\r\n")
     (source,), _ = collect([path])
