@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from json.decoder import WHITESPACE, scanstring
 from pathlib import Path
@@ -97,12 +99,86 @@ def json_template_span(text: str, name: str | None) -> Span:
 
 
 def replace_json_template(text: str, name: str | None, template: str) -> str:
+    """``text`` with the template value replaced by ``template``, its bytes changed only
+    where the template changed: what the fix left alone keeps the file's own escapes
+    (``\\/``, ``\\u003c``...), and the new text is escaped as the file escapes."""
     span = json_template_span(text, name)
     original = text[span.start : span.end]
+    old = json.loads(original)
+    starts, every_slash_escaped = _decoded_starts(original)
     # Keep the file's escaping: \\uXXXX for non-ASCII only if that is how it was written.
-    ascii_only = not any(ord(char) > 127 for char in original) and any(ord(char) > 127 for char in json.loads(original))
-    encoded = _escape_surrogates(json.dumps(template, ensure_ascii=ascii_only))
-    return text[: span.start] + encoded + text[span.end :]
+    ascii_only = not any(ord(char) > 127 for char in original) and any(ord(char) > 127 for char in old)
+
+    def written(new: str) -> str:
+        literal = json.dumps(new, ensure_ascii=ascii_only)[1:-1]
+        return _escape_surrogates(literal.replace("/", "\\/") if every_slash_escaped else literal)  # dumps writes no "\\/"
+
+    pieces = ['"']
+    for kept, a, b, c, d in _changes(old, template):
+        pieces.append(original[starts[a] : starts[b]] if kept else written(template[c:d]))
+    pieces.append('"')
+    return text[: span.start] + "".join(pieces) + text[span.end :]
+
+
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _changes(old: str, new: str) -> Iterator[tuple[bool, int, int, int, int]]:
+    """``old`` turned into ``new`` as runs (kept, old start, old end, new start, new end):
+    the lines they share, then within the lines that differ the words and characters they
+    share, are kept; the rest is new. A fix edits a few places of a long template (a
+    one-line template is one line), so lines alone would rewrite most of it."""
+    import difflib
+
+    def runs(a: int, c: int, old_parts: list[str], new_parts: list[str], finer) -> Iterator[tuple[bool, int, int, int, int]]:
+        old_at, new_at = _part_starts(a, old_parts), _part_starts(c, new_parts)
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old_parts, new_parts, autojunk=False).get_opcodes():
+            if tag == "equal":
+                yield True, old_at[i1], old_at[i2], new_at[j1], new_at[j2]
+            else:
+                yield from finer(old_at[i1], old_at[i2], new_at[j1], new_at[j2])
+
+    def characters(a: int, b: int, c: int, d: int) -> Iterator[tuple[bool, int, int, int, int]]:
+        same = len(os.path.commonprefix([old[a:b], new[c:d]]))
+        tail = len(os.path.commonprefix([old[a + same : b][::-1], new[c + same : d][::-1]]))
+        yield True, a, a + same, c, c + same
+        yield False, a + same, b - tail, c + same, d - tail
+        yield True, b - tail, b, d - tail, d
+
+    def words(a: int, b: int, c: int, d: int) -> Iterator[tuple[bool, int, int, int, int]]:
+        yield from runs(a, c, _TOKEN.findall(old[a:b]), _TOKEN.findall(new[c:d]), characters)
+
+    yield from runs(0, 0, old.splitlines(keepends=True), new.splitlines(keepends=True), words)
+
+
+def _part_starts(start: int, parts: list[str]) -> list[int]:
+    starts = [start]
+    for part in parts:
+        starts.append(starts[-1] + len(part))
+    return starts
+
+
+def _decoded_starts(literal: str) -> tuple[list[int], bool]:
+    """Where each character of the JSON string ``literal`` (quotes included) starts in it,
+    then where the closing quote is; and whether the file escapes every "/" (and has one)."""
+    starts = []
+    slashes = escaped_slashes = 0
+    index = 1
+    while index < len(literal) - 1:
+        starts.append(index)
+        if literal[index] != "\\":
+            slashes += literal[index] == "/"
+            index += 1
+        elif literal[index + 1] != "u":
+            escaped_slashes += literal[index + 1] == "/"
+            index += 2
+        elif 0xD800 <= int(literal[index + 2 : index + 6], 16) < 0xDC00 and literal[index + 6 : index + 8] == "\\u":
+            low = int(literal[index + 8 : index + 12], 16)
+            index += 12 if 0xDC00 <= low < 0xE000 else 6  # a pair is one character, as json.loads reads it
+        else:
+            index += 6
+    starts.append(len(literal) - 1)
+    return starts, escaped_slashes > 0 and slashes == 0
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -460,6 +460,42 @@ def test_json_changes_no_byte_outside_the_template_value(tmp_path):
     )
 
 
+def test_json_escapes_outside_the_edit_are_kept_and_the_edit_escapes_as_the_file(tmp_path):
+    """A file written with every "/" as "\\/" and "<" as "\\u003c" (HTML-safe writers) keeps
+    them: only the characters the fix changes are written, escaped as the file escapes."""
+    template = "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{%- endfor %}{{ strftime_now('%d/%m') }}"
+    literal = json.dumps(template).replace("/", "\\/").replace("<", "\\u003c")
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text('{"chat_template": ' + literal + "}\n")
+    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    assert "fixed PC001 [live-clock]" in out and err == ""
+    header = '{%- if date_string is not defined %}{%- set date_string = "15/01" %}{%- endif %}\n'
+    fixed = header + template.replace("strftime_now('%d/%m')", "date_string")
+    # every "<" of the fixed template is one of the file's (kept as \\u003c); the header's "/"
+    # is new, written as "\\/" as the file writes them
+    assert path.read_text() == '{"chat_template": ' + json.dumps(fixed).replace("/", "\\/").replace("<", "\\u003c") + "}\n"
+
+
+def test_a_json_template_value_is_rewritten_only_where_it_changed():
+    """Random edits of random strings in both escaping styles: the value reads back as the
+    new template, and the literal keeps every byte before and after the changed part."""
+    import random
+
+    from tmpl_lint.containers import replace_json_template
+
+    generator = random.Random(7)
+    alphabet = ["a", "/", "\\", '"', "\n", "\u00e9", "\U0001f600", "<", "\ud800"]
+    for _ in range(2000):
+        old = "".join(generator.choice(alphabet) for _ in range(generator.randint(0, 8)))
+        new = "".join(generator.choice(alphabet) for _ in range(generator.randint(0, 8)))
+        for literal in (json.dumps(old), json.dumps(old, ensure_ascii=False).replace("/", "\\/")):
+            written = replace_json_template('{"chat_template": ' + literal + "}", None, new)
+            assert json.loads(written)["chat_template"] == new
+            same_start = len(os.path.commonprefix([old, new]))
+            if same_start == len(old) == len(new):
+                assert written == '{"chat_template": ' + literal + "}"
+
+
 def test_two_python_literals_on_one_line_are_each_fixed_as_themselves(tmp_path):
     path = tmp_path / "configs.py"
     first, second = "{{ strftime_now('%Y') }}", "{{ strftime_now('%d') }}"
