@@ -484,9 +484,26 @@ def _companion_note(model: Path, name: str) -> str | None:
             return None
     except OSError:
         return None
+    return f"{quoted_name(companion.name)} beside the model holds a fixed {name} template; {_kept_in_metadata(name)}"
+
+
+def metadata_note(model: Path, name: str, written: bool) -> str:
+    """Said of a template of ``model`` whose fix --fix wrote (``written``) or --diff would
+    write beside it: the lint that follows reads the model's metadata, as the next check will."""
+    companion = quoted_name(companion_path(model, name).name)
+    done = f"--fix wrote its fix to {companion}" if written else f"the patch writes its fix to {companion}"
+    return f"{done} beside the model; {_kept_in_metadata(name)}"
+
+
+def _kept_in_metadata(name: str) -> str:
+    served = (
+        "llama.cpp serves the fixed file with --chat-template-file"
+        if name == DEFAULT_NAME
+        else f"llama.cpp reads the {name} template only from the model's metadata"
+    )
     return (
-        f"{quoted_name(companion.name)} beside the model holds a fixed {name} template, which llama.cpp serves with "
-        "--chat-template-file; this is the one in the model's metadata (--fix --gguf-copy writes a model that carries the fix)"
+        f"this is the one in the model's metadata, which --fix never rewrites ({served}; "
+        "--fix --gguf-copy writes a model that carries the fix)"
     )
 
 

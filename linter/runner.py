@@ -353,9 +353,10 @@ class _Fixing:
 
     def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
-        (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``)."""
+        (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``). What is
+        linted after is the model's metadata as it stays."""
         from .fixer import Verdicts, fix_recalling, unified_diff
-        from .gguf import copy_with_fixes, place_fix
+        from .gguf import copy_with_fixes, metadata_note, place_fix
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -391,15 +392,14 @@ class _Fixing:
                 if placed.new_file is not None:
                     self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
-                now.append(placed.now)
-                if fix.recorded is not None and fix.refusal is None:  # taken where the inputs are the same
-                    self.recorded[(str(placed.now.path), placed.now.name)] = fix.recorded
-                # The lint that follows reads the fixed template beside the model: what was
-                # said of the model's template was said of it.
-                said = {
-                    (code, static) for path, name, code, static in self.addressed if (path, name) == (str(model), fix.source.name)
-                }
-                self.addressed |= {(str(placed.now.path), placed.now.name, code, static) for code, static in said}
+                # The lint that follows reads the model's metadata, which is not rewritten, as the
+                # next check will: its findings stay, and the note says where the fix went.
+                written = self.write and placed.error is None
+                now.append(
+                    replace(fix.source, note=metadata_note(model, fix.source.name, written))
+                    if placed.error is None
+                    else fix.source
+                )
             if self.write and self.gguf_copy is not None:
                 if not placed_all:
                     self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
