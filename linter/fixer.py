@@ -567,11 +567,13 @@ def fix_isolated(
 ) -> TemplateFix:
     """``fix_template`` in a limited child process, as check proves in one (the patched
     templates are parsed, compiled and rendered there)."""
-    from .isolation import IsolationError, run_isolated
+    from .isolation import IsolationError, interrupted, run_isolated
 
     try:
         return run_isolated(_fix_for_parent, (source, options, selection, recalled))
     except IsolationError as error:
+        if interrupted():  # killed by Ctrl-C, not by a limit: its file is not written
+            raise
         return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
 
 
@@ -589,7 +591,7 @@ def fix_files(
 ) -> list[FileFix]:
     """Fix the templates of each file; with ``write``, write each changed file; call
     ``advance`` as each file is done. Files are fixed ``jobs`` at a time."""
-    from .isolation import parallel_map
+    from .isolation import interrupted, parallel_map
 
     by_path: dict[Path, list[TemplateSource]] = {}
     for source in sources:
@@ -597,10 +599,12 @@ def fix_files(
 
     def fix_chain(paths: list[Path]) -> list[FileFix]:
         # What verifying each template text answered, by text: a template in several files
-        # (a model's copies, one per quantisation) is proven once, not once a file.
+        # (copies of a model's config) is proven once, not once a file.
         recalled: dict[str, list[Verdicts]] = {}
         fixed = []
         for path in paths:
+            if interrupted():  # another chain was interrupted: no file more is fixed
+                raise KeyboardInterrupt
             fixed.append(_fix_file(path, by_path[path], options, selection, write, recalled))
             if advance is not None:
                 advance()
@@ -653,6 +657,8 @@ def _fix_file(
     write: bool,
     recalled: dict[str, list[Verdicts]],
 ) -> FileFix:
+    from .isolation import interrupted
+
     result = FileFix(path, [TemplateFix(source, source.text) for source in found])
     try:
         # Read, fix and write under the file's lock: another tmpl-lint fixing this file
@@ -664,6 +670,8 @@ def _fix_file(
             result.made = True
             result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:
+                if interrupted():  # Ctrl-C came while another file was being fixed: nothing more is written
+                    raise KeyboardInterrupt
                 writes.replace(snapshot, result.updated)
                 result.written = True
     except (SourceError, WriteError) as error:

@@ -67,6 +67,12 @@ class _Children:
 CHILDREN = _Children()
 
 
+def interrupted() -> bool:
+    """Whether an interruption is stopping the children: a call that failed now failed for
+    that, not for what it was given, and nothing more is to be started or written."""
+    return CHILDREN.stopping
+
+
 def _limit_memory(memory: int) -> None:
     with contextlib.suppress(ValueError, OSError):  # a lower hard limit already applies
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -330,11 +336,17 @@ def parallel_map(function: Callable, items: Iterable, jobs: int) -> list:
             CHILDREN.stop()
             CHILDREN.resume()
             raise
-    from concurrent.futures import ThreadPoolExecutor  # only here: a one-template run needs no threads
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # only here: a one-template run needs no threads
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         futures = [pool.submit(function, item) for item in items]
+        # The first failure stops the rest at once (below), not once the calls before it in
+        # the list are done: calls still running would go on writing what they fix.
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()
         return [future.result() for future in futures]
     except BaseException:
         CHILDREN.stop()

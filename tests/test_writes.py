@@ -519,3 +519,54 @@ def test_create_writes_nothing_when_the_fill_fails(tmp_path, monkeypatch):
         writes.create(target, lambda name: Path(name).write_bytes(b"made"))
     assert str(raised.value) == f"{target}: cannot write: No space left on device; nothing written"
     assert leftovers(tmp_path) == []
+
+
+# As the console script runs, with the fix of the template named "tool_use" held in its
+# worker (as a long verification is) once it has said so in a file.
+SLOW_TOOL_USE = """
+import sys, time
+from pathlib import Path
+from tmpl_lint import fixer
+marker, fix_template = Path(sys.argv.pop(1)), fixer.fix_template
+def held(source, *args, **kwargs):
+    if source.name == "tool_use":
+        marker.write_text("verifying")
+        time.sleep(60)
+    return fix_template(source, *args, **kwargs)
+fixer.fix_template = held
+from tmpl_lint.__main__ import run
+sys.argv[0] = "tmpl-lint"
+run()
+"""
+
+
+def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_path):
+    """Two files fixed at once (--jobs 2). Ctrl-C while the config's second template is
+    being verified, its first already fixed: the config is not written half fixed, and no
+    file is fixed after the interruption."""
+    clock = (CORPUS / "PC001_live_clock.jinja").read_text()
+    config = tmp_path / "m" / "tokenizer_config.json"
+    config.parent.mkdir()
+    config.write_text(
+        json.dumps({"chat_template": [{"name": "default", "template": clock}, {"name": "tool_use", "template": clock + " "}]})
+    )
+    before = config.read_bytes()
+    other = tmp_path / "other" / "chat_template.jinja"  # another text: fixed at the same time
+    other.parent.mkdir()
+    other.write_text(clock.replace("Current date", "Date"))
+    marker = tmp_path / "tool_use is being verified"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), str(config), str(other), "--fix", "--no-prove", "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert (process.returncode, err.endswith("tmpl-lint: interrupted\n"), "Traceback" in err) == (130, True, False)
+    assert config.read_bytes() == before
