@@ -60,9 +60,9 @@ def lint_isolated(
 
 # Templates the static lint sends to a worker at a time, about: the long-lived workers
 # (isolation.long_lived_workers) take batch after batch, so that a worker that drew the
-# costly templates is not waited for while the other idles, and a batch a hostile template
-# stops is linted again one template per child. Fewer than MIN_BATCH templates are not
-# worth a second worker.
+# costly templates is not waited for while the other idles, no call nears the per-call
+# time limit, and a batch a hostile template stops is linted again one template per child
+# cheaply. A batch holds MIN_BATCH templates at least: fewer are not worth a call of their own.
 STATIC_BATCH = 6
 MIN_BATCH = 4
 
@@ -74,7 +74,7 @@ def static_batches(sources: list[TemplateSource], jobs: int) -> list[list[int]]:
     count = len(sources)
     if count == 0:
         return []
-    batches = 1 if jobs <= 1 or count < 2 * MIN_BATCH else max(jobs, -(-count // STATIC_BATCH))
+    batches = max(1, min(max(jobs, -(-count // STATIC_BATCH)), count // MIN_BATCH))
     order = sorted(range(count), key=lambda index: -len(sources[index].text))
     return [order[number * count // batches : (number + 1) * count // batches] for number in range(batches)]
 

@@ -250,9 +250,10 @@ def test_the_static_lint_is_under_the_wall_clock_limit_too(monkeypatch, tmp_path
     [
         (67, 2, [5, 6, 5, 6, 5, 6, 6, 5, 6, 5, 6, 6]),  # twelve of about STATIC_BATCH, taken in turn
         (1, 2, [1]),
-        (7, 2, [7]),  # too few to be worth a second worker
+        (7, 2, [7]),  # too few to be worth a second call
         (8, 2, [4, 4]),
-        (9, 1, [9]),  # one process: one batch
+        (8, 4, [4, 4]),  # four processes, but not calls of two templates
+        (9, 1, [4, 5]),  # one process takes its calls in turn: no call of every template
         (0, 2, []),
     ],
 )
