@@ -171,7 +171,7 @@ def use_colour() -> bool:
     type=click.IntRange(1),
     default=os.cpu_count() or 1,
     show_default=True,
-    help="Templates proven at once, each in its own process.",
+    help="Processes at work at once: templates linted or proven, files fixed.",
 )
 @click.option(
     "--gguf-copy",

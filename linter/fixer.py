@@ -59,7 +59,7 @@ class FixOptions:
     unreproduced: bool = False
     # The check that follows proves the template as fixed, and takes over what the verifier
     # rendered for it (TemplateFix.recorded); without proofs that is not sent back at all.
-    recall: bool = True
+    send_renders: bool = True
 
 
 @dataclass
@@ -558,7 +558,7 @@ def fix_template(
                 reasons.setdefault(id(finding), reason)  # the first candidate's: the most direct edit
     for finding, _fix in pending:
         result.skipped.append((finding, reasons.get(id(finding), "no candidate edit")))
-    result.recorded = verifier.recorded(result.patched) if options.recall else None
+    result.recorded = verifier.recorded(result.patched) if options.send_renders else None
     return result
 
 

@@ -218,7 +218,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             options.engine,
             options.limits,
             unreproduced,
-            prove is not None,
+            send_renders=prove is not None,
         )
         fixing = _Fixing(
             fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line, options.jobs
