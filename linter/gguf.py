@@ -563,7 +563,8 @@ def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
 
     description = f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)"
     entry = _cache_entry(key)
-    return OwnTokenizer(Tokenizer(model, backend, special), special, description, entry.parent if entry.is_file() else None)
+    tokenizer = Tokenizer(model, backend, special, identity=f"gguf:{key}")
+    return OwnTokenizer(tokenizer, special, description, entry.parent if entry.is_file() else None)
 
 
 # -- the built tokenizers, cached on disk ------------------------------------------------------

@@ -71,10 +71,12 @@ class Measure:
 
 def tokenizer_identity(tokenizer: Tokenizer | None) -> tuple[str, str] | None:
     """What names a tokenizer across processes: its kind and where it was loaded from (a
-    directory, a GGUF model). None: measured in characters."""
+    directory), or for a GGUF's own tokenizer its vocabulary's cache key (the same in each
+    quantisation of the model). None: measured in characters."""
     if tokenizer is None:
         return None
-    return f"{type(tokenizer).__name__}:{getattr(tokenizer, 'kind', '')}", str(getattr(tokenizer, "directory", ""))
+    where = getattr(tokenizer, "identity", None) or str(getattr(tokenizer, "directory", ""))
+    return f"{type(tokenizer).__name__}:{getattr(tokenizer, 'kind', '')}", where
 
 
 @dataclass(frozen=True)

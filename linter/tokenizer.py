@@ -34,6 +34,9 @@ class Tokenizer:
     backend: Any
     special_tokens: dict[str, Any] = field(default_factory=dict)
     kind: str = "tokenizers"
+    # What names it across processes where its directory does not: a GGUF's tokenizer by the
+    # cache key of its vocabulary, which the model's quantisations share.
+    identity: str | None = None
 
     def encode(self, text: str) -> list[int]:
         if not text:

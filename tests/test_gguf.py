@@ -590,9 +590,10 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     assert companion.read_text() == "mine"
 
 
-def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch):
-    """Two GGUF files of one model (two quantisations) carry the same template: the first
-    is verified, the second recalls its answers and is fixed alike."""
+@pytest.mark.parametrize("with_tokenizer", [False, pytest.param(True, marks=needs_shared)])
+def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, request, with_tokenizer):
+    """Two GGUF files of one model (two quantisations) carry the same template, and the same
+    tokenizer: the first is verified, the second recalls its answers and is fixed alike."""
     from tmpl_lint.fixer import Verifier
 
     made = tmp_path / "verifiers made"
@@ -604,7 +605,8 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch):
         real_init(self, source, *args, **kwargs)
 
     monkeypatch.setattr(Verifier, "__init__", counted)
-    models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK) for kind in ("Q4_K_M", "Q8_0")]
+    tokenizer = request.getfixturevalue("small_qwen") if with_tokenizer else None
+    models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK, tokenizer=tokenizer) for kind in ("Q4_K_M", "Q8_0")]
     code, out, err = run(*models, "--fix", "--frozen-date", FROZEN, "--no-prove")
     assert (code, err) == (1, "")  # the models' metadata keeps the clock: the next check fails too
     assert made.read_text() == "m-Q4_K_M.gguf\n"
