@@ -134,7 +134,7 @@ def _run_in_new_child(function: Callable, args: tuple, seconds: float | None, me
             raise IsolationError(f"took over {seconds:g} s")
         try:
             status, value = receiver.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # it died answering (killed, out of memory)
             raise IsolationError(f"the worker died (exit code {process.exitcode})") from None
     except BaseException:
         process.kill()  # interrupted, or over the limit: the child goes with the wait for it
@@ -279,7 +279,7 @@ class _Workers:
                 raise IsolationError(f"took over {seconds:g} s")
             try:
                 status, value, retiring = worker.connection.recv()
-            except EOFError:
+            except (EOFError, ConnectionResetError):  # it died answering (killed, out of memory)
                 worker.process.join()
                 raise IsolationError(f"the worker died (exit code {worker.process.exitcode})") from None
         except BaseException:
