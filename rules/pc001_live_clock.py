@@ -30,8 +30,8 @@ live session recomputes its full context on its next turn, with no log line sayi
 and pass the real date once per session: `chat_template_kwargs={"date_string": ...}`.
 
 ## Fix safety
-The fix freezes the date at a fixed default (the fix date, or `--frozen-date`) and lets
-callers pass `date_string`. The model sees a fixed date instead of today's unless the
+The fix freezes the clock at a fixed default (noon of the fix date, or of `--frozen-date`)
+and lets callers pass `date_string`. The model sees a fixed date instead of today's unless the
 caller passes one; nothing else in the prompt changes.
 """
 
@@ -103,6 +103,13 @@ def prove(report, finding: Finding) -> Proof:
     return Proof.proven(chosen, report.rates(chosen.scenario))
 
 
+# The moment the fix freezes the clock at: the fixer's Verifier renders the original with
+# its clock at noon of the fix date (fixer.Verifier.clock), and the fix is kept only if a
+# single-turn conversation renders the same. At midnight, every format with the hour or
+# AM/PM ("%H:%M", "%p") printed differently there, and such clocks were never fixed.
+FROZEN_TIME_OF_DAY = time(12, 0)
+
+
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Replace the clock call with the fix date in the call's own format, which callers can
     override: through the variable the template already assigns it to or names as a switch,
@@ -119,7 +126,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     span = expression_span(facts.source_map, call)
     if span is None:
         return Fix.refuse("cannot locate the clock call in the source")
-    frozen = datetime.combine(options.frozen_date, time()).strftime(call.args[0].value)
+    frozen = datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY).strftime(call.args[0].value)
     literal = jinja_literal(frozen)
     assigned_to = next(
         (

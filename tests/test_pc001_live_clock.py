@@ -227,3 +227,56 @@ def test_the_fix_header_goes_after_a_byte_order_mark(tmp_path):
     fixed = body.replace('strftime_now("%Y-%m-%d")', "date_string")
     assert path.read_bytes() == b"\xef\xbb\xbf" + (header + fixed).encode()
     assert result.exit_code == 0
+
+
+# -- the fix freezes the clock at the moment its verifier renders the original at -----------
+
+CLOCK_IN_THE_SYSTEM_BLOCK = (
+    "{{ bos_token }}<|im_start|>system\nNow: {{ strftime_now(FORMAT) }}<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def hf_render(template: str, at: datetime | None, **kwargs) -> str:
+    """The template as transformers renders it (its jinja2 settings), the clock stopped at ``at``:
+    none of tmpl-lint's code."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    if at is not None:
+        environment.globals["strftime_now"] = at.strftime
+    messages = [{"role": "user", "content": "Hello"}]
+    return environment.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token="<s>", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("format", "variable", "frozen"),
+    [
+        ("%Y-%m-%d", "date_string", "2026-01-15"),
+        ("%Y-%m-%d %H:%M:%S", "date_string", "2026-01-15 12:00:00"),
+        ("%H:%M", "date_string", "12:00"),
+        ("%p", "date_string", "PM"),
+    ],
+)
+def test_a_clock_with_the_time_of_day_is_fixed_at_noon_of_the_fix_date(tmp_path, format, variable, frozen):
+    # QA6 d06: the fix froze the clock at midnight, its verifier rendered the original at noon:
+    # "%H:%M" printed 00:00 against 12:00 and every clock with an hour was "not fixed: a
+    # single-turn conversation would render differently".
+    original = CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format))
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}:2:9: fixed PC001 [live-clock]: ")
+    header = f'{{%- if {variable} is not defined %}}{{%- set {variable} = "{frozen}" %}}{{%- endif %}}\n'
+    assert path.read_text() == header + original.replace(f"strftime_now({format!r})", variable)
+    # what the model sees without the variable: the original at noon of the fix date
+    fixed = path.read_text()
+    assert (
+        hf_render(fixed, None)
+        == hf_render(original, datetime(2026, 1, 15, 12))
+        == f"<s><|im_start|>system\nNow: {frozen}" + ("<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
+    )
+    # and a caller still passes the real time
+    assert "Now: 09:41<|im_end|>" in hf_render(fixed, None, **{variable: "09:41"})
