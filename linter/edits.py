@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from jinja2 import nodes
 
-from .analysis import Facts, Site
+from .analysis import KNOWN_GLOBALS, Facts, Site, parse
 from .locations import SourceMap, Token, leftmost_name
 
 
@@ -176,5 +176,67 @@ def switch_default_fix(text: str, finding) -> Fix | None:
         return Fix.refuse(f"stable by default; only callers passing {switch.name}={jinja_literal(switch.unstable_value)} see it")
     if switch.stable_value is None:
         return None
+    own = own_default(text, switch.name)
+    if own is not None:
+        # DeepSeek-V3.2 sets thinking from enable_thinking when thinking is not passed (what
+        # vLLM sets from reasoning_effort): a header first would make that code dead, and
+        # enable_thinking=true would no longer turn thinking on.
+        readers = " and ".join(own.reads)
+        return Fix.refuse(
+            f"the template gives {switch.name} its own default at line {own.line}, from {readers}: "
+            f"a default for {switch.name} set first would stop {readers} from setting it"
+        )
     title = f"{switch.name} now defaults to {jinja_literal(switch.stable_value)}; callers can still pass it"
     return Fix(title, [[default_header(text, switch.name, jinja_literal(switch.stable_value))]])
+
+
+@dataclass(frozen=True)
+class OwnDefault:
+    """Where a template sets a variable when the caller does not pass it, and the other
+    variables a caller may pass that decide the value it sets there."""
+
+    line: int
+    reads: tuple[str, ...]
+
+
+def own_default(text: str, name: str) -> OwnDefault | None:
+    """The first ``{% if name is not defined %}`` block that sets ``name`` from variables a
+    caller may pass (names the template never assigns), else None. A default for ``name``
+    put first would leave those variables no say; a constant default it only replaces."""
+    tree, _ = parse(text)
+    if tree is None:
+        return None
+    assigned = {node.name for node in tree.find_all(nodes.Name) if node.ctx in ("store", "param")}
+    assigned |= {node.name for node in tree.find_all(nodes.Macro)}
+    for branch in tree.find_all(nodes.If):
+        if not any(_is_undefined_test(test, name) for test in [branch.test, *branch.test.find_all(nodes.Expr)]):
+            continue
+        body = [node for statement in branch.body for node in [statement, *statement.find_all(nodes.Node)]]
+        if not any(
+            isinstance(node, (nodes.Assign, nodes.AssignBlock))
+            and isinstance(node.target, nodes.Name)
+            and node.target.name == name
+            for node in body
+        ):
+            continue
+        reads = [
+            node.name
+            for node in body
+            if isinstance(node, nodes.Name)
+            and node.ctx == "load"
+            and node.name != name
+            and node.name not in assigned
+            and node.name not in KNOWN_GLOBALS
+        ]
+        if reads:
+            return OwnDefault(branch.lineno, tuple(dict.fromkeys(reads)))
+    return None
+
+
+def _is_undefined_test(test: nodes.Node, name: str) -> bool:
+    """``name is not defined``, ``not name is defined`` or ``name is undefined``."""
+    if isinstance(test, nodes.Not):
+        test, wanted = test.node, "defined"
+    else:
+        wanted = "undefined"
+    return isinstance(test, nodes.Test) and test.name == wanted and isinstance(test.node, nodes.Name) and test.node.name == name

@@ -30,13 +30,17 @@ live session recomputes its full context on its next turn, with no log line sayi
 and pass the real date once per session: `chat_template_kwargs={"date_string": ...}`.
 
 ## Fix safety
-The fix freezes the date at a fixed default (the fix date, or `--frozen-date`) and lets
-callers pass `date_string`. The model sees a fixed date instead of today's unless the
-caller passes one; nothing else in the prompt changes.
+The fix freezes the clock at a fixed default (noon of the fix date, or of `--frozen-date`)
+and lets callers pass it: every call that reaches the prompt is replaced, each in its own
+format, through one variable per format named after what it shows (`date_string`, or
+`weekday_string`, `time_string`, `datetime_string`). The model sees a fixed date instead
+of today's unless the caller passes one; nothing else in the prompt changes.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import datetime, time
 
 from jinja2 import nodes
@@ -46,6 +50,7 @@ from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_li
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
+from tmpl_lint.selection import suppressions
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
 # prompt is the clock's, before the first message, in any message or after the last.
@@ -103,43 +108,130 @@ def prove(report, finding: Finding) -> Proof:
     return Proof.proven(chosen, report.rates(chosen.scenario))
 
 
+# The moment the fix freezes the clock at: the fixer's Verifier renders the original with
+# its clock at noon of the fix date (fixer.Verifier.clock), and the fix is kept only if a
+# single-turn conversation renders the same. At midnight, every format with the hour or
+# AM/PM ("%H:%M", "%p") printed differently there, and such clocks were never fixed.
+FROZEN_TIME_OF_DAY = time(12, 0)
+
+# strftime directives by what they show: a value callers pass is named after it, so that a
+# weekday never lands in ``date_string``. %c and %s show both a date and a time of day.
+_DIRECTIVE = re.compile(r"%[-_0^#]?([A-Za-z])")
+_TIME_OF_DAY = frozenset("HIMSpfXTRrklPcs")
+_DATE = frozenset("YyCGgmbBhdejUWVxFDcs")
+_WEEKDAY = frozenset("aAuw")
+
+
+@dataclass(frozen=True)
+class _Shows:
+    """What a clock format shows: the words the fix's title says it with, and the name of
+    the variable a caller passes it in."""
+
+    noun: str
+    variable: str
+    dated: bool  # "instead of today's", else "instead of the current one"
+
+
+def _shows(format: str) -> _Shows:
+    directives = set(_DIRECTIVE.findall(format))
+    timed, dated = bool(directives & _TIME_OF_DAY), bool(directives & _DATE)
+    if timed and dated:
+        return _Shows("the date and time", "datetime_string", False)
+    if timed:
+        return _Shows("the time", "time_string", False)
+    if directives & _WEEKDAY and not dated:
+        return _Shows("the weekday", "weekday_string", True)
+    return _Shows("the date", "date_string", True)
+
+
 def fix(facts: Facts, finding: Finding, options) -> Fix:
-    """Replace the clock call with the fix date in the call's own format, which callers can
-    override: through the variable the template already assigns it to or names as a switch,
-    else through a new ``date_string`` set once at the top."""
-    site = finding.site
-    call = next((call for call in facts.nodes_of(nodes.Call) if call.node is site.node), None)
-    if (
-        call is None
-        or len(call.args) != 1
-        or not isinstance(call.args[0], nodes.Const)
-        or not isinstance(call.args[0].value, str)
-    ):
-        return Fix.refuse("the clock's format is not a literal string")
-    span = expression_span(facts.source_map, call)
-    if span is None:
+    """Replace every call of the clock that reaches the prompt with the fix date (at noon) in
+    the call's own format, which callers can override: through the variable the template
+    already assigns it to or names as a switch, else through a new variable set once at the
+    top, one per format and named after what it shows (``date_string``, ``weekday_string``,
+    ``time_string``, ``datetime_string``).
+
+    Every call, not only the finding's: two calls on one line are one finding, and a fix of
+    one call would leave the clock live in the other; calls in two formats frozen apart
+    would show two moments."""
+    name = finding.site.text
+    printed_lines = {
+        label.site.line
+        for sink in facts.sinks
+        for label in sink.all_labels()
+        if label.kind is LabelKind.CLOCK and label.site is not None and label.site.text == name
+    }
+    # A call on a line whose PC001 is suppressed is left as it is: its clock is wanted.
+    suppressed = suppressions(facts.source_map)
+    calls = [
+        call
+        for call in facts.nodes_of(nodes.Call)
+        if isinstance(call.node, nodes.Name)
+        and call.node.name == name
+        and call.lineno in printed_lines
+        and not any(suppression.covers(RULE.code, call.lineno) for suppression in suppressed)
+    ]
+    if not any(call.node is finding.site.node for call in calls):
         return Fix.refuse("cannot locate the clock call in the source")
-    frozen = datetime.combine(options.frozen_date, time()).strftime(call.args[0].value)
-    literal = jinja_literal(frozen)
-    assigned_to = next(
-        (
-            assign.target.name
-            for assign in facts.nodes_of(nodes.Assign)
-            if assign.node is call and isinstance(assign.target, nodes.Name) and assign.target.name in facts.variables
-        ),
-        None,
-    )
-    caller_variable = assigned_to or (finding.switch.name if finding.switch else None)
-    if caller_variable:
-        title = f"the model sees the date {frozen} instead of today's unless the caller passes {caller_variable}"
-        return Fix(title, [[Edit(span[0], span[1], literal)]])
-    variable = _free_name(facts, "date_string")
-    title = f"the model sees the date {frozen} instead of today's unless the caller passes {variable}"
-    return Fix(title, [[default_header(facts.text, variable, literal), Edit(span[0], span[1], variable)]])
+    moment = datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY)
+    replaced: list[tuple[int, int, str, str | None]] = []  # (start, end, format, the caller's variable)
+    for call in calls:
+        if (
+            len(call.args) != 1
+            or call.kwargs
+            or not isinstance(call.args[0], nodes.Const)
+            or not isinstance(call.args[0].value, str)
+        ):
+            return Fix.refuse(f"the clock's format at line {call.lineno} is not a literal string")
+        span = expression_span(facts.source_map, call)
+        if span is None:
+            return Fix.refuse(f"cannot locate the clock call at line {call.lineno} in the source")
+        assigned_to = next(
+            (
+                assign.target.name
+                for assign in facts.nodes_of(nodes.Assign)
+                if assign.node is call and isinstance(assign.target, nodes.Name) and assign.target.name in facts.variables
+            ),
+            None,
+        )
+        if assigned_to is None and call.node is finding.site.node and finding.switch is not None:
+            assigned_to = finding.switch.name
+        replaced.append((span[0], span[1], call.args[0].value, assigned_to))
+    replaced.sort()
+    headers: list[Edit] = []
+    edits: list[Edit] = []
+    shown: dict[tuple[str, str], _Shows] = {}  # (frozen text, variable) -> what it shows, in the template's order
+    new_variables: dict[str, str] = {}  # format -> the variable set at the top for it
+    taken: set[str] = set()
+    for start, end, format, caller_variable in replaced:
+        frozen = moment.strftime(format)
+        shows = _shows(format)
+        if caller_variable is not None:
+            edits.append(Edit(start, end, jinja_literal(frozen)))
+            variable = caller_variable
+        else:
+            if format not in new_variables:
+                new_variables[format] = _free_name(facts, shows.variable, taken)
+                taken.add(new_variables[format])
+                headers.append(default_header(facts.text, new_variables[format], jinja_literal(frozen)))
+            variable = new_variables[format]
+            edits.append(Edit(start, end, variable))
+        shown.setdefault((frozen, variable), shows)
+    return Fix(_title(shown), [headers + edits])
 
 
-def _free_name(facts: Facts, wanted: str) -> str:
-    used = facts.variables | {node.name for node in facts.nodes_of(nodes.Name)}
+def _title(shown: dict[tuple[str, str], _Shows]) -> str:
+    """What the model now sees, and what the caller passes to see the real time instead."""
+    seen = " and ".join(f"{shows.noun} {frozen}" for (frozen, _), shows in shown.items())
+    variables = " and ".join(dict.fromkeys(variable for _, variable in shown))
+    instead = "today's" if next(iter(shown.values())).dated else "the current one"
+    if len(shown) > 1:
+        instead = "the current ones"
+    return f"the model sees {seen} instead of {instead} unless the caller passes {variables}"
+
+
+def _free_name(facts: Facts, wanted: str, taken: set[str]) -> str:
+    used = facts.variables | {node.name for node in facts.nodes_of(nodes.Name)} | taken
     name, number = wanted, 1
     while name in used:
         number += 1

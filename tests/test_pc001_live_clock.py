@@ -227,3 +227,141 @@ def test_the_fix_header_goes_after_a_byte_order_mark(tmp_path):
     fixed = body.replace('strftime_now("%Y-%m-%d")', "date_string")
     assert path.read_bytes() == b"\xef\xbb\xbf" + (header + fixed).encode()
     assert result.exit_code == 0
+
+
+# -- the fix freezes the clock at the moment its verifier renders the original at -----------
+
+CLOCK_IN_THE_SYSTEM_BLOCK = (
+    "{{ bos_token }}<|im_start|>system\nNow: {{ strftime_now(FORMAT) }}<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def hf_render(template: str, at: datetime | None, **kwargs) -> str:
+    """The template as transformers renders it (its jinja2 settings), the clock stopped at ``at``:
+    none of tmpl-lint's code."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    if at is not None:
+        environment.globals["strftime_now"] = at.strftime
+    messages = [{"role": "user", "content": "Hello"}]
+    return environment.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token="<s>", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("format", "variable", "frozen"),
+    [
+        ("%Y-%m-%d", "date_string", "2026-01-15"),
+        ("%Y-%m-%d %H:%M:%S", "datetime_string", "2026-01-15 12:00:00"),
+        ("%H:%M", "time_string", "12:00"),
+        ("%p", "time_string", "PM"),
+    ],
+)
+def test_a_clock_with_the_time_of_day_is_fixed_at_noon_of_the_fix_date(tmp_path, format, variable, frozen):
+    # QA6 d06: the fix froze the clock at midnight, its verifier rendered the original at noon:
+    # "%H:%M" printed 00:00 against 12:00 and every clock with an hour was "not fixed: a
+    # single-turn conversation would render differently".
+    original = CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format))
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}:2:9: fixed PC001 [live-clock]: ")
+    header = f'{{%- if {variable} is not defined %}}{{%- set {variable} = "{frozen}" %}}{{%- endif %}}\n'
+    assert path.read_text() == header + original.replace(f"strftime_now({format!r})", variable)
+    # what the model sees without the variable: the original at noon of the fix date
+    fixed = path.read_text()
+    assert (
+        hf_render(fixed, None)
+        == hf_render(original, datetime(2026, 1, 15, 12))
+        == f"<s><|im_start|>system\nNow: {frozen}" + ("<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
+    )
+    # and a caller still passes the real time
+    assert "Now: 09:41<|im_end|>" in hf_render(fixed, None, **{variable: "09:41"})
+
+
+@pytest.mark.parametrize(
+    ("format", "title"),
+    [
+        ("%d %b %Y", "the date 15 Jan 2026 instead of today's unless the caller passes date_string"),
+        ("%A", "the weekday Thursday instead of today's unless the caller passes weekday_string"),
+        ("%H:%M", "the time 12:00 instead of the current one unless the caller passes time_string"),
+        ("%c", "the date and time Thu Jan 15 12:00:00 2026 instead of the current one unless the caller passes datetime_string"),
+    ],
+)
+def test_the_variable_a_fixed_clock_is_passed_in_is_named_after_what_it_shows(tmp_path, format, title):
+    # A weekday or a time of day in `date_string`, the variable callers pass a date in, would
+    # be a value of the wrong kind for them to pass.
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format)))
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"{path}:2:9: fixed PC001 [live-clock]: the model sees {title}\nAll checks passed!\n",
+    )
+
+
+def test_two_clock_calls_on_one_line_are_both_fixed(tmp_path):
+    # QA6 d07: one line, two calls: one finding, whose fix edited the first call only and then
+    # refused itself ("PC001 is still found in the patched template, at line 3, column 32").
+    original = (
+        '{{- bos_token }}<|im_start|>system\nToday is {{ strftime_now("%Y-%m-%d") }} ({{ strftime_now("%Y-%m-%d") }}).'
+        "<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"{path}:2:13: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller "
+        "passes date_string\nAll checks passed!\n",
+    )
+    header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    assert path.read_text() == header + original.replace('strftime_now("%Y-%m-%d")', "date_string")
+    assert CliRunner().invoke(main, [str(path)]).exit_code == 0
+
+
+def test_clocks_in_two_formats_are_each_fixed_in_their_own_variable(tmp_path):
+    # QA6 d07: "%A" then "%Y-%m-%d", on two lines. The weekday's fix set date_string to
+    # "Thursday"; the date's was refused, and the file was left half rewritten and failing.
+    original = (
+        '{{- bos_token }}<|im_start|>system\nToday is {{ strftime_now("%A") }},\n{{ strftime_now("%Y-%m-%d") }}.'
+        "<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    title = (
+        "the model sees the weekday Thursday and the date 2026-01-15 instead of the current ones unless the caller "
+        "passes weekday_string and date_string"
+    )
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"{path}:2:13: fixed PC001 [live-clock]: {title}\n{path}:3:4: fixed PC001 [live-clock]: {title}\nAll checks passed!\n",
+    )
+    fixed = path.read_text()
+    assert fixed == (
+        '{%- if weekday_string is not defined %}{%- set weekday_string = "Thursday" %}{%- endif %}\n'
+        '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+        + original.replace('strftime_now("%A")', "weekday_string").replace('strftime_now("%Y-%m-%d")', "date_string")
+    )
+    # one moment in both, as the original printed it at noon of the fix date
+    assert hf_render(fixed, None) == hf_render(original, datetime(2026, 1, 15, 12))
+    assert "Today is Thursday,\n2026-01-15." in hf_render(fixed, None)
+    assert CliRunner().invoke(main, [str(path)]).exit_code == 0
+
+
+def test_a_clock_whose_format_is_not_literal_refuses_the_whole_fix(tmp_path):
+    # Freezing the literal one alone would leave the clock live in the other, on the same line
+    # (one finding): the file is left as it was, with the reason.
+    original = "{{ strftime_now('%Y') }} {{ strftime_now(fmt) }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:1:4: not fixed PC001 [live-clock]: the clock's format at line 1 is not a literal string"
+    )
+    assert path.read_text() == original
