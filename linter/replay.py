@@ -513,13 +513,7 @@ class Tracer:
         with_reply = self.render(call, call.messages + [reply], False).text
         start, mark = self.reply_start(call, prompt, with_reply)
         text = with_reply[start:]
-        # The arguments as the model wrote them, not as the template re-serialises a mapping.
-        for tool in reply.get("tool_calls") or ():
-            arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
-            if isinstance(arguments, str):
-                with contextlib.suppress(json.JSONDecodeError, TypeError):
-                    text = text.replace(json.dumps(json.loads(arguments)), arguments)
-        text = unmarked(_as_generated(text, reply), mark)
+        text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
         return self.measure.ids(text), text
 
     def reply_start(self, call: Call, prompt: str, with_reply: str) -> tuple[int, str]:
@@ -661,6 +655,41 @@ def _as_generated(text: str, reply: dict[str, Any]) -> str:
         return cut  # it ends with its marker already
     marker = STOP_MARKER.search(text, len(cut))
     return cut if marker is None else text[: marker.end()]
+
+
+def _logged_arguments(text: str, reply: dict[str, Any]) -> str:
+    """``text`` with each tool call's arguments as the log has them, the string the model
+    wrote, where the template printed them re-serialised from the mapping the engine parsed
+    them into: in any spacing, key order or escaping (``tojson``'s default, a fix's compact
+    ``separators=(",", ":")``, gpt-oss's compact form). Each call's arguments are looked for
+    after the previous call's; a template that prints them otherwise (key by key, as XML)
+    keeps its text, having no JSON of them to swap."""
+    decoder = json.JSONDecoder()
+    start = 0
+    for tool in reply.get("tool_calls") or ():
+        arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
+        if not isinstance(arguments, str):
+            continue
+        try:
+            wanted = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if not isinstance(wanted, dict):
+            continue  # vLLM hands the template {} for these: nothing of the string is printed
+        canonical = json.dumps(wanted, sort_keys=True)
+        for position in range(start, len(text)):
+            if text[position] != "{":
+                continue
+            try:
+                found, end = decoder.raw_decode(text, position)
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            # Compared as canonical JSON: Python's == takes 1 for true and 1.0 for 1.
+            if isinstance(found, dict) and json.dumps(found, sort_keys=True) == canonical:
+                text = text[:position] + arguments + text[end:]
+                start = position + len(arguments)
+                break
+    return text
 
 
 def _departure(prompt: list[int], computed: list[int], following: list[int], shared: int | None = None) -> int | None:

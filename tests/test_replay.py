@@ -392,6 +392,105 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     assert ids == [ord(char) for char in generated]
 
 
+QWEN25 = SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"
+# The model wrote its arguments spaced (as Qwen and Llama write them), in this key order.
+SPACED_ARGUMENTS = '{"city": "Paris", "units": "metric", "days": [1, 2], "alerts": true}'
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "tool_call.arguments | tojson",  # json.dumps's default spacing, as the model wrote them
+        'tool_call.arguments | tojson(separators=(",", ":"))',  # what every PC004 fix writes
+        "tool_call.arguments | tojson(sort_keys=True)",  # another key order
+        "tool_call.arguments | tojson(indent=2)",
+    ],
+)
+def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(printed):
+    """The cache holds what the model generated: the arguments string of the log, not the
+    template's re-serialisation of the mapping the engine parsed it into, whatever the
+    template's separators, key order or indentation."""
+    from tmpl_lint.replay import Call, Tracer, reply_message
+
+    text = QWEN25.read_text().replace("tool_call.arguments | tojson", printed)
+    assert printed in text
+    tracer = Tracer(text, None, {}, "vllm")
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": SPACED_ARGUMENTS}}],
+    }
+    call = Call(
+        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+    )
+    prompt = tracer.prompt(call, None)
+    _ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
+    assert generated == ('<tool_call>\n{"name": "get_weather", "arguments": ' + SPACED_ARGUMENTS + "}\n</tool_call><|im_end|>")
+
+
+def test_a_compact_template_costs_a_model_that_writes_spaced_arguments_what_a_hand_replay_says(tmp_path):
+    """The d02 case: the model wrote spaced arguments, the template (a PC004 fix) prints them
+    compact. The hit rate is what transformers' renders, the logged replies and a plain vLLM
+    pool give, and the blocks after the arguments are lost to the template."""
+    compact = QWEN25.read_text().replace("tool_call.arguments | tojson", 'tool_call.arguments | tojson(separators=(",", ":"))')
+    template = tmp_path / "compact.jinja"
+    template.write_text(compact)
+    tools = [{"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {"type": "object"}}}]
+    arguments = json.dumps({"query": "weather in Paris", "lang": "en", "limit": 10, "fields": ["sky", "wind"], "safe": True})
+    user = {"role": "user", "content": "What is the weather in Paris? Please search for it and summarise."}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny, light wind"}
+    answer = {"role": "assistant", "content": "It is 18 C and sunny in Paris."}
+    steps = [
+        ([user], call),
+        ([user, call, result], answer),
+        ([user, call, result, answer, {"role": "user", "content": "Thanks!"}], None),
+    ]
+    log = tmp_path / "traffic.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps(
+                {"request": {"messages": messages, "tools": tools, "user": "s"}}
+                | ({"response": {"choices": [{"message": reply}]}} if reply else {})
+            )
+            + "\n"
+            for messages, reply in steps
+        )
+    )
+    tokenizer = transformers_tokenizer("qwen2.5")
+    requests = []
+    for messages, reply in steps:
+        parsed = json.loads(json.dumps(messages))
+        for message in parsed:
+            for tool_call in message.get("tool_calls") or ():
+                tool_call["function"]["arguments"] = json.loads(tool_call["function"]["arguments"])  # as vLLM does
+        text = tokenizer.apply_chat_template(
+            parsed, tools=tools, chat_template=compact, add_generation_prompt=True, tokenize=False
+        )
+        if reply is None:
+            written = ""
+        elif reply.get("tool_calls"):
+            written = '<tool_call>\n{"name": "search", "arguments": ' + arguments + "}\n</tool_call><|im_end|>"
+        else:
+            written = reply["content"] + "<|im_end|>"
+        requests.append((tokenizer.encode(text, add_special_tokens=False), tokenizer.encode(written, add_special_tokens=False)))
+    hits = sum(straightforward_vllm(requests, 16, None))
+    queries = sum(len(prompt) for prompt, _ in requests)
+
+    outcome = replay(
+        log, "--tokenizer", SHARED_TOKENIZERS / "qwen2.5", "--template", template, "--session-key", "user", "--format", "json"
+    )
+    assert outcome.exit_code == 0, outcome.output
+    report = json.loads(outcome.stdout)["template"]
+    assert (report["prefix_cache_queries"], report["prefix_cache_hits"]) == (queries, hits)
+    assert report["tokens_by_cause"]["template"] > 0
+    assert [(cause["cause"], cause["detail"]) for cause in report["causes"]] == [("template", "PC004 tool-arguments")]
+
+
 def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     """The template marks the newest message (`{% if loop.last %} (latest)`): rendered with
     the reply, the user message loses its mark, so the render parts from the prompt before
