@@ -6,7 +6,9 @@ LOG is JSON lines: a chat completion request body per line, or ``{"request": bod
 completion, a message, or ``{"token_ids": [...]}``; vLLM's ``return_token_ids`` puts the
 generated ids in ``choices[0].token_ids``). Requests are replayed in arrival order: by
 ``timestamp`` where the log has one (a line without one keeps its place), else in file
-order. They are grouped into sessions by a field (``--session-key user``), else by prefix
+order. A timestamp is seconds since the epoch (a number, or a string of digits) or ISO
+8601; 0 is a time like any other, 1970-01-01 00:00 UTC, and the template's clock shows that
+date. Anything else is an error on that line, which is left out. They are grouped into sessions by a field (``--session-key user``), else by prefix
 continuity.
 
 Two passes:
@@ -35,6 +37,7 @@ import functools
 import html
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -104,11 +107,18 @@ class Session:
     calls: list[Call] = field(default_factory=list)
 
 
+_EPOCH_SECONDS = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
 def _timestamp(value: Any) -> datetime | None:
-    """A logged time (seconds since the epoch, or ISO 8601) as naive UTC; None when absent;
-    ValueError when it is no time at all."""
+    """A logged time (seconds since the epoch, as a number or a string of digits, or ISO
+    8601) as naive UTC; None when absent; ValueError when it is no time at all. 0 is
+    1970-01-01 00:00: a logger's placeholder cannot be told from it, and guessing the
+    current time instead would move the template's clock within a session."""
     if value is None:
         return None
+    if isinstance(value, str) and _EPOCH_SECONDS.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             return datetime.fromtimestamp(value, tz=UTC).replace(tzinfo=None)
@@ -119,7 +129,9 @@ def _timestamp(value: Any) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return None
+        raise ValueError(
+            f"timestamp {value!r} is not a time: seconds since the epoch or ISO 8601 (2026-03-01T09:00:00Z)"
+        ) from None
     return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
@@ -182,7 +194,9 @@ def _call(number: int, line: bytes) -> Call | None:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ReplayError("response token_ids must be a list of token ids (non-negative integers)")
     try:
-        timestamp = _timestamp(entry.get("timestamp") or body.get("created"))
+        # Present is present: a timestamp of 0 is not absent.
+        logged = entry.get("timestamp")
+        timestamp = _timestamp(body.get("created") if logged is None else logged)
     except ValueError as error:
         raise ReplayError(str(error)) from None
     return Call(number, body, response, timestamp)

@@ -529,6 +529,10 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
         ('{"messages": [{"role": "user", "content": "x"}], "tools": 5}', "tools must be a list of objects"),
         ('{"messages": [{"role": "user", "content": "x"}], "timestamp": [1]}', "timestamp [1] is neither a number nor a string"),
         (
+            '{"messages": [{"role": "user", "content": "x"}], "timestamp": "yesterday"}',
+            "timestamp 'yesterday' is not a time: seconds since the epoch or ISO 8601 (2026-03-01T09:00:00Z)",
+        ),
+        (
             '{"request": {"messages": [{"role": "user", "content": "x"}]}, "response": {"token_ids": ["a", 1e400]}}',
             "response token_ids must be a list of token ids (non-negative integers)",
         ),
@@ -560,6 +564,40 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
     report = json.loads(result.stdout)["template"]
     assert (report["sessions"], report["requests"]) == (1, 2)  # the two good calls, one session
     assert result.returncode == 2
+
+
+def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
+    """0 is a time (1970-01-01 00:00 UTC), not a missing one: taken as none, the first
+    request's clock showed today and the next one's 1970, a date change the template never
+    made. A string of digits is seconds too."""
+    from tmpl_lint.diff import read_template
+    from tmpl_lint.replay import Tracer, read_log
+
+    template = tmp_path / "dated.jinja"
+    template.write_text(
+        "{{ 'Today: ' + strftime_now('%Y-%m-%d') + '\\n' }}"
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    first = [{"role": "user", "content": "Hi, what is on the list for today?"}]
+    second = first + [{"role": "assistant", "content": "Three things."}, {"role": "user", "content": "Which?"}]
+    log = tmp_path / "traffic.jsonl"
+    log.write_text(
+        json.dumps({"request": {"messages": first, "user": "u", "created": 1764590400}, "timestamp": 0})
+        + "\n"
+        + json.dumps({"request": {"messages": second, "user": "u"}, "timestamp": "60"})
+        + "\n"
+    )
+    calls, problems = read_log(log)
+    assert problems == []
+    assert [call.timestamp for call in calls] == [datetime(1970, 1, 1, 0, 0), datetime(1970, 1, 1, 0, 1)]
+    text, special = read_template(template)
+    assert Tracer(text, None, special, "vllm").prompt(calls[0], None).text.startswith("Today: 1970-01-01\n<|im_start|>user\n")
+    result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
+    assert (result.exit_code, result.stderr) == (0, "")
+    report = json.loads(result.stdout)["template"]
+    assert report["tokens_by_cause"]["template"] == 0
+    assert report["causes"] == []
 
 
 def test_a_choice_that_is_not_an_object_is_no_reply():
