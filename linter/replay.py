@@ -344,17 +344,23 @@ class Departure:
 
     cause: TokenCause  # TEMPLATE or CLIENT
     detail: str  # "PC002 history-rewrite", "reasoning dropped"...
-    message_index: int | None = None
+    message_index: int | None = None  # in this request's messages, unless ``in_previous``
     role: str | None = None
     field: str | None = None
     before: str = ""
     after: str = ""
+    # A message removed or moved is numbered where it was, in the previous request: this
+    # request's message of that number is another one.
+    in_previous: bool = False
+    moved_to: int | None = None  # where a moved message is in this request
 
     def describe(self) -> str:
         where = ""
         if self.message_index is not None:
             parts = ", ".join(part for part in (self.role, self.field) if part)
-            where = f", message {self.message_index}" + (f" ({parts})" if parts else "")
+            where = f", message {self.message_index}" + (" of the previous request" if self.in_previous else "")
+            where += f" ({parts})" if parts else ""
+            where += f", now message {self.moved_to}" if self.moved_to is not None else ""
         elif self.field in (BEFORE_MESSAGES, AFTER_MESSAGES):
             where = ", before the first message" if self.field == BEFORE_MESSAGES else ", after the last message"
         return f"{self.cause} {self.detail}{where}"
@@ -367,6 +373,10 @@ class Departure:
             "role": self.role,
             "field": self.field,
         }
+        if self.in_previous:
+            out["numbered_in"] = "previous"  # message_index counts the previous request's messages
+        if self.moved_to is not None:
+            out["moved_to"] = self.moved_to
         if self.before or self.after:
             out["renders"] = {"before": self.before, "after": self.after}
         return out
@@ -390,18 +400,22 @@ def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> D
             detail = "reasoning dropped" if not any(new_plain.get(key) for key in REASONING_KEYS) else "reasoning edited"
         elif _same_arguments(old_plain, new_plain):
             detail = "tool-call arguments re-serialized"
-        elif index + 1 < len(expected) and _plain(expected[index + 1]) == new_plain:
-            detail = "message removed"
-        elif any(_plain(later) == old_plain for later in sent[index + 1 :]):
-            detail = "messages reordered"
-        elif new.get("role") != role:  # another kind of message in its place: it is gone
-            detail = "message removed"
         else:
+            # The expected message sent later, and the one sent here expected later: moved;
+            # only the first: one put before it; only the second: it is gone.
+            sent_later = next((later for later in range(index + 1, len(sent)) if _plain(sent[later]) == old_plain), None)
+            expected_later = any(_plain(later) == new_plain for later in expected[index + 1 :])
+            if sent_later is not None and expected_later:
+                return Departure(TokenCause.CLIENT, "messages reordered", index, role, in_previous=True, moved_to=sent_later)
+            if sent_later is not None:
+                return Departure(TokenCause.CLIENT, "message inserted", index, new.get("role"))
+            if expected_later or new.get("role") != role:  # another kind of message in its place: it is gone
+                return Departure(TokenCause.CLIENT, "message removed", index, role, in_previous=True)
             detail = "message edited"
         return Departure(TokenCause.CLIENT, detail, index, role)
     if len(sent) < len(expected):
         index = len(sent)
-        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"))
+        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"), in_previous=True)
     if previous.options != call.options:
         return Departure(TokenCause.CLIENT, "request options changed")
     return None

@@ -635,18 +635,60 @@ def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize(
-    ("change", "detail", "index"),
+    ("change", "detail", "index", "described"),
     [
-        (lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]], "system prompt changed", 0),
-        (lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]], "message edited", 3),
-        (lambda m: [*m[:2], *m[3:]], "message removed", 2),
-        (lambda m: [m[0], m[3], m[2], m[1], *m[4:]], "messages reordered", 1),
-        (lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]], "reasoning dropped", 2),
-        (lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]], "reasoning edited", 4),
-        (lambda m: m[:4], "message removed", 4),
+        (
+            lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]],
+            "system prompt changed",
+            0,
+            "client system prompt changed, message 0 (system)",
+        ),
+        (
+            lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]],
+            "message edited",
+            3,
+            "client message edited, message 3 (user)",
+        ),
+        (
+            lambda m: [*m[:2], *m[3:]],
+            "message removed",
+            2,
+            "client message removed, message 2 of the previous request (assistant)",
+        ),
+        (
+            lambda m: [*m[:2], {"role": "user", "content": "Sorry, a shirt in red."}, *m[2:]],
+            "message inserted",
+            2,
+            "client message inserted, message 2 (user)",
+        ),
+        (
+            lambda m: [*m[:2], m[3], m[2], *m[4:]],
+            "messages reordered",
+            2,
+            "client messages reordered, message 2 of the previous request (assistant), now message 3",
+        ),
+        (
+            lambda m: [m[0], m[3], m[2], m[1], *m[4:]],
+            "messages reordered",
+            1,
+            "client messages reordered, message 1 of the previous request (user), now message 3",
+        ),
+        (
+            lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]],
+            "reasoning dropped",
+            2,
+            "client reasoning dropped, message 2 (assistant)",
+        ),
+        (
+            lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]],
+            "reasoning edited",
+            4,
+            "client reasoning edited, message 4 (assistant)",
+        ),
+        (lambda m: m[:4], "message removed", 4, "client message removed, message 4 of the previous request (assistant)"),
     ],
 )
-def test_what_the_client_changed(change, detail, index):
+def test_what_the_client_changed(change, detail, index, described):
     from tmpl_lint.replay import Call, client_change
 
     history = [
@@ -661,6 +703,7 @@ def test_what_the_client_changed(change, detail, index):
     assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
     found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
     assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
+    assert found.describe() == described
 
 
 def test_what_else_the_client_changed():
