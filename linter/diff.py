@@ -214,16 +214,31 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
             f"{divergence.block_size}-{unit} blocks{capped}\n"
         )
     lines = divergence_lines(divergence)
+    explained = explains(change, divergence)
+    # Where a message was inserted, removed or moved, the same number names different
+    # messages in the two turns: each number then says whose it is.
+    turns = explained and (change.in_previous or change.moved_to is not None or change.detail == "message inserted")
+    turn = "turn 2's " if turns else ""
     where = (
         divergence.place
         if divergence.message_index is None
-        else f"message {divergence.message_index}, {divergence.role}, {divergence.field}"
+        else f"{turn}message {divergence.message_index}, {divergence.role}, {divergence.field}"
     )
     lines[0] = f"first divergence at {unit} {divergence.first_divergence} of {first} ({where}); cause {divergence.cause}"
-    if explains(change, divergence):
-        where = "" if change.message_index is None else f" (message {change.message_index}, {change.role})"
-        lines[0] = lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{where}, not the template"
+    if explained:
+        lines[0] = (
+            lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{_client_place(change, turns)}, not the template"
+        )
     return "\n".join(lines) + "\n"
+
+
+def _client_place(change: Departure, turns: bool) -> str:
+    """Where the client's change is: " (turn 1's message 2, assistant, now turn 2's message 3)"."""
+    if change.message_index is None:
+        return ""
+    turn = ("turn 1's " if change.in_previous else "turn 2's ") if turns else ""
+    moved = f", now turn 2's message {change.moved_to}" if change.moved_to is not None else ""
+    return f" ({turn}message {change.message_index}, {change.role}{moved})"
 
 
 def dumps(divergence: Divergence, change: Departure | None = None) -> str:

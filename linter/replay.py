@@ -6,7 +6,9 @@ LOG is JSON lines: a chat completion request body per line, or ``{"request": bod
 completion, a message, or ``{"token_ids": [...]}``; vLLM's ``return_token_ids`` puts the
 generated ids in ``choices[0].token_ids``). Requests are replayed in arrival order: by
 ``timestamp`` where the log has one (a line without one keeps its place), else in file
-order. They are grouped into sessions by a field (``--session-key user``), else by prefix
+order. A timestamp is seconds since the epoch (a number, or a string of digits) or ISO
+8601; 0 is a time like any other, 1970-01-01 00:00 UTC, and the template's clock shows that
+date. Anything else is an error on that line, which is left out. They are grouped into sessions by a field (``--session-key user``), else by prefix
 continuity.
 
 Two passes:
@@ -35,6 +37,7 @@ import functools
 import html
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -104,11 +107,18 @@ class Session:
     calls: list[Call] = field(default_factory=list)
 
 
+_EPOCH_SECONDS = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
 def _timestamp(value: Any) -> datetime | None:
-    """A logged time (seconds since the epoch, or ISO 8601) as naive UTC; None when absent;
-    ValueError when it is no time at all."""
+    """A logged time (seconds since the epoch, as a number or a string of digits, or ISO
+    8601) as naive UTC; None when absent; ValueError when it is no time at all. 0 is
+    1970-01-01 00:00: a logger's placeholder cannot be told from it, and guessing the
+    current time instead would move the template's clock within a session."""
     if value is None:
         return None
+    if isinstance(value, str) and _EPOCH_SECONDS.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             return datetime.fromtimestamp(value, tz=UTC).replace(tzinfo=None)
@@ -119,7 +129,9 @@ def _timestamp(value: Any) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return None
+        raise ValueError(
+            f"timestamp {value!r} is not a time: seconds since the epoch or ISO 8601 (2026-03-01T09:00:00Z)"
+        ) from None
     return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(UTC).replace(tzinfo=None)
 
 
@@ -182,7 +194,9 @@ def _call(number: int, line: bytes) -> Call | None:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ReplayError("response token_ids must be a list of token ids (non-negative integers)")
     try:
-        timestamp = _timestamp(entry.get("timestamp") or body.get("created"))
+        # Present is present: a timestamp of 0 is not absent.
+        logged = entry.get("timestamp")
+        timestamp = _timestamp(body.get("created") if logged is None else logged)
     except ValueError as error:
         raise ReplayError(str(error)) from None
     return Call(number, body, response, timestamp)
@@ -330,17 +344,23 @@ class Departure:
 
     cause: TokenCause  # TEMPLATE or CLIENT
     detail: str  # "PC002 history-rewrite", "reasoning dropped"...
-    message_index: int | None = None
+    message_index: int | None = None  # in this request's messages, unless ``in_previous``
     role: str | None = None
     field: str | None = None
     before: str = ""
     after: str = ""
+    # A message removed or moved is numbered where it was, in the previous request: this
+    # request's message of that number is another one.
+    in_previous: bool = False
+    moved_to: int | None = None  # where a moved message is in this request
 
     def describe(self) -> str:
         where = ""
         if self.message_index is not None:
             parts = ", ".join(part for part in (self.role, self.field) if part)
-            where = f", message {self.message_index}" + (f" ({parts})" if parts else "")
+            where = f", message {self.message_index}" + (" of the previous request" if self.in_previous else "")
+            where += f" ({parts})" if parts else ""
+            where += f", now message {self.moved_to}" if self.moved_to is not None else ""
         elif self.field in (BEFORE_MESSAGES, AFTER_MESSAGES):
             where = ", before the first message" if self.field == BEFORE_MESSAGES else ", after the last message"
         return f"{self.cause} {self.detail}{where}"
@@ -353,6 +373,10 @@ class Departure:
             "role": self.role,
             "field": self.field,
         }
+        if self.in_previous:
+            out["numbered_in"] = "previous"  # message_index counts the previous request's messages
+        if self.moved_to is not None:
+            out["moved_to"] = self.moved_to
         if self.before or self.after:
             out["renders"] = {"before": self.before, "after": self.after}
         return out
@@ -376,18 +400,22 @@ def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> D
             detail = "reasoning dropped" if not any(new_plain.get(key) for key in REASONING_KEYS) else "reasoning edited"
         elif _same_arguments(old_plain, new_plain):
             detail = "tool-call arguments re-serialized"
-        elif index + 1 < len(expected) and _plain(expected[index + 1]) == new_plain:
-            detail = "message removed"
-        elif any(_plain(later) == old_plain for later in sent[index + 1 :]):
-            detail = "messages reordered"
-        elif new.get("role") != role:  # another kind of message in its place: it is gone
-            detail = "message removed"
         else:
+            # The expected message sent later, and the one sent here expected later: moved;
+            # only the first: one put before it; only the second: it is gone.
+            sent_later = next((later for later in range(index + 1, len(sent)) if _plain(sent[later]) == old_plain), None)
+            expected_later = any(_plain(later) == new_plain for later in expected[index + 1 :])
+            if sent_later is not None and expected_later:
+                return Departure(TokenCause.CLIENT, "messages reordered", index, role, in_previous=True, moved_to=sent_later)
+            if sent_later is not None:
+                return Departure(TokenCause.CLIENT, "message inserted", index, new.get("role"))
+            if expected_later or new.get("role") != role:  # another kind of message in its place: it is gone
+                return Departure(TokenCause.CLIENT, "message removed", index, role, in_previous=True)
             detail = "message edited"
         return Departure(TokenCause.CLIENT, detail, index, role)
     if len(sent) < len(expected):
         index = len(sent)
-        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"))
+        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"), in_previous=True)
     if previous.options != call.options:
         return Departure(TokenCause.CLIENT, "request options changed")
     return None
@@ -513,13 +541,7 @@ class Tracer:
         with_reply = self.render(call, call.messages + [reply], False).text
         start, mark = self.reply_start(call, prompt, with_reply)
         text = with_reply[start:]
-        # The arguments as the model wrote them, not as the template re-serialises a mapping.
-        for tool in reply.get("tool_calls") or ():
-            arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
-            if isinstance(arguments, str):
-                with contextlib.suppress(json.JSONDecodeError, TypeError):
-                    text = text.replace(json.dumps(json.loads(arguments)), arguments)
-        text = unmarked(_as_generated(text, reply), mark)
+        text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
         return self.measure.ids(text), text
 
     def reply_start(self, call: Call, prompt: str, with_reply: str) -> tuple[int, str]:
@@ -661,6 +683,41 @@ def _as_generated(text: str, reply: dict[str, Any]) -> str:
         return cut  # it ends with its marker already
     marker = STOP_MARKER.search(text, len(cut))
     return cut if marker is None else text[: marker.end()]
+
+
+def _logged_arguments(text: str, reply: dict[str, Any]) -> str:
+    """``text`` with each tool call's arguments as the log has them, the string the model
+    wrote, where the template printed them re-serialised from the mapping the engine parsed
+    them into: in any spacing, key order or escaping (``tojson``'s default, a fix's compact
+    ``separators=(",", ":")``, gpt-oss's compact form). Each call's arguments are looked for
+    after the previous call's; a template that prints them otherwise (key by key, as XML)
+    keeps its text, having no JSON of them to swap."""
+    decoder = json.JSONDecoder()
+    start = 0
+    for tool in reply.get("tool_calls") or ():
+        arguments = (tool.get("function") or {}).get("arguments") if isinstance(tool, dict) else None
+        if not isinstance(arguments, str):
+            continue
+        try:
+            wanted = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if not isinstance(wanted, dict):
+            continue  # vLLM hands the template {} for these: nothing of the string is printed
+        canonical = json.dumps(wanted, sort_keys=True)
+        for position in range(start, len(text)):
+            if text[position] != "{":
+                continue
+            try:
+                found, end = decoder.raw_decode(text, position)
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            # Compared as canonical JSON: Python's == takes 1 for true and 1.0 for 1.
+            if isinstance(found, dict) and json.dumps(found, sort_keys=True) == canonical:
+                text = text[:position] + arguments + text[end:]
+                start = position + len(arguments)
+                break
+    return text
 
 
 def _departure(prompt: list[int], computed: list[int], following: list[int], shared: int | None = None) -> int | None:

@@ -524,3 +524,54 @@ def test_a_message_that_no_longer_prints_text_is_where_the_prompts_diverge(tmp_p
     assert result["first_divergence_char"] == len("<|im_start|>user\n")
     assert (result["message_index"], result["role"], result["field"]) == (0, "user", "markup")
     assert (result["client_change"]["message_index"], result["client_change"]["detail"]) == (0, "message edited")
+
+
+# Turn 1 of a session, then turn 2 with a message inserted, one moved, one removed.
+BRACKETED = (
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+SESSION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi, what is 2+2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3+3?"},
+]
+OOPS = {"role": "user", "content": "oops"}
+LATER = [{"role": "assistant", "content": "6."}, {"role": "user", "content": "Thanks"}]
+
+
+@pytest.mark.parametrize(
+    ("second", "client", "json_change"),
+    [
+        (
+            [*SESSION[:2], OOPS, *SESSION[2:], *LATER],
+            "message inserted (turn 2's message 2, user)",
+            {"detail": "message inserted", "message_index": 2, "role": "user"},
+        ),
+        (
+            [*SESSION[:2], SESSION[3], SESSION[2], *LATER],
+            "messages reordered (turn 1's message 2, assistant, now turn 2's message 3)",
+            {"detail": "messages reordered", "message_index": 2, "role": "assistant", "numbered_in": "previous", "moved_to": 3},
+        ),
+        (
+            [*SESSION[:2], SESSION[3], *LATER],
+            "message removed (turn 1's message 2, assistant)",
+            {"detail": "message removed", "message_index": 2, "role": "assistant", "numbered_in": "previous"},
+        ),
+    ],
+)
+def test_an_inserted_a_moved_and_a_removed_message_are_named_so_in_each_turns_numbering(tmp_path, second, client, json_change):
+    """Turn 2's message 2 is a user message in all three; the client's change is named for
+    what it is, and a number that counts turn 1's messages says so."""
+    template = tmp_path / "bracketed.jinja"
+    template.write_text(BRACKETED)
+    turns = write_turns(tmp_path, {"messages": SESSION}, {"messages": second})
+    code, out, _ = run(*turns, "--template", str(template))
+    at = len("[system]Be brief.\n[user]Hi, what is 2+2?\n[")  # where "assistant" and "user" part
+    length = len("".join(f"[{m['role']}]{m['content']}\n" for m in SESSION) + "[assistant]")
+    assert code == 1
+    assert out.splitlines()[0] == (
+        f"first divergence at char {at} of {length} (turn 2's message 2, user, markup); cause client: {client}, not the template"
+    )
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert json.loads(out)["client_change"] == {"cause": "client", "field": None, **json_change}

@@ -392,6 +392,105 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     assert ids == [ord(char) for char in generated]
 
 
+QWEN25 = SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja"
+# The model wrote its arguments spaced (as Qwen and Llama write them), in this key order.
+SPACED_ARGUMENTS = '{"city": "Paris", "units": "metric", "days": [1, 2], "alerts": true}'
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "tool_call.arguments | tojson",  # json.dumps's default spacing, as the model wrote them
+        'tool_call.arguments | tojson(separators=(",", ":"))',  # what every PC004 fix writes
+        "tool_call.arguments | tojson(sort_keys=True)",  # another key order
+        "tool_call.arguments | tojson(indent=2)",
+    ],
+)
+def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(printed):
+    """The cache holds what the model generated: the arguments string of the log, not the
+    template's re-serialisation of the mapping the engine parsed it into, whatever the
+    template's separators, key order or indentation."""
+    from tmpl_lint.replay import Call, Tracer, reply_message
+
+    text = QWEN25.read_text().replace("tool_call.arguments | tojson", printed)
+    assert printed in text
+    tracer = Tracer(text, None, {}, "vllm")
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": SPACED_ARGUMENTS}}],
+    }
+    call = Call(
+        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+    )
+    prompt = tracer.prompt(call, None)
+    _ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
+    assert generated == ('<tool_call>\n{"name": "get_weather", "arguments": ' + SPACED_ARGUMENTS + "}\n</tool_call><|im_end|>")
+
+
+def test_a_compact_template_costs_a_model_that_writes_spaced_arguments_what_a_hand_replay_says(tmp_path):
+    """The d02 case: the model wrote spaced arguments, the template (a PC004 fix) prints them
+    compact. The hit rate is what transformers' renders, the logged replies and a plain vLLM
+    pool give, and the blocks after the arguments are lost to the template."""
+    compact = QWEN25.read_text().replace("tool_call.arguments | tojson", 'tool_call.arguments | tojson(separators=(",", ":"))')
+    template = tmp_path / "compact.jinja"
+    template.write_text(compact)
+    tools = [{"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {"type": "object"}}}]
+    arguments = json.dumps({"query": "weather in Paris", "lang": "en", "limit": 10, "fields": ["sky", "wind"], "safe": True})
+    user = {"role": "user", "content": "What is the weather in Paris? Please search for it and summarise."}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny, light wind"}
+    answer = {"role": "assistant", "content": "It is 18 C and sunny in Paris."}
+    steps = [
+        ([user], call),
+        ([user, call, result], answer),
+        ([user, call, result, answer, {"role": "user", "content": "Thanks!"}], None),
+    ]
+    log = tmp_path / "traffic.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps(
+                {"request": {"messages": messages, "tools": tools, "user": "s"}}
+                | ({"response": {"choices": [{"message": reply}]}} if reply else {})
+            )
+            + "\n"
+            for messages, reply in steps
+        )
+    )
+    tokenizer = transformers_tokenizer("qwen2.5")
+    requests = []
+    for messages, reply in steps:
+        parsed = json.loads(json.dumps(messages))
+        for message in parsed:
+            for tool_call in message.get("tool_calls") or ():
+                tool_call["function"]["arguments"] = json.loads(tool_call["function"]["arguments"])  # as vLLM does
+        text = tokenizer.apply_chat_template(
+            parsed, tools=tools, chat_template=compact, add_generation_prompt=True, tokenize=False
+        )
+        if reply is None:
+            written = ""
+        elif reply.get("tool_calls"):
+            written = '<tool_call>\n{"name": "search", "arguments": ' + arguments + "}\n</tool_call><|im_end|>"
+        else:
+            written = reply["content"] + "<|im_end|>"
+        requests.append((tokenizer.encode(text, add_special_tokens=False), tokenizer.encode(written, add_special_tokens=False)))
+    hits = sum(straightforward_vllm(requests, 16, None))
+    queries = sum(len(prompt) for prompt, _ in requests)
+
+    outcome = replay(
+        log, "--tokenizer", SHARED_TOKENIZERS / "qwen2.5", "--template", template, "--session-key", "user", "--format", "json"
+    )
+    assert outcome.exit_code == 0, outcome.output
+    report = json.loads(outcome.stdout)["template"]
+    assert (report["prefix_cache_queries"], report["prefix_cache_hits"]) == (queries, hits)
+    assert report["tokens_by_cause"]["template"] > 0
+    assert [(cause["cause"], cause["detail"]) for cause in report["causes"]] == [("template", "PC004 tool-arguments")]
+
+
 def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     """The template marks the newest message (`{% if loop.last %} (latest)`): rendered with
     the reply, the user message loses its mark, so the render parts from the prompt before
@@ -430,6 +529,10 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
         ('{"messages": [{"role": "user", "content": "x"}], "tools": 5}', "tools must be a list of objects"),
         ('{"messages": [{"role": "user", "content": "x"}], "timestamp": [1]}', "timestamp [1] is neither a number nor a string"),
         (
+            '{"messages": [{"role": "user", "content": "x"}], "timestamp": "yesterday"}',
+            "timestamp 'yesterday' is not a time: seconds since the epoch or ISO 8601 (2026-03-01T09:00:00Z)",
+        ),
+        (
             '{"request": {"messages": [{"role": "user", "content": "x"}]}, "response": {"token_ids": ["a", 1e400]}}',
             "response token_ids must be a list of token ids (non-negative integers)",
         ),
@@ -461,6 +564,40 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
     report = json.loads(result.stdout)["template"]
     assert (report["sessions"], report["requests"]) == (1, 2)  # the two good calls, one session
     assert result.returncode == 2
+
+
+def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
+    """0 is a time (1970-01-01 00:00 UTC), not a missing one: taken as none, the first
+    request's clock showed today and the next one's 1970, a date change the template never
+    made. A string of digits is seconds too."""
+    from tmpl_lint.diff import read_template
+    from tmpl_lint.replay import Tracer, read_log
+
+    template = tmp_path / "dated.jinja"
+    template.write_text(
+        "{{ 'Today: ' + strftime_now('%Y-%m-%d') + '\\n' }}"
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    first = [{"role": "user", "content": "Hi, what is on the list for today?"}]
+    second = first + [{"role": "assistant", "content": "Three things."}, {"role": "user", "content": "Which?"}]
+    log = tmp_path / "traffic.jsonl"
+    log.write_text(
+        json.dumps({"request": {"messages": first, "user": "u", "created": 1764590400}, "timestamp": 0})
+        + "\n"
+        + json.dumps({"request": {"messages": second, "user": "u"}, "timestamp": "60"})
+        + "\n"
+    )
+    calls, problems = read_log(log)
+    assert problems == []
+    assert [call.timestamp for call in calls] == [datetime(1970, 1, 1, 0, 0), datetime(1970, 1, 1, 0, 1)]
+    text, special = read_template(template)
+    assert Tracer(text, None, special, "vllm").prompt(calls[0], None).text.startswith("Today: 1970-01-01\n<|im_start|>user\n")
+    result = replay(log, "--template", template, "--session-key", "user", "--format", "json")
+    assert (result.exit_code, result.stderr) == (0, "")
+    report = json.loads(result.stdout)["template"]
+    assert report["tokens_by_cause"]["template"] == 0
+    assert report["causes"] == []
 
 
 def test_a_choice_that_is_not_an_object_is_no_reply():
@@ -498,18 +635,60 @@ def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize(
-    ("change", "detail", "index"),
+    ("change", "detail", "index", "described"),
     [
-        (lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]], "system prompt changed", 0),
-        (lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]], "message edited", 3),
-        (lambda m: [*m[:2], *m[3:]], "message removed", 2),
-        (lambda m: [m[0], m[3], m[2], m[1], *m[4:]], "messages reordered", 1),
-        (lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]], "reasoning dropped", 2),
-        (lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]], "reasoning edited", 4),
-        (lambda m: m[:4], "message removed", 4),
+        (
+            lambda m: [{"role": "system", "content": "Be terse."}, *m[1:]],
+            "system prompt changed",
+            0,
+            "client system prompt changed, message 0 (system)",
+        ),
+        (
+            lambda m: [*m[:3], {**m[3], "content": "No, the blue one."}, *m[4:]],
+            "message edited",
+            3,
+            "client message edited, message 3 (user)",
+        ),
+        (
+            lambda m: [*m[:2], *m[3:]],
+            "message removed",
+            2,
+            "client message removed, message 2 of the previous request (assistant)",
+        ),
+        (
+            lambda m: [*m[:2], {"role": "user", "content": "Sorry, a shirt in red."}, *m[2:]],
+            "message inserted",
+            2,
+            "client message inserted, message 2 (user)",
+        ),
+        (
+            lambda m: [*m[:2], m[3], m[2], *m[4:]],
+            "messages reordered",
+            2,
+            "client messages reordered, message 2 of the previous request (assistant), now message 3",
+        ),
+        (
+            lambda m: [m[0], m[3], m[2], m[1], *m[4:]],
+            "messages reordered",
+            1,
+            "client messages reordered, message 1 of the previous request (user), now message 3",
+        ),
+        (
+            lambda m: [*m[:2], {key: v for key, v in m[2].items() if key != "reasoning_content"}, *m[3:]],
+            "reasoning dropped",
+            2,
+            "client reasoning dropped, message 2 (assistant)",
+        ),
+        (
+            lambda m: [*m[:4], {**m[4], "reasoning_content": "Hmm."}, *m[5:]],
+            "reasoning edited",
+            4,
+            "client reasoning edited, message 4 (assistant)",
+        ),
+        (lambda m: m[:4], "message removed", 4, "client message removed, message 4 of the previous request (assistant)"),
     ],
 )
-def test_what_the_client_changed(change, detail, index):
+def test_what_the_client_changed(change, detail, index, described):
     from tmpl_lint.replay import Call, client_change
 
     history = [
@@ -524,6 +703,7 @@ def test_what_the_client_changed(change, detail, index):
     assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
     found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
     assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
+    assert found.describe() == described
 
 
 def test_what_else_the_client_changed():
