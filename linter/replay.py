@@ -988,7 +988,8 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
         if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request
-            lines.append(f"  {name}: n/a (no request could be rendered)")
+            why = "no request could be rendered" if summary.sessions else "no request in the log could be read"
+            lines.append(f"  {name}: n/a ({why})")
         else:
             lines.append(
                 f"  {name}: {summary.hit_rate:.1%} ({summary.metric}, every request: {summary.hits:,} of {summary.queries:,} {unit}s)"

@@ -566,6 +566,16 @@ def test_records_of_the_wrong_types_are_one_error_each_and_the_rest_replays(tmp_
     assert result.returncode == 2
 
 
+def test_a_log_of_which_no_line_can_be_read_says_so_not_that_the_template_failed(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"messages": [1]}\n{oops\n')
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    result = replay(log, "--template", template)
+    assert result.exit_code == 2
+    assert "  Prefix cache hit rate: n/a (no request in the log could be read)" in result.stdout.splitlines()
+
+
 def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
     """0 is a time (1970-01-01 00:00 UTC), not a missing one: taken as none, the first
     request's clock showed today and the next one's 1970, a date change the template never
