@@ -61,7 +61,7 @@ from jinja2 import nodes
 
 from tmpl_lint.analysis import Facts, LabelKind, Sink, Site
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.locations import descendants
+from tmpl_lint.locations import children_in_source_order, descendants
 from tmpl_lint.proofs import Cause, Divergence
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a
@@ -107,7 +107,79 @@ def check(facts: Facts) -> list[Finding]:
         "lost every turn (the whole context on models that cannot roll back)"
     )
     labels = frozenset().union(*(sink.all_labels() for sink in prompt_sinks))
-    return [RULE.at(facts.site(first.node, tag), message, labels)]
+    return [RULE.at(_opener_site(facts, first, tag), message, labels)]
+
+
+# A literal an output prints as it is written: a string constant or template text.
+LiteralNode = nodes.Const | nodes.TemplateData
+# More texts than this from one output (a chain of choices) are not told apart.
+MAX_CHOICES = 16
+
+
+def _opener_site(facts: Facts, sink: Sink, tag: str) -> Site:
+    """Where the output ``sink`` writes ``tag``: the literal it is written in, else (its text
+    comes through names) the output's first name."""
+    holding = [choice for choice in _choices(sink.node) or () if tag in _text(choice)]
+    literal = _literal_holding(holding[0], tag) if holding else _first_literal_with(sink.node, tag)
+    return (literal and _literal_site(facts, literal, tag)) or facts.site(sink.node, tag)
+
+
+def _choices(node: nodes.Node) -> list[tuple[LiteralNode, ...]] | None:
+    """Every text ``node`` can print, as the literals it is made of; None where it prints
+    anything else (a name, a call) or more texts than are worth telling apart."""
+    if isinstance(node, nodes.TemplateData) or (isinstance(node, nodes.Const) and isinstance(node.value, str)):
+        return [(node,)]
+    if isinstance(node, nodes.CondExpr):
+        first = _choices(node.expr1)
+        second = _choices(node.expr2) if node.expr2 is not None else [()]
+        if first is None or second is None or len(first) + len(second) > MAX_CHOICES:
+            return None
+        return first + second
+    if isinstance(node, (nodes.Output, nodes.Concat, nodes.Add)):
+        parts = node.nodes if isinstance(node, (nodes.Output, nodes.Concat)) else [node.left, node.right]
+        joined: list[tuple[LiteralNode, ...]] = [()]
+        for part in parts:
+            options = _choices(part)
+            if options is None or len(joined) * len(options) > MAX_CHOICES:
+                return None
+            joined = [before + option for before in joined for option in options]
+        return joined
+    return None
+
+
+def _text(choice: tuple[LiteralNode, ...]) -> str:
+    return "".join(literal.value if isinstance(literal, nodes.Const) else literal.data for literal in choice)
+
+
+def _literal_holding(choice: tuple[LiteralNode, ...], tag: str) -> LiteralNode:
+    """The literal of ``choice`` the tag starts in."""
+    start = _text(choice).index(tag)
+    for literal in choice:
+        start -= len(_text((literal,)))
+        if start < 0:
+            return literal
+    raise ValueError(f"{tag!r} is not in the choice")
+
+
+def _first_literal_with(node: nodes.Node, tag: str) -> LiteralNode | None:
+    """The first literal under ``node``, in source order, that holds the whole tag: where an
+    output that also prints names (`'<|im_start|>' + role + '\\n<think>'`) writes it."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        written = isinstance(current, nodes.TemplateData) or (isinstance(current, nodes.Const) and isinstance(current.value, str))
+        if written and tag in _text((current,)):
+            return current
+        stack.extend(reversed(children_in_source_order(current)))
+    return None
+
+
+def _literal_site(facts: Facts, literal: LiteralNode, tag: str) -> Site | None:
+    position = facts.source_map.literal_position(literal)
+    if position is None:
+        return None
+    line, column = position
+    return Site(line, tag, literal, facts.source_map, fixed_column=column)
 
 
 def _other_opener(history_sinks: list[Sink], tag: str, opened_with: str) -> str | None:

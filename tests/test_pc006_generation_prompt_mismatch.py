@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
@@ -206,7 +208,7 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     the proof at the generation prompt's test, and fails the run."""
     source = OPENER_AND_LAST_SUFFIX
     codes, findings = prove_text(source)
-    opener_at = at("PC006", source, "if enable_thinking")
+    opener_at = at("PC006", source, "<think>")  # the text it quotes, not the line's `if`
     prompt_test_at = at("PC006", source, "add_generation_prompt")
     assert sorted(codes) == sorted([opener_at, prompt_test_at])
     opener = next(finding for finding in findings if (finding.code, finding.line, finding.column) == opener_at)
@@ -218,3 +220,63 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     assert suffix.severity == "warning" and suffix.proof.is_proven
     assert "' [END]'" in suffix.message
     assert suffix.proof.divergence.cause == "reply-rewrite"
+
+
+# -- where the generation prompt writes its opener ---------------
+
+# The generation prompt on the line that ends the loop: no name in the output that prints it.
+AFTER_ENDFOR = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}{%- endif %}"
+)
+
+
+LAST_TURN_OPENER = (
+    "{% for m in messages %}{% if loop.last %}{{ '<think>\\n' }}{% endif %}{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<think>\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "anchor", "nth"),
+    [
+        (AFTER_ENDFOR, "'<|im_start|>assistant", 0),  # it stood at `endfor`
+        # template text after other text on the line: it stood at column 1
+        ("x{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}", "<|im_start|>", 0),
+        # an output that also prints a name: it stood at the name
+        (
+            "{% if add_generation_prompt %}{{ '<|im_start|>' + role_name + '\\n<think>\\n' }}{% endif %}",
+            "'\\n<think>",
+            0,
+        ),
+        # history prints the same literal, on the last message only: the second one is the prompt's
+        (LAST_TURN_OPENER, "'<think>\\n'", 1),
+    ],
+)
+def test_an_opener_without_a_name_stands_at_the_literal_that_writes_it(source, anchor, nth):
+    codes, _ = lint_text(source)
+    assert [place for place in codes if place[0] == "PC006"] == [at("PC006", source, anchor, nth)]
+
+
+def test_the_place_is_the_same_in_json_sarif_and_the_fix_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text(AFTER_ENDFOR)
+    _, line, column = at("PC006", AFTER_ENDFOR, "'<|im_start|>assistant")
+    runner = CliRunner()
+    (finding,) = json.loads(runner.invoke(main, ["t.jinja", "--no-prove", "--format", "json"]).stdout)
+    assert (finding["line"], finding["column"]) == (line, column)
+    sarif = json.loads(runner.invoke(main, ["t.jinja", "--no-prove", "--format", "sarif"]).stdout)
+    (result,) = sarif["runs"][0]["results"]
+    region = result["locations"][0]["physicalLocation"]["region"]
+    assert (region["startLine"], region["startColumn"]) == (line, column)
+    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix"])
+    assert f"t.jinja:{line}:{column}: not fixed PC006 [generation-prompt-mismatch]" in fixed.stdout
+
+
+@needs_shared
+def test_deepseek_r1_one_line_template_places_it_at_its_generation_prompt():
+    # One line of 2,600 characters; it stood at column 4, `{% if not add_generation_prompt is defined %}`.
+    text = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-R1.jinja").read_text(encoding="utf-8")
+    codes, findings = lint_text(text)
+    column = text.index("{{'<｜Assistant｜><think>\\n'}}") + len("{{") + 1
+    assert ("PC006", 1, column) in codes
