@@ -222,7 +222,81 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     assert suffix.proof.divergence.cause == "reply-rewrite"
 
 
-# -- where the generation prompt writes its opener ---------------
+# -- what the generation prompt opens the reply with, and where it is written ---------------
+
+# GLM-5.2's shape (zai-org--GLM-5.2.jinja:120): the opener is a choice between two literals.
+CHOSEN_OPENER = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{{ '<think></think>' if (enable_thinking is defined and not enable_thinking) else '<think>' }}\n"
+    "{%- endif %}"
+)
+
+
+def test_a_choice_of_openers_quotes_the_one_the_default_render_prints_where_it_is_written():
+    codes, (finding,) = lint_text(CHOSEN_OPENER)
+    # enable_thinking unset: the test is false, the else branch prints '<think>'. It quoted
+    # '<think></think><think>' (both branches glued), which no render prints.
+    assert finding.message.startswith("the generation prompt opens the reply with '<think>' but history never prints")
+    assert codes == [at("PC006", CHOSEN_OPENER, "'<think>'")]  # it stood at `enable_thinking`
+    # Either value of the switch still opens a '<think>' history never prints: no advice,
+    # and the place does not move with the value tried (a trial at another place passed for
+    # a trial without the finding).
+    assert finding.switch is None
+
+
+# History opens every reply with "<think>\n"; the generation prompt too, but only with
+# enable_thinking=false: by default it opens an empty block.
+OPENER_MATCHING_ONLY_WHEN_SWITCHED = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{{ '<think>\\n' + m.reasoning_content + '</think>' }}{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{{ '<think>\\n' if (enable_thinking is defined and not enable_thinking) else '<think></think>' }}{%- endif %}"
+)
+
+
+def test_a_choice_of_openers_is_decided_by_the_switch_trial_at_one_place():
+    codes, (finding,) = lint_text(OPENER_MATCHING_ONLY_WHEN_SWITCHED)
+    assert codes == [at("PC006", OPENER_MATCHING_ONLY_WHEN_SWITCHED, "'<think></think>'")]
+    assert "opens the reply with '<think></think>' but history prints '<think>\\n" in finding.message
+    # The trial with enable_thinking=false reads the branch it takes, and the finding is gone;
+    # the other trials find it at the same place (where it moved with the branch the trial
+    # took, every trial lost it and no switch was named).
+    assert (finding.switch.name, finding.switch.stable_value, finding.switch.default_is_stable) == (
+        "enable_thinking",
+        False,
+        False,
+    )
+
+
+@needs_shared
+def test_glm_5_2_quotes_the_opener_its_default_render_prints():
+    # It read "opens the reply with '<think></think><think>'", at `enable_thinking`.
+    lines = (SHARED_TEMPLATES / "zai-org--GLM-5.2.jinja").read_text(encoding="utf-8").splitlines()
+    number = lines.index(
+        "    <|assistant|>{{- '<think></think>' if (enable_thinking is defined and not enable_thinking) else '<think>' -}}"
+    )
+    _, findings = lint_text("\n".join(lines))
+    (finding,) = [finding for finding in findings if finding.code == "PC006"]
+    assert (finding.line, finding.column) == (number + 1, lines[number].index("'<think>' -}}") + 1)
+    assert finding.message.startswith("the generation prompt opens the reply with '<think>' but")
+
+
+def test_a_choice_the_analysis_cannot_decide_names_every_opener():
+    source = CHOSEN_OPENER.replace("(enable_thinking is defined and not enable_thinking)", "messages|length > 2")
+    codes, (finding,) = lint_text(source)
+    assert "opens the reply with one of '<think></think>', '<think>' but" in finding.message
+    assert codes == [at("PC006", source, "'<think></think>'")]
+
+
+def test_a_choice_whose_default_opens_nothing_quotes_the_opener_it_can_print():
+    # GLM-4.6's shape: the empty think block only with enable_thinking=false.
+    source = CHOSEN_OPENER.replace("else '<think>'", "else ''")
+    codes, (finding,) = lint_text(source)
+    assert finding.message.startswith("the generation prompt opens the reply with '<think></think>' but")
+    assert codes == [at("PC006", source, "'<think></think>'")]
+    assert (finding.switch.name, finding.switch.default_is_stable) == ("enable_thinking", True)
+
 
 # The generation prompt on the line that ends the loop: no name in the output that prints it.
 AFTER_ENDFOR = (
