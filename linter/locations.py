@@ -46,6 +46,8 @@ class SourceMap:
         self._by_line: dict[int, list[Token]] = {}
         self._tokens: list[Token] | None = None
         self._occurrence: dict[int, int] | None = None
+        self._literal_occurrence: dict[int, int] | None = None
+        self._literal_count: dict[tuple, int] = {}
         self._memo: dict[object, object] = {}
 
     def memo(self, key: object, compute):
@@ -154,6 +156,59 @@ class SourceMap:
             if token.kind not in ("data", "whitespace", "block_begin", "variable_begin"):
                 return line, self.column_of_offset(token.offset)
         return line, 1
+
+    def literal_position(self, node: nodes.Const | nodes.TemplateData) -> tuple[int, int] | None:
+        """(line, column) of a string literal's opening quote, or of the first character of
+        template text that is not whitespace (text may start with the end of the line before
+        it). None where no token of the line is the node's alone: two string tokens the parser
+        joins (`'a' 'b'`), or text whose line endings the source writes as ``\\r\\n``."""
+        if isinstance(node, nodes.Const):
+            kind, value = "string", node.value
+        else:
+            kind, value = "data", node.data
+        if not isinstance(value, str):
+            return None
+        lineno = getattr(node, "lineno", 1) or 1
+        same_value = [token for token in self._on_line(lineno) if token.kind == kind and self._decoded(token) == value]
+        if self._literal_occurrence is None:
+            self._literal_occurrence = {}
+            if self._tree is not None:
+                self._number_literals(self._tree)
+        if len(same_value) != self._literal_count.get((lineno, kind, value), 0):
+            return None  # a token of the line was not located, or is not one node's
+        token = same_value[self._literal_occurrence.get(id(node), 0)]
+        offset = token.offset
+        if kind == "data":
+            offset += len(token.value) - len(token.value.lstrip())
+            if offset == token.end:
+                offset = token.offset
+        line = bisect.bisect_right(self.line_starts, offset)
+        return line, self.column_of_offset(offset)
+
+    def _decoded(self, token: Token) -> str | None:
+        """A string or data token's value as the parser reads it (quotes and escapes gone)."""
+        try:
+            (wrapped,) = self._environment.lexer.wrap(iter([(token.line, token.kind, token.value)]))
+        except (jinja2.TemplateSyntaxError, ValueError):
+            return None
+        return wrapped.value
+
+    def _number_literals(self, tree: nodes.Node) -> None:
+        """Number each string literal and text node among those of its line, kind and value,
+        in source order (see ``_number_names``), and count them."""
+        counters = self._literal_count
+        stack: list[nodes.Node] = [tree]
+        while stack:
+            node = stack.pop()
+            stack.extend(reversed(children_in_source_order(node)))
+            if isinstance(node, nodes.Const) and isinstance(node.value, str):
+                key = (node.lineno, "string", node.value)
+            elif isinstance(node, nodes.TemplateData):
+                key = (node.lineno, "data", node.data)
+            else:
+                continue
+            self._literal_occurrence[id(node)] = counters.get(key, 0)
+            counters[key] = counters.get(key, 0) + 1
 
     def _number_names(self, tree: nodes.Node) -> None:
         """Number each Name and Filter node among those of its name on its line, in source

@@ -7,7 +7,10 @@ longer starts with once it is history, or history never replays the reply at all
 messages printing that tag for every past assistant turn. A tag printed only for some
 turns (after the last user query, while the message is last) or not at all is reported,
 and so is a tag history prints with other text after it (Nemotron 3 writes `<think></think>`
-for a turn without reasoning where the reply was opened with `<think>\n`).
+for a turn without reasoning where the reply was opened with `<think>\n`). The finding
+stands at the literal the opener is written in; where the generation prompt chooses between
+openers (`'<think></think>' if not enable_thinking else '<think>'`), it quotes the one the
+default render prints, or each where the template does not decide it alone.
 Where no literal opener shows it (a whitespace difference, a header history never prints),
 the proof finds it: a divergence inside the generation prompt or the reply that no other
 finding explains is reported here, at the `add_generation_prompt` test. A reply that
@@ -59,9 +62,9 @@ import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, LabelKind, Sink, Site
+from tmpl_lint.analysis import KNOWN_GLOBALS, UNDEFINED, Facts, LabelKind, Sink, Site, analyze
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.locations import descendants
+from tmpl_lint.locations import children_in_source_order, descendants
 from tmpl_lint.proofs import Cause, Divergence
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a
@@ -91,7 +94,8 @@ def check(facts: Facts) -> list[Finding]:
         return []
     tag = opener.group(0)
     first = next(sink for sink in prompt_sinks if tag in sink.text)
-    opened_with = first.text[first.text.index(tag) :]
+    openers, site = _opened_with(facts, first, tag)
+    opened_with = openers[0]
     history_sinks = [sink for sink in facts.sinks if sink.loops and tag in sink.text]
     other = _other_opener(history_sinks, tag, opened_with)
     if other is not None:
@@ -102,12 +106,139 @@ def check(facts: Facts) -> list[Finding]:
         how = f"history prints {tag!r} only for some turns (it depends on later messages)"
     else:
         how = f"history never prints {tag!r}"
+    quoted = repr(opened_with) if len(openers) == 1 else "one of " + ", ".join(map(repr, openers))
     message = (
-        f"the generation prompt opens the reply with {opened_with!r} but {how}: the reply's cache is "
+        f"the generation prompt opens the reply with {quoted} but {how}: the reply's cache is "
         "lost every turn (the whole context on models that cannot roll back)"
     )
     labels = frozenset().union(*(sink.all_labels() for sink in prompt_sinks))
-    return [RULE.at(facts.site(first.node, tag), message, labels)]
+    return [RULE.at(site, message, labels)]
+
+
+# A literal an output prints as it is written: a string constant or template text.
+LiteralNode = nodes.Const | nodes.TemplateData
+# What every render is given: the default render passes these and leaves the rest unset.
+PASSED = frozenset({"messages", "add_generation_prompt"})
+# Names jinja itself binds (in a loop, a macro, a call block).
+JINJA_NAMES = frozenset({"loop", "caller", "varargs", "kwargs"})
+# More texts than this from one output (a chain of choices) are not told apart.
+MAX_CHOICES = 16
+
+
+def _opened_with(facts: Facts, sink: Sink, tag: str) -> tuple[list[str], Site]:
+    """What the output ``sink`` opens the reply with, from ``tag`` on, and where it is written.
+
+    ``sink.text`` joins every literal the output holds, so a choice between openers
+    (`'<think></think>' if not enable_thinking else '<think>'`) reads as both glued together,
+    which no render prints. Each text the output can print is told apart instead. Where they
+    open the reply differently, the opener is the one the analysis decided (a switch trial
+    sets the variable), else the one the default render prints, else each is named. The
+    place is the literal the tag is written in (the default render's where it chooses), the
+    same in every switch trial; else (the text comes through names) the output's first name."""
+    choices = _choices(sink.node)
+    holding = [choice for choice in choices or () if tag in _text(choice)]
+    if not holding:  # the opener comes through a name, or is built across literals
+        literal = _first_literal_with(sink.node, tag)
+        site = (literal and _literal_site(facts, literal, tag)) or facts.site(sink.node, tag)
+        return [sink.text[sink.text.index(tag) :]], site
+    by_opener: dict[str, tuple[LiteralNode, ...]] = {}
+    for choice in holding:
+        by_opener.setdefault(_from(_text(choice), tag), choice)
+    placed = holding[0]
+    if len(by_opener) > 1:
+        default = _default_choice(facts, sink, choices)
+        if default is not None and tag in _text(default):
+            placed = default
+        decided = next((choice for choice in holding if _text(choice) == sink.text), None)
+        if decided is not None or placed is default:
+            by_opener = {_from(_text(decided or default), tag): decided or default}
+    site = _literal_site(facts, _literal_holding(placed, tag), tag) or facts.site(sink.node, tag)
+    return list(by_opener), site
+
+
+def _choices(node: nodes.Node) -> list[tuple[LiteralNode, ...]] | None:
+    """Every text ``node`` can print, as the literals it is made of; None where it prints
+    anything else (a name, a call) or more texts than are worth telling apart."""
+    if isinstance(node, nodes.TemplateData) or (isinstance(node, nodes.Const) and isinstance(node.value, str)):
+        return [(node,)]
+    if isinstance(node, nodes.CondExpr):
+        first = _choices(node.expr1)
+        second = _choices(node.expr2) if node.expr2 is not None else [()]
+        if first is None or second is None or len(first) + len(second) > MAX_CHOICES:
+            return None
+        return first + second
+    if isinstance(node, (nodes.Output, nodes.Concat, nodes.Add)):
+        parts = node.nodes if isinstance(node, (nodes.Output, nodes.Concat)) else [node.left, node.right]
+        joined: list[tuple[LiteralNode, ...]] = [()]
+        for part in parts:
+            options = _choices(part)
+            if options is None or len(joined) * len(options) > MAX_CHOICES:
+                return None
+            joined = [before + option for before in joined for option in options]
+        return joined
+    return None
+
+
+def _text(choice: tuple[LiteralNode, ...]) -> str:
+    return "".join(literal.value if isinstance(literal, nodes.Const) else literal.data for literal in choice)
+
+
+def _from(text: str, tag: str) -> str:
+    return text[text.index(tag) :]
+
+
+def _default_choice(facts: Facts, sink: Sink, choices: list[tuple[LiteralNode, ...]]) -> tuple[LiteralNode, ...] | None:
+    """The choice the default render prints: the output's text when the template is analysed
+    with every variable it reads unset (the messages and the generation prompt's own test
+    apart), where that decides it. Worked out once per template, from its syntax and not from
+    the analysis at hand: a switch trial's assumption must not move the finding."""
+    if facts.tree is None:
+        return None
+
+    def printed() -> set[str]:
+        read = {name.name for name in facts.nodes_of(nodes.Name) if name.ctx == "load"}
+        # A name the template sets is read from its scope first: unset, it is what an
+        # `is defined` test before the set sees.
+        unset = dict.fromkeys(sorted(read - KNOWN_GLOBALS - PASSED - JINJA_NAMES), UNDEFINED)
+        default = analyze(facts.text, facts.tree, facts.source_map, unset)
+        return {other.text for other in default.sinks if other.node is sink.node}
+
+    texts = facts.source_map.memo(("PC006 default render", id(sink.node)), printed)
+    if len(texts) != 1:
+        return None
+    (text,) = texts
+    return next((choice for choice in choices if _text(choice) == text), None)
+
+
+def _literal_holding(choice: tuple[LiteralNode, ...], tag: str) -> LiteralNode:
+    """The literal of ``choice`` the tag starts in."""
+    start = _text(choice).index(tag)
+    for literal in choice:
+        start -= len(_text((literal,)))
+        if start < 0:
+            return literal
+    raise ValueError(f"{tag!r} is not in the choice")
+
+
+def _first_literal_with(node: nodes.Node, tag: str) -> LiteralNode | None:
+    """The first literal under ``node``, in source order, that holds the whole tag: where an
+    output that also prints names (`'<|im_start|>' + role + '\\n<think>'`) writes it."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        written = isinstance(current, nodes.TemplateData) or (isinstance(current, nodes.Const) and isinstance(current.value, str))
+        if written and tag in _text((current,)):
+            return current
+        stack.extend(reversed(children_in_source_order(current)))
+    return None
+
+
+def _literal_site(facts: Facts, literal: LiteralNode, tag: str) -> Site | None:
+    position = facts.source_map.literal_position(literal)
+    if position is None:
+        return None
+    line, column = position
+    return Site(line, tag, literal, facts.source_map, fixed_column=column)
 
 
 def _other_opener(history_sinks: list[Sink], tag: str, opened_with: str) -> str | None:

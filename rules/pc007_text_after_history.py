@@ -23,6 +23,7 @@ reply and everything after that point on every such turn.
 
 ## Example
 ```jinja
+{%- set ns = namespace(is_tool=false) %}
 {%- for message in messages %}
     {%- if message.role == "tool" %}
         {%- set ns.is_tool = true %}

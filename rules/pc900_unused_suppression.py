@@ -15,7 +15,9 @@ reader that a problem exists where there is none.
 
 ## Example
 ```jinja
-{{- message.content }}  {# tmpl-lint: ignore[PC004] #}
+{%- for message in messages %}
+    {{- message.content }}  {# tmpl-lint: ignore[PC004] #}
+{%- endfor %}
 ```
 
 ## Use instead

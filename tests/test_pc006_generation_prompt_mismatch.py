@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
@@ -206,7 +208,7 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     the proof at the generation prompt's test, and fails the run."""
     source = OPENER_AND_LAST_SUFFIX
     codes, findings = prove_text(source)
-    opener_at = at("PC006", source, "if enable_thinking")
+    opener_at = at("PC006", source, "<think>")  # the text it quotes, not the line's `if`
     prompt_test_at = at("PC006", source, "add_generation_prompt")
     assert sorted(codes) == sorted([opener_at, prompt_test_at])
     opener = next(finding for finding in findings if (finding.code, finding.line, finding.column) == opener_at)
@@ -218,3 +220,137 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     assert suffix.severity == "warning" and suffix.proof.is_proven
     assert "' [END]'" in suffix.message
     assert suffix.proof.divergence.cause == "reply-rewrite"
+
+
+# -- what the generation prompt opens the reply with, and where it is written ---------------
+
+# GLM-5.2's shape (zai-org--GLM-5.2.jinja:120): the opener is a choice between two literals.
+CHOSEN_OPENER = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{{ '<think></think>' if (enable_thinking is defined and not enable_thinking) else '<think>' }}\n"
+    "{%- endif %}"
+)
+
+
+def test_a_choice_of_openers_quotes_the_one_the_default_render_prints_where_it_is_written():
+    codes, (finding,) = lint_text(CHOSEN_OPENER)
+    # enable_thinking unset: the test is false, the else branch prints '<think>'. It quoted
+    # '<think></think><think>' (both branches glued), which no render prints.
+    assert finding.message.startswith("the generation prompt opens the reply with '<think>' but history never prints")
+    assert codes == [at("PC006", CHOSEN_OPENER, "'<think>'")]  # it stood at `enable_thinking`
+    # Either value of the switch still opens a '<think>' history never prints: no advice,
+    # and the place does not move with the value tried (a trial at another place passed for
+    # a trial without the finding).
+    assert finding.switch is None
+
+
+# History opens every reply with "<think>\n"; the generation prompt too, but only with
+# enable_thinking=false: by default it opens an empty block.
+OPENER_MATCHING_ONLY_WHEN_SWITCHED = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{{ '<think>\\n' + m.reasoning_content + '</think>' }}{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{{ '<think>\\n' if (enable_thinking is defined and not enable_thinking) else '<think></think>' }}{%- endif %}"
+)
+
+
+def test_a_choice_of_openers_is_decided_by_the_switch_trial_at_one_place():
+    codes, (finding,) = lint_text(OPENER_MATCHING_ONLY_WHEN_SWITCHED)
+    assert codes == [at("PC006", OPENER_MATCHING_ONLY_WHEN_SWITCHED, "'<think></think>'")]
+    assert "opens the reply with '<think></think>' but history prints '<think>\\n" in finding.message
+    # The trial with enable_thinking=false reads the branch it takes, and the finding is gone;
+    # the other trials find it at the same place (where it moved with the branch the trial
+    # took, every trial lost it and no switch was named).
+    assert (finding.switch.name, finding.switch.stable_value, finding.switch.default_is_stable) == (
+        "enable_thinking",
+        False,
+        False,
+    )
+
+
+@needs_shared
+def test_glm_5_2_quotes_the_opener_its_default_render_prints():
+    # It read "opens the reply with '<think></think><think>'", at `enable_thinking`.
+    lines = (SHARED_TEMPLATES / "zai-org--GLM-5.2.jinja").read_text(encoding="utf-8").splitlines()
+    number = lines.index(
+        "    <|assistant|>{{- '<think></think>' if (enable_thinking is defined and not enable_thinking) else '<think>' -}}"
+    )
+    _, findings = lint_text("\n".join(lines))
+    (finding,) = [finding for finding in findings if finding.code == "PC006"]
+    assert (finding.line, finding.column) == (number + 1, lines[number].index("'<think>' -}}") + 1)
+    assert finding.message.startswith("the generation prompt opens the reply with '<think>' but")
+
+
+def test_a_choice_the_analysis_cannot_decide_names_every_opener():
+    source = CHOSEN_OPENER.replace("(enable_thinking is defined and not enable_thinking)", "messages|length > 2")
+    codes, (finding,) = lint_text(source)
+    assert "opens the reply with one of '<think></think>', '<think>' but" in finding.message
+    assert codes == [at("PC006", source, "'<think></think>'")]
+
+
+def test_a_choice_whose_default_opens_nothing_quotes_the_opener_it_can_print():
+    # GLM-4.6's shape: the empty think block only with enable_thinking=false.
+    source = CHOSEN_OPENER.replace("else '<think>'", "else ''")
+    codes, (finding,) = lint_text(source)
+    assert finding.message.startswith("the generation prompt opens the reply with '<think></think>' but")
+    assert codes == [at("PC006", source, "'<think></think>'")]
+    assert (finding.switch.name, finding.switch.default_is_stable) == ("enable_thinking", True)
+
+
+# The generation prompt on the line that ends the loop: no name in the output that prints it.
+AFTER_ENDFOR = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}{%- endif %}"
+)
+
+
+LAST_TURN_OPENER = (
+    "{% for m in messages %}{% if loop.last %}{{ '<think>\\n' }}{% endif %}{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<think>\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "anchor", "nth"),
+    [
+        (AFTER_ENDFOR, "'<|im_start|>assistant", 0),  # it stood at `endfor`
+        # template text after other text on the line: it stood at column 1
+        ("x{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}", "<|im_start|>", 0),
+        # an output that also prints a name: it stood at the name
+        (
+            "{% if add_generation_prompt %}{{ '<|im_start|>' + role_name + '\\n<think>\\n' }}{% endif %}",
+            "'\\n<think>",
+            0,
+        ),
+        # history prints the same literal, on the last message only: the second one is the prompt's
+        (LAST_TURN_OPENER, "'<think>\\n'", 1),
+    ],
+)
+def test_an_opener_without_a_name_stands_at_the_literal_that_writes_it(source, anchor, nth):
+    codes, _ = lint_text(source)
+    assert [place for place in codes if place[0] == "PC006"] == [at("PC006", source, anchor, nth)]
+
+
+def test_the_place_is_the_same_in_json_sarif_and_the_fix_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text(AFTER_ENDFOR)
+    _, line, column = at("PC006", AFTER_ENDFOR, "'<|im_start|>assistant")
+    runner = CliRunner()
+    (finding,) = json.loads(runner.invoke(main, ["t.jinja", "--no-prove", "--format", "json"]).stdout)
+    assert (finding["line"], finding["column"]) == (line, column)
+    sarif = json.loads(runner.invoke(main, ["t.jinja", "--no-prove", "--format", "sarif"]).stdout)
+    (result,) = sarif["runs"][0]["results"]
+    region = result["locations"][0]["physicalLocation"]["region"]
+    assert (region["startLine"], region["startColumn"]) == (line, column)
+    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix"])
+    assert f"t.jinja:{line}:{column}: not fixed PC006 [generation-prompt-mismatch]" in fixed.stdout
+
+
+@needs_shared
+def test_deepseek_r1_one_line_template_places_it_at_its_generation_prompt():
+    # One line of 2,600 characters; it stood at column 4, `{% if not add_generation_prompt is defined %}`.
+    text = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-R1.jinja").read_text(encoding="utf-8")
+    codes, findings = lint_text(text)
+    column = text.index("{{'<｜Assistant｜><think>\\n'}}") + len("{{") + 1
+    assert ("PC006", 1, column) in codes

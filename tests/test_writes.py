@@ -146,8 +146,9 @@ def test_a_file_whose_lock_cannot_be_taken_says_each_finding_is_not_fixed_for_th
 
 
 def test_a_file_whose_lock_cannot_be_taken_says_no_fix_where_its_rule_has_none(tmp_path, monkeypatch):
-    # line 1's clock has a fix, which could not be written; line 3's opener (PC006) has no
-    # fix at all, and says so as it does when the lock is taken
+    # line 1's clock has a fix, which could not be written; line 3's opener (PC006, at the
+    # text `<|assistant|><think>` that writes it) has no fix at all, and says so as it does
+    # when the lock is taken
     path = tmp_path / "t.jinja"
     path.write_text(
         '{{ strftime_now("%Y-%m-%d") }}\n{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}\n'
@@ -158,7 +159,7 @@ def test_a_file_whose_lock_cannot_be_taken_says_no_fix_where_its_rule_has_none(t
     assert code == 2
     assert out.splitlines()[:2] == [
         f"{path}:1:4: not fixed PC001 [live-clock]: the file could not be written (see the error)",
-        f"{path}:3:5: not fixed PC006 [generation-prompt-mismatch]: no automatic fix for this rule",
+        f"{path}:3:32: not fixed PC006 [generation-prompt-mismatch]: no automatic fix for this rule",
     ]
 
 
