@@ -21,7 +21,7 @@ import json
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,12 @@ from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
+from .jinja_env import REQUEST_VARIABLES
 from .proofs import Cause, ProofStatus
 from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
-from .scenarios import Scenario
+from .scenarios import Scenario, ScenarioKind
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
 from .tokenizer import Tokenizer
@@ -198,7 +199,7 @@ class Verifier:
         self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
-        self._printed: list[tuple[Scenario, list[tuple[str, str]]]] | None = None
+        self._printed: list[tuple[Request, list[tuple[str, str]]]] | None = None
         self.original_single_turns = self.single_turns(source.text)
 
     def unreproduced(self, finding: Finding) -> str | None:
@@ -345,32 +346,59 @@ class Verifier:
         return None
 
     def lost_text(self, patched: str) -> str | None:
-        """Why ``patched`` leaves out of a whole conversation text of its messages or tools
-        that the original prints, else None. Removing a look-ahead that groups tool results
-        under the call that asked for them stops the prover's divergence, and the tool
-        results with it: the model would never see them."""
+        """Why ``patched`` leaves out of a whole conversation text of its request (messages,
+        tools, documents, the caller's variables) that the original prints, else None.
+        Removing a look-ahead that groups tool results under the call that asked for them
+        stops the prover's divergence, and the tool results with it: the model would never
+        see them. Reading a scanned position as -1 keeps reasoning, and the documents
+        printed on the last user message go with it."""
         if self._printed is None:
             self._printed = []
-            for scenario in self.rendered_scenarios():
-                rendered = self.render(self.source.text, _history(scenario), scenario.tools, scenario.kwargs)
+            for request in self.requests():
+                rendered = self.render(self.source.text, request.messages, request.tools, request.kwargs, request.documents)
                 if rendered is not None:
-                    printed = [(what, text) for what, text in _strings(scenario) if text in rendered]
+                    printed = [(what, text) for what, text in request.strings() if text in rendered]
                     # The longest first: a short one ("city") may be printed only inside a longer.
                     printed.sort(key=lambda item: -len(item[1]))
-                    self._printed.append((scenario, printed))
-        for scenario, printed in self._printed:
-            rendered = self.render(patched, _history(scenario), scenario.tools, scenario.kwargs)
+                    self._printed.append((request, printed))
+        for request, printed in self._printed:
+            rendered = self.render(patched, request.messages, request.tools, request.kwargs, request.documents)
             if rendered is None:
                 continue  # said as a scenario the patched template no longer renders
             for what, text in printed:
                 if text not in rendered:
                     return (
                         f"the patched template leaves out text of {what} that the original prints: "
-                        f'{_quoted_excerpt(text)} in "{scenario.name}"'
+                        f'{_quoted_excerpt(text)} in "{request.name}"'
                     )
         return None
 
-    def render(self, text: str, messages: list[dict], tools=None, kwargs=None) -> str | None:
+    def requests(self) -> list[Request]:
+        """The whole conversations ``lost_text`` renders: each scenario the original rendered,
+        and again with what transformers' apply_chat_template also hands a template from the
+        request but the scenarios never send (they prove the prompt's stability, which
+        neither changes): RAG documents, and the caller's keyword variables as text."""
+        rendered = self.rendered_scenarios()
+        found = [Request.of(scenario) for scenario in rendered]
+        # Each conversation once: the clock's and the arguments' scenarios repeat them.
+        conversations = [
+            request for request, scenario in zip(found, rendered) if scenario.kind in (ScenarioKind.CHAT, ScenarioKind.AGENT)
+        ]
+        variables = self.lint(self.source.text).facts.variables
+        if "documents" in variables:
+            found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
+        passed = sorted(variables - REQUEST_VARIABLES - set(self.special))
+        if passed:
+            # A text each, all at once: a render per variable would cost a render per variable
+            # and conversation, for what is a rare place to print one.
+            given = {name: f"{name} as the caller passes it" for name in passed}
+            found += [
+                replace(request, name=f"{request.name}, with the caller's variables", kwargs={**request.kwargs, **given})
+                for request in conversations
+            ]
+        return found
+
+    def render(self, text: str, messages: list[dict], tools=None, kwargs=None, documents=None) -> str | None:
         """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
             return render(
@@ -378,6 +406,7 @@ class Verifier:
                 messages,
                 clock=self.clock,
                 tools=tools,
+                documents=documents,
                 template_kwargs=kwargs,
                 special_tokens=self.special,
                 limits=self.limits,
@@ -397,23 +426,52 @@ def _history(scenario: Scenario) -> list[dict]:
     return [*last.messages, *([last.reply] if last.reply else [])]
 
 
-def _strings(scenario: Scenario) -> list[tuple[str, str]]:
-    """(whose, text) of every string of the scenario's conversation a template may print:
-    the tools' names, descriptions and parameters, and each message's content, reasoning,
-    tool calls' names and arguments (roles and short markers apart)."""
-    found: list[tuple[str, str]] = []
-    owners = [(f"message {index} ({message.get('role', '?')})", message) for index, message in enumerate(_history(scenario))]
-    for whose, owner in [("the tool definitions", scenario.tools or []), *owners]:
-        stack: list = [value for key, value in owner.items() if key != "role"] if isinstance(owner, dict) else list(owner)
-        while stack:
-            value = stack.pop()
-            if isinstance(value, str) and len(value) >= 3:
-                found.append((whose, value))
-            elif isinstance(value, dict):
-                stack.extend(value.values())
-            elif isinstance(value, list):
-                stack.extend(value)
-    return found
+@dataclass(frozen=True)
+class Request:
+    """A whole conversation as a caller sends it, for the verifier to see what of it a patched
+    template leaves out: the messages and the reply, and what else the template is handed."""
+
+    name: str
+    messages: list[dict]
+    tools: list[dict] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    documents: list[dict] | None = None
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> Request:
+        return cls(scenario.name, _history(scenario), scenario.tools, dict(scenario.kwargs))
+
+    def strings(self) -> list[tuple[str, str]]:
+        """(whose, text) of every string of the request a template may print: the tools'
+        names, descriptions and parameters, each message's content, reasoning, tool calls'
+        names and arguments (roles and short markers apart), the documents, and the
+        caller's variables."""
+        owners: list[tuple[str, Any]] = [("the tool definitions", self.tools or []), ("the documents", self.documents or [])]
+        owners += [
+            (f"message {index} ({message.get('role', '?')})", [value for key, value in message.items() if key != "role"])
+            for index, message in enumerate(self.messages)
+        ]
+        owners += [(f"the caller's `{name}`", value) for name, value in self.kwargs.items()]
+        found: list[tuple[str, str]] = []
+        for whose, owner in owners:
+            stack: list = [owner]
+            while stack:
+                value = stack.pop()
+                if isinstance(value, str) and len(value) >= 3:
+                    found.append((whose, value))
+                elif isinstance(value, dict):
+                    stack.extend(value.values())
+                elif isinstance(value, list):
+                    stack.extend(value)
+        return found
+
+
+# What a RAG request hands the template besides its messages (transformers' `documents`),
+# under the keys templates read: Granite's doc_id, Jamba's title and text, the rest as JSON.
+DOCUMENTS = [
+    {"doc_id": "1", "title": "Quarterly report", "text": "Third-quarter revenue was 12 million."},
+    {"doc_id": "2", "title": "Office notes", "text": "The Lyon office opens in May."},
+]
 
 
 def _quoted_excerpt(text: str, width: int = 40) -> str:

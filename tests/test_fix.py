@@ -160,6 +160,94 @@ def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
     assert code == 1
 
 
+# The last user message carries the request's RAG documents, and past turns keep reasoning
+# only after it. The PC002 fix reads the scanned position as -1 everywhere: reasoning stays,
+# and the documents are printed after no message at all. The prover's scenarios send no
+# documents, so only the verifier's renders with them can see that.
+DOCUMENTS_ON_THE_LAST_QUERY = """\
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|user|>{{ m.content }}{% if loop.index0 == ns.last_user and documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>{% endif %}<|end|>
+{%- elif m.role == 'assistant' %}<|assistant|>{% if loop.index0 > ns.last_user and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|tool|>{{ m.content }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}
+"""
+
+
+def test_a_fix_that_leaves_out_the_documents_is_refused(tmp_path):
+    path = tmp_path / "rag.jinja"
+    path.write_text(DOCUMENTS_ON_THE_LAST_QUERY)
+    code, out, _ = run(str(path), "--fix")
+    assert path.read_text() == DOCUMENTS_ON_THE_LAST_QUERY
+    first = out.splitlines()[0]
+    match = re.fullmatch(
+        rf"{re.escape(str(path))}:4:71: not fixed PC002 \[history-rewrite\]: the patched template leaves out text of "
+        r"the documents that the original prints: '(.+)' in \"chat, with documents\"",
+        first,
+    )
+    assert match is not None, first
+    from tmpl_lint.fixer import DOCUMENTS
+
+    # the quoted text is one of the documents the verifier sends, which the original prints
+    # on the last user message
+    assert match[1] in {document["text"] for document in DOCUMENTS}
+    last_query = [{"role": "user", "content": "Summarise the report."}]
+    rendered = render(DOCUMENTS_ON_THE_LAST_QUERY, last_query, clock=FrozenClock(datetime(2026, 1, 1)), documents=DOCUMENTS)
+    assert f"<docs>{''.join(document['text'] for document in DOCUMENTS)}</docs>" in rendered
+    assert code == 1
+
+
+def test_a_fix_that_leaves_out_a_variable_the_caller_passes_is_refused(tmp_path):
+    # As above with a keyword the caller passes (chat_template_kwargs), which transformers
+    # hands the template as it hands documents: the scenarios set none.
+    template = DOCUMENTS_ON_THE_LAST_QUERY.replace(
+        " and documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>",
+        ' %}{{ house_rules | default("") }}',
+    )
+    path = tmp_path / "rules.jinja"
+    path.write_text(template)
+    code, out, _ = run(str(path), "--fix")
+    assert path.read_text() == template
+    first = out.splitlines()[0]
+    match = re.fullmatch(
+        rf"{re.escape(str(path))}:4:71: not fixed PC002 \[history-rewrite\]: the patched template leaves out text of "
+        r"the caller's `house_rules` that the original prints: '(.+)' in \"chat, with the caller's variables\"",
+        first,
+    )
+    assert match is not None, first
+    last_query = [{"role": "user", "content": "Hi"}]
+    rendered = render(template, last_query, clock=FrozenClock(datetime(2026, 1, 1)), template_kwargs={"house_rules": match[1]})
+    assert match[1] in rendered
+    assert code == 1
+
+
+def test_a_history_rewrite_fix_keeps_documents_printed_at_the_top(tmp_path):
+    # Documents printed once before the messages do not move with the last query: the fix
+    # is made, and the documents still render.
+    template = DOCUMENTS_ON_THE_LAST_QUERY.replace(
+        "{% if loop.index0 == ns.last_user and documents %}", "{% if false %}"
+    ).replace(
+        "{%- for m in messages %}\n",
+        "{%- if documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>{% endif %}\n{%- for m in messages %}\n",
+        1,
+    )
+    path = tmp_path / "rag.jinja"
+    path.write_text(template)
+    code, out, _ = run(str(path), "--fix")
+    assert out.splitlines()[0].endswith(
+        "fixed PC002 [history-rewrite]: every assistant turn keeps its reasoning in history, whatever follows it (`ns.last_user` no longer decides)"
+    )
+    assert code == 0
+    documents = [{"text": "Q3 revenue was 12M."}]
+    last_query = [{"role": "user", "content": "Summarise the report."}]
+    assert "<docs>Q3 revenue was 12M.</docs>" in render(
+        path.read_text(), last_query, clock=FrozenClock(datetime(2026, 1, 1)), documents=documents
+    )
+
+
 @needs_shared
 def test_a_fix_refused_for_a_finding_still_there_says_where(tmp_path):
     # Gemma 4 scans ahead for tool results twice (lines 280 and 354): one PC003, the second
