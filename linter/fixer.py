@@ -3,9 +3,10 @@
 A fix is kept only if the patched template parses, renders every scenario the original
 rendered, leaves the prover no divergence of the causes it fixed (check b, with the
 tokenizer when there is one), renders a single-turn conversation exactly as the
-original does at the fix date, and still prints every text of the messages the original
-printed (a tool result, an answer, reasoning) in each scenario's whole conversation. Otherwise nothing is written for that finding and the
-reason is printed.
+original does at the fix date, still prints every text of the request the original
+printed (a tool result, an answer, reasoning, a document, a caller's variable) in each
+scenario's whole conversation, and joins a reply's parallel tool results as the original
+does. Otherwise nothing is written for that finding and the reason is printed.
 
 Each file is fixed under its lock (see writes.py): read, fix each of its templates in a
 limited child process (isolation.py, the limits ``check`` has), put the templates back
@@ -23,6 +24,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, time
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,10 @@ from .proofs import Cause, ProofStatus
 from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
-from .scenarios import Scenario, ScenarioKind
+from .scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, common_prefix_length
 from .writes import WriteError
 
 
@@ -312,7 +314,7 @@ class Verifier:
                 return f"the patched template has a {code} finding the original does not"
         if self.single_turns(patched) != self.original_single_turns:
             return "a single-turn conversation would render differently"
-        lost = self.lost_text(patched)
+        lost = self.lost_text(patched) or self.regrouped(patched)
         if lost is not None:
             return lost
         report = self.prove(patched)
@@ -396,6 +398,52 @@ class Verifier:
                 replace(request, name=f"{request.name}, with the caller's variables", kwargs={**request.kwargs, **given})
                 for request in conversations
             ]
+        return found + [request for request, _ in self.parallel_results]
+
+    def regrouped(self, patched: str) -> str | None:
+        """Why ``patched`` prints a reply's parallel tool results otherwise than the original
+        does (the text between the two changes), else None. The look-ahead that gathers a
+        call's results into one turn (Command A) looks like one that drops reasoning, and
+        reading it as "no later message" splits them into turns of their own, a format the
+        model was never trained on: the prover's scenarios call one tool at a time and
+        cannot see it, and the results are all still printed."""
+        for request, between in self.parallel_results:
+            rendered = self.render(patched, request.messages, request.tools, request.kwargs, request.documents)
+            if rendered is None:
+                return f"the patched template no longer renders: {request.name}"
+            now = _between_parallel_results(rendered)
+            if now is None or now == between:
+                continue  # a result left out is said by lost_text
+            # Only what differs: the two often share the markup around the results.
+            shared = common_prefix_length(between, now)
+            before, after = between[shared:], now[shared:]
+            tail = common_prefix_length(before[::-1], after[::-1])
+            before, after = before[: len(before) - tail], after[: len(after) - tail]
+            first, second = PARALLEL_RESULTS
+            return (
+                f"the patched template joins a reply's parallel tool results otherwise: between {first!r} and "
+                f'{second!r}, {_quoted_excerpt(before)} becomes {_quoted_excerpt(after)} in "{request.name}"'
+            )
+        return None
+
+    @cached_property
+    def parallel_results(self) -> list[tuple[Request, str]]:
+        """The parallel-calls conversation, without documents and with them where the template
+        reads them (Command A prints tool results only in a request with documents), each in
+        the first shape of arguments the original prints both results in, and what it prints
+        between the two."""
+        found = []
+        with_documents = "documents" in self.lint(self.source.text).facts.variables
+        for documents in (None, DOCUMENTS) if with_documents else (None,):
+            for arguments_as_string in (False, True):
+                name = "agent, parallel tool calls" + (", with documents" if documents else "")
+                messages = _history(Scenario(name, parallel_agent(arguments_as_string)))
+                request = Request(name, messages, TOOLS, documents=documents)
+                rendered = self.render(self.source.text, request.messages, request.tools, documents=documents)
+                between = _between_parallel_results(rendered) if rendered is not None else None
+                if between is not None:
+                    found.append((request, between))
+                    break
         return found
 
     def render(self, text: str, messages: list[dict], tools=None, kwargs=None, documents=None) -> str | None:
@@ -418,6 +466,14 @@ class Verifier:
     def rendered_scenarios(self):
         """The scenarios the original template rendered: conversations in shapes it accepts."""
         return [result.scenario for result in self.original_report.rendered]
+
+
+def _between_parallel_results(rendered: str) -> str | None:
+    """What ``rendered`` prints between the two parallel tool results, if it prints them in order."""
+    first, second = PARALLEL_RESULTS
+    start = rendered.find(first)
+    end = rendered.find(second, start + len(first)) if start >= 0 else -1
+    return rendered[start + len(first) : end] if end >= 0 else None
 
 
 def _history(scenario: Scenario) -> list[dict]:

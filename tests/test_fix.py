@@ -160,6 +160,51 @@ def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
     assert code == 1
 
 
+# A reply's parallel tool results printed as one group: from the first result, a look-ahead
+# gathers the results that follow it (as Command A does), and marks them seen. The PC003 fix
+# reads the look-ahead as "no later message" (the assistant's <|think|> makes it look like
+# one that drops reasoning): each result then opens a group of its own, every result still
+# printed. The prover's scenarios call one tool at a time: only --strict makes the fix.
+PARALLEL_RESULTS_GROUPED = """\
+{%- set seen = namespace(ids=[]) %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}<|user|>{{ message.content }}<|end|>
+{%- elif message.role == 'assistant' %}<|assistant|>{% if message.tool_calls %}<|think|>{{ message.reasoning_content }}<|/think|>{% for tc in message.tool_calls %}<call>{{ tc.function.name }}</call>{% endfor %}{% else %}{{ message.content }}{% endif %}<|end|>
+{%- elif message.role == 'tool' and message.tool_call_id not in seen.ids %}<|results|>{{ message.content }}
+{%- set stopped = namespace(value=false) %}
+{%- for later in messages[loop.index0 + 1:] %}
+{%- if not stopped.value and later.role == 'tool' %}, {{ later.content }}{%- set seen.ids = seen.ids + [later.tool_call_id] %}
+{%- else %}{%- set stopped.value = true %}{%- endif %}
+{%- endfor %}<|/results|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}
+"""
+
+
+@pytest.mark.parametrize("flag", ["--strict", "--no-prove"])
+def test_a_fix_that_splits_a_replys_parallel_tool_results_is_refused(tmp_path, flag):
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "weather", "arguments": {}}} for i in range(2)]
+    parallel = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "tool_calls": calls, "reasoning_content": "Both at once."},
+        {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+    rendered = render(PARALLEL_RESULTS_GROUPED, parallel, clock=FrozenClock(datetime(2026, 1, 1)))
+    assert rendered.endswith("<|end|><|results|>sunny, rain<|/results|>")  # one group, as trained
+    path = tmp_path / "grouped.jinja"
+    path.write_text(PARALLEL_RESULTS_GROUPED)
+    code, out, _ = run(str(path), "--fix", flag)
+    assert path.read_text() == PARALLEL_RESULTS_GROUPED
+    assert out.splitlines()[0] == (
+        f"{path}:7:18: not fixed PC003 [future-dependent-render]: the patched template joins a reply's parallel tool "
+        "results otherwise: between '18 C, sunny' and '24 C, clear', ', ' becomes '<|/results|><|results|>' in "
+        '"agent, parallel tool calls"'
+    )
+    assert code == 1
+
+
 # The last user message carries the request's RAG documents, and past turns keep reasoning
 # only after it. The PC002 fix reads the scanned position as -1 everywhere: reasoning stays,
 # and the documents are printed after no message at all. The prover's scenarios send no
@@ -394,12 +439,13 @@ def results_in_one_turn(text: str) -> bool:
 
 
 @needs_shared
-def test_a_finding_the_proof_does_not_reproduce_is_not_fixed_unless_strict(tmp_path):
+def test_a_finding_the_proof_does_not_reproduce_is_tried_only_under_strict(tmp_path):
     # Command A prints a call's parallel tool results as one turn, looking ahead from the
     # first at the results after it. The analysis sees a look-ahead (PC003); no render shows
     # it moving history (ORACLE.tsv: chat and agent differ in the tail only). Removing the
     # look-ahead would split the turn the model was trained on: --fix makes a fix only for
-    # what fails the run, so only --strict (where unreproduced findings fail) makes this one.
+    # what fails the run, so only --strict (where unreproduced findings fail) tries this one,
+    # and the verifier, rendering a reply's parallel calls, refuses it.
     name = "CohereLabs--c4ai-command-a-03-2025.jinja"
     oracle = [line.split("\t") for line in (SHARED / "corpus" / "ORACLE.tsv").read_text().splitlines()]
     assert [row[1:3] for row in oracle if row[0] == name] == [["tail", "tail"]]
@@ -411,8 +457,16 @@ def test_a_finding_the_proof_does_not_reproduce_is_not_fixed_unless_strict(tmp_p
         f"{path}:148:20: not fixed PC003 [future-dependent-render]: the proof did not reproduce it in 12 scenarios, "
         "so nothing shows an edit is needed (--strict fixes it too)"
     ) in err.splitlines()
-    run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
-    assert (results_in_one_turn(original), results_in_one_turn(path.read_text())) == (True, False)
+    # --strict tries the fix, and its verifier sees the group split (with a document: the
+    # branch that prints tool results): not fixed either
+    code, _, err = run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
+    assert (code, path.read_text()) == (1, original)
+    assert results_in_one_turn(original)
+    assert (
+        f"{path}:148:20: not fixed PC003 [future-dependent-render]: the patched template joins a reply's parallel tool "
+        "results otherwise: between '18 C, sunny' and '24 C, clear', ',' becomes '\\n]<|END_TOOL_RESULT|><|END_OF_TURN_TOKE…' "
+        'in "agent, parallel tool calls, with documents"'
+    ) in err.splitlines()
 
 
 @needs_shared
