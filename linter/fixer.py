@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import writes
-from .analysis import Facts
+from .analysis import Facts, LabelKind
 from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
@@ -386,10 +386,13 @@ class Verifier:
         conversations = [
             request for request, scenario in zip(found, rendered) if scenario.kind in (ScenarioKind.CHAT, ScenarioKind.AGENT)
         ]
-        variables = self.lint(self.source.text).facts.variables
-        if "documents" in variables:
+        facts = self.lint(self.source.text).facts
+        if "documents" in facts.variables:
             found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
-        passed = sorted(variables - REQUEST_VARIABLES - set(self.special))
+        # Only the variables whose value reaches printed text: one only tested (a switch)
+        # has no text to leave out, and most templates' only variable is such a switch.
+        printed = {label.name for sink in facts.sinks for label in sink.labels if label.kind is LabelKind.VARIABLE}
+        passed = sorted(printed & facts.variables - REQUEST_VARIABLES - set(self.special))
         if passed:
             # A text each, all at once: a render per variable would cost a render per variable
             # and conversation, for what is a rare place to print one.
