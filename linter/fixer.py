@@ -382,10 +382,12 @@ class Verifier:
         neither changes): RAG documents, and the caller's keyword variables as text."""
         rendered = self.rendered_scenarios()
         found = [Request.of(scenario) for scenario in rendered]
-        # Each conversation once: the clock's and the arguments' scenarios repeat them.
-        conversations = [
-            request for request, scenario in zip(found, rendered) if scenario.kind in (ScenarioKind.CHAT, ScenarioKind.AGENT)
-        ]
+        # A chat and an agent conversation, the first of each the original rendered: the
+        # others, the clock's and the arguments' scenarios repeat their turns, and each
+        # variant costs a render of each for every candidate edit.
+        conversations = []
+        for kind in (ScenarioKind.CHAT, ScenarioKind.AGENT):
+            conversations += [request for request, scenario in zip(found, rendered) if scenario.kind is kind][:1]
         facts = self.lint(self.source.text).facts
         if "documents" in facts.variables:
             found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
