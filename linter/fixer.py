@@ -3,9 +3,10 @@
 A fix is kept only if the patched template parses, renders every scenario the original
 rendered, leaves the prover no divergence of the causes it fixed (check b, with the
 tokenizer when there is one), renders a single-turn conversation exactly as the
-original does at the fix date, and still prints every text of the messages the original
-printed (a tool result, an answer, reasoning) in each scenario's whole conversation. Otherwise nothing is written for that finding and the
-reason is printed.
+original does at the fix date, still prints every text of the request the original
+printed (a tool result, an answer, reasoning, a document, a caller's variable) in each
+scenario's whole conversation, and joins a reply's parallel tool results as the original
+does. Otherwise nothing is written for that finding and the reason is printed.
 
 Each file is fixed under its lock (see writes.py): read, fix each of its templates in a
 limited child process (isolation.py, the limits ``check`` has), put the templates back
@@ -21,26 +22,28 @@ import json
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, time
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from . import writes
-from .analysis import Facts
+from .analysis import Facts, LabelKind
 from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
+from .jinja_env import REQUEST_VARIABLES
 from .proofs import Cause, ProofStatus
 from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
-from .scenarios import Scenario
+from .scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, common_prefix_length
 from .writes import WriteError
 
 
@@ -198,7 +201,7 @@ class Verifier:
         self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
-        self._printed: list[tuple[Scenario, list[tuple[str, str]]]] | None = None
+        self._printed: list[tuple[Request, list[tuple[str, str]]]] | None = None
         self.original_single_turns = self.single_turns(source.text)
 
     def unreproduced(self, finding: Finding) -> str | None:
@@ -311,7 +314,7 @@ class Verifier:
                 return f"the patched template has a {code} finding the original does not"
         if self.single_turns(patched) != self.original_single_turns:
             return "a single-turn conversation would render differently"
-        lost = self.lost_text(patched)
+        lost = self.lost_text(patched) or self.regrouped(patched)
         if lost is not None:
             return lost
         report = self.prove(patched)
@@ -345,32 +348,110 @@ class Verifier:
         return None
 
     def lost_text(self, patched: str) -> str | None:
-        """Why ``patched`` leaves out of a whole conversation text of its messages or tools
-        that the original prints, else None. Removing a look-ahead that groups tool results
-        under the call that asked for them stops the prover's divergence, and the tool
-        results with it: the model would never see them."""
+        """Why ``patched`` leaves out of a whole conversation text of its request (messages,
+        tools, documents, the caller's variables) that the original prints, else None.
+        Removing a look-ahead that groups tool results under the call that asked for them
+        stops the prover's divergence, and the tool results with it: the model would never
+        see them. Reading a scanned position as -1 keeps reasoning, and the documents
+        printed on the last user message go with it."""
         if self._printed is None:
             self._printed = []
-            for scenario in self.rendered_scenarios():
-                rendered = self.render(self.source.text, _history(scenario), scenario.tools, scenario.kwargs)
+            for request in self.requests():
+                rendered = self.render(self.source.text, request.messages, request.tools, request.kwargs, request.documents)
                 if rendered is not None:
-                    printed = [(what, text) for what, text in _strings(scenario) if text in rendered]
+                    printed = [(what, text) for what, text in request.strings() if text in rendered]
                     # The longest first: a short one ("city") may be printed only inside a longer.
                     printed.sort(key=lambda item: -len(item[1]))
-                    self._printed.append((scenario, printed))
-        for scenario, printed in self._printed:
-            rendered = self.render(patched, _history(scenario), scenario.tools, scenario.kwargs)
+                    self._printed.append((request, printed))
+        for request, printed in self._printed:
+            rendered = self.render(patched, request.messages, request.tools, request.kwargs, request.documents)
             if rendered is None:
                 continue  # said as a scenario the patched template no longer renders
             for what, text in printed:
                 if text not in rendered:
                     return (
                         f"the patched template leaves out text of {what} that the original prints: "
-                        f'{_quoted_excerpt(text)} in "{scenario.name}"'
+                        f'{_quoted_excerpt(text)} in "{request.name}"'
                     )
         return None
 
-    def render(self, text: str, messages: list[dict], tools=None, kwargs=None) -> str | None:
+    def requests(self) -> list[Request]:
+        """The whole conversations ``lost_text`` renders: each scenario the original rendered,
+        and again with what transformers' apply_chat_template also hands a template from the
+        request but the scenarios never send (they prove the prompt's stability, which
+        neither changes): RAG documents, and the caller's keyword variables as text."""
+        rendered = self.rendered_scenarios()
+        found = [Request.of(scenario) for scenario in rendered]
+        # A chat and an agent conversation, the first of each the original rendered: the
+        # others, the clock's and the arguments' scenarios repeat their turns, and each
+        # variant costs a render of each for every candidate edit.
+        conversations = []
+        for kind in (ScenarioKind.CHAT, ScenarioKind.AGENT):
+            conversations += [request for request, scenario in zip(found, rendered) if scenario.kind is kind][:1]
+        facts = self.lint(self.source.text).facts
+        if "documents" in facts.variables:
+            found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
+        # Only the variables whose value reaches printed text: one only tested (a switch)
+        # has no text to leave out, and most templates' only variable is such a switch.
+        printed = {label.name for sink in facts.sinks for label in sink.labels if label.kind is LabelKind.VARIABLE}
+        passed = sorted(printed & facts.variables - REQUEST_VARIABLES - set(self.special))
+        if passed:
+            # A text each, all at once: a render per variable would cost a render per variable
+            # and conversation, for what is a rare place to print one.
+            given = {name: f"{name} as the caller passes it" for name in passed}
+            found += [
+                replace(request, name=f"{request.name}, with the caller's variables", kwargs={**request.kwargs, **given})
+                for request in conversations
+            ]
+        return found + [request for request, _ in self.parallel_results]
+
+    def regrouped(self, patched: str) -> str | None:
+        """Why ``patched`` prints a reply's parallel tool results otherwise than the original
+        does (the text between the two changes), else None. The look-ahead that gathers a
+        call's results into one turn (Command A) looks like one that drops reasoning, and
+        reading it as "no later message" splits them into turns of their own, a format the
+        model was never trained on: the prover's scenarios call one tool at a time and
+        cannot see it, and the results are all still printed."""
+        for request, between in self.parallel_results:
+            rendered = self.render(patched, request.messages, request.tools, request.kwargs, request.documents)
+            if rendered is None:
+                return f"the patched template no longer renders: {request.name}"
+            now = _between_parallel_results(rendered)
+            if now is None or now == between:
+                continue  # a result left out is said by lost_text
+            # Only what differs: the two often share the markup around the results.
+            shared = common_prefix_length(between, now)
+            before, after = between[shared:], now[shared:]
+            tail = common_prefix_length(before[::-1], after[::-1])
+            before, after = before[: len(before) - tail], after[: len(after) - tail]
+            first, second = PARALLEL_RESULTS
+            return (
+                f"the patched template joins a reply's parallel tool results otherwise: between {first!r} and "
+                f'{second!r}, {_quoted_excerpt(before)} becomes {_quoted_excerpt(after)} in "{request.name}"'
+            )
+        return None
+
+    @cached_property
+    def parallel_results(self) -> list[tuple[Request, str]]:
+        """The parallel-calls conversation, without documents and with them where the template
+        reads them (Command A prints tool results only in a request with documents), each in
+        the first shape of arguments the original prints both results in, and what it prints
+        between the two."""
+        found = []
+        with_documents = "documents" in self.lint(self.source.text).facts.variables
+        for documents in (None, DOCUMENTS) if with_documents else (None,):
+            for arguments_as_string in (False, True):
+                name = "agent, parallel tool calls" + (", with documents" if documents else "")
+                messages = _history(Scenario(name, parallel_agent(arguments_as_string)))
+                request = Request(name, messages, TOOLS, documents=documents)
+                rendered = self.render(self.source.text, request.messages, request.tools, documents=documents)
+                between = _between_parallel_results(rendered) if rendered is not None else None
+                if between is not None:
+                    found.append((request, between))
+                    break
+        return found
+
+    def render(self, text: str, messages: list[dict], tools=None, kwargs=None, documents=None) -> str | None:
         """``text`` rendered at the fix date without a generation prompt, or None if it fails."""
         try:
             return render(
@@ -378,6 +459,7 @@ class Verifier:
                 messages,
                 clock=self.clock,
                 tools=tools,
+                documents=documents,
                 template_kwargs=kwargs,
                 special_tokens=self.special,
                 limits=self.limits,
@@ -391,29 +473,66 @@ class Verifier:
         return [result.scenario for result in self.original_report.rendered]
 
 
+def _between_parallel_results(rendered: str) -> str | None:
+    """What ``rendered`` prints between the two parallel tool results, if it prints them in order."""
+    first, second = PARALLEL_RESULTS
+    start = rendered.find(first)
+    end = rendered.find(second, start + len(first)) if start >= 0 else -1
+    return rendered[start + len(first) : end] if end >= 0 else None
+
+
 def _history(scenario: Scenario) -> list[dict]:
     """The scenario's whole conversation: its last request's messages and the reply to it."""
     last = scenario.calls[-1]
     return [*last.messages, *([last.reply] if last.reply else [])]
 
 
-def _strings(scenario: Scenario) -> list[tuple[str, str]]:
-    """(whose, text) of every string of the scenario's conversation a template may print:
-    the tools' names, descriptions and parameters, and each message's content, reasoning,
-    tool calls' names and arguments (roles and short markers apart)."""
-    found: list[tuple[str, str]] = []
-    owners = [(f"message {index} ({message.get('role', '?')})", message) for index, message in enumerate(_history(scenario))]
-    for whose, owner in [("the tool definitions", scenario.tools or []), *owners]:
-        stack: list = [value for key, value in owner.items() if key != "role"] if isinstance(owner, dict) else list(owner)
-        while stack:
-            value = stack.pop()
-            if isinstance(value, str) and len(value) >= 3:
-                found.append((whose, value))
-            elif isinstance(value, dict):
-                stack.extend(value.values())
-            elif isinstance(value, list):
-                stack.extend(value)
-    return found
+@dataclass(frozen=True)
+class Request:
+    """A whole conversation as a caller sends it, for the verifier to see what of it a patched
+    template leaves out: the messages and the reply, and what else the template is handed."""
+
+    name: str
+    messages: list[dict]
+    tools: list[dict] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    documents: list[dict] | None = None
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> Request:
+        return cls(scenario.name, _history(scenario), scenario.tools, dict(scenario.kwargs))
+
+    def strings(self) -> list[tuple[str, str]]:
+        """(whose, text) of every string of the request a template may print: the tools'
+        names, descriptions and parameters, each message's content, reasoning, tool calls'
+        names and arguments (roles and short markers apart), the documents, and the
+        caller's variables."""
+        owners: list[tuple[str, Any]] = [("the tool definitions", self.tools or []), ("the documents", self.documents or [])]
+        owners += [
+            (f"message {index} ({message.get('role', '?')})", [value for key, value in message.items() if key != "role"])
+            for index, message in enumerate(self.messages)
+        ]
+        owners += [(f"the caller's `{name}`", value) for name, value in self.kwargs.items()]
+        found: list[tuple[str, str]] = []
+        for whose, owner in owners:
+            stack: list = [owner]
+            while stack:
+                value = stack.pop()
+                if isinstance(value, str) and len(value) >= 3:
+                    found.append((whose, value))
+                elif isinstance(value, dict):
+                    stack.extend(value.values())
+                elif isinstance(value, list):
+                    stack.extend(value)
+        return found
+
+
+# What a RAG request hands the template besides its messages (transformers' `documents`),
+# under the keys templates read: Granite's doc_id, Jamba's title and text, the rest as JSON.
+DOCUMENTS = [
+    {"doc_id": "1", "title": "Quarterly report", "text": "Third-quarter revenue was 12 million."},
+    {"doc_id": "2", "title": "Office notes", "text": "The Lyon office opens in May."},
+]
 
 
 def _quoted_excerpt(text: str, width: int = 40) -> str:

@@ -224,6 +224,28 @@ def chained_agent(arguments_as_string: bool) -> list[Call]:
     )
 
 
+# What the two calls of one reply (parallel_agent) return, in order.
+PARALLEL_RESULTS = ("18 C, sunny", "24 C, clear")
+
+
+def parallel_agent(arguments_as_string: bool) -> list[Call]:
+    """One reply that calls the tool for two cities at once, both results sent back together,
+    then the answer and a new query. Not among the prover's scenarios (the two results arrive
+    in one request: nothing in it moves between turns); the fix's verifier renders it to see
+    that a patched template still joins the results as the original did (Command A prints a
+    call's parallel results as one turn, by looking ahead from the first)."""
+    first, second = CALL_IDS
+    calls = tool_call(first, "Paris", "I need the weather tool for Paris and for Rome.", arguments_as_string)
+    calls["tool_calls"] += tool_call(second, "Rome", "", arguments_as_string)["tool_calls"]
+    return session(
+        [user("What is the weather in Paris and in Rome?")],
+        [
+            (calls, [tool_result(first, PARALLEL_RESULTS[0]), tool_result(second, PARALLEL_RESULTS[1])]),
+            (answer("Paris: 18 C and sunny. Rome: 24 C and clear.", "Both tools answered."), [user("Thanks!")]),
+        ],
+    )
+
+
 def clock_scenarios(kwargs: dict[str, Any] | None = None) -> list[Scenario]:
     """One conversation sent twice, the clock stepped between the calls, in each shape a live
     date can hide behind: a default system prompt (no system message), `if tools`."""

@@ -160,6 +160,139 @@ def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
     assert code == 1
 
 
+# A reply's parallel tool results printed as one group: from the first result, a look-ahead
+# gathers the results that follow it (as Command A does), and marks them seen. The PC003 fix
+# reads the look-ahead as "no later message" (the assistant's <|think|> makes it look like
+# one that drops reasoning): each result then opens a group of its own, every result still
+# printed. The prover's scenarios call one tool at a time: only --strict makes the fix.
+PARALLEL_RESULTS_GROUPED = """\
+{%- set seen = namespace(ids=[]) %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}<|user|>{{ message.content }}<|end|>
+{%- elif message.role == 'assistant' %}<|assistant|>{% if message.tool_calls %}<|think|>{{ message.reasoning_content }}<|/think|>{% for tc in message.tool_calls %}<call>{{ tc.function.name }}</call>{% endfor %}{% else %}{{ message.content }}{% endif %}<|end|>
+{%- elif message.role == 'tool' and message.tool_call_id not in seen.ids %}<|results|>{{ message.content }}
+{%- set stopped = namespace(value=false) %}
+{%- for later in messages[loop.index0 + 1:] %}
+{%- if not stopped.value and later.role == 'tool' %}, {{ later.content }}{%- set seen.ids = seen.ids + [later.tool_call_id] %}
+{%- else %}{%- set stopped.value = true %}{%- endif %}
+{%- endfor %}<|/results|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}
+"""
+
+
+@pytest.mark.parametrize("flag", ["--strict", "--no-prove"])
+def test_a_fix_that_splits_a_replys_parallel_tool_results_is_refused(tmp_path, flag):
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "weather", "arguments": {}}} for i in range(2)]
+    parallel = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "tool_calls": calls, "reasoning_content": "Both at once."},
+        {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+    rendered = render(PARALLEL_RESULTS_GROUPED, parallel, clock=FrozenClock(datetime(2026, 1, 1)))
+    assert rendered.endswith("<|end|><|results|>sunny, rain<|/results|>")  # one group, as trained
+    path = tmp_path / "grouped.jinja"
+    path.write_text(PARALLEL_RESULTS_GROUPED)
+    code, out, _ = run(str(path), "--fix", flag)
+    assert path.read_text() == PARALLEL_RESULTS_GROUPED
+    assert out.splitlines()[0] == (
+        f"{path}:7:18: not fixed PC003 [future-dependent-render]: the patched template joins a reply's parallel tool "
+        "results otherwise: between '18 C, sunny' and '24 C, clear', ', ' becomes '<|/results|><|results|>' in "
+        '"agent, parallel tool calls"'
+    )
+    assert code == 1
+
+
+# The last user message carries the request's RAG documents, and past turns keep reasoning
+# only after it. The PC002 fix reads the scanned position as -1 everywhere: reasoning stays,
+# and the documents are printed after no message at all. The prover's scenarios send no
+# documents, so only the verifier's renders with them can see that.
+DOCUMENTS_ON_THE_LAST_QUERY = """\
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<|user|>{{ m.content }}{% if loop.index0 == ns.last_user and documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>{% endif %}<|end|>
+{%- elif m.role == 'assistant' %}<|assistant|>{% if loop.index0 > ns.last_user and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|tool|>{{ m.content }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}
+"""
+
+
+def test_a_fix_that_leaves_out_the_documents_is_refused(tmp_path):
+    path = tmp_path / "rag.jinja"
+    path.write_text(DOCUMENTS_ON_THE_LAST_QUERY)
+    code, out, _ = run(str(path), "--fix")
+    assert path.read_text() == DOCUMENTS_ON_THE_LAST_QUERY
+    first = out.splitlines()[0]
+    match = re.fullmatch(
+        rf"{re.escape(str(path))}:4:71: not fixed PC002 \[history-rewrite\]: the patched template leaves out text of "
+        r"the documents that the original prints: '(.+)' in \"chat, with documents\"",
+        first,
+    )
+    assert match is not None, first
+    from tmpl_lint.fixer import DOCUMENTS
+
+    # the quoted text is one of the documents the verifier sends, which the original prints
+    # on the last user message
+    assert match[1] in {document["text"] for document in DOCUMENTS}
+    last_query = [{"role": "user", "content": "Summarise the report."}]
+    rendered = render(DOCUMENTS_ON_THE_LAST_QUERY, last_query, clock=FrozenClock(datetime(2026, 1, 1)), documents=DOCUMENTS)
+    assert f"<docs>{''.join(document['text'] for document in DOCUMENTS)}</docs>" in rendered
+    assert code == 1
+
+
+def test_a_fix_that_leaves_out_a_variable_the_caller_passes_is_refused(tmp_path):
+    # As above with a keyword the caller passes (chat_template_kwargs), which transformers
+    # hands the template as it hands documents: the scenarios set none.
+    template = DOCUMENTS_ON_THE_LAST_QUERY.replace(
+        " and documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>",
+        ' %}{{ house_rules | default("") }}',
+    )
+    path = tmp_path / "rules.jinja"
+    path.write_text(template)
+    code, out, _ = run(str(path), "--fix")
+    assert path.read_text() == template
+    first = out.splitlines()[0]
+    match = re.fullmatch(
+        rf"{re.escape(str(path))}:4:71: not fixed PC002 \[history-rewrite\]: the patched template leaves out text of "
+        r"the caller's `house_rules` that the original prints: '(.+)' in \"chat, with the caller's variables\"",
+        first,
+    )
+    assert match is not None, first
+    last_query = [{"role": "user", "content": "Hi"}]
+    rendered = render(template, last_query, clock=FrozenClock(datetime(2026, 1, 1)), template_kwargs={"house_rules": match[1]})
+    assert match[1] in rendered
+    assert code == 1
+
+
+def test_a_history_rewrite_fix_keeps_documents_printed_at_the_top(tmp_path):
+    # Documents printed once before the messages do not move with the last query: the fix
+    # is made, and the documents still render.
+    template = DOCUMENTS_ON_THE_LAST_QUERY.replace(
+        "{% if loop.index0 == ns.last_user and documents %}", "{% if false %}"
+    ).replace(
+        "{%- for m in messages %}\n",
+        "{%- if documents %}<docs>{% for d in documents %}{{ d.text }}{% endfor %}</docs>{% endif %}\n{%- for m in messages %}\n",
+        1,
+    )
+    path = tmp_path / "rag.jinja"
+    path.write_text(template)
+    code, out, _ = run(str(path), "--fix")
+    assert out.splitlines()[0].endswith(
+        "fixed PC002 [history-rewrite]: every assistant turn keeps its reasoning in history, whatever follows it (`ns.last_user` no longer decides)"
+    )
+    assert code == 0
+    documents = [{"text": "Q3 revenue was 12M."}]
+    last_query = [{"role": "user", "content": "Summarise the report."}]
+    assert "<docs>Q3 revenue was 12M.</docs>" in render(
+        path.read_text(), last_query, clock=FrozenClock(datetime(2026, 1, 1)), documents=documents
+    )
+
+
 @needs_shared
 def test_a_fix_refused_for_a_finding_still_there_says_where(tmp_path):
     # Gemma 4 scans ahead for tool results twice (lines 280 and 354): one PC003, the second
@@ -306,12 +439,13 @@ def results_in_one_turn(text: str) -> bool:
 
 
 @needs_shared
-def test_a_finding_the_proof_does_not_reproduce_is_not_fixed_unless_strict(tmp_path):
+def test_a_finding_the_proof_does_not_reproduce_is_tried_only_under_strict(tmp_path):
     # Command A prints a call's parallel tool results as one turn, looking ahead from the
     # first at the results after it. The analysis sees a look-ahead (PC003); no render shows
     # it moving history (ORACLE.tsv: chat and agent differ in the tail only). Removing the
     # look-ahead would split the turn the model was trained on: --fix makes a fix only for
-    # what fails the run, so only --strict (where unreproduced findings fail) makes this one.
+    # what fails the run, so only --strict (where unreproduced findings fail) tries this one,
+    # and the verifier, rendering a reply's parallel calls, refuses it.
     name = "CohereLabs--c4ai-command-a-03-2025.jinja"
     oracle = [line.split("\t") for line in (SHARED / "corpus" / "ORACLE.tsv").read_text().splitlines()]
     assert [row[1:3] for row in oracle if row[0] == name] == [["tail", "tail"]]
@@ -323,8 +457,16 @@ def test_a_finding_the_proof_does_not_reproduce_is_not_fixed_unless_strict(tmp_p
         f"{path}:148:20: not fixed PC003 [future-dependent-render]: the proof did not reproduce it in 12 scenarios, "
         "so nothing shows an edit is needed (--strict fixes it too)"
     ) in err.splitlines()
-    run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
-    assert (results_in_one_turn(original), results_in_one_turn(path.read_text())) == (True, False)
+    # --strict tries the fix, and its verifier sees the group split (with a document: the
+    # branch that prints tool results): not fixed either
+    code, _, err = run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
+    assert (code, path.read_text()) == (1, original)
+    assert results_in_one_turn(original)
+    assert (
+        f"{path}:148:20: not fixed PC003 [future-dependent-render]: the patched template joins a reply's parallel tool "
+        "results otherwise: between '18 C, sunny' and '24 C, clear', ',' becomes '\\n]<|END_TOOL_RESULT|><|END_OF_TURN_TOKE…' "
+        'in "agent, parallel tool calls, with documents"'
+    ) in err.splitlines()
 
 
 @needs_shared
