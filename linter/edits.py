@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import time
 
 from jinja2 import nodes
 
 from .analysis import KNOWN_GLOBALS, Facts, Site, parse
 from .locations import SourceMap, Token, leftmost_name
+
+# The time of day of a fix's frozen date: a fix that freezes a clock freezes it then, and
+# the fix's verifier renders the original with its clock then, so that a fixed clock that
+# shows the hour ("%H:%M", "%p") renders as the original did on the single-turn check.
+FROZEN_TIME_OF_DAY = time(12, 0)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, time
+from datetime import date, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from . import writes
 from .analysis import Facts, LabelKind
 from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
-from .edits import Edit, OverlappingEdits, apply_edits
+from .edits import FROZEN_TIME_OF_DAY, Edit, OverlappingEdits, apply_edits
 from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
 from .jinja_env import REQUEST_VARIABLES
@@ -187,7 +187,7 @@ class Verifier:
         self.unrepeatable = 0
         self.measure: Measure | None = None  # the proofs' token ids, kept from one to the next
         self.last_recorded: Recorded | None = None  # what the last proof rendered and encoded
-        self.clock = FrozenClock(datetime.combine(options.frozen_date, time(12, 0)))
+        self.clock = FrozenClock(datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY))
         self._linted: tuple[str, Linted] | None = (source.text, linted) if linted is not None else None
         original = self.findings(source.text)
         self.original_report = self.prove(source.text)

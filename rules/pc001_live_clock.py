@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, time
+from datetime import datetime
 
 from jinja2 import nodes
 
 from tmpl_lint.analysis import Facts, LabelKind
-from tmpl_lint.edits import Edit, Fix, default_header, expression_span, jinja_literal
+from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
@@ -107,12 +107,6 @@ def prove(report, finding: Finding) -> Proof:
     finding.message += f"; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
     return Proof.proven(chosen, report.rates(chosen.scenario))
 
-
-# The moment the fix freezes the clock at: the fixer's Verifier renders the original with
-# its clock at noon of the fix date (fixer.Verifier.clock), and the fix is kept only if a
-# single-turn conversation renders the same. At midnight, every format with the hour or
-# AM/PM ("%H:%M", "%p") printed differently there, and such clocks were never fixed.
-FROZEN_TIME_OF_DAY = time(12, 0)
 
 # strftime directives by what they show: a value callers pass is named after it, so that a
 # weekday never lands in ``date_string``. %c and %s show both a date and a time of day.
