@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, built_once, needs_shared
 
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
@@ -67,9 +67,24 @@ def direct_codes(path: Path) -> set[str]:
     return {finding.code for finding in lint_source(sources[0])}
 
 
-def test_from_cache_reports_every_repo_and_analyses_duplicates_once(tmp_path):
-    build_cache(tmp_path)
-    result = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+def from_cache_audit(shared_folder: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """`audit --from-cache --no-cache --no-prove --format json --html PAGE` over
+    build_cache's layout, and PAGE: run once a run (helpers.built_once, which xdist's
+    workers share) for the two tests that read it, the report's rows and the HTML page.
+    (test_results_cache_resumes reads a --from-cache JSON report written without --html.)"""
+
+    def run_audit(folder: Path) -> None:
+        build_cache(folder)
+        ran = audit(folder, "--from-cache", "--no-cache", "--no-prove", "--format", "json", "--html", str(folder / "audit.html"))
+        (folder / "run.json").write_text(json.dumps([ran.returncode, ran.stdout, ran.stderr]))
+
+    folder = built_once(shared_folder, "audit-from-cache", run_audit)
+    returncode, stdout, stderr = json.loads((folder / "run.json").read_text())
+    return subprocess.CompletedProcess([], returncode, stdout, stderr), folder / "audit.html"
+
+
+def test_from_cache_reports_every_repo_and_analyses_duplicates_once(shared_folder):
+    result, _ = from_cache_audit(shared_folder)
     report = json.loads(result.stdout)
     rows = {row["repo"]: row for row in report["rows"]}
     assert sorted(rows) == sorted(REPOS)
@@ -131,13 +146,11 @@ def test_markdown_and_proven_hit_rates(tmp_path):
     assert "PC002" in qwen3 and "char " in qwen3 and "ideal" in qwen3
 
 
-def test_html_report_opens_in_headless_chromium(tmp_path):
+def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
         pytest.skip("no chromium on this machine")
-    build_cache(tmp_path)
-    page = tmp_path / "audit.html"
-    audit(tmp_path, "--from-cache", "--no-cache", "--no-prove", "--html", str(page), "--format", "json")
+    _, page = from_cache_audit(shared_folder)
     assert page.is_file()
     dom = subprocess.run(
         [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared
+from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, built_once, needs_shared
 
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
@@ -469,30 +469,38 @@ def test_a_finding_the_proof_does_not_reproduce_is_tried_only_under_strict(tmp_p
     ) in err.splitlines()
 
 
+def fixed_once(shared_folder: Path, directory: Path) -> Path:
+    """A copy of the model folder ``directory`` after `tmpl-lint --fix --frozen-date FROZEN
+    -q`, made once per run (xdist's workers share it, see helpers.built_once): Qwen3's fix
+    verifies with its real tokenizer, a second of CPU, which two tests below only read."""
+
+    def fix(folder: Path) -> None:
+        run(str(copy(directory, folder)), "--fix", "--frozen-date", FROZEN, "-q")
+
+    return built_once(shared_folder, f"fixed-{directory.name}", fix) / directory.name
+
+
 @needs_shared
 @pytest.mark.parametrize(
     "directory", [SHARED_TOKENIZERS / "qwen3", SHARED / "corpus" / "configs" / "deepseek-ai--DeepSeek-R1-Distill-Qwen-32B"]
 )
-def test_tokenizer_config_changes_only_the_template(tmp_path, directory):
-    target = copy(directory, tmp_path)
-    config = target / "tokenizer_config.json"
-    before = config.read_text()
-    run(str(target), "--fix", "--frozen-date", FROZEN, "-q")
-    after = config.read_text()
+def test_tokenizer_config_changes_only_the_template(tmp_path, shared_folder, directory):
+    before = (directory / "tokenizer_config.json").read_text()
+    after = (fixed_once(shared_folder, directory) / "tokenizer_config.json").read_text()
     old, new = json_template_span(before, None), json_template_span(after, None)
     assert before[: old.start] == after[: new.start]
     assert before[old.end :] == after[new.end :]
     document = json.loads(after)
     assert {k for k in document if document[k] != json.loads(before)[k]} <= {"chat_template"}
-    run(str(target), "--fix", "--frozen-date", FROZEN, "-q")
-    assert config.read_text() == after
+    again = copy(fixed_once(shared_folder, directory), tmp_path)  # a copy: the fixed folder is shared
+    run(str(again), "--fix", "--frozen-date", FROZEN, "-q")
+    assert (again / "tokenizer_config.json").read_text() == after
 
 
 @needs_shared
-def test_fixed_tokenizer_config_loads_in_transformers(tmp_path):
+def test_fixed_tokenizer_config_loads_in_transformers(shared_folder):
     transformers = pytest.importorskip("transformers")
-    target = copy(SHARED_TOKENIZERS / "qwen3", tmp_path)
-    run(str(target), "--fix", "-q")
+    target = fixed_once(shared_folder, SHARED_TOKENIZERS / "qwen3")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(target))
     (source,), _ = collect([target])
     assert tokenizer.chat_template == source.text
