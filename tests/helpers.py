@@ -116,3 +116,19 @@ def run_unprivileged(*args: str, **options) -> subprocess.CompletedProcess:
     """``tmpl-lint ARGS`` in a process that file permissions apply to."""
     command = [*UNPRIVILEGED, sys.executable, "-m", "tmpl_lint", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}, **options)
+
+
+def log_verifiers(monkeypatch, log: Path, name: Callable = lambda source: source.path.name) -> Path:
+    """Write a line to ``log`` for each fix Verifier made, naming its template by
+    ``name(source)``: the fixes run in forked workers, so they are counted in a file."""
+    from tmpl_lint.fixer import Verifier
+
+    real_init = Verifier.__init__
+
+    def logged(self, source, *args, **kwargs):
+        with log.open("a") as stream:
+            stream.write(f"{name(source)}\n")
+        real_init(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "__init__", logged)
+    return log

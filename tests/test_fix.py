@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, built_once, needs_shared
+from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS, built_once, log_verifiers, needs_shared
 
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
@@ -891,15 +891,7 @@ def test_a_template_in_several_files_of_a_run_is_verified_once(tmp_path, monkeyp
     """Verifying is most of a fix: the second file holding the same template (another copy
     of a model) recalls the first one's answers, and is fixed alike. Another text is
     verified on its own."""
-    made = tmp_path / "verifiers made"
-    real_init = Verifier.__init__
-
-    def counted(self, source, *args, **kwargs):
-        with made.open("a") as log:  # the fixes run in forked workers: counted in a file
-            log.write(f"{source.path.parent.name}\n")
-        real_init(self, source, *args, **kwargs)
-
-    monkeypatch.setattr(Verifier, "__init__", counted)
+    made = log_verifiers(monkeypatch, tmp_path / "verifiers made", lambda source: source.path.parent.name)
     text = (CORPUS / "PC001_live_clock.jinja").read_text()
     paths = []
     for name in ("a", "b"):

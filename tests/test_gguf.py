@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, at, built_once, needs_permissions, needs_shared, run_unprivileged
+from helpers import (
+    CORPUS,
+    SHARED_TEMPLATES,
+    SHARED_TOKENIZERS,
+    at,
+    built_once,
+    log_verifiers,
+    needs_permissions,
+    needs_shared,
+    run_unprivileged,
+)
 
 from tmpl_lint.cli import main
 from tmpl_lint.sources import NothingToLint, SourceError, collect
@@ -594,17 +604,7 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
 def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, request, with_tokenizer):
     """Two GGUF files of one model (two quantisations) carry the same template, and the same
     tokenizer: the first is verified, the second recalls its answers and is fixed alike."""
-    from tmpl_lint.fixer import Verifier
-
-    made = tmp_path / "verifiers made"
-    real_init = Verifier.__init__
-
-    def counted(self, source, *args, **kwargs):
-        with made.open("a") as log:  # the fixes run in forked workers: counted in a file
-            log.write(f"{source.path.name}\n")
-        real_init(self, source, *args, **kwargs)
-
-    monkeypatch.setattr(Verifier, "__init__", counted)
+    made = log_verifiers(monkeypatch, tmp_path / "verifiers made")
     tokenizer = request.getfixturevalue("small_qwen") if with_tokenizer else None
     models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK, tokenizer=tokenizer) for kind in ("Q4_K_M", "Q8_0")]
     code, out, err = run(*models, "--fix", "--frozen-date", FROZEN, "--no-prove")
