@@ -17,6 +17,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.nodes
 import jinja2.runtime
 import jinja2.utils
@@ -172,6 +173,30 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
         return verdict
 
 
+# How many times this process's renders drew from a random source: the ``random``
+# filter and ``lipsum()`` are the only ones a sandboxed template reaches (the clock is the
+# caller's). A proof whose renders drew nothing has its answer to "is the render
+# deterministic?" without rendering a request twenty times (prover.Prover.run).
+_random_draws = 0
+
+
+def random_draws() -> int:
+    return _random_draws
+
+
+@jinja2.pass_context
+def _counted_random(context, seq):
+    global _random_draws
+    _random_draws += 1
+    return jinja2.filters.do_random(context, seq)
+
+
+def _counted_lipsum(*args, **kwargs):
+    global _random_draws
+    _random_draws += 1
+    return jinja2.utils.generate_lorem_ipsum(*args, **kwargs)
+
+
 def make_environment(clock: Clock = datetime.now) -> ImmutableSandboxedEnvironment:
     env = ChatTemplateSandbox(
         trim_blocks=True,
@@ -179,6 +204,8 @@ def make_environment(clock: Clock = datetime.now) -> ImmutableSandboxedEnvironme
         extensions=[GenerationTag, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = tojson
+    env.filters["random"] = _counted_random
+    env.globals["lipsum"] = _counted_lipsum
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: clock().strftime(fmt)
     env.globals["dict"] = TemplateDict()

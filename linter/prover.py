@@ -24,6 +24,7 @@ from typing import Any
 from .analysis import Site
 from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prompt
 from .findings import Finding, Outcome, Switch
+from .jinja_env import random_draws
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .rules import BY_CODE, RULES, reporting
@@ -396,6 +397,9 @@ class Prover:
         self.special_tokens = resolve_special_tokens(tokenizer, special_tokens)
         self.clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 0))
         self._renders: dict[str, Prompt] | None = None
+        # The request whose render drew most from a random source, and how many times: the
+        # one the determinism check renders again (see ``deterministic``).
+        self._drawing: tuple[int, tuple[Scenario, list[dict[str, Any]], datetime, bool] | None] = (0, None)
         self._model_separators = separators
         self.key = ProofKey(
             template,
@@ -439,6 +443,7 @@ class Prover:
                 self._renders[key] = self._recalled[key]
                 return self._renders[key]
         self.clock.set(at)
+        draws = random_draws()
         try:
             prompt = render_prompt(
                 self.engine,
@@ -453,12 +458,16 @@ class Prover:
             )
         except EngineError as error:
             raise RenderError(f"{self.engine} rejects the request: {error}") from None
+        finally:
+            draws = random_draws() - draws
+            if draws > self._drawing[0]:
+                self._drawing = (draws, (scenario, messages, at, generation_prompt))
         if key is not None:
             self._renders[key] = prompt
         return prompt
 
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
-        self._renders, self._recordable = {}, None
+        self._renders, self._recordable, self._drawing = {}, None, (0, None)
         report = self.run_scenarios(switches, clocked)
         if any(result.limit_exceeded for result in report.results):
             return report  # no more seconds spent on it
@@ -507,11 +516,19 @@ class Prover:
         return ProofReport(self.measure.unit, results)
 
     def deterministic(self) -> bool:
-        chat = Scenario("determinism", [Call([{"role": "user", "content": "Hi"}], None)])
+        """Whether the scenarios' renders come out the same every time. Renders that drew
+        nothing random do (the ``random`` filter and ``lipsum()`` are all a sandboxed
+        template can draw from); otherwise the request that drew most is rendered twenty
+        times, wherever it was: a pick made only when tools are given shows in an agent's
+        request, never in a bare chat's."""
+        _, drawing = self._drawing
+        if drawing is None:
+            return True
+        scenario, messages, at, generation_prompt = drawing
         try:
-            first = self.render(chat, chat.calls[0].messages, chat.calls[0].clock, True)
+            first = self.render(scenario, messages, at, generation_prompt)
             # Enough renders that a two-way random choice shows itself (all equal: 2**-19).
-            return all(self.render(chat, chat.calls[0].messages, chat.calls[0].clock, True) == first for _ in range(19))
+            return all(self.render(scenario, messages, at, generation_prompt) == first for _ in range(19))
         except RenderError:
             return True  # a template that fails here fails the scenarios too, and says why there
 

@@ -1,5 +1,5 @@
 import pytest
-from helpers import at, lint_fixture, lint_text
+from helpers import at, lint_fixture, lint_text, prove_text
 
 
 def test_fixture():
@@ -17,3 +17,17 @@ def test_fixture():
 )
 def test_cases(source, anchors):
     assert lint_text(source)[0] == [at("PC005", source, anchor) for anchor in anchors]
+
+
+def test_a_pick_made_only_when_tools_are_given_is_proven_random_and_named_so():
+    # The "Hi" chat the determinism check once rendered draws nothing here: the agent's
+    # request that drew is the one rendered twenty times. Before, the pick's divergences
+    # were PC100 and PC006 while PC005 was "not reproduced".
+    source = (
+        "{% if tools %}{{ ['Be brief.', 'Be kind.'] | random }}{% endif %}"
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    codes, (finding,) = prove_text(source)
+    assert codes == [at("PC005", source, "random")]
+    assert (finding.proof.status, finding.proof.evidence) == ("proven", "twenty renders of one request")

@@ -1,6 +1,8 @@
 """The prover on fixtures written here, measured in characters (no tokenizer needed)."""
 
+import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -283,6 +285,22 @@ def test_each_distinct_request_is_rendered_once(monkeypatch):
     # the compact-argument replay shares the agent session's calls, a clock probe's first
     # call is a chat's first: none of them is rendered twice
     assert requests and len(requests) == len(set(requests))
+
+
+def test_renders_that_draw_nothing_random_are_not_repeated_to_show_they_are_deterministic(monkeypatch):
+    from tmpl_lint import prover as proving
+
+    rendered = []
+    render_prompt = proving.render_prompt
+
+    def counting(engine, template, messages, **options):
+        rendered.append(json.dumps([messages, options["clock"](), options["tools"], options["kwargs"]], default=str))
+        return render_prompt(engine, template, messages, **options)
+
+    monkeypatch.setattr(proving, "render_prompt", counting)
+    report = Prover((CORPUS / "clean_chatml.jinja").read_text(), None).run({})
+    assert report.deterministic and report.rendered
+    assert max(Counter(rendered).values()) <= 2  # with and without the generation prompt
 
 
 def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_mismatch():
