@@ -19,6 +19,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
 from .config import cache_directory
 from .engines import ENGINE_ENVIRONMENT
-from .isolation import long_lived_workers, parallel_map
+from .isolation import calls_as_submitted, long_lived_workers, start_workers
 from .sources import SourceError, TemplateSource, collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
@@ -298,8 +299,38 @@ def run_audit(
     progress=None,
 ) -> Audit:
     repos: list[RepoResult] = []
-    places: list[tuple[RepoResult, Path]] = []
-    on_hub: set[int] = set()  # results of repos named by id: their GGUF models may be only on the Hub
+    pending: dict[str, TemplateSource] = {}
+
+    def analyse_and_keep(item: tuple[str, TemplateSource]) -> None:
+        key, source = item
+        findings = lint_isolated(source, selection, prove)
+        # Kept as each finishes: an interrupted audit resumes from here.
+        cache.add(key, [finding.to_json() | {"path": None} for finding in findings])
+        if progress:
+            progress()
+
+    ready_to_fork([], prove, long_lived=True)
+    if specs and not offline():
+        from . import gguf  # noqa: F401 - imported before the workers fork (see start_workers)
+    # The templates are analysed as they are found: a repo is downloaded while the ones
+    # before it are proven.
+    with long_lived_workers(), calls_as_submitted(analyse_and_keep, max(1, jobs)) as submit:
+        for result, folder, hub in _places(specs, local_dirs, from_cache, with_tokenizer, repos):
+            for key, source in _templates_of(result, folder, hub, selection, prove, with_tokenizer, dedupe):
+                if key not in cache.entries and key not in pending:
+                    if not pending and jobs > 1:
+                        start_workers(jobs)
+                    pending[key] = source
+                    submit((key, source))
+    analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
+    return Audit(repos, analyses, len(pending))
+
+
+def _places(
+    specs: list[str], local_dirs: list[Path], from_cache: bool, with_tokenizer: bool, repos: list[RepoResult]
+) -> Iterator[tuple[RepoResult, Path, bool]]:
+    """Each repo's folder as it is found or downloaded, with whether it was named by id (its
+    GGUF models may be only on the Hub); every repo, readable or not, joins ``repos``."""
     if from_cache:
         for cached in cached_repos():
             result = RepoResult(cached.repo_id, cached.commit)
@@ -313,75 +344,66 @@ def run_audit(
             if cached.folder is None:
                 result.error = cached.problem
                 continue
-            places.append((result, cached.folder))
+            yield result, cached.folder, False
     for spec in specs:
         result = RepoResult(spec)
         repos.append(result)
         try:
             folder, result.revision = fetch(spec, with_tokenizer)
-            places.append((result, folder))
-            on_hub.add(id(result))
         except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
             result.error = describe_error(error)
+            continue
+        yield result, folder, True
     for directory in local_dirs:
         result = RepoResult(str(directory))
         repos.append(result)
-        places.append((result, directory))
+        yield result, directory, False
 
-    pending: dict[str, TemplateSource] = {}
-    for result, folder in places:
-        sources, errors = collect([folder])
-        hub_problem = lookup_problem = None
-        if id(result) in on_hub and not offline() and not any(source.container == "gguf" for source in sources):
-            # GGUF models are not downloaded: their templates come from the Hub's metadata.
-            from .gguf import HubGGUFError, hub_templates
 
-            try:
-                found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
-                sources += found.sources
-                errors += [SourceError(Path(result.repo), problem) for problem in found.unread]
-                hub_problem = found.tokens_problem
-            except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
-                why = str(error) if isinstance(error, HubGGUFError) else f"GGUF metadata: {describe_error(error)}"
-                if sources:
-                    # The repo's own templates are audited; a lookup of GGUF files that failed
-                    # (a rate limit) is said on its row, and does not fail them.
-                    lookup_problem = f"its GGUF files were not looked up: {why}"
-                else:
-                    errors.append(SourceError(Path(result.repo), why))
-        if errors:
-            # A file of the repo that cannot be read is its error; its other templates are
-            # still audited (a repo with any error fails the audit).
-            result.error = "; ".join(_in_repo(error, folder) for error in errors)
-            if not sources:
-                continue
-        if with_tokenizer and prove is not None:
-            result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
-        result.warning = result.warning or lookup_problem
-        for source in sources:
-            key = template_key(source, prove, selection)
-            if not dedupe:
-                key = f"{key}:{result.repo}"
-            result.templates.append((template_label(source, folder), key))
-            if key not in cache.entries and key not in pending:
-                pending[key] = source
+def _templates_of(
+    result: RepoResult,
+    folder: Path,
+    hub: bool,
+    selection: Selection,
+    prove: ProveOptions | None,
+    with_tokenizer: bool,
+    dedupe: bool,
+) -> Iterator[tuple[str, TemplateSource]]:
+    """The repo's templates with their analysis keys; what cannot be read is its error."""
+    sources, errors = collect([folder])
+    hub_problem = lookup_problem = None
+    if hub and not offline() and not any(source.container == "gguf" for source in sources):
+        # GGUF models are not downloaded: their templates come from the Hub's metadata.
+        from .gguf import HubGGUFError, hub_templates
 
-    def analyse(item: tuple[str, TemplateSource]) -> tuple[str, list[dict[str, Any]]]:
-        key, source = item
-        findings = lint_isolated(source, selection, prove)
-        return key, [finding.to_json() | {"path": None} for finding in findings]
-
-    def analyse_and_keep(item: tuple[str, TemplateSource]) -> None:
-        key, findings = analyse(item)
-        cache.add(key, findings)  # as each finishes: an interrupted audit resumes from here
-        if progress:
-            progress()
-
-    ready_to_fork(list(pending.values()), prove, long_lived=True)
-    with long_lived_workers():  # a fork per template cost as much as its proof
-        parallel_map(analyse_and_keep, pending.items(), max(1, jobs))
-    analyses = {key: TemplateResult(key, cache.entries[key]) for result in repos for _, key in result.templates}
-    return Audit(repos, analyses, len(pending))
+        try:
+            found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
+            sources += found.sources
+            errors += [SourceError(Path(result.repo), problem) for problem in found.unread]
+            hub_problem = found.tokens_problem
+        except Exception as error:  # noqa: BLE001 - every hub failure is reported for its repo
+            why = str(error) if isinstance(error, HubGGUFError) else f"GGUF metadata: {describe_error(error)}"
+            if sources:
+                # The repo's own templates are audited; a lookup of GGUF files that failed
+                # (a rate limit) is said on its row, and does not fail them.
+                lookup_problem = f"its GGUF files were not looked up: {why}"
+            else:
+                errors.append(SourceError(Path(result.repo), why))
+    if errors:
+        # A file of the repo that cannot be read is its error; its other templates are
+        # still audited (a repo with any error fails the audit).
+        result.error = "; ".join(_in_repo(error, folder) for error in errors)
+        if not sources:
+            return
+    if with_tokenizer and prove is not None:
+        result.warning = _tokens_problem([source for source in sources if source.container != "gguf"]) or hub_problem
+    result.warning = result.warning or lookup_problem
+    for source in sources:
+        key = template_key(source, prove, selection)
+        if not dedupe:
+            key = f"{key}:{result.repo}"
+        result.templates.append((template_label(source, folder), key))
+        yield key, source
 
 
 def template_label(source: TemplateSource, folder: Path) -> str:

@@ -22,7 +22,10 @@ import pickle
 import resource
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 MEMORY_BYTES = 8 * 1024**3
 WALL_SECONDS = 120.0
@@ -258,6 +261,14 @@ class _Workers:
             self.started.append(worker)
         return worker, True
 
+    def start(self, count: int, memory: int) -> None:
+        """Fork ``count`` idle workers now, from the calling thread."""
+        for _ in range(count):
+            worker = _Worker(memory)
+            with self.lock:
+                self.started.append(worker)
+            self.give_back(worker, memory)
+
     def give_back(self, worker: _Worker, memory: int) -> None:
         with self.lock:
             self.idle.setdefault(memory, []).append(worker)
@@ -324,30 +335,81 @@ def long_lived_workers() -> Iterator[None]:
         workers.close()
 
 
+def start_workers(count: int) -> None:
+    """Fork the workers of this ``long_lived_workers()`` block now, from this thread, rather
+    than as threads first need them: while other threads call, this one may be in an
+    import or a download, holding a lock that a child forked then would find held forever."""
+    if _WORKERS is not None:
+        _WORKERS.start(count, MEMORY_BYTES)
+
+
 def parallel_map(function: Callable, items: Iterable, jobs: int) -> list:
     """``[function(item) for item in items]``, ``jobs`` at a time in threads (each thread
     waiting on its child). An interruption kills the children, cancels what has not
     started, and is raised once the threads are done, which is at once."""
     items = list(items)
-    if jobs <= 1 or len(items) <= 1:
+    with calls_as_submitted(function, jobs if len(items) > 1 else 1) as submit:  # one item needs no thread
+        futures = [submit(item) for item in items]
+    return [future.result() for future in futures]
+
+
+class _Finished:
+    """A call made at once, answering as its Future would (without importing
+    concurrent.futures: a one-template run makes no threads)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+@contextlib.contextmanager
+def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any], Future | _Finished]]:
+    """Within: ``submit(item)`` starts ``function(item)`` (``jobs`` at a time, in threads)
+    while the caller goes on finding the next item: an audit downloads repo after repo as
+    the templates found so far are proven. On leaving, every call has finished. The first
+    failure stops the rest at once and is raised, by the next ``submit`` or on leaving:
+    calls still running would go on writing what they fix. An interruption kills the
+    children and cancels what has not started."""
+    if jobs <= 1:
+
+        def call(item: Any) -> _Finished:
+            return _Finished(function(item))
+
         try:
-            return [function(item) for item in items]
+            yield call
         except BaseException:
             CHILDREN.stop()
             CHILDREN.resume()
             raise
+        return
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # only here: a one-template run needs no threads
 
     pool = ThreadPoolExecutor(max_workers=jobs)
+    futures: list[Future] = []
+    failed: list[BaseException] = []
+
+    def note_failure(future: Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            failed.append(future.exception())
+
+    def submit(item: Any) -> Future:
+        if failed:
+            raise failed[0]
+        future = pool.submit(function, item)
+        future.add_done_callback(note_failure)
+        futures.append(future)
+        return future
+
     try:
-        futures = [pool.submit(function, item) for item in items]
-        # The first failure stops the rest at once (below), not once the calls before it in
-        # the list are done: calls still running would go on writing what they fix.
+        yield submit
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for future in done:
             if future.exception() is not None:
                 raise future.exception()
-        return [future.result() for future in futures]
     except BaseException:
         CHILDREN.stop()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -404,3 +404,35 @@ def test_a_download_under_way_is_passed_over_and_a_broken_repo_names_only_its_ow
             f"{(entry / 'blobs' / gone).resolve()}"
         )
     assert result.returncode == 2
+
+
+def test_a_repo_is_downloaded_while_the_templates_found_before_it_are_analysed(tmp_path, monkeypatch):
+    # The second download waits for the first repo's analysis: an audit that analysed only
+    # once every repo was downloaded never gets there (the wait gives up, the repo errs).
+    import threading
+
+    from tmpl_lint import audit as auditing
+    from tmpl_lint.selection import Selection
+
+    folders = {}
+    for repo, template in (("org/first", "clean_chatml.jinja"), ("org/second", "PC001_live_clock.jinja")):
+        folders[repo] = tmp_path / repo.replace("/", "--")
+        folders[repo].mkdir()
+        shutil.copy(CORPUS / template, folders[repo] / "chat_template.jinja")
+    analysed = threading.Event()
+
+    class Cache(auditing.ResultsCache):
+        def add(self, key, findings):
+            super().add(key, findings)
+            analysed.set()
+
+    def fetch(spec, with_tokenizer):
+        if spec == "org/second" and not analysed.wait(60):
+            raise TimeoutError("the first repo was not analysed while this one downloaded")
+        return folders[spec], "0" * 40
+
+    monkeypatch.setattr(auditing, "fetch", fetch)
+    monkeypatch.setattr(auditing, "offline", lambda: True)
+    done = auditing.run_audit(["org/first", "org/second"], [], False, Selection(), None, 2, Cache(None))
+    assert [(repo.repo, repo.error) for repo in done.repos] == [("org/first", None), ("org/second", None)]
+    assert [done.analyses[key].codes for repo in done.repos for _, key in repo.templates] == [[], ["PC001"]]
