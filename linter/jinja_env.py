@@ -12,6 +12,7 @@ freezes it and steps it across midnight without touching the machine's clock.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from datetime import datetime
 
@@ -173,27 +174,29 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
         return verdict
 
 
-# How many times this process's renders drew from a random source: the ``random``
-# filter and ``lipsum()`` are the only ones a sandboxed template reaches (the clock is the
+# How many times this thread's renders drew from a random source: the ``random`` filter
+# and ``lipsum()`` are the only ones a sandboxed template reaches (the clock is the
 # caller's). A proof whose renders drew nothing has its answer to "is the render
-# deterministic?" without rendering a request twenty times (prover.Prover.run).
-_random_draws = 0
+# deterministic?" without rendering a request twenty times (prover.Prover.deterministic).
+_draws = threading.local()
 
 
 def random_draws() -> int:
-    return _random_draws
+    return getattr(_draws, "count", 0)
+
+
+def _drawn() -> None:
+    _draws.count = random_draws() + 1
 
 
 @jinja2.pass_context
 def _counted_random(context, seq):
-    global _random_draws
-    _random_draws += 1
+    _drawn()
     return jinja2.filters.do_random(context, seq)
 
 
 def _counted_lipsum(*args, **kwargs):
-    global _random_draws
-    _random_draws += 1
+    _drawn()
     return jinja2.utils.generate_lorem_ipsum(*args, **kwargs)
 
 
