@@ -481,7 +481,7 @@ def apply_suppressions(
     unused = reporting(Outcome.UNUSED_SUPPRESSION).RULE
 
     def idle(suppression: Suppression) -> bool:
-        return complete and (not suppression.used or bool(suppression.unused_codes(unused.code)))
+        return complete and suppression.idle(unused.code, selection)
 
     if selection.includes(unused.code):
         candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown]
@@ -500,6 +500,6 @@ def apply_suppressions(
         for suppression in candidates:
             if id(suppression) in silenced or not (idle(suppression) or suppression.unknown):
                 continue  # silenced, or a suppression of PC900 that silenced another
-            codes = suppression.unused_codes(unused.code) if idle(suppression) else ()
+            codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
             kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe(codes)))
     return kept

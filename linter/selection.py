@@ -64,6 +64,12 @@ class Selection:
         best_ignore = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
         return best_select > best_ignore
 
+    def checks_any(self, prefix: str) -> bool:
+        """Whether a rule whose code starts with ``prefix`` (or any rule, for ALL) runs."""
+        from .rules import RULES
+
+        return any(self.includes(rule.RULE.code) for rule in RULES if prefix == "ALL" or rule.RULE.code.startswith(prefix))
+
     def runs_every_code_on(self, path: Path | str) -> bool:
         """Whether every code runs on ``path``: all selected, none ignored there. The folder
         the config was found in (``root``) does not select anything, so it is not compared."""
@@ -128,13 +134,23 @@ class Suppression:
         self.used = True
         self.used_codes.update(c for c in self.codes if code.startswith(c))
 
-    def unused_codes(self, silencer: str) -> tuple[str, ...]:
+    def unused_codes(self, silencer: str, selection: Selection) -> tuple[str, ...]:
         """The rule codes it names that suppressed nothing, as ruff names a noqa's unused
         codes one by one: all of them where it suppressed nothing at all. In one that is used,
-        ``silencer`` (PC900's code) is kept on purpose, not unused."""
+        ``silencer`` (PC900's code) is kept on purpose, not unused. A code the run does not
+        check (``selection``) is not judged: this run cannot tell whether it would suppress
+        something (the pre-commit hooks' own ``--ignore PC103`` made a suppression of PC103
+        that the plain check needs fail the hook)."""
+        judged = [code for code in self.codes if _known(code) and selection.checks_any(code)]
         if not self.used:
-            return tuple(code for code in self.codes if _known(code))
-        return tuple(code for code in self.codes if _known(code) and code not in self.used_codes and code != silencer)
+            return tuple(judged)
+        return tuple(code for code in judged if code not in self.used_codes and code != silencer)
+
+    def idle(self, silencer: str, selection: Selection) -> bool:
+        """Whether it suppresses nothing that this run checks."""
+        if not self.codes:
+            return not self.used
+        return bool(self.unused_codes(silencer, selection))
 
     @property
     def unknown(self) -> tuple[str, ...]:

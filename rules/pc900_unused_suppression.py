@@ -5,7 +5,10 @@ no PC001 finding; a code in one that suppresses nothing while its other codes do
 (`ignore[PC003, PC001]` on a line with a PC003 finding and none of PC001: PC001 is named, as
 ruff names a noqa's unused codes); and a code in one that no rule has (`ignore[PC04]`, a
 typo), even where its other codes suppress something. In a template that does not parse the
-rules do not see it all, so only a code no rule has is reported. As ruff's `noqa: RUF100`,
+rules do not see it all, so only a code no rule has is reported; a code the run does not
+check (`--select`, `--ignore`, the configuration) is not judged either: the pre-commit hooks
+run `--ignore PC103`, and the `ignore[PC103]` the plain check needs must not fail them. As
+ruff's `noqa: RUF100`,
 a suppression naming PC900 on the line (or `ignore-file[PC900]`) silences it: one kept on
 purpose, for a finding that comes and goes with a switch, say.
 

@@ -79,3 +79,26 @@ def test_a_template_that_does_not_parse_reports_no_suppression_unused_but_a_code
     codes, findings = lint_text(source)
     assert codes == [at("PC900", source, "{#"), ("PC000", 2, 1)]
     assert findings[0].message == "the suppression names PC01, which is no rule code: it suppresses nothing"
+
+
+def test_a_code_the_run_does_not_check_is_not_judged_unused():
+    # The hooks run `tmpl-lint --ignore PC103`: a suppression of PC103 that the plain check
+    # needs (gpt-oss) must not fail the hook as unused, nor one a project's ignore covers.
+    from pathlib import Path
+
+    from tmpl_lint.checker import lint_source
+    from tmpl_lint.selection import Selection
+    from tmpl_lint.sources import TemplateSource
+
+    source = '{{ messages[0].content }} {# tmpl-lint: ignore[PC004, PC001] #}\n{{ strftime_now("%Y") }}\n'
+    template = TemplateSource(Path("inline.jinja"), None, source, "jinja")
+
+    def unused(selection):
+        return [(f.line, f.column, f.message) for f in lint_source(template, selection) if f.code == "PC900"]
+
+    column = source.index("{#") + 1
+    assert unused(Selection()) == [(1, column, "the suppression of PC004, PC001 suppresses nothing on this line")]
+    # PC004 is not checked: only PC001 is judged, and it suppresses nothing on line 1
+    assert unused(Selection.parse(None, ["PC004"])) == [(1, column, "the suppression of PC001 suppresses nothing on this line")]
+    # neither is checked (the command line's --ignore over everything else): nothing to judge
+    assert unused(Selection.parse(None, None, also_ignore=["PC004", "PC001"])) == []
