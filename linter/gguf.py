@@ -487,12 +487,18 @@ def _companion_note(model: Path, name: str) -> str | None:
     return f"{quoted_name(companion.name)} beside the model holds a fixed {name} template; {_kept_in_metadata(name)}"
 
 
-def metadata_note(model: Path, name: str, written: bool) -> str:
-    """Said of a template of ``model`` whose fix --fix wrote (``written``) or --diff would
-    write beside it: the lint that follows reads the model's metadata, as the next check will."""
+def metadata_note(model: Path, name: str, written: bool, fresh: bool = True) -> str:
+    """Said of a template of ``model`` whose fix --fix wrote (``written``; ``fresh`` False:
+    found written by an earlier run) or --diff would write beside it: the lint that follows
+    reads the model's metadata, as the next check will."""
     companion = quoted_name(companion_path(model, name).name)
-    done = f"--fix wrote its fix to {companion}" if written else f"the patch writes its fix to {companion}"
-    return f"{done} beside the model; {_kept_in_metadata(name)}"
+    if not written:
+        done = f"the patch writes its fix to {companion} beside the model"
+    elif fresh:
+        done = f"--fix wrote its fix to {companion} beside the model"
+    else:
+        done = f"its fix is already beside the model, in {companion} (an earlier --fix wrote it)"
+    return f"{done}; {_kept_in_metadata(name)}"
 
 
 def _kept_in_metadata(name: str) -> str:

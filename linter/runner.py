@@ -396,7 +396,7 @@ class _Fixing:
                 # next check will: its findings stay, and the note says where the fix went.
                 written = self.write and placed.error is None
                 now.append(
-                    replace(fix.source, note=metadata_note(model, fix.source.name, written))
+                    replace(fix.source, note=metadata_note(model, fix.source.name, written, placed.fresh))
                     if placed.error is None
                     else fix.source
                 )

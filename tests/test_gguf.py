@@ -581,6 +581,11 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
     assert code == 1 and f"{model}:default: already written: the fixed template to {companion}" in out
     assert f"{model}:default:3:28: already fixed PC001 [live-clock]" in out
+    assert "--fix wrote its fix" not in out
+    assert (
+        f"note: {tmp_path}: its fix is already beside the model, in m.chat_template.jinja (an earlier --fix wrote it); "
+        "this is the one in the model's metadata"
+    ) in out
     # the check reads the model's metadata, which --fix never rewrites: it still fails, and says
     # where the fix is
     code, out, _ = run(model, "--frozen-date", FROZEN, "--no-prove")
