@@ -601,6 +601,9 @@ def _failing_causes(found: list[Finding]) -> set[tuple[str, str]]:
     return {(finding.code, str(finding.proof.cause)) for finding in found if finding.fails() and finding.proof is not None}
 
 
+NO_AUTOMATIC_FIX = "no automatic fix for this rule"
+
+
 def applies_by_default(finding: Finding) -> bool:
     """Not informational, and not only when a caller sets a switch to its unstable value."""
     return finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
@@ -627,7 +630,7 @@ def fix_template(
         rule = BY_CODE.get(finding.code)
         fix = rule.fix(facts, finding, options) if rule is not None and hasattr(rule, "fix") else None
         if fix is None:
-            result.skipped.append((finding, "no automatic fix for this rule"))
+            result.skipped.append((finding, NO_AUTOMATIC_FIX))
         elif fix.unfixable:
             result.skipped.append((finding, fix.unfixable))
         else:

@@ -417,8 +417,13 @@ class _Fixing:
             self.say_finding(finding, done, title)
 
     def say_skipped(self, fix: TemplateFix) -> None:
+        from .fixer import NO_AUTOMATIC_FIX
+
         for finding, reason in fix.skipped if not self.quiet else ():
-            self.say_finding(finding, "not fixed", reason)
+            # An informational finding of a rule without a fix fails nothing and had nothing
+            # to try: "not fixed" read as a failure left behind. Its own line says the rest.
+            if finding.severity != "info" or reason != NO_AUTOMATIC_FIX:
+                self.say_finding(finding, "not fixed", reason)
 
     def say_refused(self, fix: TemplateFix) -> None:
         """A template none of whose fixes can be written (adjacent Python literals, a YAML
@@ -437,6 +442,8 @@ class _Fixing:
         itself (arguments re-serialised where no `tojson` shows it, a header history never
         prints, a rewrite no rule names) has no pattern for them to edit. It still fails the
         run after ``--fix``, so it says why it was left."""
+        from .fixer import NO_AUTOMATIC_FIX
+
         unaddressed = [
             finding
             for item in linted
@@ -449,7 +456,7 @@ class _Fixing:
         for finding in unaddressed if not self.quiet else ():
             rule = BY_CODE[finding.code]
             if finding.hypothesis and not hasattr(rule, "fix"):
-                why = "no automatic fix for this rule"  # as the fixes say it, when they run
+                why = NO_AUTOMATIC_FIX  # as the fixes say it, when they run
             else:
                 why = (
                     (self.unwritten.get(str(finding.path)) if finding.hypothesis else None)

@@ -157,6 +157,24 @@ def test_the_fixer_does_not_count_it_as_failing_and_other_divergences_do():
     assert ("PC100", "system") in found_by_proof(Prover(counting, None).run({}), [])
 
 
+def test_fix_says_nothing_of_an_informational_opener_it_has_no_fix_for(tmp_path, monkeypatch):
+    # Only with enable_thinking=false, a value the default leaves alone: info, failing nothing.
+    # "not fixed PC006" read as a failure left behind (QA7); the finding's own line is enough.
+    source = (
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}\n"
+        "{%- if add_generation_prompt %}<|assistant|>"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{%- endif %}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jinja").write_text(source)
+    fixed = CliRunner().invoke(main, ["t.jinja", "--fix"])
+    _, line, column = at("PC006", source, "<think></think>")
+    assert fixed.exit_code == 0
+    (said,) = [text for text in fixed.stdout.splitlines() if text.startswith("t.jinja")]
+    assert said.startswith(f"t.jinja:{line}:{column}: PC006 [generation-prompt-mismatch] ")
+    assert fixed.stdout.endswith("Found 1 finding (0 failing, 1 info).\n")
+
+
 @needs_shared
 def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_even_inside_the_loop():
     # Apriel prints the generation prompt on the loop's last message; ORACLE.tsv: the tail
