@@ -719,21 +719,33 @@ def fix_files(
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
 
-    def fix_chain(paths: list[Path]) -> list[FileFix]:
+    finished: dict[Path, FileFix] = {}
+
+    def fix_chain(paths: list[Path]) -> None:
         # What verifying each template text answered, by text: a template in several files
         # (copies of a model's config) is proven once, not once a file.
         recalled: dict[str, list[Verdicts]] = {}
-        fixed = []
         for path in paths:
             if interrupted():  # another chain was interrupted: no file more is fixed
                 raise KeyboardInterrupt
-            fixed.append(_fix_file(path, by_path[path], options, selection, write, recalled))
+            finished[path] = _fix_file(path, by_path[path], options, selection, write, recalled)
             if advance is not None:
                 advance()
-        return fixed
 
-    by_file = {fixed.path: fixed for chain in parallel_map(fix_chain, _chains(by_path), jobs) for fixed in chain}
-    return [by_file[path] for path in by_path]
+    try:
+        parallel_map(fix_chain, _chains(by_path), jobs)
+    except KeyboardInterrupt:
+        raise FixesInterrupted([finished[path] for path in by_path if path in finished]) from None
+    return [finished[path] for path in by_path]
+
+
+class FixesInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``fix_files``: ``done`` are the files it had fixed (and written) by then,
+    which the run still names before it says "interrupted"."""
+
+    def __init__(self, done: list[FileFix]):
+        super().__init__()
+        self.done = done
 
 
 def _chains(by_path: dict[Path, list[TemplateSource]]) -> list[list[Path]]:

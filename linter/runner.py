@@ -29,7 +29,7 @@ from .selection import Selection, SelectionError
 from .sources import NothingToLint, SourceError, TemplateSource, collect
 
 if TYPE_CHECKING:
-    from .fixer import FixOptions, TemplateFix
+    from .fixer import FileFix, FixOptions, TemplateFix
     from .gguf import CopyTarget
     from .prover import Recorded
 
@@ -308,48 +308,60 @@ class _Fixing:
 
     def run(self, sources: list[TemplateSource]) -> list[TemplateSource]:
         """Fix every file; return the templates as they now are, for the lint that follows."""
-        from .fixer import fix_files, unified_diff
+        from .fixer import FixesInterrupted, fix_files
 
         now: list[TemplateSource] = []
         files = [source for source in sources if source.container != "gguf"]
-        with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
-            fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
+        try:
+            with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
+                fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
+        except FixesInterrupted as stopped:
+            # The files written before Ctrl-C are named, then the run says it was interrupted:
+            # a user (or a hook) must be able to tell what changed on disk.
+            for fixed in stopped.done:
+                self.say_file(fixed)
+            raise
         for fixed in fixed_files:
-            unfixed = None
-            if fixed.error is not None:
-                # a file gone or changed when it was read again to be fixed, else a failed write
-                wrote = not isinstance(fixed.error, SourceError)
-                unfixed = "the file could not be " + ("written" if wrote else "read again") + " (see the error)"
-                if not fixed.made:
-                    # Its fixes were never made (its lock not taken, the file not read again):
-                    # every finding of it is not fixed for that reason.
-                    self.unwritten[str(fixed.path)] = unfixed
-            for fix in fixed.fixes:
-                if fix.refusal:
-                    self.say_refused(fix)
-                elif unfixed is None:
-                    self.say_fixed(fix)
-                else:
-                    for finding, _title in fix.applied:
-                        self.say_finding(finding, "not fixed", unfixed)
-                self.say_skipped(fix)
-            if fixed.error is not None:
-                self.result.errors.append(InputError.of(fixed.path, fixed.error, write=wrote))
-                now.extend(fix.source for fix in fixed.fixes)
-                continue
-            if not self.write and fixed.changed:
-                self.say(unified_diff(fixed.path, fixed.original, fixed.updated), patch=True)
-            self.result.would_change = self.result.would_change or (not self.write and fixed.changed)
-            # Under --diff the file on disk is not what the lint that follows reads: its
-            # findings are placed in the file as it would be.
-            now.extend(replace(fix.now, file_text=None if self.write else fixed.updated) for fix in fixed.fixes)
-            for fix in fixed.fixes:
-                if fix.recorded is not None and fix.refusal is None:
-                    self.recorded[(str(fix.now.path), fix.now.name)] = fix.recorded
+            now.extend(self.say_file(fixed))
         models = [source for source in sources if source.container == "gguf"]
         if models:
             now.extend(self.fix_models(models))
         return now
+
+    def say_file(self, fixed: FileFix) -> list[TemplateSource]:
+        """Say what became of one file's fixes; return its templates as they now are."""
+        from .fixer import unified_diff
+
+        unfixed = None
+        if fixed.error is not None:
+            # a file gone or changed when it was read again to be fixed, else a failed write
+            wrote = not isinstance(fixed.error, SourceError)
+            unfixed = "the file could not be " + ("written" if wrote else "read again") + " (see the error)"
+            if not fixed.made:
+                # Its fixes were never made (its lock not taken, the file not read again):
+                # every finding of it is not fixed for that reason.
+                self.unwritten[str(fixed.path)] = unfixed
+        for fix in fixed.fixes:
+            if fix.refusal:
+                self.say_refused(fix)
+            elif unfixed is None:
+                self.say_fixed(fix)
+            else:
+                for finding, _title in fix.applied:
+                    self.say_finding(finding, "not fixed", unfixed)
+            self.say_skipped(fix)
+        if fixed.error is not None:
+            self.result.errors.append(InputError.of(fixed.path, fixed.error, write=wrote))
+            return [fix.source for fix in fixed.fixes]
+        if not self.write and fixed.changed:
+            self.say(unified_diff(fixed.path, fixed.original, fixed.updated), patch=True)
+        self.result.would_change = self.result.would_change or (not self.write and fixed.changed)
+        for fix in fixed.fixes:
+            if fix.recorded is not None and fix.refusal is None:
+                self.recorded[(str(fix.now.path), fix.now.name)] = fix.recorded
+        # Under --diff the file on disk is not what the lint that follows reads: its
+        # findings are placed in the file as it would be.
+        return [replace(fix.now, file_text=None if self.write else fixed.updated) for fix in fixed.fixes]
 
     def fix_models(self, models: list[TemplateSource]) -> list[TemplateSource]:
         """GGUF models are never rewritten in place: the fixed templates go beside the model

@@ -571,3 +571,36 @@ def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_p
     _, err = process.communicate(timeout=30)
     assert (process.returncode, err.endswith("tmpl-lint: interrupted\n"), "Traceback" in err) == (130, True, False)
     assert config.read_bytes() == before
+
+
+def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tmp_path):
+    """Ctrl-C once one file is written and another is still being verified: the written file
+    is named as fixed before "interrupted" (QA7: files changed on disk, and nothing said so);
+    the one not written is not."""
+    clock = (CORPUS / "PC001_live_clock.jinja").read_text()
+    config = tmp_path / "m" / "tokenizer_config.json"
+    config.parent.mkdir()
+    config.write_text(
+        json.dumps({"chat_template": [{"name": "default", "template": clock}, {"name": "tool_use", "template": clock}]})
+    )
+    other = tmp_path / "other" / "chat_template.jinja"
+    other.parent.mkdir()
+    other.write_text(clock.replace("Current date", "Date"))
+    before = other.read_bytes()
+    marker = tmp_path / "tool_use is being verified"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), str(config), str(other), "--fix", "--no-prove", "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and other.read_bytes() != before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists() and other.read_bytes() != before
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, err.strip()) == (130, "tmpl-lint: interrupted")  # after click's new line
+    column = before.decode().splitlines()[2].index("strftime_now") + 1
+    assert [line.split(" [")[0] for line in out.splitlines()] == [f"{other}:3:{column}: fixed PC001"]
