@@ -70,6 +70,7 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as after pip install
         env["TMPL_LINT_NO_CACHE"] = "1"  # each audit compiles its templates: the runs measure the same work
         run(env, ["--no-prove"])  # untimed: writes the bytecode
+        load_before = os.getloadavg()[0]
         kinds = (("without proofs", ["--no-prove"]), ("with proofs", []))
         runs = [[run(env, extra) for _, extra in kinds] for _ in range(RUNS)]
         figures = {}
@@ -84,6 +85,9 @@ def main() -> None:
                 f"{REPOS / wall:.1f} repo templates/s"
             )
         (proven, proven_cpu), (static, static_cpu) = figures["with proofs"], figures["without proofs"]
+        # Other processes on the machine take cores from the audit's two workers: the wall
+        # figures are this machine's at this load, not the code's alone.
+        print(f"load average (1 min) before the runs {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
         print(
             f"with proofs: {proven:.1f} distinct templates/s against {static:.1f} without (the static floor): "
             f"{static / proven:.2f}x the floor's time wall, {proven_cpu / static_cpu:.2f}x cpu "
