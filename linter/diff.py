@@ -10,14 +10,24 @@ token ids instead.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
-from .proofs import BEFORE_MESSAGES, Divergence
-from .prover import Measure, compare_prompts, generation_prompt_span, resolve_special_tokens
+from .proofs import BEFORE_MESSAGES, Cause, Divergence
+from .prover import (
+    STOP_MARKER,
+    Measure,
+    classify,
+    compare_prompts,
+    generation_prompt_span,
+    locate,
+    message_fields,
+    resolve_special_tokens,
+    snippet,
+)
 from .render import FrozenClock, RenderError
 from .sources import ADDITIONAL_TEMPLATES_DIR, SourceError, collect, load_json
 from .tokenizer import Tokenizer
@@ -144,9 +154,109 @@ def diff_requests(
     else:
         ids = [measure.prompt_ids(prompt) for prompt in prompts]
         unit = measure.unit
-    return compare_prompts(
+    divergence = compare_prompts(
         "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size, opener
     )
+    if divergence.first_divergence is None and len(ids[1]) < len(ids[0]):
+        return _went_back(divergence, texts[0], texts[1], first.messages, len(ids[1]))
+    if divergence.field == "markup" and texts[0] is not None and texts[1] is not None:
+        return _in_tools(divergence, (texts[0], texts[1]), (first, second))
+    return divergence
+
+
+# The field of a divergence in the tools a template prints between two messages' texts.
+TOOLS = "tools"
+
+
+def _went_back(divergence: Divergence, first_text: str | None, second_text: str | None, messages: list, end: int) -> Divergence:
+    """Turn 2 renders as a prefix of turn 1, shorter: the session went back (the client
+    removed or cut messages). Turn 1 is no prefix of turn 2, so the prompts part where
+    turn 2 ends: located in turn 1's messages, where turn 1 goes on."""
+    if first_text is None or second_text is None:
+        return replace(divergence, first_divergence=end, cause=Cause.UNKNOWN)
+    char = len(second_text)
+    index, role, field_name = locate(first_text, messages, char)
+    if index is not None and index >= len(messages):  # past every message: turn 1's generation prompt
+        index, role, field_name = None, None, None
+    first_fields = [first_text.find(text) for _, text in message_fields(messages[0])] if messages else []
+    first_start = min([found for found in first_fields if found >= 0], default=0)
+    cause = classify(index, role, field_name, len(messages), char, first_start)
+    return replace(
+        divergence,
+        first_divergence=end,
+        first_divergence_char=char,
+        message_index=index,
+        role=role,
+        field=field_name,
+        cause=cause,
+        before=snippet(first_text, char),
+        after=snippet(second_text, char),
+    )
+
+
+def went_back(divergence: Divergence) -> bool:
+    """Whether turn 2 ends where turn 1 goes on (``_went_back``): its message is numbered in turn 1."""
+    first, second = divergence.prompt_tokens
+    return divergence.first_divergence is not None and divergence.first_divergence == second < first
+
+
+def _tool_texts(tools: list[dict[str, Any]] | None) -> list[str]:
+    """What of each tool a template prints (its name, description, parameter names), as
+    written and as JSON writes it inside a string."""
+    texts = []
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        function = function if isinstance(function, dict) else {}
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        for text in [function.get("name"), function.get("description"), *(properties or {})]:
+            if isinstance(text, str) and text:
+                texts.extend({text, json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]})
+    return texts
+
+
+def _text_spans(text: str, messages: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
+    """(message index, start, end) of each message's printed text, found in order."""
+    spans, cursor = [], 0
+    for index, message in enumerate(messages):
+        found = [(start, start + len(value)) for _, value in message_fields(message) if (start := text.find(value, cursor)) >= 0]
+        if found:
+            spans.append((index, min(start for start, _ in found), max(stop for _, stop in found)))
+            cursor = spans[-1][2]
+    return spans
+
+
+def _in_tools(divergence: Divergence, texts: tuple[str, str], turns: tuple[Request, Request]) -> Divergence:
+    """A divergence between two messages' texts that falls in the tools the template prints
+    there (Qwen3 prints them in the system turn, after the system prompt), located as such:
+    not in the markup of the message whose text comes next. The tools belong to the message
+    before them where no end-of-turn marker parts them from its text (the system turn), else
+    to the message after them (Mistral prints them before the last user message)."""
+    char = divergence.first_divergence_char
+    if char is None:
+        return divergence
+    # Turn 2's render first: its messages number the divergence; turn 1's where only it
+    # printed the tools (the client removed them).
+    for text, request in reversed(list(zip(texts, turns))):
+        spans = _text_spans(text, request.messages)
+        before = [span for span in spans if span[2] <= char]
+        after = [span for span in spans if span[1] > char]
+        if not before or not after:
+            continue
+        (owner_before, _, gap_start), (owner_after, gap_end, _) = before[-1], after[0]
+        found = [
+            (start, start + len(value))
+            for value in _tool_texts(request.tools)
+            if (start := text.find(value, gap_start, gap_end)) >= 0
+        ]
+        if not found or char >= max(stop for _, stop in found):
+            continue
+        parted = STOP_MARKER.search(text, gap_start, min(start for start, _ in found)) is not None
+        owner = owner_after if parted else owner_before
+        role = request.messages[owner].get("role")
+        cause = Cause.SYSTEM if owner == 0 and role in ("system", "developer") else divergence.cause
+        return replace(divergence, message_index=owner, role=role, field=TOOLS, cause=cause)
+    return divergence
 
 
 def client_change(first: Path, second: Path) -> Departure | None:
@@ -178,6 +288,7 @@ def explains(change: Departure | None, divergence: Divergence) -> bool:
 
 def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[str, Any]:
     client = change.to_json() if explains(change, divergence) else None
+    numbering = {"numbered_in": "previous"} if went_back(divergence) and divergence.message_index is not None else {}
     return {
         "first_divergence_token": divergence.first_divergence,
         "first_divergence_char": divergence.first_divergence_char,
@@ -187,6 +298,7 @@ def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[s
         "block_size": divergence.block_size,
         "unit": divergence.unit,
         "message_index": divergence.message_index,
+        **numbering,  # message_index counts turn 1's messages: turn 2 ends where turn 1 goes on
         "role": divergence.role,
         "field": divergence.field,
         "cause": str(divergence.cause),
@@ -203,9 +315,7 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
     if divergence.first_divergence is None:
         # All of a turn 2 no longer than turn 1 is cached, but vLLM computes its last token.
         capped = f" (vLLM computes at least the last {unit})" if second <= first else ""
-        if second < first:  # the session went back
-            relation = f"turn 2 ({second} {unit}s) is a prefix of turn 1 ({first} {unit}s)"
-        elif second == first:
+        if second == first:  # (a shorter turn 2 is no extension: ``_went_back``)
             relation = f"turn 2 is turn 1 again ({first} {unit}s)"
         else:
             relation = f"turn 1 ({first} {unit}s) is a prefix of turn 2 ({second} {unit}s)"
@@ -215,20 +325,29 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
         )
     lines = divergence_lines(divergence)
     explained = explains(change, divergence)
+    back = went_back(divergence)
     # Where a message was inserted, removed or moved, the same number names different
     # messages in the two turns: each number then says whose it is.
-    turns = explained and (change.in_previous or change.moved_to is not None or change.detail == "message inserted")
-    turn = "turn 2's " if turns else ""
+    turns = back or (explained and (change.in_previous or change.moved_to is not None or change.detail == "message inserted"))
+    turn = ("turn 1's " if back else "turn 2's ") if turns else ""
     where = (
         divergence.place
         if divergence.message_index is None
         else f"{turn}message {divergence.message_index}, {divergence.role}, {divergence.field}"
     )
-    lines[0] = f"first divergence at {unit} {divergence.first_divergence} of {first} ({where}); cause {divergence.cause}"
+    if back:
+        lines[0] = (
+            f"turn 2 ({second} {unit}s) is a prefix of turn 1 ({first} {unit}s): it ends at {unit} "
+            f"{divergence.first_divergence} ({where}), where turn 1 goes on; cause {divergence.cause}"
+        )
+    else:
+        lines[0] = f"first divergence at {unit} {divergence.first_divergence} of {first} ({where}); cause {divergence.cause}"
     if explained:
         lines[0] = (
             lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{_client_place(change, turns)}, not the template"
         )
+        # One change of the client's, not something the template does on every turn.
+        lines[1] = lines[1].replace(" recomputed every turn;", " recomputed;")
     return "\n".join(lines) + "\n"
 
 

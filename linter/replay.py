@@ -15,8 +15,9 @@ Two passes:
 
 1. Each session alone (``--jobs`` sessions at a time): every request is rendered as the
    engine renders it and tokenized, only the text after what it shares with the session's
-   previous prompt (``PrefixEncoder``); where the response is logged, the reply as the model
-   generated it. Where a prompt stops extending what the session's previous request left
+   previous prompt (``PrefixEncoder``); the reply as the model generated it: its logged ids
+   or message, else the assistant message the session's next request sends back after it
+   (``carried_replies``), else none, which the report says. Where a prompt stops extending what the session's previous request left
    computed, the request is rendered once more with the client's own changes undone (the
    previous messages and reply as they were, its tools and options), to tell the tokens the
    client cost from those the template costs, and the rule and message responsible.
@@ -32,6 +33,7 @@ Two passes:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import html
@@ -48,7 +50,7 @@ from typing import Any
 
 from .engines import ENGINES, HARMONY, EngineError, Prompt, engine_tokenizer, prepare, render_prompt
 from .findings import Finding, Outcome
-from .kv_cache import CacheError, CacheModel, CacheRequest, make_cache
+from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from .prover import (
     STOP_MARKER,
@@ -311,6 +313,41 @@ def generated_ids(response: Any) -> list[int] | None:
     return None
 
 
+class ReplySource(StrEnum):
+    """Where the reply a request generated comes from: vLLM (and SGLang, llama.cpp) cache
+    the blocks of every reply, so one left out counts as cold what the engine serves."""
+
+    LOGGED = "logged"
+    LATER_REQUEST = "from a later request"  # not logged: the assistant message the session sent back
+    LAST = "not modelled, last of its session"  # not logged, and no later request
+    UNKNOWN = "not modelled"  # not logged, and no later request of the session sends it back
+
+
+def carried_replies(calls: list[Call]) -> list[dict[str, Any] | None]:
+    """For each of a session's requests, the assistant message the first later request of
+    the session carries right after its messages: the reply the model generated for it, as
+    the client sent it back. The message before it must be the request's last (reasoning
+    aside); a request that went another way (a message edited, removed, inserted) does not
+    carry it there, and vLLM's chained block hashes would not hit its blocks either."""
+    with_assistant: dict[int, list[int]] = defaultdict(list)  # position -> later requests with an assistant there
+    for number, call in enumerate(calls):
+        for position, message in enumerate(call.messages):
+            if position and isinstance(message, dict) and message.get("role") == "assistant":
+                with_assistant[position].append(number)
+    carried: list[dict[str, Any] | None] = []
+    for number, call in enumerate(calls):
+        count, found = len(call.messages), None
+        last = _without_reasoning(call.messages[-1]) if isinstance(call.messages[-1], dict) else None
+        candidates = with_assistant.get(count, [])
+        for later in candidates[bisect.bisect_right(candidates, number) :]:
+            before = calls[later].messages[count - 1]
+            if last is not None and isinstance(before, dict) and _without_reasoning(before) == last:
+                found = calls[later].messages[count]
+                break
+        carried.append(found)
+    return carried
+
+
 # --- why a prompt departs from what its session computed -----------------------------
 
 
@@ -380,6 +417,9 @@ class Departure:
         if self.before or self.after:
             out["renders"] = {"before": self.before, "after": self.after}
         return out
+
+
+UNCERTAIN = "(cause uncertain: the reply is logged as token ids that no message renders as)"
 
 
 def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> Departure | None:
@@ -455,6 +495,7 @@ class Trace:
     generated: list[int] = field(default_factory=list)
     salt: str | None = None
     first: bool = True
+    reply: ReplySource = ReplySource.LOGGED
     previous: int = 0  # tokens the session's previous request left computed
     departure: int | None = None  # the first prompt token that does not extend them
     template_departure: int | None = None  # the same with the client's changes undone
@@ -468,6 +509,7 @@ class _Previous:
     generated: list[int]
     generated_text: str
     reply: dict[str, Any] | None
+    carried: dict[str, Any] | None = None  # the message a later request sends back for the reply
 
 
 class Tracer:
@@ -532,11 +574,56 @@ class Tracer:
         render of it after the generation prompt, up to its end-of-turn marker."""
         ids = generated_ids(call.response)
         if ids is not None:
-            tokenizer = self.measure.tokenizer
-            text = tokenizer.backend.decode(ids, skip_special_tokens=False) if isinstance(tokenizer, Tokenizer) else ""
-            return ids, text
+            return ids, self.decoded(ids)
         if reply is None:
             return [], ""
+        return self.as_generated(call, prompt, reply)
+
+    def decoded(self, ids: list[int]) -> str:
+        tokenizer = self.measure.tokenizer
+        return tokenizer.backend.decode(ids, skip_special_tokens=False) if isinstance(tokenizer, Tokenizer) else ""
+
+    def reply_of(self, call: Call, carried: dict[str, Any] | None, last: bool) -> tuple[dict[str, Any] | None, ReplySource]:
+        """The message ``call``'s reply is, and where it comes from: the log's message; for
+        ids alone, none yet (``message_of_ids``); else ``carried``, the assistant
+        message a later request of the session sends after the request's messages (the reply
+        as the client sent it back: what it dropped, such as reasoning, is not known), else
+        none."""
+        logged = reply_message(call.response)
+        if logged is not None:
+            return logged, ReplySource.LOGGED
+        if generated_ids(call.response) is not None:
+            return None, ReplySource.LOGGED  # its message is found where a prompt departs (``attribute``)
+        if carried is not None:
+            return carried, ReplySource.LATER_REQUEST
+        return None, ReplySource.LAST if last else ReplySource.UNKNOWN
+
+    def message_of_ids(self, call: Call, prompt: str, ids: list[int], carried: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The message a reply logged as token ids only is, where one renders as exactly
+        those ids decoded: the message the next request carries, or it with the reasoning
+        the ids hold (a client that drops reasoning sends it back without), or, with no such
+        message (the client edited it), the decoded text split into reasoning and content.
+        None where none does: a departure is then named without the reply's message, and
+        said to be uncertain."""
+        text = self.decoded(ids)
+        if not text:
+            return None
+        reasoning, content = _split_reasoning(_unterminated(text))
+        split = {"reasoning_content": reasoning} if reasoning is not None else {}
+        candidates = [{"role": "assistant", "content": content} | split]
+        if carried is not None:
+            candidates[:0] = [carried] + ([_without_reasoning(carried) | split] if split else [])
+        for candidate in candidates:
+            try:
+                if self.as_generated(call, prompt, candidate)[1] == text:
+                    return candidate
+            except RenderError:
+                continue
+        return None
+
+    def as_generated(self, call: Call, prompt: str, reply: dict[str, Any]) -> tuple[list[int], str]:
+        """The template's render of ``reply`` after the generation prompt, up to its
+        end-of-turn marker: the reply as the model generated it."""
         reply = {key: value for key, value in reply.items() if value is not None}
         with_reply = self.render(call, call.messages + [reply], False).text
         start, mark = self.reply_start(call, prompt, with_reply)
@@ -570,27 +657,32 @@ class Tracer:
         the engine answers 400 and caches nothing, and the session goes on without it."""
         traces, problems = [], []
         previous: _Previous | None = None
-        for call in session.calls:
+        carried = carried_replies(session.calls)
+        for position, call in enumerate(session.calls):
             try:
                 prompt = self.prompt(call, previous.prompt if previous else None)
             except RenderError as error:
                 problems.append((call.line, f"the template fails on this request: {error}"))
                 continue
-            reply = reply_message(call.response)
+            last = position == len(session.calls) - 1
+            reply, source = self.reply_of(call, carried[position], last)
             try:
                 generated, generated_text = self.generated(call, prompt.text, reply)
             except RenderError as error:
                 problems.append((call.line, f"the template fails on this request's reply: {error}"))
                 generated, generated_text = [], ""
+                if source is ReplySource.LATER_REQUEST:
+                    source = ReplySource.UNKNOWN
             shared = common_prefix_length(previous.prompt.ids, prompt.ids) if previous else 0
             trace = Trace(call.order, call.line, index, shared, prompt.ids[shared:], len(prompt.ids), generated, call.salt)
+            trace.reply = source
             if previous is not None:
                 try:
                     self.attribute(trace, previous, call, prompt)
                 except RenderError as error:  # the request with the client's changes undone
                     problems.append((call.line, f"the template fails on this request as first sent: {error}"))
             traces.append(trace)
-            previous = _Previous(call, prompt, generated, generated_text, reply)
+            previous = _Previous(call, prompt, generated, generated_text, reply, carried[position])
         return traces, problems
 
     def attribute(self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded) -> None:
@@ -601,6 +693,9 @@ class Tracer:
         if departure is None:
             return
         trace.departure = departure
+        ids = generated_ids(previous.call.response)
+        if previous.reply is None and ids is not None:
+            previous.reply = self.message_of_ids(previous.call, previous.prompt.text, ids, previous.carried)
         change = client_change(previous.call, previous.reply, call)
         if change is None:
             clean, clean_messages = prompt, call.messages
@@ -622,6 +717,10 @@ class Tracer:
             reasons.append(change)
         if template_departure is not None:
             reasons.append(self.template_reason(previous, clean, clean_messages))
+        if previous.reply is None and ids is not None:
+            # The reply is ids no message renders as: what the client changed in it, and
+            # whether the template rewrites it, cannot be told from the generation prompt's.
+            reasons = [replace(reason, detail=f"{reason.detail} {UNCERTAIN}") for reason in reasons]
         trace.reasons = tuple(reasons)
 
     def template_reason(self, previous: _Previous, prompt: Encoded, messages: list[dict[str, Any]]) -> Departure:
@@ -671,6 +770,31 @@ class Tracer:
             divergence.before,
             divergence.after,
         )
+
+
+# A reasoning block's closing tag: </think>, </thinking>, </reasoning>...
+REASONING_END = re.compile(r"</([^<>\s]*(?:think|thought|reason)[^<>\s]*)>", re.IGNORECASE)
+
+
+def _split_reasoning(text: str) -> tuple[str | None, str]:
+    """A generated text as (reasoning, content), as a reasoning parser splits it: the text
+    before the first closing reasoning tag (its opening tag, where the model wrote it,
+    left out; a generation prompt may have written it), and what follows. (None, text)
+    without one."""
+    end = REASONING_END.search(text)
+    if end is None:
+        return None, text
+    reasoning = text[: end.start()]
+    opening = f"<{end.group(1)}>"
+    if reasoning.lstrip().startswith(opening):
+        reasoning = reasoning.lstrip()[len(opening) :]
+    return reasoning.strip("\n"), text[end.end() :].lstrip("\n")
+
+
+def _unterminated(text: str) -> str:
+    """``text`` without the end-of-turn marker it ends with."""
+    ending = [found for found in STOP_MARKER.finditer(text, max(0, len(text) - 64)) if found.end() == len(text)]
+    return text[: ending[0].start()] if ending else text
 
 
 def _as_generated(text: str, reply: dict[str, Any]) -> str:
@@ -842,6 +966,45 @@ class Summary:
     per_session: list[SessionFigures] = field(default_factory=list)
     sweep: list[Summary] = field(default_factory=list)
     error: str | None = None  # the capacity could not hold a request
+    replies: Counter = field(default_factory=Counter)  # ReplySource -> requests
+    bounded: bool = False  # the cache holds less than everything: replies take room in it
+
+    @property
+    def unmodelled_replies(self) -> int:
+        return self.replies[ReplySource.LAST] + self.replies[ReplySource.UNKNOWN]
+
+    @property
+    def engine_figure(self) -> bool:
+        """Whether the hit rate is the engine's own figure. The engine caches every reply
+        (but its last token). A reply is not modelled only where no later request of its
+        session sends it back, so in an unbounded cache nothing of the session could hit its
+        blocks (chained hashes: only a request sending the same prompt and reply could); in
+        a bounded one its blocks take room and evict others."""
+        return not (self.bounded and self.unmodelled_replies)
+
+    @property
+    def metric_label(self) -> str:
+        if self.engine_figure:
+            return self.metric
+        return f"hits / queries; not {self.metric}: the engine caches the replies not modelled"
+
+    def replies_note(self) -> str | None:
+        """What of the replies the figures model, where not all were logged."""
+        parts = []
+        if self.replies[ReplySource.LATER_REQUEST]:
+            count = self.replies[ReplySource.LATER_REQUEST]
+            parts.append(
+                f"{count} not logged: taken from the next request of the session that sends it back "
+                "(its assistant message, rendered as generated)"
+            )
+        if self.unmodelled_replies:
+            why = []
+            if self.replies[ReplySource.LAST]:
+                why.append(f"{self.replies[ReplySource.LAST]} the last of its session")
+            if self.replies[ReplySource.UNKNOWN]:
+                why.append(f"{self.replies[ReplySource.UNKNOWN]} sent back by no later request")
+            parts.append(f"not modelled for {_count(self.unmodelled_replies, 'request')} ({', '.join(why)})")
+        return "; ".join(parts) or None
 
     @property
     def hit_rate(self) -> float:
@@ -863,12 +1026,19 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "cache_model": self.cache_model,
-            "metric": self.metric,
+            "metric": self.metric_label,
             "unit": self.unit,
             "block_size": self.granularity,
             "capacity_blocks": self.capacity_blocks,
             "requests": self.requests,
             "sessions": self.sessions,
+        }
+        out["engine_figure"] = self.engine_figure
+        out["replies"] = {
+            "logged": self.replies[ReplySource.LOGGED],
+            "from_next_request": self.replies[ReplySource.LATER_REQUEST],
+            "not_modelled": self.unmodelled_replies,
+            "not_modelled_last_of_session": self.replies[ReplySource.LAST],
         }
         out.update(
             {
@@ -924,6 +1094,7 @@ def simulate(
 ) -> Summary:
     """Every request, in arrival order, through ``cache``."""
     summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(keys))
+    summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
     figures = [SessionFigures(key) for key in keys]
     prompts: dict[int, list[int]] = {}
     for trace in traces:
@@ -939,6 +1110,7 @@ def simulate(
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
         summary.requests += 1
+        summary.replies[trace.reply] += 1
         summary.queries += trace.prompt_tokens
         summary.hits += served.hit
         if not trace.first:
@@ -992,11 +1164,15 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             lines.append(f"  {name}: n/a ({why})")
         else:
             lines.append(
-                f"  {name}: {summary.hit_rate:.1%} ({summary.metric}, every request: {summary.hits:,} of {summary.queries:,} {unit}s)"
+                f"  {name}: {summary.hit_rate:.1%} ({summary.metric_label}, every request: "
+                f"{summary.hits:,} of {summary.queries:,} {unit}s)"
             )
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
             lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+            note = summary.replies_note()
+            if note:
+                lines.append(f"  replies: {note}")
         lines.append(f"  prompt {unit}s by cause:")
         for cause in TokenCause:
             count = summary.tokens[cause]

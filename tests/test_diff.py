@@ -352,11 +352,13 @@ def test_the_same_request_again_recomputes_its_last_block(tmp_path):
 
 
 def test_a_shorter_turn_2_is_a_prefix_of_turn_1_not_the_other_way(tmp_path):
+    # Turn 1 is no prefix of turn 2 (the client cut the message): not a clean extension,
+    # exit 1 (README), the prompts part where turn 2 ends.
     code, out, _ = diff_of(tmp_path, "z" * 40, "z" * 32)
-    assert (code, out) == (
-        0,
-        "clean extension: turn 2 (32 chars) is a prefix of turn 1 (40 chars); 16 chars reusable in 16-char blocks "
-        "(vLLM computes at least the last char)\n",
+    assert (code, out.splitlines()[0]) == (
+        1,
+        "turn 2 (32 chars) is a prefix of turn 1 (40 chars): it ends at char 32 (turn 1's message 0, user, content), "
+        "where turn 1 goes on; cause client: message edited (turn 2's message 0, user), not the template",
     )
     code, out, _ = diff_of(tmp_path, "z" * 40, "z" * 32, "--format", "json")
     assert (json.loads(out)["reusable_tokens"], json.loads(out)["lost_tokens"]) == (16, 0)
@@ -575,3 +577,117 @@ def test_an_inserted_a_moved_and_a_removed_message_are_named_so_in_each_turns_nu
     )
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     assert json.loads(out)["client_change"] == {"cause": "client", "field": None, **json_change}
+
+
+def test_a_turn_2_that_drops_turn_1s_last_messages_is_no_prefix_and_says_the_client_removed_them(tmp_path):
+    """Turn 2 sends turn 1's first two messages only: its render is a prefix of turn 1's,
+    but turn 1 is no prefix of turn 2, so (README) it is not a clean extension and exits 1.
+    Where turn 2 ends turn 1 goes on with message 2, the reply the client removed."""
+    template = tmp_path / "bracketed.jinja"
+    template.write_text(BRACKETED)
+    turns = write_turns(tmp_path, {"messages": SESSION}, {"messages": SESSION[:2]})
+    second = "[system]Be brief.\n[user]Hi, what is 2+2?\n[assistant]"
+    first = "".join(f"[{m['role']}]{m['content']}\n" for m in SESSION) + "[assistant]"
+    assert first.startswith(second)
+    code, out, _ = run(*turns, "--template", str(template))
+    assert code == 1
+    reusable = (len(second) - 1) // 16 * 16  # vLLM looks up all but turn 2's last char
+    assert out.splitlines()[:2] == [
+        f"turn 2 ({len(second)} chars) is a prefix of turn 1 ({len(first)} chars): it ends at char {len(second)} "
+        "(turn 1's message 2, assistant, content), where turn 1 goes on; cause client: message removed "
+        "(turn 1's message 2, assistant), not the template",
+        f"       {reusable} of {len(first)} chars reusable in 16-char blocks, 0 recomputed; "
+        "without rollback (hybrid models) 0 reusable",
+    ]
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    result = json.loads(out)
+    assert code == 1
+    assert (result["first_divergence_token"], result["message_index"], result["numbered_in"], result["role"]) == (
+        len(second),
+        2,
+        "previous",
+        "assistant",
+    )
+    assert result["client_change"] == {
+        "cause": "client",
+        "detail": "message removed",
+        "message_index": 2,
+        "role": "assistant",
+        "field": None,
+        "numbered_in": "previous",
+    }
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+SYSTEM = {"role": "system", "content": "You are a helpful assistant that answers questions about the weather with care."}
+QUESTION = {"role": "user", "content": "What is the weather in Paris today? Please be precise."}
+
+
+def test_a_tools_change_qwen3_prints_in_the_system_turn_is_placed_there(tmp_path):
+    """Qwen3 prints the tools in the system turn, after the system prompt: a tool's edited
+    description parts the prompts there, in message 0, not in the user message's markup.
+    The client's one change is not "recomputed every turn"."""
+    pytest.importorskip("transformers")
+    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
+    first, second = {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+    turns = write_turns(tmp_path, first, second)
+    tokenizer = transformers_tokenizer("qwen3")
+    texts = [
+        tokenizer.apply_chat_template(b["messages"], tools=b["tools"], add_generation_prompt=True, tokenize=False)
+        for b in (first, second)
+    ]
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    token = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    char = next(i for i, (a, b) in enumerate(zip(*texts)) if a != b)
+    # inside the system turn: after the system prompt, before the turn ends
+    assert texts[1].index(SYSTEM["content"]) + len(SYSTEM["content"]) < char < texts[1].index("<|im_end|>")
+    code, out, _ = run(*turns, "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"))
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"first divergence at token {token} of {len(ids[0])} (message 0, system, tools); cause client: tools changed, not the template"
+    )
+    reusable = token // 16 * 16
+    ideal = (len(ids[1]) - 1) // 16 * 16
+    assert lines[1].startswith(
+        f"       {reusable} of {len(ids[0])} tokens reusable in 16-token blocks, {ideal - reusable} recomputed; "
+    )
+    code, out, _ = run(*turns, "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
+    result = json.loads(out)
+    assert (result["message_index"], result["role"], result["field"], result["cause"]) == (0, "system", "tools", "system")
+    assert result["client_change"] == {
+        "cause": "client",
+        "detail": "tools changed",
+        "message_index": None,
+        "role": None,
+        "field": None,
+    }
+
+
+def test_tools_printed_in_the_next_turn_are_placed_in_the_message_after_them(tmp_path):
+    """A template that prints the tools at the start of the last user message's turn (as
+    Mistral does), after the end-of-turn marker of the message before: the tools belong to
+    the user message."""
+    template = tmp_path / "tools_last.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if loop.last and tools %}[TOOLS]{{ tools|tojson }}[/TOOLS]{% endif %}"
+        "[{{ m.role }}]{{ m.content }}</s>{% endfor %}"
+    )
+    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
+    turns = write_turns(
+        tmp_path, {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+    )
+    code, out, _ = run(*turns, "--template", str(template))
+    prefix = (
+        f'[system]{SYSTEM["content"]}</s>[TOOLS][{{"type": "function", "function": {{"name": "get_weather", "description": "Get '
+    )
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"first divergence at char {len(prefix)} of ")
+    assert out.splitlines()[0].endswith(" (message 1, user, tools); cause client: tools changed, not the template")
