@@ -311,6 +311,54 @@ def test_ctrl_c_is_130_not_clicks_aborted(tmp_path):
     assert err.strip() == "tmpl-lint: interrupted"
 
 
+# Code run by exec() of a string, as dataclasses and namedtuple make their methods as modules
+# load: it says it is waiting (from within, so Ctrl-C cannot land between the line and the
+# exec) and waits for Ctrl-C.
+WAIT_IN_EXEC = """
+import sys, time
+sys.stderr.write("waiting in exec\\n")
+sys.stderr.flush()
+time.sleep(30)
+"""
+
+# Imported by Python's site as the child starts (it is first on PYTHONPATH): runs that code
+# as tmpl_lint.cli is about to load, once the entry point handles signals.
+EXEC_WHEN_THE_COMMAND_LOADS = f"""
+import sys
+
+
+class ExecWhenTheCommandLoads:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tmpl_lint.cli":
+            sys.meta_path.remove(self)
+            exec({WAIT_IN_EXEC!r})
+        return None
+
+
+sys.meta_path.insert(0, ExecWhenTheCommandLoads())
+"""
+
+
+def test_ctrl_c_in_code_run_by_exec_is_130_not_death_by_the_signal(tmp_path):
+    # CPython (3.13 and before) flags a KeyboardInterrupt that leaves exec() of a string as
+    # unhandled even once caught, and `python -m` then ended by killing itself with SIGINT
+    # after saying "interrupted": returncode -2, in about 1 run in 60 of
+    # test_a_signal_while_the_modules_load_is_as_later_not_a_traceback under load.
+    (tmp_path / "sitecustomize.py").write_text(EXEC_WHEN_THE_COMMAND_LOADS)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", str(CORPUS / "clean_chatml.jinja")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path, "NO_COLOR": "1"},
+    )
+    assert process.stderr.readline() == "waiting in exec\n"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, out, err) == (130, "", "tmpl-lint: interrupted\n")
+
+
 CLEAN = str(CORPUS / "clean_chatml.jinja")
 
 
