@@ -6,12 +6,14 @@ the standard library is loaded, and a Ctrl-C or SIGTERM at any moment after ends
 arriving later does: one line and exit 130, or exit 143.
 """
 
+import _thread
 import signal
 import sys
 
 
 def run() -> None:
     signal.signal(signal.SIGTERM, terminated)
+    sys.unraisablehook = signal_again
     try:
         from .cli import run as run_command
 
@@ -34,6 +36,26 @@ def forget_interrupts_caught_after_exec() -> None:
     where a caught interrupt is never flagged (CPython's main branch), this changes nothing.
     Unlike os._exit, nothing is skipped: atexit and finalisation still run."""
     exec("")
+
+
+def signal_again(unraisable) -> None:
+    """A Ctrl-C or SIGTERM that lands in a __del__ or a weakref callback (importlib runs some
+    as modules load) cannot leave it: Python says "Exception ignored ... KeyboardInterrupt" and
+    the run went on to its end, exit 0. The signal is sent again to the main thread, whose
+    code then raises its exception once this hook and the __del__ are done, and the run ends
+    as anywhere else. It is sent from another thread: the main thread raises a signal's
+    exception at its next bytecode, which here would still be in this hook."""
+    import threading
+
+    error = unraisable.exc_value
+    if isinstance(error, KeyboardInterrupt):
+        number = signal.SIGINT
+    elif isinstance(error, SystemExit) and error.code == 128 + signal.SIGTERM:
+        number = signal.SIGTERM
+    else:
+        sys.__unraisablehook__(unraisable)
+        return
+    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, number))
 
 
 def terminated(signum, frame):
