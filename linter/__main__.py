@@ -18,11 +18,22 @@ def run() -> None:
         from .cli import run as run_command
 
         run_command()  # says "interrupted" itself for a Ctrl-C once it runs
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as error:
+        if not interrupted(error):
+            raise
         sys.stderr.write("tmpl-lint: interrupted\n")
         sys.exit(130)
     finally:
         forget_interrupts_caught_after_exec()
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is Ctrl-C's KeyboardInterrupt, also as Python 3.11 wraps it in a
+    RuntimeError when it lands in a __set_name__ (each dataclass field has one, run as its
+    class is made while modules load)."""
+    if isinstance(error, RuntimeError):
+        error = error.__cause__
+    return isinstance(error, KeyboardInterrupt)
 
 
 def forget_interrupts_caught_after_exec() -> None:

@@ -662,7 +662,7 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     # As __main__.run does first: again here for a console script made before that was the
     # entry point (an editable install not redone), which still calls this function.
-    from .__main__ import terminated
+    from .__main__ import interrupted, terminated
 
     signal.signal(signal.SIGTERM, terminated)
     try:
@@ -676,6 +676,9 @@ def run() -> None:
     except SystemExit:
         raise
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
+        if interrupted(error):  # a RuntimeError, on Python 3.11 (see interrupted)
+            click.echo("tmpl-lint: interrupted", err=True)
+            sys.exit(130)
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
         if isinstance(error, ModuleNotFoundError):
