@@ -6,19 +6,67 @@ the standard library is loaded, and a Ctrl-C or SIGTERM at any moment after ends
 arriving later does: one line and exit 130, or exit 143.
 """
 
+import _thread
 import signal
 import sys
 
 
 def run() -> None:
     signal.signal(signal.SIGTERM, terminated)
+    sys.unraisablehook = signal_again
     try:
         from .cli import run as run_command
 
         run_command()  # says "interrupted" itself for a Ctrl-C once it runs
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as error:
+        if not interrupted(error):
+            raise
         sys.stderr.write("tmpl-lint: interrupted\n")
         sys.exit(130)
+    finally:
+        forget_interrupts_caught_after_exec()
+
+
+def interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is Ctrl-C's KeyboardInterrupt, also as Python 3.11 wraps it in a
+    RuntimeError when it lands in a __set_name__ (each dataclass field has one, run as its
+    class is made while modules load)."""
+    if isinstance(error, RuntimeError):
+        error = error.__cause__
+    return isinstance(error, KeyboardInterrupt)
+
+
+def forget_interrupts_caught_after_exec() -> None:
+    """The exit status chosen above is the process's, also after a Ctrl-C that landed in code
+    run by exec() or eval() of a string, as dataclasses and namedtuple make their methods while
+    modules load. CPython (3.10 to 3.13 at least; Python/pythonrun.c, run_eval_code_obj) then
+    flags the KeyboardInterrupt as unhandled, even once caught, and at its very end `python -m`
+    (Modules/main.c, Py_RunMain) kills itself with SIGINT: -2, not 130, after "interrupted"
+    was said. (A script, as the console script is, exits earlier, by Py_Exit.) The same
+    function clears the flag as each such run starts, so one that ends normally clears it;
+    where a caught interrupt is never flagged (CPython's main branch), this changes nothing.
+    Unlike os._exit, nothing is skipped: atexit and finalisation still run."""
+    exec("")
+
+
+def signal_again(unraisable) -> None:
+    """A Ctrl-C or SIGTERM that lands in a __del__ or a weakref callback (importlib runs some
+    as modules load) cannot leave it: Python says "Exception ignored ... KeyboardInterrupt" and
+    the run went on to its end, exit 0. The signal is sent again to the main thread, whose
+    code then raises its exception once this hook and the __del__ are done, and the run ends
+    as anywhere else. It is sent from another thread: the main thread raises a signal's
+    exception at its next bytecode, which here would still be in this hook."""
+    import threading
+
+    error = unraisable.exc_value
+    if isinstance(error, KeyboardInterrupt):
+        number = signal.SIGINT
+    elif isinstance(error, SystemExit) and error.code == 128 + signal.SIGTERM:
+        number = signal.SIGTERM
+    else:
+        sys.__unraisablehook__(unraisable)
+        return
+    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, number))
 
 
 def terminated(signum, frame):

@@ -27,6 +27,12 @@ from .reporters import (
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 
+class Interrupted(BaseException):
+    """Ctrl-C on its way out of click's main(), past its handler: click answers a
+    KeyboardInterrupt with a blank line on stderr (to end a terminal's ^C) before its Abort,
+    and tmpl-lint says one line, "tmpl-lint: interrupted", whenever Ctrl-C lands."""
+
+
 class DefaultCommandGroup(click.Group):
     """``tmpl-lint PATH...`` means ``tmpl-lint check PATH...``, as ``ruff PATH`` once did."""
 
@@ -36,6 +42,19 @@ class DefaultCommandGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
+
+    # Parsing the arguments and running the command: all of main()'s time but a few lines.
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as interrupt:
+            raise Interrupted from interrupt
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as interrupt:
+            raise Interrupted from interrupt
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -643,12 +662,12 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     # As __main__.run does first: again here for a console script made before that was the
     # entry point (an editable install not redone), which still calls this function.
-    from .__main__ import terminated
+    from .__main__ import interrupted, terminated
 
     signal.signal(signal.SIGTERM, terminated)
     try:
         status = main(standalone_mode=False)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, Interrupted, click.exceptions.Abort):
         click.echo("tmpl-lint: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as error:
@@ -657,6 +676,9 @@ def run() -> None:
     except SystemExit:
         raise
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
+        if interrupted(error):  # a RuntimeError, on Python 3.11 (see interrupted)
+            click.echo("tmpl-lint: interrupted", err=True)
+            sys.exit(130)
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
         if isinstance(error, ModuleNotFoundError):
