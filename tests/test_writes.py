@@ -601,6 +601,6 @@ def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tm
     assert marker.exists() and other.read_bytes() != before
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
-    assert (process.returncode, err.strip()) == (130, "tmpl-lint: interrupted")  # after click's new line
+    assert (process.returncode, err) == (130, "tmpl-lint: interrupted\n")
     column = before.decode().splitlines()[2].index("strftime_now") + 1
     assert [line.split(" [")[0] for line in out.splitlines()] == [f"{other}:3:{column}: fixed PC001"]
