@@ -185,6 +185,16 @@ class LoopRef:
     backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
     node: nodes.For | None = field(default=None, compare=False, repr=False)
 
+    def loops_inside(self, source_map: SourceMap) -> frozenset[int]:
+        """This loop and the loops nested in its body, by id."""
+        if self.node is None:
+            return frozenset({self.loop})
+        node = self.node
+        return source_map.memo(
+            ("loops_inside", self.loop),
+            lambda: frozenset({self.loop} | {id(inner) for inner in descendants(node) if isinstance(inner, nodes.For)}),
+        )
+
     def assigned_once(self, source_map: SourceMap) -> frozenset[int]:
         """Assignments that run for one message only: before a `{% break %}`, or under a guard
         the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
@@ -707,6 +717,8 @@ class _Interpreter:
         self.macro_cache: dict[tuple, Value] = {}
         self.undeclared: dict[str, Value] = {}  # what reading each undeclared name gives
         self.macro_depth = 0
+        # The namespace fields each active loop over messages builds up (``ns.out = ns.out + ...``).
+        self.accumulating: dict[int, set[tuple[int, str]]] = {}
         self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
         self.literals: dict[int, list[str]] = facts.source_map.memo("literal_strings", dict)
         self.test_roles: dict[tuple, tuple] = facts.source_map.memo("test_roles", dict)
@@ -834,7 +846,21 @@ class _Interpreter:
             key = (namespace.key, target.attr)
             if self.controls or scanning:
                 value = _merge(self.namespaces.get(key), value)
+            if scanning and _accumulates(node, target):
+                for active in scanning:
+                    self.accumulating.setdefault(active.loop, set()).add(key)
             self.namespaces[key] = value
+
+    def copied_messages(self, loop: LoopRef, value: Value) -> Value:
+        """The messages copied into a list one by one (`ns.msgs = ns.msgs + [message]`,
+        filtered or merged on the way): after the loop it is the messages, in order, and a
+        loop over the copy renders them as a loop over `messages` does, not a fact a scan
+        found. What decided which messages were copied stays in its labels (a `loop.last`
+        among them), but for the state the copying loop itself carries (Mistral's group of
+        same-role messages merged into one, `ns_c.tool_calls`): that is the copy being made."""
+        inside = loop.loops_inside(self.facts.source_map)
+        carried = SCANS | {LabelKind.ACCUMULATED}
+        return Value(frozenset(label for label in value.labels if not (label.kind in carried and label.loop in inside)))
 
     def scanned(self, loop: LoopRef, target: nodes.NSRef, value: Value, node: nodes.Node) -> Value:
         """A value assigned while iterating messages into a namespace that outlives the
@@ -1007,6 +1033,10 @@ class _Interpreter:
         for key, value in list(self.namespaces.items()):
             if before_ns.get(key) is not value:
                 self.namespaces[key] = _merge(before_ns.get(key), value) if key in before_ns else Value(value.labels)
+        for key in self.accumulating.pop(loop.loop, ()):
+            copy = self.namespaces.get(key)
+            if over_messages and copy is not None and copy.has(LabelKind.MESSAGES):
+                self.namespaces[key] = self.copied_messages(loop, copy)
         self.block(node.else_)
 
     def bind_target(self, target: nodes.Node, element: Value) -> None:
@@ -1432,7 +1462,21 @@ class _Interpreter:
                 return Value(const=_fold_binary(node.operator, left.const, right.const))
             except Exception:
                 pass
+        if isinstance(node, nodes.Add) and (left.has(LabelKind.MESSAGES) or right.has(LabelKind.MESSAGES)):
+            # Messages joined with more messages (`ns.msgs + [message]`, Mistral's
+            # `loop_messages + [{'role': '__sentinel__'}]`) are still a list of messages.
+            return Value(_union(left, right).labels | {Label(LabelKind.MESSAGES)})
         return _union(left, right)
+
+    def expr_List(self, node: nodes.List) -> Value:
+        """A list literal: with a message in it (`[message]`, or a dict literal with a role,
+        as a template merging messages writes one), a list of messages, which a namespace copy
+        of the messages is built from."""
+        items = [self.expr(item) for item in node.items]
+        merged = _union(*items)
+        if any(item.has(LabelKind.MESSAGE) or (isinstance(item.const, Record) and "role" in item.const) for item in items):
+            return Value(merged.labels | {Label(LabelKind.MESSAGES)})
+        return merged
 
     def expr_Neg(self, node: nodes.Neg) -> Value:
         value = self.expr(node.node)

@@ -1,5 +1,5 @@
 import pytest
-from helpers import at, lint_fixture, lint_text, prove_fixture, prove_text
+from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.sources import TemplateSource
 
@@ -217,3 +217,79 @@ def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
     # counted only under a test, it is a count of some messages: still a scan (PC002's)
     conditional = source.replace("{% set ns.n = ns.n + 1 %}", "{% if m.role == 'user' %}{% set ns.n = ns.n + 1 %}{% endif %}")
     assert "PC003" not in [code for code, _, _ in lint_text(conditional)[0]]
+
+
+# -- messages copied into a namespace list (QA7 #4: Mistral-7B-v0.3) ---------------------
+
+# Mistral-7B-v0.3's shape: the messages other than system copied into `ns_sys.filtered`, the
+# user messages counted over the copy, and the system prompt printed on the user message
+# whose count reaches that total: the last one.
+COPIED_MESSAGES = (
+    "{%- set ns_sys = namespace(system='', filtered=[]) %}\n"
+    "{%- for message in messages %}{% if message.role == 'system' %}{% set ns_sys.system = message.content %}"
+    "{% else %}{% set ns_sys.filtered = ns_sys.filtered + [message] %}{% endif %}{% endfor %}\n"
+    "{%- set ns = namespace(max_idx_user=-1, index=0) %}\n"
+    "{%- for message in ns_sys.filtered %}{% if message.role == 'user' %}{% set ns.max_idx_user = ns.max_idx_user + 1 %}"
+    "{% endif %}{% endfor %}\n"
+    "{%- for message in ns_sys.filtered %}\n"
+    "{%- if message.role == 'user' %}[INST] {% if ns.index == ns.max_idx_user and ns_sys.system %}{{ ns_sys.system }}\n\n"
+    "{% endif %}{{ message.content }}[/INST]{% set ns.index = ns.index + 1 %}\n"
+    "{%- else %}{{ message.content }}</s>{% endif %}\n"
+    "{%- endfor %}"
+)
+
+
+def test_a_loop_over_a_namespace_copy_of_the_messages_renders_messages():
+    """The copy is the messages: the count over it is a scan of all messages, read where
+    the system prompt is placed on the last user message. Before, the data flow stopped at
+    the copy, and the proof's divergence was PC100 'no rule explains why' at 1:1."""
+    codes, findings = prove_text(COPIED_MESSAGES)
+    assert codes == [at("PC003", COPIED_MESSAGES, "ns.max_idx_user and")]
+    assert findings[0].message.startswith("`ns.max_idx_user` (set at line 4) is computed by scanning all messages")
+    assert findings[0].proof.is_proven
+
+
+def test_state_the_copying_loop_carries_is_not_a_scan_of_the_copy():
+    """Mistral-7B-v0.3 merges runs of same-role messages while it copies them (a group list
+    and a namespace made per group): that is how the copy is made, not a fact about later
+    messages that each copied message then depends on."""
+    source = (
+        "{%- set ns = namespace(messages=[], group=[], role=none) %}\n"
+        "{%- for message in messages + [{'role': '__end__'}] %}\n"
+        "{%- if message.role != ns.role %}\n"
+        "{%- if ns.role is not none %}{% set merged = namespace(parts=[]) %}"
+        "{% for m in ns.group %}{% set merged.parts = merged.parts + [m.content] %}{% endfor %}"
+        "{% set ns.messages = ns.messages + [{'role': ns.role, 'content': merged.parts|join('\\n')}] %}{% endif %}\n"
+        "{%- set ns.group = [message] %}{% set ns.role = message.role %}\n"
+        "{%- else %}{% set ns.group = ns.group + [message] %}{% endif %}\n"
+        "{%- endfor %}\n"
+        "{%- for message in ns.messages %}<|{{ message.role }}|>{{ message.content }}"
+        "{% if loop.last %}(newest){% endif %}<|end|>{% endfor %}"
+    )
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
+
+
+@needs_shared
+def test_mistral_7b_v03_system_prompt_on_the_last_user_message_is_pc003_and_its_arguments_pc004():
+    """The real template: its messages are copied twice into namespace lists before the loop
+    that renders them. The system prompt and tool list go on the user message whose count
+    reaches `ns.max_idx_user`, the last one: PC003 there (no automatic fix: trained so), and
+    the arguments' `tojson` a static, fixable PC004. It was two PC100 and a PC004 found by the
+    proof only (QA7 #4)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = SHARED_TOKENIZERS / "mistral-7b-v0.3"
+    text = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    ran = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(folder), "--format", "json"], capture_output=True, text=True, timeout=300
+    )
+    found = json.loads(ran.stdout)
+    assert [(f["code"], f["line"], f["column"]) for f in found] == [
+        at("PC003", text, "ns.max_idx_user) and has_tools"),
+        at("PC004", text, "tojson|safe"),
+    ]
+    assert all(f["fails"] and f["proof"]["status"] == "proven" for f in found)
+    related = {(r["code"], r["line"], r["column"]) for r in found[0]["related"]}
+    assert at("PC003", text, "ns.max_idx_user) and system_message") in related
