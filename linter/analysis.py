@@ -791,7 +791,7 @@ class _Interpreter:
                 text.extend(self.literal_strings(child))
                 # `raise_exception(...)` prints nothing (it has no label), and a choice of
                 # literals (`"\n" if tools`) prints one of those in ``text``.
-                if value.labels and not _only_literals(child):
+                if value.labels and not only_literals(child):
                     unknown.append(child)
         self.emit(node, frozenset(labels), "".join(text), tuple(unknown))
 
@@ -1741,7 +1741,7 @@ def _literal_strings(node: nodes.Node) -> list[str]:
     return []
 
 
-def _only_literals(node: nodes.Node | None) -> bool:
+def only_literals(node: nodes.Node | None) -> bool:
     """Whether ``node`` prints nothing but its string literals: literals joined, or chosen
     between by a test."""
     if node is None:  # `"x" if test` with no else prints nothing otherwise
@@ -1749,9 +1749,9 @@ def _only_literals(node: nodes.Node | None) -> bool:
     if isinstance(node, nodes.Const):
         return isinstance(node.value, str)
     if isinstance(node, nodes.CondExpr):
-        return _only_literals(node.expr1) and _only_literals(node.expr2)
+        return only_literals(node.expr1) and only_literals(node.expr2)
     if isinstance(node, (nodes.Add, nodes.Concat)):
-        return all(_only_literals(child) for child in child_nodes(node))
+        return all(only_literals(child) for child in child_nodes(node))
     return False
 
 

@@ -293,3 +293,39 @@ def test_mistral_7b_v03_system_prompt_on_the_last_user_message_is_pc003_and_its_
     assert all(f["fails"] and f["proof"]["status"] == "proven" for f in found)
     related = {(r["code"], r["line"], r["column"]) for r in found[0]["related"]}
     assert at("PC003", text, "ns.max_idx_user) and system_message") in related
+
+
+# -- a reply cut once a message follows it (QA7 #5) ------------------------------------------
+
+REPLY_CUT = (
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'assistant' %}\n"
+    "{{- '<|assistant|>' }}\n"
+    "{%- if NEWEST %}{{- m.content }}{%- else %}{{- m.content[:12] }}{%- endif %}\n"
+    "{{- '<|end|>\\n' }}\n"
+    "{%- else %}\n"
+    "{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("newest", "anchor"),
+    [
+        ("loop.last", "loop.last"),
+        ("loop.revindex == 1", "loop.revindex"),
+        ("loop.index0 == messages|length - 1", "messages|length"),
+    ],
+)
+def test_a_reply_cut_in_an_assistant_only_branch_once_a_message_follows_is_pc003(newest, anchor):
+    """Only assistant messages take the branch, but what it decides is the reply's own text
+    (cut to 12 characters in history), not its reasoning or markup: PC003 at the test, found
+    statically and proven, where the proof had fallen back to PC006 at the generation prompt."""
+    source = REPLY_CUT.replace("NEWEST", newest)
+    assert lint_text(source)[0] == [at("PC003", source, anchor)]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, anchor)]
+    assert findings[0].proof.is_proven
+    assert ("agent", "reply-rewrite") in findings[0].proof.explains
