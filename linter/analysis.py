@@ -1279,6 +1279,10 @@ class _Interpreter:
             return Value(frozenset({Label(LabelKind.CLOCK, site, func.name)}) | _union(*args).labels)
         callee = self.expr(func)
         target = callee.const
+        if self.is_clock(callee):
+            # A clock called through a name it was set to (`{% set clock = strftime_now %}`).
+            name = expression_text(func)
+            return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
         if isinstance(target, MacroRef):
             return self.call_macro(target.node, args, kwargs)
         if isinstance(target, GlobalRef):
@@ -1292,6 +1296,19 @@ class _Interpreter:
             if target.name == "lipsum":
                 return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return _union(callee, *args, *kwargs.values(), *extra)
+
+    def is_clock(self, callee: Value) -> bool:
+        """Whether a value called is a clock global: `strftime_now` (a known global), or a
+        clock name the template neither defines nor is passed (`now`)."""
+        if isinstance(callee.const, GlobalRef):
+            return callee.const.name in CLOCK_GLOBALS
+        return any(
+            label.kind is LabelKind.VARIABLE
+            and label.name in CLOCK_GLOBALS
+            and label.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
+            and label.name not in self.facts.assumptions
+            for label in callee.labels
+        )
 
     def call_macro(self, macro: nodes.Macro, args: list[Value], kwargs: dict[str, Value]) -> Value:
         key = (id(macro), tuple(value.labels for value in args), tuple(sorted((k, v.labels) for k, v in kwargs.items())))

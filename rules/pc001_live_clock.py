@@ -1,7 +1,8 @@
 r"""## What it does
 Finds the current time reaching the rendered prompt: `strftime_now(...)` (or another
-clock global) whose value is printed, directly or through `{% set %}`, a macro, a
-namespace, or a default system prompt used only when the request has no system message.
+clock global, also called through a name it was set to: `{% set clock = strftime_now %}`)
+whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
+default system prompt used only when the request has no system message.
 A clock value that is computed but never printed (Llama 4's `date_string`) is not
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
 The proof sends one conversation twice with the clock stepped between the calls, with and
