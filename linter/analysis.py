@@ -1163,7 +1163,7 @@ class _Interpreter:
                     labels.add(Label(LabelKind.LAST, self.facts.site(node, expression_text(node))))
                 elif key.const == 0:
                     labels.add(Label(LabelKind.FIRST_MESSAGE))
-            elif self.is_next_index(arg):
+            elif self.is_next_index(arg) and not self.counts_from_a_slice_of(node.node):
                 labels.add(Label(LabelKind.NEXT, self.facts.site(node, expression_text(node.node) + "[next]")))
             else:
                 labels |= key.data()
@@ -1254,6 +1254,20 @@ class _Interpreter:
         if isinstance(node, nodes.Add):
             return self.mentions_current_index(node)
         return False
+
+    def counts_from_a_slice_of(self, listed: nodes.Node) -> bool:
+        """Whether the loop rendering the message iterates a slice of ``listed`` that may
+        start past its first item (Bielik's `for message in messages[loop_start_index:]`):
+        then `listed[loop.index0 + 1]` is not the next message but, with a system message
+        sliced off, the current one, and a test of its role does not close a group."""
+        loops = [loop for loop in self.loops if loop.over_messages]
+        iterable = loops[-1].node.iter if loops and loops[-1].node is not None else None
+        if not (isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Slice)):
+            return False
+        start = iterable.arg.start
+        if start is None or (isinstance(start, nodes.Const) and start.value == 0):
+            return False
+        return iterable.node == listed
 
     def expr_Call(self, node: nodes.Call) -> Value:
         func = node.node

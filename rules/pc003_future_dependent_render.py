@@ -10,7 +10,10 @@ Finds a message whose render depends on the messages after it:
 
 A test that pairs `loop.last` with the next message's role (`loop.last or
 messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
-not reported, because the group is closed the same way once the next message arrives.
+not reported, because the group is closed the same way once the next message arrives;
+unless the loop runs over a slice (`messages[start:]`) and the next message is read from
+the whole list, where with a system message sliced off `messages[loop.index0 + 1]` is the
+current message, and `loop.last` alone decides.
 Nor is `loop.last` (or the next message) in a branch only assistant messages take where
 it decides the reply's reasoning (QwQ's `split('</think>')` unless the turn is last) or
 only markup or a flag (an end marker printed only when it is not): an assistant message

@@ -329,3 +329,33 @@ def test_a_reply_cut_in_an_assistant_only_branch_once_a_message_follows_is_pc003
     assert codes == [at("PC003", source, anchor)]
     assert findings[0].proof.is_proven
     assert ("agent", "reply-rewrite") in findings[0].proof.explains
+
+
+# -- a group closure that reads the next message off by one (QA7 #6: Bielik-11B-v3.0) --------
+
+OFF_BY_ONE = (
+    "{%- if messages[0].role == 'system' %}<|sys|>{{ messages[0].content }}\n{% set start = 1 %}"
+    "{%- else %}{% set start = 0 %}{% endif %}\n"
+    "{%- for message in messages[START:] %}\n"
+    "{%- if message.role == 'tool' %}<|out|>{{ message.content }}\n"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|end|>\n{% endif %}\n"
+    "{%- else %}<|{{ message.role }}|>{{ message.content or '' }}<|end|>\n{% endif %}\n"
+    "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_the_next_message_read_from_the_list_the_loop_slices_is_not_the_next_one():
+    """The loop runs over `messages[start:]` and reads `messages[loop.index0 + 1]`: with the
+    system message sliced off that is the current message, so the end marker after a tool
+    result is printed only while it is `loop.last`. Not a group closure: PC003 at loop.last."""
+    source = OFF_BY_ONE.replace("START", "start")
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "loop.last")]
+    assert findings[0].proof.is_proven
+
+
+@pytest.mark.parametrize("start", ["", "0"])
+def test_the_next_message_of_a_loop_from_the_first_message_still_closes_a_group(start):
+    source = OFF_BY_ONE.replace("START", start)
+    assert lint_text(source)[0] == []
