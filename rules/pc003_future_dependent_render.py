@@ -6,7 +6,9 @@ Finds a message whose render depends on the messages after it:
   generation prompt (a test that also reads `add_generation_prompt`);
 - blocks attached to the last user message, such as Mistral's `[AVAILABLE_TOOLS]` and
   system prompt on `user_messages[-1]`;
-- facts about the whole list computed by an earlier scan and read while rendering.
+- facts about the whole list computed by an earlier scan and read while rendering;
+- the number of messages printed outside the loop over them (`messages|length` in a system
+  block): the text it is in changes with every turn.
 
 A test that pairs `loop.last` with the next message's role (`loop.last or
 messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
@@ -104,6 +106,13 @@ def check(facts: Facts) -> list[Finding]:
     first_look_ahead: dict[tuple, tuple[Label, str] | None] = {}
     for sink in facts.sinks:
         if not sink.loops:
+            counted = _printed_count(sink, facts)
+            if counted is not None and (counted.site.line, counted.site.column) not in findings:
+                message = (
+                    f"`{counted.site.text}` prints the number of messages: the text it is in renders differently "
+                    "once later messages exist"
+                )
+                findings[(counted.site.line, counted.site.column)] = RULE.at(counted.site, message, sink.all_labels())
             continue
         for group in [sink.labels] + [
             control.labels for control in sink.controls if not _separator_after_the_message(control, sink, facts)
@@ -119,6 +128,33 @@ def check(facts: Facts) -> list[Finding]:
                 if key not in findings:
                     findings[key] = RULE.at(label.site, message, sink.all_labels())
     return list(findings.values())
+
+
+def _printed_count(sink: Sink, facts: Facts) -> Label | None:
+    """The count of the messages a sink outside the loops over them prints (a system block
+    saying `messages|length`), if it prints one and is not the generation prompt's. A count
+    tested (`messages|length > 0`) only decides, and a value set under that test carries it."""
+    if any(label.kind is LabelKind.VARIABLE and label.name == "add_generation_prompt" for label in sink.all_labels()):
+        return None
+    tested = _tested(facts)
+    counts = [
+        label
+        for label in sink.labels
+        if label.kind is LabelKind.COUNT and label.site is not None and id(label.site.node) not in tested
+    ]
+    return min(counts, key=_order) if counts else None
+
+
+def _tested(facts: Facts) -> frozenset[int]:
+    """The nodes inside a comparison, a test (`is ...`) or the test of an `if`."""
+
+    def find() -> frozenset[int]:
+        found = set(_decisions(facts))
+        for compared in facts.nodes_of(nodes.Compare, nodes.Test):
+            found.update(id(inner) for inner in descendants(compared))
+        return frozenset(found)
+
+    return facts.source_map.memo("pc003_tested", find)
 
 
 def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
@@ -263,6 +299,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         for sink in facts.sinks
         if any(label.site is not None and (label.site.line, label.site.column) == place for label in sink.all_labels())
     ]
+    if affected and not any(sink.loops for sink in affected):
+        return Fix.refuse("the template prints the number of messages: no edit keeps the text it wrote")
     if not any(REASONING_TEXT.search(sink.text) for sink in affected):
         return Fix.refuse("no edit keeps the model's trained format: it was trained to see this on the last message only")
     alternatives = []

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
@@ -359,3 +361,40 @@ def test_the_next_message_read_from_the_list_the_loop_slices_is_not_the_next_one
 def test_the_next_message_of_a_loop_from_the_first_message_still_closes_a_group(start):
     source = OFF_BY_ONE.replace("START", start)
     assert lint_text(source)[0] == []
+
+
+def test_the_number_of_messages_printed_in_the_system_block_is_pc003():
+    """The system block says how many messages there are: it renders differently at every
+    turn. It was PC100 'no rule explains why', where PC003 names `messages|length` in a loop
+    (QA7 d09 c). No edit keeps the text, and the fix says that."""
+    source = (
+        "{%- set context = 'the ' + (messages|length|string) + ' message day' %}\n"
+        "{{- '<|system|>Context: ' + context + '<|end|>\\n' }}\n"
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert lint_text(source)[0] == [at("PC003", source, "messages|length")]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "messages|length")]
+    assert findings[0].proof.is_proven
+    from tmpl_lint.checker import lint_with_facts
+    from tmpl_lint.rules import BY_CODE
+
+    facts, (finding,) = lint_with_facts(TemplateSource(Path("t.jinja"), None, source, "jinja"))
+    assert BY_CODE["PC003"].fix(facts, finding, None).unfixable == (
+        "the template prints the number of messages: no edit keeps the text it wrote"
+    )
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        "{% if messages|length > 0 %}<|system|>hello<|end|>\n{% endif %}",  # decides, prints no count
+        # Llama 3.1: a value set under the test carries the count's label, not the count
+        "{% if messages|length != 0 %}{% set first = messages[0].content %}{% endif %}{{ first }}",
+        "{% if add_generation_prompt %}<|assistant|>turn {{ messages|length }}{% endif %}",  # the generation prompt's
+    ],
+)
+def test_a_count_outside_the_loop_that_is_not_printed_before_messages_is_not_this(decision):
+    source = "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}" + decision
+    assert "PC003" not in [code for code, _, _ in lint_text(source)[0]]
