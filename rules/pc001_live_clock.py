@@ -91,6 +91,21 @@ def prove(report, finding: Finding) -> Proof:
     names: how often the prompt changes."""
     matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
     if not matching:
+        in_generation_prompt = [
+            divergence
+            for divergence in report.divergences()
+            if divergence.cause is Cause.GENERATION_PROMPT
+            and (scenario := report.scenario(divergence.scenario)) is not None
+            and scenario.kind is ScenarioKind.CLOCK
+        ]
+        if in_generation_prompt:
+            # The clock moved the prompt, but only where the next turn puts the reply: say so,
+            # rather than that nothing changed (QA7 d09 b).
+            first = in_generation_prompt[0]
+            finding.message += (
+                f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '
+                f"{first.first_divergence}), which the next turn replaces with the reply: no cached prefix is lost"
+            )
         return Proof.not_reproduced(report.unit, report.tried(), report.unrendered())
     stepped = []
     for divergence in matching:

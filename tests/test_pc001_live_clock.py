@@ -398,3 +398,24 @@ def test_a_clock_called_through_a_name_it_was_set_to_is_proven_and_fixed(tmp_pat
     )
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     assert path.read_text() == header + original.replace("clock('%Y-%m-%d')", "date_string")
+
+
+def test_a_date_only_in_the_generation_prompt_is_not_reproduced_and_says_the_clock_moved_it():
+    """The clock steps change the generation prompt, which the next turn replaces with the
+    reply: no cached prefix is lost, so PC001 is not proven, but the finding says where the
+    clock moved the render instead of reading as if nothing changed (QA7 d09 b)."""
+    source = (
+        "{%- set ns = namespace(d=strftime_now('%Y-%m-%d')) %}\n"
+        "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|assistant|>(as of ' + ns.d + ')' }}{%- endif %}"
+    )
+    codes, findings = prove_text(source)
+    clock = [finding for finding in findings if finding.code == "PC001"]
+    assert [(f.code, f.line, f.column) for f in clock] == [at("PC001", source, "strftime_now")]
+    assert clock[0].proof.status == "not-reproduced" and not clock[0].fails()
+    # "everything later" moves the year first: its last digit, counted by hand
+    moved = len("<|user|>What is the capital of France?<|end|>\n<|assistant|>(as of 202")
+    assert clock[0].message.endswith(
+        f'; the clock changes only the generation prompt ("clock, everything later", char {moved}), '
+        "which the next turn replaces with the reply: no cached prefix is lost"
+    )
