@@ -185,6 +185,16 @@ class LoopRef:
     backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
     node: nodes.For | None = field(default=None, compare=False, repr=False)
 
+    def loops_inside(self, source_map: SourceMap) -> frozenset[int]:
+        """This loop and the loops nested in its body, by id."""
+        if self.node is None:
+            return frozenset({self.loop})
+        node = self.node
+        return source_map.memo(
+            ("loops_inside", self.loop),
+            lambda: frozenset({self.loop} | {id(inner) for inner in descendants(node) if isinstance(inner, nodes.For)}),
+        )
+
     def assigned_once(self, source_map: SourceMap) -> frozenset[int]:
         """Assignments that run for one message only: before a `{% break %}`, or under a guard
         the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
@@ -707,6 +717,8 @@ class _Interpreter:
         self.macro_cache: dict[tuple, Value] = {}
         self.undeclared: dict[str, Value] = {}  # what reading each undeclared name gives
         self.macro_depth = 0
+        # The namespace fields each active loop over messages builds up (``ns.out = ns.out + ...``).
+        self.accumulating: dict[int, set[tuple[int, str]]] = {}
         self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
         self.literals: dict[int, list[str]] = facts.source_map.memo("literal_strings", dict)
         self.test_roles: dict[tuple, tuple] = facts.source_map.memo("test_roles", dict)
@@ -779,7 +791,7 @@ class _Interpreter:
                 text.extend(self.literal_strings(child))
                 # `raise_exception(...)` prints nothing (it has no label), and a choice of
                 # literals (`"\n" if tools`) prints one of those in ``text``.
-                if value.labels and not _only_literals(child):
+                if value.labels and not only_literals(child):
                     unknown.append(child)
         self.emit(node, frozenset(labels), "".join(text), tuple(unknown))
 
@@ -834,7 +846,21 @@ class _Interpreter:
             key = (namespace.key, target.attr)
             if self.controls or scanning:
                 value = _merge(self.namespaces.get(key), value)
+            if scanning and _accumulates(node, target):
+                for active in scanning:
+                    self.accumulating.setdefault(active.loop, set()).add(key)
             self.namespaces[key] = value
+
+    def copied_messages(self, loop: LoopRef, value: Value) -> Value:
+        """The messages copied into a list one by one (`ns.msgs = ns.msgs + [message]`,
+        filtered or merged on the way): after the loop it is the messages, in order, and a
+        loop over the copy renders them as a loop over `messages` does, not a fact a scan
+        found. What decided which messages were copied stays in its labels (a `loop.last`
+        among them), but for the state the copying loop itself carries (Mistral's group of
+        same-role messages merged into one, `ns_c.tool_calls`): that is the copy being made."""
+        inside = loop.loops_inside(self.facts.source_map)
+        carried = SCANS | {LabelKind.ACCUMULATED}
+        return Value(frozenset(label for label in value.labels if not (label.kind in carried and label.loop in inside)))
 
     def scanned(self, loop: LoopRef, target: nodes.NSRef, value: Value, node: nodes.Node) -> Value:
         """A value assigned while iterating messages into a namespace that outlives the
@@ -1007,6 +1033,10 @@ class _Interpreter:
         for key, value in list(self.namespaces.items()):
             if before_ns.get(key) is not value:
                 self.namespaces[key] = _merge(before_ns.get(key), value) if key in before_ns else Value(value.labels)
+        for key in self.accumulating.pop(loop.loop, ()):
+            copy = self.namespaces.get(key)
+            if over_messages and copy is not None and copy.has(LabelKind.MESSAGES):
+                self.namespaces[key] = self.copied_messages(loop, copy)
         self.block(node.else_)
 
     def bind_target(self, target: nodes.Node, element: Value) -> None:
@@ -1133,7 +1163,7 @@ class _Interpreter:
                     labels.add(Label(LabelKind.LAST, self.facts.site(node, expression_text(node))))
                 elif key.const == 0:
                     labels.add(Label(LabelKind.FIRST_MESSAGE))
-            elif self.is_next_index(arg):
+            elif self.is_next_index(arg) and not self.counts_from_a_slice_of(node.node):
                 labels.add(Label(LabelKind.NEXT, self.facts.site(node, expression_text(node.node) + "[next]")))
             else:
                 labels |= key.data()
@@ -1225,6 +1255,20 @@ class _Interpreter:
             return self.mentions_current_index(node)
         return False
 
+    def counts_from_a_slice_of(self, listed: nodes.Node) -> bool:
+        """Whether the loop rendering the message iterates a slice of ``listed`` that may
+        start past its first item (Bielik's `for message in messages[loop_start_index:]`):
+        then `listed[loop.index0 + 1]` is not the next message but, with a system message
+        sliced off, the current one, and a test of its role does not close a group."""
+        loops = [loop for loop in self.loops if loop.over_messages]
+        iterable = loops[-1].node.iter if loops and loops[-1].node is not None else None
+        if not (isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Slice)):
+            return False
+        start = iterable.arg.start
+        if start is None or (isinstance(start, nodes.Const) and start.value == 0):
+            return False
+        return iterable.node == listed
+
     def expr_Call(self, node: nodes.Call) -> Value:
         func = node.node
         args = [self.expr(arg) for arg in node.args]
@@ -1249,6 +1293,10 @@ class _Interpreter:
             return Value(frozenset({Label(LabelKind.CLOCK, site, func.name)}) | _union(*args).labels)
         callee = self.expr(func)
         target = callee.const
+        if self.is_clock(callee):
+            # A clock called through a name it was set to (`{% set clock = strftime_now %}`).
+            name = expression_text(func)
+            return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
         if isinstance(target, MacroRef):
             return self.call_macro(target.node, args, kwargs)
         if isinstance(target, GlobalRef):
@@ -1262,6 +1310,19 @@ class _Interpreter:
             if target.name == "lipsum":
                 return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return _union(callee, *args, *kwargs.values(), *extra)
+
+    def is_clock(self, callee: Value) -> bool:
+        """Whether a value called is a clock global: `strftime_now` (a known global), or a
+        clock name the template neither defines nor is passed (`now`)."""
+        if isinstance(callee.const, GlobalRef):
+            return callee.const.name in CLOCK_GLOBALS
+        return any(
+            label.kind is LabelKind.VARIABLE
+            and label.name in CLOCK_GLOBALS
+            and label.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
+            and label.name not in self.facts.assumptions
+            for label in callee.labels
+        )
 
     def call_macro(self, macro: nodes.Macro, args: list[Value], kwargs: dict[str, Value]) -> Value:
         key = (id(macro), tuple(value.labels for value in args), tuple(sorted((k, v.labels) for k, v in kwargs.items())))
@@ -1432,7 +1493,21 @@ class _Interpreter:
                 return Value(const=_fold_binary(node.operator, left.const, right.const))
             except Exception:
                 pass
+        if isinstance(node, nodes.Add) and (left.has(LabelKind.MESSAGES) or right.has(LabelKind.MESSAGES)):
+            # Messages joined with more messages (`ns.msgs + [message]`, Mistral's
+            # `loop_messages + [{'role': '__sentinel__'}]`) are still a list of messages.
+            return Value(_union(left, right).labels | {Label(LabelKind.MESSAGES)})
         return _union(left, right)
+
+    def expr_List(self, node: nodes.List) -> Value:
+        """A list literal: with a message in it (`[message]`, or a dict literal with a role,
+        as a template merging messages writes one), a list of messages, which a namespace copy
+        of the messages is built from."""
+        items = [self.expr(item) for item in node.items]
+        merged = _union(*items)
+        if any(item.has(LabelKind.MESSAGE) or (isinstance(item.const, Record) and "role" in item.const) for item in items):
+            return Value(merged.labels | {Label(LabelKind.MESSAGES)})
+        return merged
 
     def expr_Neg(self, node: nodes.Neg) -> Value:
         value = self.expr(node.node)
@@ -1697,7 +1772,7 @@ def _literal_strings(node: nodes.Node) -> list[str]:
     return []
 
 
-def _only_literals(node: nodes.Node | None) -> bool:
+def only_literals(node: nodes.Node | None) -> bool:
     """Whether ``node`` prints nothing but its string literals: literals joined, or chosen
     between by a test."""
     if node is None:  # `"x" if test` with no else prints nothing otherwise
@@ -1705,9 +1780,9 @@ def _only_literals(node: nodes.Node | None) -> bool:
     if isinstance(node, nodes.Const):
         return isinstance(node.value, str)
     if isinstance(node, nodes.CondExpr):
-        return _only_literals(node.expr1) and _only_literals(node.expr2)
+        return only_literals(node.expr1) and only_literals(node.expr2)
     if isinstance(node, (nodes.Add, nodes.Concat)):
-        return all(_only_literals(child) for child in child_nodes(node))
+        return all(only_literals(child) for child in child_nodes(node))
     return False
 
 

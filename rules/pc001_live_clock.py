@@ -1,7 +1,8 @@
 r"""## What it does
 Finds the current time reaching the rendered prompt: `strftime_now(...)` (or another
-clock global) whose value is printed, directly or through `{% set %}`, a macro, a
-namespace, or a default system prompt used only when the request has no system message.
+clock global, also called through a name it was set to: `{% set clock = strftime_now %}`)
+whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
+default system prompt used only when the request has no system message.
 A clock value that is computed but never printed (Llama 4's `date_string`) is not
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
 The proof sends one conversation twice with the clock stepped between the calls, with and
@@ -90,6 +91,21 @@ def prove(report, finding: Finding) -> Proof:
     names: how often the prompt changes."""
     matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
     if not matching:
+        in_generation_prompt = [
+            divergence
+            for divergence in report.divergences()
+            if divergence.cause is Cause.GENERATION_PROMPT
+            and (scenario := report.scenario(divergence.scenario)) is not None
+            and scenario.kind is ScenarioKind.CLOCK
+        ]
+        if in_generation_prompt:
+            # The clock moved the prompt, but only where the next turn puts the reply: say so,
+            # rather than that nothing changed (QA7 d09 b).
+            first = in_generation_prompt[0]
+            finding.message += (
+                f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '
+                f"{first.first_divergence}), which the next turn replaces with the reply: no cached prefix is lost"
+            )
         return Proof.not_reproduced(report.unit, report.tried(), report.unrendered())
     stepped = []
     for divergence in matching:

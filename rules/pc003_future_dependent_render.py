@@ -6,15 +6,23 @@ Finds a message whose render depends on the messages after it:
   generation prompt (a test that also reads `add_generation_prompt`);
 - blocks attached to the last user message, such as Mistral's `[AVAILABLE_TOOLS]` and
   system prompt on `user_messages[-1]`;
-- facts about the whole list computed by an earlier scan and read while rendering.
+- facts about the whole list computed by an earlier scan and read while rendering;
+- the number of messages printed outside the loop over them (`messages|length` in a system
+  block): the text it is in changes with every turn.
 
 A test that pairs `loop.last` with the next message's role (`loop.last or
 messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
-not reported, because the group is closed the same way once the next message arrives.
-Nor is `loop.last` (or the next message) in a branch only assistant messages take (QwQ's
-`split('</think>')` unless the turn is last, an end marker printed only when it is not):
-an assistant message is last only while it is the reply just written, so what changes is
-how the reply replays, which the generation prompt's rule (PC006) is about. Nor is a
+not reported, because the group is closed the same way once the next message arrives;
+unless the loop runs over a slice (`messages[start:]`) and the next message is read from
+the whole list, where with a system message sliced off `messages[loop.index0 + 1]` is the
+current message, and `loop.last` alone decides.
+Nor is `loop.last` (or the next message) in a branch only assistant messages take where
+it decides the reply's reasoning (QwQ's `split('</think>')` unless the turn is last) or
+only markup or a flag (an end marker printed only when it is not): an assistant message
+is last only while it is the reply just written, so what changes is how the reply
+replays, which the generation prompt's rule (PC006) is about. Where it cuts or changes
+the reply's text otherwise (`{% if loop.last %}{{ m.content }}{% else %}{{ m.content[:20] }}{% endif %}`),
+it is reported: the reply renders differently once a message follows it. Nor is a
 separator the loop prints after every message but the last (`{% if not loop.last %}{{ "\n" }}{% endif %}`
 as its last statement): the last message is followed by the generation prompt instead, and
 where that does not start with the separator the prompt differs at the reply's opener.
@@ -75,9 +83,10 @@ import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Control, Facts, Label, LabelKind, Sink
+from tmpl_lint.analysis import Control, Facts, Label, LabelKind, Sink, only_literals
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.locations import descendants
 from tmpl_lint.proofs import Cause
 
 # A look-ahead can move text to the very start (Mistral's tool list before the first user
@@ -97,6 +106,13 @@ def check(facts: Facts) -> list[Finding]:
     first_look_ahead: dict[tuple, tuple[Label, str] | None] = {}
     for sink in facts.sinks:
         if not sink.loops:
+            counted = _printed_count(sink, facts)
+            if counted is not None and (counted.site.line, counted.site.column) not in findings:
+                message = (
+                    f"`{counted.site.text}` prints the number of messages: the text it is in renders differently "
+                    "once later messages exist"
+                )
+                findings[(counted.site.line, counted.site.column)] = RULE.at(counted.site, message, sink.all_labels())
             continue
         for group in [sink.labels] + [
             control.labels for control in sink.controls if not _separator_after_the_message(control, sink, facts)
@@ -104,7 +120,7 @@ def check(facts: Facts) -> list[Finding]:
             # One finding per decision, at its first look-ahead.
             decision = (group, sink.loops, sink.roles)
             if decision not in first_look_ahead:
-                first_look_ahead[decision] = next(_look_aheads(group, sink), None)
+                first_look_ahead[decision] = next(_look_aheads(group, sink, facts), None)
             found = first_look_ahead[decision]
             if found is not None:
                 label, message = found
@@ -114,7 +130,34 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
-def _look_aheads(group: frozenset[Label], sink: Sink):
+def _printed_count(sink: Sink, facts: Facts) -> Label | None:
+    """The count of the messages a sink outside the loops over them prints (a system block
+    saying `messages|length`), if it prints one and is not the generation prompt's. A count
+    tested (`messages|length > 0`) only decides, and a value set under that test carries it."""
+    if any(label.kind is LabelKind.VARIABLE and label.name == "add_generation_prompt" for label in sink.all_labels()):
+        return None
+    tested = _tested(facts)
+    counts = [
+        label
+        for label in sink.labels
+        if label.kind is LabelKind.COUNT and label.site is not None and id(label.site.node) not in tested
+    ]
+    return min(counts, key=_order) if counts else None
+
+
+def _tested(facts: Facts) -> frozenset[int]:
+    """The nodes inside a comparison, a test (`is ...`) or the test of an `if`."""
+
+    def find() -> frozenset[int]:
+        found = set(_decisions(facts))
+        for compared in facts.nodes_of(nodes.Compare, nodes.Test):
+            found.update(id(inner) for inner in descendants(compared))
+        return frozenset(found)
+
+    return facts.source_map.memo("pc003_tested", find)
+
+
+def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
     """The labels of one decision that make it depend on later messages, with a message
     (what it says depends on the group, the sink's loops and its roles only)."""
     kinds = {label.kind for label in group}
@@ -129,9 +172,13 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
     rendered = sink.loops[-1] if sink.loops else None
 
     def message(label: Label) -> str | None:
-        if reply_only and (
-            (label.kind in (LabelKind.LAST, LabelKind.NEXT) and label.loop == rendered)
-            or (label.kind is LabelKind.COUNT and active_index)
+        if (
+            reply_only
+            and (
+                (label.kind in (LabelKind.LAST, LabelKind.NEXT) and label.loop == rendered)
+                or (label.kind is LabelKind.COUNT and active_index)
+            )
+            and _reasoning_or_markup(facts, label)
         ):
             return None
         if label.kind is LabelKind.LOOKAHEAD:
@@ -158,6 +205,55 @@ def _look_aheads(group: frozenset[Label], sink: Sink):
     found = [(label, text) for label in group if label.site is not None and (text := message(label)) is not None]
     for label, text in sorted(found, key=lambda item: _order(item[0])):
         yield label, text
+
+
+def _reasoning_or_markup(facts: Facts, label: Label) -> bool:
+    """Whether the decision a reply-only look-ahead makes is about the reply's reasoning
+    (QwQ's `split('</think>')`, Apriel's `[BEGIN FINAL RESPONSE]`, reasoning printed while
+    the turn is last), which the generation prompt's rule explains, or only picks markup or
+    a flag (an end marker, a separator, `{% set add_tool_id = false %}`): anything else it
+    rewrites in the reply, its text cut while a message follows, is that message rendering
+    differently once later messages exist (QA7 #5)."""
+    node = label.site.node if label.site is not None else None
+    decision = _decisions(facts).get(id(node)) if node is not None else None
+    if decision is None:
+        return True  # not a test of an `if`: nothing to tell it by, as before
+    if isinstance(decision, nodes.If):
+        parts = [decision.test, *decision.body, *decision.else_]
+    else:
+        parts = [decision.test, decision.expr1, decision.expr2]
+    under = [inner for part in parts if part is not None for inner in [part, *descendants(part)]]
+    for inner in under:
+        if isinstance(inner, nodes.Const) and isinstance(inner.value, str) and REASONING_MARKERS.search(inner.value):
+            return True
+        if isinstance(inner, nodes.Getattr) and REASONING_MARKERS.search(inner.attr):
+            return True
+    chosen = [inner for inner in under if isinstance(inner, (nodes.Output, nodes.Assign, nodes.AssignBlock))]
+    return bool(chosen) and all(_markup_or_flag(inner) for inner in chosen)
+
+
+# What separates a reply's reasoning from its answer, or names the reasoning.
+REASONING_MARKERS = re.compile(r"think|analysis|reason|thought|final response", re.IGNORECASE)
+
+
+def _markup_or_flag(statement: nodes.Node) -> bool:
+    """Literal text printed (`{{ '\n' }}`, an end marker), or a constant assigned (a flag)."""
+    if isinstance(statement, nodes.Output):
+        return all(isinstance(child, nodes.TemplateData) or only_literals(child) for child in statement.nodes)
+    return isinstance(statement, nodes.Assign) and isinstance(statement.node, nodes.Const)
+
+
+def _decisions(facts: Facts) -> dict[int, nodes.Node]:
+    """Each node inside the test of an `if` or inline `if`, to the innermost one."""
+
+    def find() -> dict[int, nodes.Node]:
+        found: dict[int, nodes.Node] = {}
+        for decision in facts.nodes_of(nodes.If, nodes.CondExpr):  # outer ones first
+            for inner in [decision.test, *descendants(decision.test)]:
+                found[id(inner)] = decision
+        return found
+
+    return facts.source_map.memo("pc003_decisions", find)
 
 
 def _separator_after_the_message(control: Control, sink: Sink, facts: Facts) -> bool:
@@ -203,6 +299,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         for sink in facts.sinks
         if any(label.site is not None and (label.site.line, label.site.column) == place for label in sink.all_labels())
     ]
+    if affected and not any(sink.loops for sink in affected):
+        return Fix.refuse("the template prints the number of messages: no edit keeps the text it wrote")
     if not any(REASONING_TEXT.search(sink.text) for sink in affected):
         return Fix.refuse("no edit keeps the model's trained format: it was trained to see this on the last message only")
     alternatives = []

@@ -16,7 +16,7 @@ prompt is recomputed.
 
 ## Example
 ```jinja
-{{- "Turns so far: " ~ (messages | length) }}
+{{- "Continued conversation. " if messages | length > 1 else "New conversation. " }}
 {%- for message in messages %}{{ message.content }}{% endfor %}
 ```
 

@@ -365,3 +365,57 @@ def test_a_clock_whose_format_is_not_literal_refuses_the_whole_fix(tmp_path):
         f"{path}:1:4: not fixed PC001 [live-clock]: the clock's format at line 1 is not a literal string"
     )
     assert path.read_text() == original
+
+
+CLOCK_ALIAS = (
+    "{%- set clock = CLOCK %}\n"
+    "{{- '<|system|>Date: ' + clock('%Y-%m-%d') + '<|end|>\\n' }}\n"
+    "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize("clock", ["strftime_now", "now"])
+def test_a_clock_called_through_a_name_it_was_set_to_is_found(clock):
+    """`{% set clock = strftime_now %}` then `clock(...)`: the proof saw the date move the
+    prompt, and with no finding to name it reported PC100 'no rule explains why' (QA7 #8)."""
+    source = CLOCK_ALIAS.replace("CLOCK", clock)
+    assert lint_text(source)[0] == [at("PC001", source, "clock(")]
+
+
+def test_a_clock_called_through_a_name_it_was_set_to_is_proven_and_fixed(tmp_path):
+    original = CLOCK_ALIAS.replace("CLOCK", "strftime_now")
+    codes, (finding,) = prove_text(original)
+    assert codes == [at("PC001", original, "clock(")]
+    assert finding.proof.is_proven
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    _, line, column = at("PC001", original, "clock(")
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"{path}:{line}:{column}: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's "
+        "unless the caller passes date_string\nAll checks passed!\n",
+    )
+    header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    assert path.read_text() == header + original.replace("clock('%Y-%m-%d')", "date_string")
+
+
+def test_a_date_only_in_the_generation_prompt_is_not_reproduced_and_says_the_clock_moved_it():
+    """The clock steps change the generation prompt, which the next turn replaces with the
+    reply: no cached prefix is lost, so PC001 is not proven, but the finding says where the
+    clock moved the render instead of reading as if nothing changed (QA7 d09 b)."""
+    source = (
+        "{%- set ns = namespace(d=strftime_now('%Y-%m-%d')) %}\n"
+        "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}\n"
+        "{%- if add_generation_prompt %}{{- '<|assistant|>(as of ' + ns.d + ')' }}{%- endif %}"
+    )
+    codes, findings = prove_text(source)
+    clock = [finding for finding in findings if finding.code == "PC001"]
+    assert [(f.code, f.line, f.column) for f in clock] == [at("PC001", source, "strftime_now")]
+    assert clock[0].proof.status == "not-reproduced" and not clock[0].fails()
+    # "everything later" moves the year first: its last digit, counted by hand
+    moved = len("<|user|>What is the capital of France?<|end|>\n<|assistant|>(as of 202")
+    assert clock[0].message.endswith(
+        f'; the clock changes only the generation prompt ("clock, everything later", char {moved}), '
+        "which the next turn replaces with the reply: no cached prefix is lost"
+    )

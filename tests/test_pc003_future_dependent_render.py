@@ -1,5 +1,7 @@
+from pathlib import Path
+
 import pytest
-from helpers import at, lint_fixture, lint_text, prove_fixture, prove_text
+from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.sources import TemplateSource
 
@@ -217,3 +219,182 @@ def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
     # counted only under a test, it is a count of some messages: still a scan (PC002's)
     conditional = source.replace("{% set ns.n = ns.n + 1 %}", "{% if m.role == 'user' %}{% set ns.n = ns.n + 1 %}{% endif %}")
     assert "PC003" not in [code for code, _, _ in lint_text(conditional)[0]]
+
+
+# -- messages copied into a namespace list (QA7 #4: Mistral-7B-v0.3) ---------------------
+
+# Mistral-7B-v0.3's shape: the messages other than system copied into `ns_sys.filtered`, the
+# user messages counted over the copy, and the system prompt printed on the user message
+# whose count reaches that total: the last one.
+COPIED_MESSAGES = (
+    "{%- set ns_sys = namespace(system='', filtered=[]) %}\n"
+    "{%- for message in messages %}{% if message.role == 'system' %}{% set ns_sys.system = message.content %}"
+    "{% else %}{% set ns_sys.filtered = ns_sys.filtered + [message] %}{% endif %}{% endfor %}\n"
+    "{%- set ns = namespace(max_idx_user=-1, index=0) %}\n"
+    "{%- for message in ns_sys.filtered %}{% if message.role == 'user' %}{% set ns.max_idx_user = ns.max_idx_user + 1 %}"
+    "{% endif %}{% endfor %}\n"
+    "{%- for message in ns_sys.filtered %}\n"
+    "{%- if message.role == 'user' %}[INST] {% if ns.index == ns.max_idx_user and ns_sys.system %}{{ ns_sys.system }}\n\n"
+    "{% endif %}{{ message.content }}[/INST]{% set ns.index = ns.index + 1 %}\n"
+    "{%- else %}{{ message.content }}</s>{% endif %}\n"
+    "{%- endfor %}"
+)
+
+
+def test_a_loop_over_a_namespace_copy_of_the_messages_renders_messages():
+    """The copy is the messages: the count over it is a scan of all messages, read where
+    the system prompt is placed on the last user message. Before, the data flow stopped at
+    the copy, and the proof's divergence was PC100 'no rule explains why' at 1:1."""
+    codes, findings = prove_text(COPIED_MESSAGES)
+    assert codes == [at("PC003", COPIED_MESSAGES, "ns.max_idx_user and")]
+    assert findings[0].message.startswith("`ns.max_idx_user` (set at line 4) is computed by scanning all messages")
+    assert findings[0].proof.is_proven
+
+
+def test_state_the_copying_loop_carries_is_not_a_scan_of_the_copy():
+    """Mistral-7B-v0.3 merges runs of same-role messages while it copies them (a group list
+    and a namespace made per group): that is how the copy is made, not a fact about later
+    messages that each copied message then depends on."""
+    source = (
+        "{%- set ns = namespace(messages=[], group=[], role=none) %}\n"
+        "{%- for message in messages + [{'role': '__end__'}] %}\n"
+        "{%- if message.role != ns.role %}\n"
+        "{%- if ns.role is not none %}{% set merged = namespace(parts=[]) %}"
+        "{% for m in ns.group %}{% set merged.parts = merged.parts + [m.content] %}{% endfor %}"
+        "{% set ns.messages = ns.messages + [{'role': ns.role, 'content': merged.parts|join('\\n')}] %}{% endif %}\n"
+        "{%- set ns.group = [message] %}{% set ns.role = message.role %}\n"
+        "{%- else %}{% set ns.group = ns.group + [message] %}{% endif %}\n"
+        "{%- endfor %}\n"
+        "{%- for message in ns.messages %}<|{{ message.role }}|>{{ message.content }}"
+        "{% if loop.last %}(newest){% endif %}<|end|>{% endfor %}"
+    )
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
+
+
+@needs_shared
+def test_mistral_7b_v03_system_prompt_on_the_last_user_message_is_pc003_and_its_arguments_pc004():
+    """The real template: its messages are copied twice into namespace lists before the loop
+    that renders them. The system prompt and tool list go on the user message whose count
+    reaches `ns.max_idx_user`, the last one: PC003 there (no automatic fix: trained so), and
+    the arguments' `tojson` a static, fixable PC004. It was two PC100 and a PC004 found by the
+    proof only (QA7 #4)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = SHARED_TOKENIZERS / "mistral-7b-v0.3"
+    text = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    ran = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(folder), "--format", "json"], capture_output=True, text=True, timeout=300
+    )
+    found = json.loads(ran.stdout)
+    assert [(f["code"], f["line"], f["column"]) for f in found] == [
+        at("PC003", text, "ns.max_idx_user) and has_tools"),
+        at("PC004", text, "tojson|safe"),
+    ]
+    assert all(f["fails"] and f["proof"]["status"] == "proven" for f in found)
+    related = {(r["code"], r["line"], r["column"]) for r in found[0]["related"]}
+    assert at("PC003", text, "ns.max_idx_user) and system_message") in related
+
+
+# -- a reply cut once a message follows it (QA7 #5) ------------------------------------------
+
+REPLY_CUT = (
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'assistant' %}\n"
+    "{{- '<|assistant|>' }}\n"
+    "{%- if NEWEST %}{{- m.content }}{%- else %}{{- m.content[:12] }}{%- endif %}\n"
+    "{{- '<|end|>\\n' }}\n"
+    "{%- else %}\n"
+    "{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("newest", "anchor"),
+    [
+        ("loop.last", "loop.last"),
+        ("loop.revindex == 1", "loop.revindex"),
+        ("loop.index0 == messages|length - 1", "messages|length"),
+    ],
+)
+def test_a_reply_cut_in_an_assistant_only_branch_once_a_message_follows_is_pc003(newest, anchor):
+    """Only assistant messages take the branch, but what it decides is the reply's own text
+    (cut to 12 characters in history), not its reasoning or markup: PC003 at the test, found
+    statically and proven, where the proof had fallen back to PC006 at the generation prompt."""
+    source = REPLY_CUT.replace("NEWEST", newest)
+    assert lint_text(source)[0] == [at("PC003", source, anchor)]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, anchor)]
+    assert findings[0].proof.is_proven
+    assert ("agent", "reply-rewrite") in findings[0].proof.explains
+
+
+# -- a group closure that reads the next message off by one (QA7 #6: Bielik-11B-v3.0) --------
+
+OFF_BY_ONE = (
+    "{%- if messages[0].role == 'system' %}<|sys|>{{ messages[0].content }}\n{% set start = 1 %}"
+    "{%- else %}{% set start = 0 %}{% endif %}\n"
+    "{%- for message in messages[START:] %}\n"
+    "{%- if message.role == 'tool' %}<|out|>{{ message.content }}\n"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|end|>\n{% endif %}\n"
+    "{%- else %}<|{{ message.role }}|>{{ message.content or '' }}<|end|>\n{% endif %}\n"
+    "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_the_next_message_read_from_the_list_the_loop_slices_is_not_the_next_one():
+    """The loop runs over `messages[start:]` and reads `messages[loop.index0 + 1]`: with the
+    system message sliced off that is the current message, so the end marker after a tool
+    result is printed only while it is `loop.last`. Not a group closure: PC003 at loop.last."""
+    source = OFF_BY_ONE.replace("START", "start")
+    assert lint_text(source)[0] == [at("PC003", source, "loop.last")]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "loop.last")]
+    assert findings[0].proof.is_proven
+
+
+@pytest.mark.parametrize("start", ["", "0"])
+def test_the_next_message_of_a_loop_from_the_first_message_still_closes_a_group(start):
+    source = OFF_BY_ONE.replace("START", start)
+    assert lint_text(source)[0] == []
+
+
+def test_the_number_of_messages_printed_in_the_system_block_is_pc003():
+    """The system block says how many messages there are: it renders differently at every
+    turn. It was PC100 'no rule explains why', where PC003 names `messages|length` in a loop
+    (QA7 d09 c). No edit keeps the text, and the fix says that."""
+    source = (
+        "{%- set context = 'the ' + (messages|length|string) + ' message day' %}\n"
+        "{{- '<|system|>Context: ' + context + '<|end|>\\n' }}\n"
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert lint_text(source)[0] == [at("PC003", source, "messages|length")]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "messages|length")]
+    assert findings[0].proof.is_proven
+    from tmpl_lint.checker import lint_with_facts
+    from tmpl_lint.rules import BY_CODE
+
+    facts, (finding,) = lint_with_facts(TemplateSource(Path("t.jinja"), None, source, "jinja"))
+    assert BY_CODE["PC003"].fix(facts, finding, None).unfixable == (
+        "the template prints the number of messages: no edit keeps the text it wrote"
+    )
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [
+        "{% if messages|length > 0 %}<|system|>hello<|end|>\n{% endif %}",  # decides, prints no count
+        # Llama 3.1: a value set under the test carries the count's label, not the count
+        "{% if messages|length != 0 %}{% set first = messages[0].content %}{% endif %}{{ first }}",
+        "{% if add_generation_prompt %}<|assistant|>turn {{ messages|length }}{% endif %}",  # the generation prompt's
+    ],
+)
+def test_a_count_outside_the_loop_that_is_not_printed_before_messages_is_not_this(decision):
+    source = "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}" + decision
+    assert "PC003" not in [code for code, _, _ in lint_text(source)[0]]

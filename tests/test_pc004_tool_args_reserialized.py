@@ -257,3 +257,26 @@ def test_an_argument_string_printed_as_is_replays_byte_for_byte_under_transforme
     # transformers passes the string the client sent: printed as is, it is what the model wrote
     source = PRINTS_ARGUMENTS_AS_IS.replace("ARGUMENTS", printed)
     assert prove_text(source, "hf")[0] == []
+
+
+def test_tool_arguments_of_a_namespace_copy_of_the_messages_are_found_and_fixed(tmp_path):
+    """A loop over a copy of the messages (`ns.msgs = ns.msgs + [x]`) renders their tool
+    calls: PC004 is found at the `tojson`, where the fix edits, not only by the proof (QA7 #4)."""
+    source = (
+        "{%- set ns = namespace(msgs=[]) %}{%- for x in messages %}{%- set ns.msgs = ns.msgs + [x] %}{%- endfor %}\n"
+        "{%- for m in ns.msgs %}\n"
+        "{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>\n"
+        "{%- for tc in m.tool_calls %}{%- set arguments = tc.function.arguments %}\n"
+        "{%- if arguments is not string %}{%- set arguments = arguments|tojson %}{%- endif %}\n"
+        "{{- '<call>' ~ tc.function.name ~ ' ' ~ arguments ~ '</call>' }}{%- endfor %}<|end|>\n"
+        "{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endif %}\n"
+        "{%- endfor %}{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
+    )
+    assert lint_text(source)[0] == [at("PC004", source, "tojson")]
+    path = tmp_path / "copy.jinja"
+    path.write_text(source)
+    result = CliRunner().invoke(main, [str(path), "--fix"])
+    _, line, column = at("PC004", source, "tojson")
+    assert result.stdout.startswith(f"{path}:{line}:{column}: fixed PC004 [tool-args-reserialized]")
+    assert result.exit_code == 0
+    assert lint_text(path.read_text())[0] == []

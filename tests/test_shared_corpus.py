@@ -64,9 +64,6 @@ DISAGREEMENTS: dict[str, dict[str, tuple[set[str], str]]] = {
     "muse--Glimmer": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
     "nvidia--NVIDIA-Nemotron-Nano-9B-v2": {HISTORY: ({"PC003"}, REPLY_REWRITE)},
     "openai--gpt-oss-120b": {TAIL: ({"PC003"}, REPLY_REWRITE)},
-    "speakleash--Bielik-11B-v3.0-Instruct": {
-        HISTORY: (set(), "PC100 only: messages indexed with the loop index of a filtered list; no rule names it yet"),
-    },
     "stepfun-ai--Step-3.5-Flash": {TAIL: ({"PC002"}, REPLY_REWRITE)},
     "swiss-ai--Apertus-8B-Instruct-2509": {CLOCK: ({"PC001"}, DEFAULT_SYSTEM_PROMPT)},
     "zai-org--GLM-4.6": {TAIL: ({"PC002"}, REPLY_REWRITE)},
@@ -199,8 +196,16 @@ def test_a_reply_rewrite_is_explained_by_the_rule_named_for_it(report, name):
     assert {(code, "reply-rewrite") for code in codes} & explained
 
 
-@pytest.mark.parametrize("name", ["speakleash--Bielik-11B-v3.0-Instruct"])
-def test_history_no_rule_names_yet_is_still_a_failing_unexplained_divergence(report, name):
-    (unexplained,) = [f for f in report[1][name] if f["code"] == "PC100"]
-    assert unexplained["fails"] and unexplained["proof"]["cause"] == "history-rewrite"
-    assert "renders differently in" in unexplained["message"]
+def test_a_group_closure_indexed_off_by_one_is_named_where_loop_last_decides(report):
+    """Bielik loops over `messages[loop_start_index:]` but reads the next message as
+    `messages[loop.index0 + 1]`: with a system message that is the current message, so a tool
+    result's end marker is printed only while it is `loop.last`. The oracle's agent history
+    diverges there; it was PC100 'no rule explains why' (QA7 #6)."""
+    name = "speakleash--Bielik-11B-v3.0-Instruct"
+    text = (SHARED_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    offset = text.index("loop.last or messages[loop.index0 + 1]")
+    line, column = text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
+    found = [(f["code"], f["line"], f["column"], f["fails"]) for f in report[1][name] if f["code"] in ("PC003", "PC100")]
+    assert found == [("PC003", line, column, True)]
+    (finding,) = [f for f in report[1][name] if f["code"] == "PC003"]
+    assert finding["proof"]["cause"] == "history-rewrite"
