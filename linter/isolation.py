@@ -16,6 +16,7 @@ replaces, and is reported as a child of its own would report it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -340,6 +341,10 @@ def start_workers(count: int) -> None:
     than as threads first need them: while other threads call, this one may be in an
     import or a download, holding a lock that a child forked then would find held forever."""
     if _WORKERS is not None:
+        # What the parent made since checker.ready_to_fork froze its objects (an audit's
+        # cache scan and the modules it imported) is frozen too: a child's collections would
+        # otherwise walk it, and copy every page it is on.
+        gc.freeze()
         _WORKERS.start(count, MEMORY_BYTES)
 
 
