@@ -132,3 +132,17 @@ def log_verifiers(monkeypatch, log: Path, name: Callable = lambda source: source
 
     monkeypatch.setattr(Verifier, "__init__", logged)
     return log
+
+
+def qwen3_and_its_fix(folder: Path) -> tuple[Path, Path]:
+    """Qwen3's template and a copy `tmpl-lint --fix` changed (the replays compare the two)."""
+    from click.testing import CliRunner
+
+    from tmpl_lint.cli import main
+
+    original, fixed = folder / "qwen3.jinja", folder / "fixed.jinja"
+    shutil.copyfile(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", original)
+    shutil.copyfile(original, fixed)
+    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
+    assert fixed.read_text() != original.read_text()
+    return original, fixed

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, transformers_tokenizer
+from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, qwen3_and_its_fix, transformers_tokenizer
 from test_kv_cache import straightforward_vllm
 
 from tmpl_lint.cli import main
@@ -185,12 +184,7 @@ def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
     Fixed, only the dropping client still loses it."""
     log = tmp_path / "traffic.jsonl"
     entries = build_log(log, tokenizer)
-    original = tmp_path / "qwen3.jinja"
-    shutil.copyfile(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", original)
-    fixed = tmp_path / "fixed.jinja"
-    shutil.copyfile(original, fixed)
-    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
-    assert fixed.read_text() != original.read_text()
+    original, fixed = qwen3_and_its_fix(tmp_path)
     page = tmp_path / "replay.html"
     result = replay(
         log, "--tokenizer", QWEN3, "--template", original, "--compare", fixed, "--session-key", "user",

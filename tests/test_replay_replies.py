@@ -7,11 +7,10 @@ message."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
-from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, transformers_tokenizer
+from helpers import SHARED_TOKENIZERS, needs_shared, qwen3_and_its_fix, transformers_tokenizer
 from test_kv_cache import straightforward_vllm
 from test_replay import QWEN3, build_log
 
@@ -160,12 +159,7 @@ def test_replies_as_token_ids_name_the_causes_replies_as_messages_name(tmp_path)
     build_log(messages_log, tokenizer, sessions=5, turns=3)
     ids_log = tmp_path / "ids.jsonl"
     token_ids_only(messages_log, ids_log)
-    original = tmp_path / "qwen3.jinja"
-    shutil.copyfile(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", original)
-    fixed = tmp_path / "fixed.jinja"
-    shutil.copyfile(original, fixed)
-    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
-    assert fixed.read_text() != original.read_text()
+    original, fixed = qwen3_and_its_fix(tmp_path)
     reports = {}
     for name, log in (("messages", messages_log), ("ids", ids_log)):
         result = replay(

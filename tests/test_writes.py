@@ -541,6 +541,18 @@ run()
 """
 
 
+def fix_slowly(marker: Path, *paths: Path) -> subprocess.Popen:
+    """``tmpl-lint PATHS --fix --no-prove --jobs 2`` whose tool_use templates take a minute
+    to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), "--fix", "--no-prove", "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
 def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_path):
     """Two files fixed at once (--jobs 2). Ctrl-C while the config's second template is
     being verified, its first already fixed: the config is not written half fixed, and no
@@ -556,13 +568,7 @@ def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_p
     other.parent.mkdir()
     other.write_text(clock.replace("Current date", "Date"))
     marker = tmp_path / "tool_use is being verified"
-    process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), str(config), str(other), "--fix", "--no-prove", "--jobs", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+    process = fix_slowly(marker, config, other)
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -588,13 +594,7 @@ def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tm
     other.write_text(clock.replace("Current date", "Date"))
     before = other.read_bytes()
     marker = tmp_path / "tool_use is being verified"
-    process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), str(config), str(other), "--fix", "--no-prove", "--jobs", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+    process = fix_slowly(marker, config, other)
     deadline = time.monotonic() + 60
     while not (marker.exists() and other.read_bytes() != before) and time.monotonic() < deadline:
         time.sleep(0.05)
