@@ -1,6 +1,7 @@
 """Replay throughput beside its naive floor, both whole processes in the same run.
 
-(a) 10,000 requests: 500 chat sessions of 20 calls (short prompts).
+(a) 10,000 requests: 500 chat sessions of 20 calls (short prompts), responses not logged:
+    replay takes each reply from the next request, and renders it, as vLLM caches it.
 (b) 1,008 requests: 16 agent sessions of 63 calls whose prompts grow to about 64k tokens
     (each call adds a tool result, a source file of Python's standard library), with the
     responses logged, sessions interleaved.
