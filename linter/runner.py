@@ -317,8 +317,9 @@ class _Fixing:
                 fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
         except FixesInterrupted as stopped:
             # The files written before Ctrl-C are named, then the run says it was interrupted:
-            # a user (or a hook) must be able to tell what changed on disk.
-            for fixed in stopped.done:
+            # a user (or a hook) must be able to tell what changed on disk. --diff wrote
+            # nothing, and prints no patch of part of the files, which `| git apply` would take.
+            for fixed in stopped.done if self.write else ():
                 self.say_file(fixed)
             raise
         for fixed in fixed_files:

@@ -541,11 +541,26 @@ run()
 """
 
 
-def fix_slowly(marker: Path, *paths: Path) -> subprocess.Popen:
-    """``tmpl-lint PATHS --fix --no-prove --jobs 2`` whose tool_use templates take a minute
-    to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
+def config_and_other_file(folder: Path) -> tuple[Path, Path]:
+    """A tokenizer_config.json whose default and tool_use templates read the clock, and a
+    chat_template.jinja with another text that does: fixed at the same time (--jobs 2)."""
+    clock = (CORPUS / "PC001_live_clock.jinja").read_text()
+    config = folder / "m" / "tokenizer_config.json"
+    config.parent.mkdir()
+    config.write_text(
+        json.dumps({"chat_template": [{"name": "default", "template": clock}, {"name": "tool_use", "template": clock}]})
+    )
+    other = folder / "other" / "chat_template.jinja"
+    other.parent.mkdir()
+    other.write_text(clock.replace("Current date", "Date"))
+    return config, other
+
+
+def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Popen:
+    """``tmpl-lint PATHS --fix --no-prove --jobs 2`` (or ``--diff``) whose tool_use templates
+    take a minute to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
     return subprocess.Popen(
-        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), "--fix", "--no-prove", "--jobs", "2"],
+        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), mode, "--no-prove", "--jobs", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -583,15 +598,7 @@ def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tm
     """Ctrl-C once one file is written and another is still being verified: the written file
     is named as fixed before "interrupted" (QA7: files changed on disk, and nothing said so);
     the one not written is not."""
-    clock = (CORPUS / "PC001_live_clock.jinja").read_text()
-    config = tmp_path / "m" / "tokenizer_config.json"
-    config.parent.mkdir()
-    config.write_text(
-        json.dumps({"chat_template": [{"name": "default", "template": clock}, {"name": "tool_use", "template": clock}]})
-    )
-    other = tmp_path / "other" / "chat_template.jinja"
-    other.parent.mkdir()
-    other.write_text(clock.replace("Current date", "Date"))
+    config, other = config_and_other_file(tmp_path)
     before = other.read_bytes()
     marker = tmp_path / "tool_use is being verified"
     process = fix_slowly(marker, config, other)
@@ -604,3 +611,19 @@ def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tm
     assert (process.returncode, err) == (130, "tmpl-lint: interrupted\n")
     column = before.decode().splitlines()[2].index("strftime_now") + 1
     assert [line.split(" [")[0] for line in out.splitlines()] == [f"{other}:3:{column}: fixed PC001"]
+
+
+def test_ctrl_c_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them(tmp_path):
+    """--diff writes nothing: after Ctrl-C it prints no patch of the files it had done, which
+    `tmpl-lint --diff | git apply` would apply though the run was stopped."""
+    config, other = config_and_other_file(tmp_path)
+    marker = tmp_path / "tool_use is being verified"
+    process = fix_slowly(marker, config, other, mode="--diff")
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    time.sleep(2)  # the other file, small and unproven, is done by then (its patch was printed before)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, out, err) == (130, "", "tmpl-lint: interrupted\n")
