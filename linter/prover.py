@@ -39,6 +39,10 @@ COMPACT_SEPARATORS = (",", ":")
 REASONING_BLOCK = re.compile(r"<[^<>\s]*(?:think|thought|reason)[^<>\s]*>", re.IGNORECASE)
 
 
+# A prompt's length units, in order: token ids, or the characters of its text.
+Units = list[int] | str
+
+
 @dataclass
 class Measure:
     """Token ids from the tokenizer, or characters when there is none (unit "char")."""
@@ -68,6 +72,16 @@ class Measure:
         if prompt.token_ids is not None:
             return list(prompt.token_ids)  # the engine's own tokenization
         return self.ids(prompt.text)
+
+    # What a proof measures prefixes in: token ids, or in characters the text itself. A str
+    # compares, slices and concatenates as C memory does; the list of its code points that
+    # ``ids`` makes (for a caller that mixes them with logged token ids) was a tenth of a
+    # proof without a tokenizer, which is every template of an audit.
+    def units(self, text: str) -> Units:
+        return self.ids(text) if self.tokenizer else text
+
+    def prompt_units(self, prompt: Prompt) -> Units:
+        return prompt.text if prompt.token_ids is None and not self.tokenizer else self.prompt_ids(prompt)
 
 
 def tokenizer_identity(tokenizer: Tokenizer | None) -> tuple[str, str] | None:
@@ -416,12 +430,12 @@ class Prover:
         self._recordable: dict[str, Prompt] | None = None  # the last run's renders, where it can be recorded
 
     @staticmethod
-    def request_key(scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str | None:
-        """What names a request among a template's renders (None: a request that cannot be named)."""
-        try:
-            return json.dumps([messages, at.isoformat(), generation_prompt, scenario.tools, scenario.kwargs], sort_keys=True)
-        except (TypeError, ValueError):
-            return None
+    def request_key(scenario: Scenario, messages: list[dict[str, Any]], at: datetime, generation_prompt: bool) -> str:
+        """What names a request among a template's renders. A request is JSON data, which
+        ``repr`` writes exactly, in its keys' order (a template may print a mapping in that
+        order, so two orders are two requests), and in two thirds of the time sorted JSON
+        took: keys are made for every render a proof asks for."""
+        return repr((messages, at, generation_prompt, scenario.tools, scenario.kwargs))
 
     def recorded(self) -> Recorded | None:
         """What the last run rendered and encoded, for another proof of this key; None where
@@ -539,8 +553,8 @@ class Prover:
         try:
             prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
             replies = [self.generated(scenario, call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
-            ids = [self.measure.prompt_ids(prompt) for prompt in prompts]
-            generated = [self.measure.ids(reply.text) if reply is not None else [] for reply in replies]
+            ids = [self.measure.prompt_units(prompt) for prompt in prompts]
+            generated = [self.measure.units(reply.text if reply is not None else "") for reply in replies]
             result.requests = served_requests(ids, generated, self.block_size)
             for index in range(len(prompts) - 1):
                 call, following = scenario.calls[index], scenario.calls[index + 1]
@@ -603,9 +617,9 @@ class Prover:
                         index,
                         "c",
                         cached_text,
-                        self.measure.ids(cached_text),
+                        self.measure.units(cached_text),
                         next_text,
-                        self.measure.prompt_ids(next_prompt),
+                        self.measure.prompt_units(next_prompt),
                         following.messages,
                         len(call.messages),
                         self.measure.unit,
