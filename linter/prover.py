@@ -841,11 +841,21 @@ def compare_prompts(
     if opener_start is not None and char >= opener_start and cause not in (Cause.SYSTEM, Cause.TOOL_ARGUMENTS):
         # In the generation prompt the reply was generated after, or in the reply itself: the
         # generation prompt's, unless the reply renders one way while it is the newest
-        # message and another once something follows it (then history rewrote it).
+        # message and another once something follows it (then history rewrote it). History
+        # that goes on with what the model wrote, right where the prompts part, left out
+        # only the template's own opener (Qwen3's empty think block with thinking off):
+        # nothing generated was rewritten, and keeping reasoning would win nothing back.
         cause = Cause.GENERATION_PROMPT
-        if latest is not None:
+        if latest is not None and reply_index < len(next_messages):
             moved = first_difference(latest.latest, next_text)
-            if moved is not None and opener_start <= moved < latest.end:
+            if (
+                moved is not None
+                and opener_start <= moved < latest.end
+                and not (
+                    char < generation_prompt[1]
+                    and resumes_with(next_text, opener_start, char, latest.text, next_messages[reply_index])
+                )
+            ):
                 cause = Cause.REPLY_REWRITE
         if message_index is None or message_index > reply_index:
             message_index, field_name = reply_index, "markup"
@@ -896,6 +906,23 @@ def compare_prompts(
         reply_as_trained=reply_as_trained,
         in_generation_prompt=generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1],
         **kind,
+    )
+
+
+def resumes_with(text: str, since: int, at: int, generated: str, reply: dict[str, Any]) -> bool:
+    """Whether ``text``, which parts from the prompt at ``at``, goes on from there (or from a
+    little earlier, after ``since``: `<think>` and `<tool_call>` share their first letters)
+    with the reply as the model generated it, as far as the first of the reply's texts
+    (content, reasoning, a tool call's name) is whole: only what the template printed before
+    the reply is missing, not what the model wrote. (Further on, the reply may differ for
+    reasons of its own: its arguments re-serialised.)"""
+    found = [(start, start + len(value)) for _, value in message_fields(reply) if value and (start := generated.find(value)) >= 0]
+    if not found:
+        return False
+    whole = min(found)[1]
+    return any(
+        common_prefix_length(generated, text[start : start + whole]) >= whole
+        for start in range(at, max(since, at - whole) - 1, -1)
     )
 
 
@@ -1009,11 +1036,13 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
         # Random output diverges anywhere; the rule that found the randomness accounts for all of it.
         explained |= set(range(len(divergences)))
     generic = []
+    refuted: set[int] = set()  # findings whose "leave it unset" the renders refuted
     for finding in findings:
         rule = BY_CODE[finding.code]
         if finding.switch is not None:
             others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
-            verify_switch(finding, rule.RULE, report, others)
+            if verify_switch(finding, rule.RULE, report, others):
+                refuted.add(id(finding))
         if hasattr(rule, "prove"):
             finding.proof = rule.prove(report, finding)
             if finding.proof.is_proven:
@@ -1044,7 +1073,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             finding.proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
             continue
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
-        only_when_asked(finding, own or [worst], report)
+        if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
+            only_when_asked(finding, own or [worst], report)
     extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
     if report.note:
         for finding in findings + extra:
@@ -1137,7 +1167,7 @@ def model_format(finding: Finding, claimed: list[Divergence]) -> None:
         )
 
 
-def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> None:
+def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> bool:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
@@ -1148,12 +1178,14 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
     A divergence in the reply generated after the generation prompt that the rule of another
     finding in ``others`` explains better (Qwen3's reasoning, dropped once a user message
     arrives, is PC002's, not the switched generation prompt's of PC006) is that finding's:
-    it refutes nothing here. One in the text the generation prompt printed is the prompt's
-    whoever else explains it."""
+    it refutes nothing here. So is one that starts in the text the generation prompt printed
+    where history dropped the model's reasoning with it (Qwen3.5's "<think>\n" opener): only
+    one that drops the prompt's own text alone is the prompt's whoever else explains it. True when the renders without the variable show the rule's
+    divergences: the finding is no caller's opt-in."""
     switch = finding.switch
 
     def explained_elsewhere(divergence: Divergence) -> bool:
-        if divergence.in_generation_prompt:
+        if divergence.in_generation_prompt and divergence.cause is not Cause.REPLY_REWRITE:
             return False
         rank = rule.explanation_rank(divergence)
         return any(other.proves(divergence) and other.explanation_rank(divergence) > rank for other in others)
@@ -1167,11 +1199,12 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
         if not rendered:
             return None
         # An empty reasoning block or an end marker history writes its own way is the model's
-        # format, not what a switch decides (see model_format).
+        # format, not what a switch decides (see model_format), unless the generation prompt
+        # printed it: then the template opened it.
         return any(
             d.first_divergence is not None
             and shows(finding, d)
-            and d.reply_as_trained not in ("reasoning-block", "end-marker")
+            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker"))
             and not explained_elsewhere(d)
             for result in rendered
             for d in result.divergences
@@ -1186,13 +1219,13 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
     if switch.stable_value is not None and fails(switch.stable_value):
         if not switch.default_is_stable:
             finding.switch = None  # "set it to a value that fails" is no advice
-            return
+            return False
         switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
     if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
         # "only when <a value the template fails on>": no caller meets the pattern that way.
         finding.switch = None
         finding.severity = switch.demoted_from or finding.severity
-        return
+        return False
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
         if switch.stable_value is not None and advised_diverges is False:
@@ -1200,8 +1233,13 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> Non
         else:
             finding.switch = None
         finding.severity = switch.demoted_from or finding.severity
-    elif not switch.default_is_stable and advised_diverges:
-        finding.switch = None
+        return True
+    if advised_diverges:
+        # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
+        finding.switch = (
+            Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from) if switch.default_is_stable else None
+        )
+    return False
 
 
 # Where findings about the render as a whole stand: the cause is not at one place in the source.

@@ -146,14 +146,15 @@ def test_statistics_and_exit_zero():
 
 def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
     # PC006_generation_prompt_mismatch's PC006 is informational: the mismatch opens only
-    # with enable_thinking=false (line 11 of the fixture), and the default leaves it unset.
-    # PC001 and PC006_default_still_opens's PC002 fail.
+    # with enable_thinking=false (line 11 of the fixture), and the default leaves it unset;
+    # so is PC006_default_still_opens's (its default drops reasoning: its PC002 fails).
+    # PC001 fails.
     fixtures = ["PC006_default_still_opens.jinja", "PC006_generation_prompt_mismatch.jinja", "PC001_live_clock.jinja"]
     paths = [str(CORPUS / name) for name in fixtures]
     code, out, _ = run("--statistics", *paths)
     assert (code, out) == (
         1,
-        "    1\tPC001\t[live-clock]\n    1\tPC002\t[history-rewrite]\n    1\tPC006\t[generation-prompt-mismatch] (info)\n",
+        "    1\tPC001\t[live-clock]\n    1\tPC002\t[history-rewrite]\n    2\tPC006\t[generation-prompt-mismatch] (info)\n",
     )
 
 
@@ -164,7 +165,7 @@ def test_statistics_in_json_are_a_list_of_counts_that_parses():
     assert json.loads(out) == [
         {"code": "PC001", "name": "live-clock", "count": 1, "fails": True},
         {"code": "PC002", "name": "history-rewrite", "count": 1, "fails": True},
-        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 1, "fails": False},
+        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 2, "fails": False},
     ]
 
 

@@ -110,20 +110,42 @@ def test_a_header_history_never_prints_is_found_by_the_proof():
     assert divergence.before.endswith("ASSISTANT:Paris.")
 
 
-def test_a_default_that_still_diverges_is_never_called_stable():
+def test_a_default_that_drops_reasoning_with_the_opener_leaves_the_switched_opener_informational():
     # The analysis: an opener mismatch only when enable_thinking=false, "leave it unset".
     _, static = lint_fixture("PC006_default_still_opens.jinja")
     pc006 = next(f for f in static if f.code == "PC006")
     assert (pc006.severity, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("info", True, False)
-    # The renders: the default opens "<think>\n" and history drops it once the next query
-    # arrives; true does the same. The advice is withdrawn and the severity restored; the
-    # last-query rewrite explains the divergence, and this finding is its related location.
-    codes, (finding,) = prove_fixture("PC006_default_still_opens.jinja")
-    assert codes == [("PC002", 13, 58)]
-    (related,) = finding.related_findings
-    assert (related.code, related.line, related.column) == ("PC006", 22, 13)
-    assert related.switch is None and related.severity == "warning"
-    assert ("chat", "reply-rewrite") in finding.proof.explains
+    # The renders: by default history drops "<think>\n" and the reasoning written after it
+    # once the next query arrives, the last-query rewrite's (keeping reasoning wins it
+    # back); that refutes nothing of the opener's claim. With enable_thinking=false history
+    # drops only "<think>\n\n</think>\n\n", which the generation prompt printed, and goes on
+    # with the answer: the opener's own divergence.
+    codes, (pc002, pc006) = prove_fixture("PC006_default_still_opens.jinja")
+    assert codes == [("PC002", 14, 58), ("PC006", 23, 13)]
+    assert pc002.fails(False) and ("chat", "reply-rewrite") in pc002.proof.explains
+    assert (pc006.severity, pc006.fails(False), pc006.related_findings) == ("info", False, [])
+    assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
+    assert (pc006.proof.divergence.scenario, pc006.proof.divergence.cause) == ("chat, enable_thinking=false", "generation-prompt")
+    assert {cause for _, cause in pc006.proof.explains} == {"generation-prompt"}
+
+
+def test_a_value_whose_renders_diverge_is_not_advised():
+    # QA8: the false branch opens " <think></think>", the true branch " <think>": history
+    # prints neither. The analysis sees the first only, and advised "pass true"; the renders
+    # with true diverge, so only leaving it unset is advised.
+    source = (
+        "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}"
+        "{%- if add_generation_prompt %}assistant:"
+        "{% if enable_thinking is defined and enable_thinking is false %} <think></think>{% endif %}"
+        "{% if enable_thinking is defined and enable_thinking is true %} <think>{% endif %}{% endif %}"
+    )
+    _, static = lint_text(source)
+    assert static[0].switch.stable_value is True  # the analysis's advice
+    codes, (finding,) = prove_text(source)
+    assert codes == [at("PC006", source, "<think></think>")]
+    assert (finding.severity, finding.switch.stable_value, finding.switch.default_is_stable) == ("info", None, True)
+    assert finding.full_message().endswith("only when enable_thinking=false: leave enable_thinking unset")
+    assert ("agent, enable_thinking=true", "generation-prompt") in finding.proof.explains
 
 
 AS_TRAINED = CORPUS / "PC006_reply_as_trained.jinja"
@@ -194,6 +216,9 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     # are its reasoning dropped once the next user query arrives (PC002's last-query rewrite,
     # line 39) and an empty think block left out (the model's format): neither refutes
     # "only when enable_thinking=false". It was failing, proven by "agent, narrated tool calls".
+    # With thinking off, history leaves out only the block the generation prompt opened and
+    # goes on with all the model wrote: the prompt's divergence, not a rewrite of the reply
+    # (QA8: replay named it PC002, whose fix wins none of it back).
     text = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     assert text.splitlines()[81:83] == [
         "    {%- if enable_thinking is defined and enable_thinking is false %}",
@@ -205,7 +230,7 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     assert (pc006.severity, pc006.fails(False)) == ("info", False)
     assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
     divergence = pc006.proof.divergence
-    assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "reply-rewrite")
+    assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "generation-prompt")
     assert [f.fails(False) for f in findings[:2]] == [True, True]
 
 

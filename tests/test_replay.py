@@ -220,6 +220,41 @@ def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
     assert len(colours) == len({re.search(r"session (s\d)", item).group(1) for item in legend})
 
 
+def test_thinking_off_traffic_loses_the_generation_prompt_s_empty_block_not_reasoning(tmp_path, tokenizer):
+    """QA8: Qwen3 sent with enable_thinking=false opens each reply with the empty
+    "<think>\n\n</think>\n\n" and history prints the answer without it. The loss is the
+    generation prompt's (PC006), the same before and after the PC002 fix, which keeps
+    reasoning the model never wrote here."""
+    system = {
+        "role": "system",
+        "content": "You are a helpful assistant for a travel agency. Answer briefly and accurately, and ask when something is unclear.",
+    }
+    turns = [
+        ("What is the capital of France?", "Paris."),
+        ("And of Italy?", "Rome."),
+        ("Which one is larger by population?", "Paris."),
+    ]
+    messages, lines = [system], []
+    for question, answer in turns:
+        messages = [*messages, {"role": "user", "content": question}]
+        body = {"model": "m", "user": "u", "messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
+        lines.append(json.dumps(body))
+        messages = [*messages, {"role": "assistant", "content": answer}]
+    log = tmp_path / "traffic.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    original, fixed = qwen3_and_its_fix(tmp_path)
+    result = replay(
+        log, "--tokenizer", QWEN3, "--template", original, "--compare", fixed, "--session-key", "user", "--format", "json"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    for side in ("template", "compare"):
+        causes = [(c["cause"], c["detail"]) for c in report[side]["causes"] if c["cause"] != "capacity"]
+        assert causes == [("template", "PC006 generation-prompt")], side
+    # 2 of 3 requests send back a reply whose opener history left out: the same loss either way
+    assert report["template"]["prefix_cache_hits"] == report["compare"]["prefix_cache_hits"]
+
+
 def test_html_report_follows_the_umask(tmp_path, tokenizer):
     log = tmp_path / "traffic.jsonl"
     build_log(log, tokenizer, sessions=2, turns=2)
