@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,14 +149,29 @@ def diff_requests(
         # is in the last message's closing markup (a `loop.last` test), not the generation prompt.
         opener = generation_prompt_span(prompts[0].text, render(first, False).text)
     texts: list[str | None] = [prompt.text for prompt in prompts] if prompts else [None, None]
+    token_start = None
     if server_ids is not None:
         ids = [server_ids(request.body) for request in (first, second)]
         unit = "token"
     else:
         ids = [measure.prompt_ids(prompt) for prompt in prompts]
         unit = measure.unit
+        if texts[0] is not None:
+            token_start = partial(measure.start_of, pieces=[(texts[0], ids[0])])
     divergence = compare_prompts(
-        "diff", 0, "a", texts[0], ids[0], texts[1], ids[1], second.messages, len(first.messages), unit, block_size, opener
+        "diff",
+        0,
+        "a",
+        texts[0],
+        ids[0],
+        texts[1],
+        ids[1],
+        second.messages,
+        len(first.messages),
+        unit,
+        block_size,
+        opener,
+        token_start=token_start,
     )
     if divergence.first_divergence is None and len(ids[1]) < len(ids[0]):
         return _went_back(divergence, texts[0], texts[1], first.messages, len(ids[1]))

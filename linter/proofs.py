@@ -44,6 +44,15 @@ class ProofStatus(StrEnum):
     NOT_PROVABLE = "not-provable"
 
 
+# Characters of each render shown either side of where a divergence falls.
+SNIPPET = 48
+
+
+def snippet(text: str, offset: int) -> str:
+    start = max(0, offset - SNIPPET)
+    return ("…" if start else "") + text[start : offset + SNIPPET]
+
+
 @dataclass(frozen=True)
 class Divergence:
     scenario: str
@@ -75,6 +84,16 @@ class Divergence:
     # The first difference is in the text the generation prompt printed (an opener such as
     # "<think>\n" history does not replay), not in the reply generated after it.
     in_generation_prompt: bool = False
+    # The texts agree where the tokens part: the same text split into other tokens (the
+    # generation prompt's "\n" that history's "\n\n" takes in).
+    split_differently: bool = False
+
+    @property
+    def after_from_divergence(self) -> str:
+        """The next turn's excerpt from where the divergence falls on (``after`` is
+        ``snippet(next_text, first_divergence_char)``)."""
+        char = self.first_divergence_char or 0
+        return self.after[SNIPPET + 1 if char > SNIPPET else char :]
 
     @property
     def in_reply(self) -> bool:

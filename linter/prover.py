@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,7 +26,7 @@ from .analysis import Site
 from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prompt
 from .findings import Finding, Outcome, Switch
 from .jinja_env import random_draws
-from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof
+from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof, snippet
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
 from .rules import BY_CODE, RULES, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
@@ -33,7 +34,6 @@ from .tokenizer import Tokenizer, common_prefix_length
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
-SNIPPET = 48
 COMPACT_SEPARATORS = (",", ":")
 # A reasoning block's opening tag: <think>, <thinking>, <|begin_of_thought|>, <reasoning>...
 REASONING_BLOCK = re.compile(r"<[^<>\s]*(?:think|thought|reason)[^<>\s]*>", re.IGNORECASE)
@@ -79,6 +79,23 @@ class Measure:
     # proof without a tokenizer, which is every template of an audit.
     def units(self, text: str) -> Units:
         return self.ids(text) if self.tokenizer else text
+
+    def start_of(self, index: int, pieces: list[tuple[str, Units]]) -> int | None:
+        """Where unit ``index`` of the pieces' units, concatenated, starts in their texts,
+        concatenated (a prompt, and the reply generated after it); None where the tokenizer
+        gives no offsets, or a piece's ids are not its text's encoding (an engine's own)."""
+        offset = 0
+        for text, units in pieces:
+            if index < len(units):
+                if not self.tokenizer:
+                    return offset + index
+                if self.ids(text) != list(units):
+                    return None
+                start = self.tokenizer.token_start(text, index)
+                return None if start is None else offset + start
+            index -= len(units)
+            offset += len(text)
+        return None
 
     def prompt_units(self, prompt: Prompt) -> Units:
         return prompt.text if prompt.token_ids is None and not self.tokenizer else self.prompt_ids(prompt)
@@ -379,11 +396,6 @@ def classify(
     return Cause.HISTORY_REWRITE
 
 
-def snippet(text: str, offset: int) -> str:
-    start = max(0, offset - SNIPPET)
-    return ("…" if start else "") + text[start : offset + SNIPPET]
-
-
 class Prover:
     def __init__(
         self,
@@ -560,10 +572,12 @@ class Prover:
                 call, following = scenario.calls[index], scenario.calls[index + 1]
                 reply = replies[index]
                 text = prompts[index].text
-                checks = [("a", text, ids[index])]
+                checks = [("a", [(text, ids[index])])]
                 if reply is not None:
-                    checks.append(("b", text + reply.text, ids[index] + generated[index]))
-                for check, cached_text, cached_ids in checks:
+                    checks.append(("b", [(text, ids[index]), (reply.text, generated[index])]))
+                for check, pieces in checks:
+                    cached_text = "".join(piece for piece, _ in pieces)
+                    cached_ids = pieces[0][1] + pieces[1][1] if len(pieces) == 2 else pieces[0][1]
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
                         # Where the generation prompt sits in prompt N: after the text it shares
@@ -587,6 +601,7 @@ class Prover:
                             opener,
                             scenario.kind,
                             latest=reply,
+                            token_start=lambda position, pieces=pieces: self.measure.start_of(position, pieces),
                         )
                     )
         except RenderError as error:
@@ -788,11 +803,13 @@ def compare_prompts(
     scenario_kind: str = "",
     *,
     latest: Reply | None = None,
+    token_start: Callable[[int], int | None] | None = None,
 ) -> Divergence:
     """Where ``next_ids`` stops extending ``cached_ids``, and why, from the rendered texts.
 
     ``generation_prompt`` is the (start, end) of the generation prompt in ``cached_text``;
-    ``latest`` how the reply rendered while it was the newest message. A divergence in the
+    ``latest`` how the reply rendered while it was the newest message; ``token_start`` where
+    a token of ``cached_ids`` starts in ``cached_text``. A divergence in the
     generation prompt or the reply is the generation prompt's (history never renders the
     reply as it was generated), unless the reply itself renders differently now that it is
     no longer the newest message: then history was rewritten.
@@ -832,6 +849,12 @@ def compare_prompts(
             **kind,
         )
     char = first_difference(cached_text, next_text)
+    split_differently = char is None
+    if char is None and token_start is not None:
+        # The texts agree as far as the shorter goes and the tokens do not: the same text,
+        # split otherwise where the prompts part (the generation prompt's "\n" that the next
+        # turn's "\n\n" takes in). Placed where the token that differs starts.
+        char = token_start(position)
     char = char if char is not None else min(len(cached_text), len(next_text))
     message_index, role, field_name = locate(next_text, next_messages, char)
     first_fields = [next_text.find(text) for _, text in message_fields(next_messages[0])] if next_messages else []
@@ -905,6 +928,7 @@ def compare_prompts(
         reply_index,
         reply_as_trained=reply_as_trained,
         in_generation_prompt=generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1],
+        split_differently=split_differently,
         **kind,
     )
 

@@ -45,6 +45,18 @@ class Tokenizer:
             return self.backend.encode(text, add_special_tokens=False).ids
         return list(self.backend.encode(text, add_special_tokens=False))
 
+    def token_start(self, text: str, index: int) -> int | None:
+        """Where token ``index`` of ``encode(text)`` starts in ``text`` (a character offset),
+        from the backend's offsets; None where it gives none (a slow tokenizer)."""
+        try:
+            if self.kind == "tokenizers":
+                offsets = self.backend.encode(text, add_special_tokens=False).offsets
+            else:
+                offsets = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        except Exception:  # noqa: BLE001 - transformers' slow tokenizers raise NotImplementedError, among others
+            return None
+        return offsets[index][0] if index < len(offsets) else None
+
 
 # gpt-oss's tokenizer.json, by size and sha256: the BPE of openai-harmony's o200k_harmony
 # with its own added tokens. tests/test_tokenizer.py encodes text with the file and with

@@ -278,8 +278,13 @@ def shown_by(finding: Finding, divergence: Divergence) -> bool:
     rewritten elsewhere (a `loop.last` suffix on the reply) is not its
     pattern, and is reported apart (by its own finding, or found by the proof here). The
     reply's reasoning, or its reasoning block, left out of history is the opener's too: the
-    block it opened is what history prints only for some turns."""
-    if not finding.hypothesis or divergence.in_generation_prompt:
+    block it opened is what history prints only for some turns. The same text split into
+    other tokens is no opener's: history prints what the opener printed."""
+    if not finding.hypothesis:
+        return True
+    if divergence.split_differently:
+        return False
+    if divergence.in_generation_prompt:
         return True
     if divergence.reply_as_trained in ("reasoning", "reasoning-block"):
         return True
@@ -303,10 +308,18 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     cached, following = divergence.before[common:][:24], divergence.after[common:][:24]
     where = divergence.place
+    if divergence.split_differently:
+        # Both texts agree there: what differs is where the tokens part.
+        shown = divergence.after_from_divergence[:24]
+        told = (
+            f"at {where} the next turn prints the same text as the cached prompt, {shown!r}, but its tokens part "
+            f"otherwise (the generation prompt's last {divergence.unit} is taken into a longer one)"
+        )
+    else:
+        told = f"at {where} the cached prompt has {cached!r} where the next turn has {following!r}"
     message = (
-        f"history does not render the turn as it was generated after the generation prompt: at {where} the "
-        f"cached prompt has {cached!r} where the next turn has {following!r}; the reply's cache is lost every turn "
-        "(the whole context on models that cannot roll back)"
+        f"history does not render the turn as it was generated after the generation prompt: {told}; the reply's "
+        "cache is lost every turn (the whole context on models that cannot roll back)"
     )
     return RULE.at(_generation_prompt_site(facts), message)
 

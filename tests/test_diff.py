@@ -11,7 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TOKENIZERS, needs_permissions, run_unprivileged, transformers_tokenizer
+from helpers import (
+    CORPUS,
+    SHARED_TEMPLATES,
+    SHARED_TOKENIZERS,
+    needs_permissions,
+    needs_shared,
+    run_unprivileged,
+    transformers_tokenizer,
+)
 
 from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
@@ -97,6 +105,35 @@ def test_qwen3_tokens_against_transformers(tmp_path):
     assert result["prompt_tokens"] == [len(ids[0]), len(ids[1])]
     assert result["unit"] == "token"
     assert (result["message_index"], result["role"]) == (1, "assistant")
+
+
+@needs_shared
+def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts(tmp_path):
+    # Qwen3.5 opens the reply with "<think>\n"; once a tool result follows, history prints
+    # "<think>\n\n</think>": turn 1's text is a prefix of turn 2's, but its last token, "\n",
+    # is part of "\n\n" there. Placed where that token starts, as transformers' tokenizer
+    # offsets say (QA8: diff placed it one character on, at the end of turn 1).
+    pytest.importorskip("transformers")
+    user = {"role": "user", "content": "What is the weather in Paris?"}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    reply = {"role": "assistant", "content": "Checking the weather in Paris.", "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather.", "parameters": {}}}]
+    first, second = {"messages": [user], "tools": tools}, {"messages": [user, reply, result], "tools": tools}
+    template = SHARED_TEMPLATES / "Qwen--Qwen3.5-4B.jinja"
+    turns = write_turns(tmp_path, first, second)
+    args = ("--template", str(template), "--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
+    code, out, _ = run(*turns, *args)
+    assert code == 1
+    found = json.loads(out)
+    tokenizer = transformers_tokenizer("qwen3")
+    text = tokenizer.apply_chat_template(
+        first["messages"], tools=tools, chat_template=template.read_text(), add_generation_prompt=True, tokenize=False
+    )
+    assert text.endswith("<think>\n")
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    assert (found["first_divergence_token"], found["first_divergence_char"]) == (len(offsets) - 1, offsets[-1][0])
+    assert found["cause"] == "generation-prompt"
 
 
 def test_bad_request_file_is_a_one_line_error(tmp_path):

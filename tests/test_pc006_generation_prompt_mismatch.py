@@ -2,11 +2,23 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
+from helpers import (
+    CORPUS,
+    SHARED_TEMPLATES,
+    SHARED_TOKENIZERS,
+    at,
+    lint_fixture,
+    lint_text,
+    needs_shared,
+    prove_fixture,
+    prove_text,
+)
 
+from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.fixer import found_by_proof
 from tmpl_lint.prover import Prover
+from tmpl_lint.sources import TemplateSource
 
 
 def test_fixture_with_default_stable_switch():
@@ -207,6 +219,30 @@ def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_
     number = text.splitlines().index(line) + 1
     codes, _ = prove_text(text, "vllm", str(path))
     assert ("PC006", number, line.index("add_generation_prompt") + 1) in codes
+
+
+@needs_shared
+def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts():
+    # QA8: Qwen3.5's generation prompt ends "<think>\n" (token 198); the model writes "\n"
+    # (198) and history prints "<think>\n\n" ("\n\n" is 271). The texts agree; the tokens
+    # part at the prompt's last token: 268, char 1235 (counted with transformers' renderer
+    # and the tokenizers library, not tmpl-lint). It was placed at the end of the text.
+    path = SHARED_TEMPLATES / "Qwen--Qwen3.5-4B.jinja"
+    text = path.read_text(encoding="utf-8")
+    source = TemplateSource(path, None, text, "jinja")
+    findings = lint_source(source, prove=ProveOptions(tokenizer=SHARED_TOKENIZERS / "qwen3"))
+    (split,) = [f for f in findings if f.code == "PC006" and f.proof.divergence.split_differently]
+    assert (split.line, split.column) == (147, 8)  # found by the proof, at the add_generation_prompt test
+    divergence = split.proof.divergence
+    assert (divergence.scenario, divergence.first_divergence, divergence.first_divergence_char) == (
+        "agent, narrated tool calls",
+        268,
+        1235,
+    )
+    assert divergence.cause == "generation-prompt"
+    assert "the next turn prints the same text as the cached prompt, '\\n\\n</think>\\n\\nChecking the', but its tokens part" in (
+        split.message
+    )
 
 
 @needs_shared
