@@ -10,6 +10,7 @@ token ids instead.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
@@ -19,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
 from .proofs import BEFORE_MESSAGES, Cause, Divergence
 from .prover import (
-    STOP_MARKER,
     Measure,
     classify,
     compare_prompts,
@@ -242,6 +242,12 @@ def _text_spans(text: str, messages: list[dict[str, Any]]) -> list[tuple[int, in
     return spans
 
 
+# A marker that closes a turn: <|im_end|>, <|eot_id|>, </s>, Gemma's <turn|>, Mistral's [/INST].
+# Not the openers a reply may also stop at (Gemma's <|tool>, which opens the tools inside its
+# system turn; [AVAILABLE_TOOLS]): they part nothing from the text before them.
+END_OF_TURN = re.compile(r"<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|</s>|<[a-z_]{1,20}\|>|\[/[A-Z_]{2,20}\]")
+
+
 def _in_tools(divergence: Divergence, texts: tuple[str, str], turns: tuple[Request, Request]) -> Divergence:
     """A divergence between two messages' texts that falls in the tools the template prints
     there (Qwen3 prints them in the system turn, after the system prompt), located as such:
@@ -267,7 +273,7 @@ def _in_tools(divergence: Divergence, texts: tuple[str, str], turns: tuple[Reque
         ]
         if not found or char >= max(stop for _, stop in found):
             continue
-        parted = STOP_MARKER.search(text, gap_start, min(start for start, _ in found)) is not None
+        parted = END_OF_TURN.search(text, gap_start, min(start for start, _ in found)) is not None
         owner = owner_after if parted else owner_before
         role = request.messages[owner].get("role")
         cause = Cause.SYSTEM if owner == 0 and role in ("system", "developer") else divergence.cause

@@ -708,6 +708,27 @@ def test_a_tools_change_qwen3_prints_in_the_system_turn_is_placed_there(tmp_path
     }
 
 
+def test_tools_opened_by_a_tag_inside_the_system_turn_are_placed_there(tmp_path):
+    """Gemma 4 opens the tools with `<|tool>` inside the system turn, before `<turn|>` ends
+    it: an opening tag parts nothing from the system prompt (QA8: placed in the user
+    message, cause history-rewrite)."""
+    template = tmp_path / "tools_tag.jinja"
+    template.write_text(
+        "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}"
+        "{% if loop.first and tools %}<|tool>{{ tools|tojson }}<tool|>{% endif %}<turn|>\n{% endfor %}"
+    )
+    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
+    turns = write_turns(
+        tmp_path, {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+    )
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    prefix = f'<|turn>system\n{SYSTEM["content"]}<|tool>[{{"type": "function", "function": {{"name": "get_weather", "description": "Get '
+    assert result["first_divergence_char"] == len(prefix)
+    assert (result["message_index"], result["role"], result["field"], result["cause"]) == (0, "system", "tools", "system")
+
+
 def test_tools_printed_in_the_next_turn_are_placed_in_the_message_after_them(tmp_path):
     """A template that prints the tools at the start of the last user message's turn (as
     Mistral does), after the end-of-turn marker of the message before: the tools belong to
