@@ -49,16 +49,26 @@ class Switch:
     # The severity before the analysis made the finding informational because the default
     # is stable: what it gets back if the renders refute that.
     demoted_from: str | None = None
+    # Other variables whose value the renders show it with (DeepSeek-V3.2 sets `thinking`
+    # from `enable_thinking`): (name, value), for the message.
+    also: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "stable_value": self.stable_value, "default_is_stable": self.default_is_stable}
+        out = {"name": self.name, "stable_value": self.stable_value, "default_is_stable": self.default_is_stable}
+        if self.also:
+            out["also"] = [{"name": name, "value": value} for name, value in self.also]
+        return out
 
     def advice(self) -> str:
         if self.default_is_stable:
-            head = f"only when {self.name}={_jinja_literal(self.unstable_value)}: leave {self.name} unset"
+            shown = [(self.name, self.unstable_value), *self.also]
+            when = " or ".join(f"{name}={_jinja_literal(value)}" for name, value in shown)
+            names = [name for name, _ in shown]
+            left = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+            head = f"only when {when}: leave {left} unset"
             if self.stable_value is None:
                 return head
-            head += f" or pass {_jinja_literal(self.stable_value)}"
+            head += f" or pass {self.name + '=' if self.also else ''}{_jinja_literal(self.stable_value)}"
         else:
             head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
         kwargs = f'{{"{self.name}": {json.dumps(self.stable_value)}}}'

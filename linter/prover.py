@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -1002,6 +1002,22 @@ def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
     return scenario.kwargs if scenario is not None else {}
 
 
+def name_other_switches(finding: Finding, report: ProofReport) -> None:
+    """An informational finding shown by renders that set another variable, its own left
+    unset (`enable_thinking=true`, which DeepSeek-V3.2 copies into `thinking`): "leave it
+    unset" alone would not avoid it; its message names them all."""
+    switch = finding.switch
+    if switch is None or not switch.default_is_stable or finding.proof is None:
+        return
+    others = {}
+    for scenario, _ in finding.proof.explains:
+        kwargs = report.scenario(scenario).kwargs if report.scenario(scenario) is not None else {}
+        if kwargs and switch.name not in kwargs:
+            others.update(kwargs)
+    if others:
+        finding.switch = replace(switch, also=tuple(sorted(others.items())))
+
+
 def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
     """A finding whose divergences all come from a template variable set to a value (none
     from a request as callers send it) applies only when a caller opts in: informational,
@@ -1099,6 +1115,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
             only_when_asked(finding, own or [worst], report)
+    for finding in findings:
+        name_other_switches(finding, report)
     extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
     if report.note:
         for finding in findings + extra:

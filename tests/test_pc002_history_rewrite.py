@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture
+from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
@@ -241,3 +241,21 @@ def test_the_advised_value_is_checked_by_rendering_and_kept():
     scenarios = {scenario for scenario, _ in finding.proof.explains}
     assert "chat" in scenarios and not [name for name in scenarios if "keep_history_reasoning=true" in name]
     assert finding.proof.divergence.arrived[-1] == "user"
+
+
+@needs_shared
+def test_a_switch_another_variable_sets_is_named_with_it():
+    # QA8: DeepSeek-V3.2 sets `thinking` from `enable_thinking` where `thinking` is unset
+    # (lines 4-10). Its last-query rewrite shows with thinking=true and with
+    # enable_thinking=true: "leave thinking unset" alone would not avoid it.
+    text = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3.2.jinja").read_text(encoding="utf-8")
+    assert text.splitlines()[4:6] == ["  {%- if enable_thinking is defined -%}", "    {%- set thinking = enable_thinking -%}"]
+    codes, findings = prove_text(text, engine="vllm")
+    (finding,) = [f for f in findings if f.code == "PC002"]
+    assert finding.severity == "info"
+    assert finding.full_message().endswith(
+        "only when thinking=true or enable_thinking=true: leave thinking and enable_thinking unset or pass thinking=false "
+        """(per request: chat_template_kwargs={"thinking": false}; vLLM server-wide: --default-chat-template-kwargs '{"thinking": false}')"""
+    )
+    assert finding.switch.to_json()["also"] == [{"name": "enable_thinking", "value": True}]
+    assert {scenario for scenario, _ in finding.proof.explains} >= {"agent, enable_thinking=true", "agent, thinking=true"}
