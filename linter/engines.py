@@ -41,7 +41,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from .render import DEFAULT_LIMITS, RenderLimits, copy_request, render
+from .render import DEFAULT_LIMITS, RenderLimits, render
 
 ENGINES = ("vllm", "hf")
 
@@ -105,13 +105,104 @@ def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
     return {**first, **{key: value for key, value in mapping.items() if key not in first}}
 
 
-def _flatten(content: Any, form: str) -> Any:
-    if not isinstance(content, list):
+# Content part types whose text vLLM's chat parsing keeps, and the field it reads.
+_TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+
+
+def _content(content: Any, form: str) -> Any:
+    """A message's content as vLLM's chat parsing hands it to the template: its text parts
+    (a string is one), joined by "\n" for a template that prints content as text, or as
+    {"type": "text", "text": ...} parts for one that loops over them ("openai"); a null
+    content has none. Other parts (media) pass as sent: not modelled."""
+    if content is None:
+        parts: list[Any] = []
+    elif isinstance(content, str):
+        parts = [content]
+    elif isinstance(content, list):
+        parts = content
+    else:
         return content
+    kept = []
+    for part in parts:
+        if isinstance(part, str):
+            kept.append(part)
+        elif isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS:
+            text = part.get(_TEXT_PARTS[part.get("type", "text")])
+            if text is not None:  # vLLM skips a text part without text
+                kept.append(text)
+        elif form == "openai":
+            kept.append(part)
     if form == "openai":
-        return [part if isinstance(part, dict) else {"type": "text", "text": str(part)} for part in content]
-    texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type", "text") == "text"]
-    return "\n".join(texts)
+        return [{"type": "text", "text": part} if isinstance(part, str) else part for part in kept]
+    return "\n".join(part for part in kept if isinstance(part, str))
+
+
+def _rebuilt(message: Any, form: str) -> dict[str, Any]:
+    """A message as vLLM's chat parsing rebuilds it for the template (vllm/entrypoints/
+    chat_utils.py: _parse_chat_message_content, _postprocess_messages): role and content;
+    an assistant's tool calls (arguments parsed to a mapping; none where the list is
+    empty) and `reasoning`, copied to `reasoning_content` (a client's own
+    `reasoning_content` is not read: vllm-project/vllm#38488); a tool's tool_call_id and
+    its text parts joined into one string; a `name` or `task` that is a string; a
+    developer's tools. Nothing else the client sent reaches the template."""
+    if not isinstance(message, dict):
+        raise EngineError("messages entries must be objects")
+    role = message.get("role")
+    content = _content(message.get("content"), form)
+    rebuilt: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            rebuilt["tool_calls"] = [_validated_call(call) for call in calls]
+        elif calls is not None and not isinstance(calls, list):
+            rebuilt["tool_calls"] = calls
+        reasoning = message.get("reasoning")
+        if reasoning is not None:
+            rebuilt["reasoning"] = rebuilt["reasoning_content"] = reasoning
+    elif role == "tool":
+        if "tool_call_id" in message:
+            rebuilt["tool_call_id"] = message["tool_call_id"]
+        if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+            rebuilt["content"] = "\n".join(part.get("text", "") for part in content)
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            rebuilt[key] = message[key]
+    if role == "developer":
+        rebuilt["tools"] = message.get("tools")
+    return rebuilt
+
+
+def _validated_call(call: Any) -> dict[str, Any]:
+    """An assistant tool call as vLLM's request validation leaves it."""
+    if not isinstance(call, dict):
+        raise EngineError("assistant tool_calls entries must be objects")
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict):
+        raise EngineError("chat completions only support assistant tool_calls of type 'function'")
+    # vLLM validates the request against the OpenAI types, whose fields come in this
+    # order; a template that prints `function|tojson` shows it.
+    function = _ordered({**function, "arguments": parse_arguments(function.get("arguments"))}, ("arguments", "name"))
+    return _ordered({**call, "function": function}, ("id", "function", "type"))
+
+
+def vllm_tools(tools: list[Any] | None) -> list[Any] | None:
+    """The tools as vLLM hands them to the template: the ``model_dump()`` of each one's
+    request type (ChatCompletionToolsParam, FunctionDefinition), their fields first in
+    declared order, unset ones null (a tool without a description has ``description:
+    null``), then what else the client sent."""
+    if tools is None:
+        return None
+    dumped = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            dumped.append(tool)  # vLLM answers 400: the request is the client's to fix
+            continue
+        declared = {key: function.get(key) for key in ("name", "description", "parameters")}
+        function = {**declared, **{key: value for key, value in function.items() if key not in declared}}
+        others = {key: value for key, value in tool.items() if key not in ("type", "function")}
+        dumped.append({"type": tool.get("type", "function"), "function": function, **others})
+    return dumped
 
 
 def prepare(
@@ -141,32 +232,7 @@ def prepare(
         if "enable_thinking" not in (kwargs or {}):
             merged["enable_thinking"] = reasoning_effort != "none"
     form = content_format(template)
-    prepared = []
-    for original in messages:
-        message = dict(original) if type(original) is dict else copy_request(original)
-        if "content" in message:
-            message["content"] = _flatten(message["content"], form)
-        if message.get("role") == "assistant" and "tool_calls" in message:
-            calls = message["tool_calls"]
-            if isinstance(calls, list) and not calls:
-                message.pop("tool_calls")
-            elif isinstance(calls, list):
-                ordered = []
-                for call in calls:
-                    if not isinstance(call, dict):
-                        raise EngineError("assistant tool_calls entries must be objects")
-                    function = call.get("function")
-                    if call.get("type", "function") != "function" or not isinstance(function, dict):
-                        raise EngineError("chat completions only support assistant tool_calls of type 'function'")
-                    function = {**function, "arguments": parse_arguments(function.get("arguments"))}
-                    # vLLM validates the request against the OpenAI types, whose fields come
-                    # in this order; a template that prints `function|tojson` shows it.
-                    ordered.append(
-                        _ordered({**call, "function": _ordered(function, ("arguments", "name"))}, ("id", "function", "type"))
-                    )
-                message["tool_calls"] = ordered
-        prepared.append(message)
-    return prepared, merged
+    return [_rebuilt(message, form) for message in messages], merged
 
 
 @dataclass(frozen=True)
@@ -208,11 +274,12 @@ def render_prompt(
         template,
         prepared,
         clock=clock,
-        tools=tools,
+        tools=vllm_tools(tools) if engine == "vllm" else tools,
         add_generation_prompt=add_generation_prompt,
         special_tokens=special_tokens,
         template_kwargs=merged,
         limits=limits,
+        reasoning_aliases=engine != "vllm",
     )
     return Prompt(text)
 

@@ -239,12 +239,15 @@ def copy_request(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def prepare_messages(messages: Sequence[Mapping[str, Any]], reasoning_aliases: bool = True) -> list[dict[str, Any]]:
+    """The messages a template sees: copies, null fields left out; ``reasoning_aliases``:
+    a message's reasoning under each name templates read it by (vLLM's own rebuild gives
+    `reasoning` and `reasoning_content` only, and nothing more reaches its template)."""
     prepared = []
     for message in messages:
         plain = {key: copy_request(value) for key, value in message.items() if value is not None}
         reasoning = next((plain[key] for key in REASONING_FIELDS if plain.get(key) is not None), None)
-        if reasoning is not None:
+        if reasoning is not None and reasoning_aliases:
             plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
         prepared.append(plain)
     return prepared
@@ -261,6 +264,7 @@ def render(
     special_tokens: Mapping[str, Any] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
+    reasoning_aliases: bool = True,
 ) -> str:
     template = compile_template(text, limits)
     variables = {**(special_tokens or {}), **(template_kwargs or {})}
@@ -270,7 +274,7 @@ def render(
             chunks: list[str] = []
             size = 0
             for chunk in template.generate(
-                messages=prepare_messages(messages),
+                messages=prepare_messages(messages, reasoning_aliases),
                 tools=copy_request(list(tools)) if tools is not None else None,
                 documents=copy_request(list(documents)) if documents is not None else None,
                 add_generation_prompt=add_generation_prompt,

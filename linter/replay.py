@@ -230,8 +230,15 @@ REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
 def _plain(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as a template would see it: no empty fields."""
-    return {key: value for key, value in message.items() if value is not None and value != [] and value != {}}
+    """A message as a template would see it: no empty fields, and a content of one text
+    part as its text (vLLM hands a template the same for both: engines._content)."""
+    plain = {key: value for key, value in message.items() if value is not None and value != [] and value != {}}
+    content = plain.get("content")
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+        part = content[0]
+        if part.get("type", "text") == "text" and set(part) <= {"type", "text"} and isinstance(part.get("text"), str):
+            plain["content"] = part["text"]
+    return plain
 
 
 def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
@@ -609,7 +616,8 @@ class Tracer:
         if not text:
             return None
         reasoning, content = _split_reasoning(_unterminated(text))
-        split = {"reasoning_content": reasoning} if reasoning is not None else {}
+        # Under both names: vLLM reads `reasoning` back, transformers' templates `reasoning_content`.
+        split = {"reasoning": reasoning, "reasoning_content": reasoning} if reasoning is not None else {}
         candidates = [{"role": "assistant", "content": content} | split]
         if carried is not None:
             candidates[:0] = [carried] + ([_without_reasoning(carried) | split] if split else [])

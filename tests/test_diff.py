@@ -25,7 +25,12 @@ from tmpl_lint.cli import main
 from tmpl_lint.server import ServerError, prompt_token_ids
 
 USER_1 = {"role": "user", "content": "What is 2+2?"}
-REPLY = {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."}
+REPLY = {
+    "role": "assistant",
+    "content": "4",
+    "reasoning": "Two and two make four.",
+    "reasoning_content": "Two and two make four.",
+}
 USER_2 = {"role": "user", "content": "And 3+3?"}
 
 
@@ -727,6 +732,31 @@ def test_tools_opened_by_a_tag_inside_the_system_turn_are_placed_there(tmp_path)
     prefix = f'<|turn>system\n{SYSTEM["content"]}<|tool>[{{"type": "function", "function": {{"name": "get_weather", "description": "Get '
     assert result["first_divergence_char"] == len(prefix)
     assert (result["message_index"], result["role"], result["field"], result["cause"]) == (0, "system", "tools", "system")
+
+
+@needs_shared
+def test_a_string_and_its_one_text_part_are_no_client_change(tmp_path):
+    """QA8: vLLM wraps a string content into a text part for a template that loops over
+    parts (Gemma 4), so a client that sends the system prompt as a string, then as a part,
+    changed nothing the template sees. What parts the prompts is Gemma's generation prompt
+    (the empty thought channel its history leaves out), not the client."""
+    system = "Be brief.\n"
+    first = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "What is the capital of France?"}]}
+    second = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": system}]},
+            {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And Italy?"},
+        ]
+    }
+    turns = write_turns(tmp_path, first, second)
+    template = SHARED_TEMPLATES / "google--gemma-4-31B-it.jinja"
+    code, out, _ = run(*turns, "--template", str(template), "--format", "json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["client_change"] is None
+    assert (result["message_index"], result["role"], result["cause"]) == (2, "assistant", "generation-prompt")
 
 
 def test_tools_printed_in_the_next_turn_are_placed_in_the_message_after_them(tmp_path):

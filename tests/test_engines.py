@@ -11,6 +11,7 @@ from helpers import CORPUS
 from tmpl_lint.cli import main
 from tmpl_lint.engines import EngineError, content_format, parse_arguments, prepare
 from tmpl_lint.prover import Prover
+from tmpl_lint.render import RenderError
 
 PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
 PARTS = "{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}"
@@ -71,6 +72,87 @@ def test_content_parts_flatten_unless_the_template_reads_them():
     assert prepare("vllm", PLAIN, parts)[0][0]["content"] == "a\nb"
     assert content_format(PARTS) == "openai"
     assert prepare("vllm", PARTS, parts)[0][0]["content"] == parts[0]["content"]
+
+
+def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
+    # vllm/entrypoints/chat_utils.py, _parse_chat_message_content: a null content is no
+    # text; an assistant's `reasoning` is copied to `reasoning_content`, a client's own
+    # `reasoning_content` is not read (vllm-project/vllm#38488); a tool's text parts
+    # become one string; only name and task of the other fields reach the template.
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    sent = [
+        {"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}},
+        {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "dropped"},
+        {
+            "role": "tool",
+            "tool_call_id": "a",
+            "name": "f",
+            "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "2"}],
+        },
+        {"role": "assistant", "content": "Done.", "reasoning": "kept", "thinking": "dropped"},
+    ]
+    messages, _ = prepare("vllm", PLAIN, sent)
+    assert messages == [
+        {"role": "user", "content": "Hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "a", "function": {"arguments": {}, "name": "f"}, "type": "function"}],
+        },
+        {"role": "tool", "content": "1\n2", "tool_call_id": "a", "name": "f"},
+        {"role": "assistant", "content": "Done.", "reasoning": "kept", "reasoning_content": "kept"},
+    ]
+    # a template that loops over content parts gets parts: a string is one, null none
+    parts, _ = prepare("vllm", PARTS, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}])
+    assert [message["content"] for message in parts] == [[{"type": "text", "text": "Hi"}], []]
+
+
+def test_a_null_content_renders_under_vllm_as_an_empty_one():
+    # QA8: an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
+    # renders them (its parsing makes the content empty); transformers' renderer fails on
+    # the same messages, and renders them with "" as vLLM's rebuild hands them.
+    from datetime import datetime
+
+    from tmpl_lint.engines import render_prompt
+
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content.strip() }}\n{% endfor %}"
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    text = render_prompt("vllm", template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False).text
+    assert text == "user: Weather?\nassistant: \n"
+    with pytest.raises(RenderError, match="'dict object' has no attribute 'content'"):
+        render_prompt("hf", template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False)
+
+
+def test_only_vllm_s_two_names_for_reasoning_reach_the_template_under_vllm():
+    from datetime import datetime
+
+    from tmpl_lint.engines import render_prompt
+
+    template = "{% for m in messages %}[{{ m.thinking }}|{{ m.reasoning_content }}|{{ m.reasoning }}]{% endfor %}"
+    messages = [
+        {"role": "assistant", "content": "a", "reasoning": "r"},
+        {"role": "assistant", "content": "b", "reasoning_content": "c"},
+    ]
+    render = {
+        engine: render_prompt(engine, template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False).text
+        for engine in ("vllm", "hf")
+    }
+    assert render["vllm"] == "[|r|r][||]"
+    assert render["hf"] == "[r|r|r][c|c|]"  # the prover's names for a client's reasoning
+
+
+def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
+    # QA8: ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
+    # parameters)).model_dump(): declared fields first, unset ones null, extras after.
+    from tmpl_lint.engines import vllm_tools
+
+    sent = [{"function": {"parameters": {}, "name": "f", "strict": True}, "type": "function"}]
+    assert vllm_tools(sent) == [
+        {"type": "function", "function": {"name": "f", "description": None, "parameters": {}, "strict": True}}
+    ]
+    assert [list(tool["function"]) for tool in vllm_tools(sent)] == [["name", "description", "parameters", "strict"]]
+    assert sent == [{"function": {"parameters": {}, "name": "f", "strict": True}, "type": "function"}]  # untouched
 
 
 def test_hf_changes_nothing_and_kwargs_merge_over_server_defaults():

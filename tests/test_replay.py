@@ -55,7 +55,9 @@ def build_log(path, tokenizer, sessions=5, turns=5, seed=7):
             reasoning = f"The user {user} asks about order {number}-{turn}. " * rng.randrange(1, 4)
             content = f"Order {number}-{turn} ships tomorrow." + " Thanks for waiting." * rng.randrange(0, 4)
             generated = tokenizer.encode(f"<think>\n{reasoning}\n</think>\n\n{content}<|im_end|>", add_special_tokens=False)
-            reply = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+            # vLLM's responses carry the reasoning as `reasoning` (its chat parsing reads no
+            # other name back) and, for older clients, as `reasoning_content` too.
+            reply = {"role": "assistant", "content": content, "reasoning": reasoning, "reasoning_content": reasoning}
             entries.append(
                 {
                     "timestamp": (start + timedelta(minutes=turn, seconds=number)).isoformat(),
