@@ -76,6 +76,9 @@ class LabelKind(StrEnum):
     NEXT = "next"
     FIRST_MESSAGE = "first_message"
     CLOCK = "clock"
+    # A value that holds a clock function itself, not the time it reads (`[strftime_now]`,
+    # `namespace(clock=strftime_now)`): whatever is called out of it reads the clock.
+    CLOCK_FUNCTION = "clock_function"
     RANDOM = "random"
     COUNT = "count"
     STRING_GUARD = "string_guard"
@@ -306,6 +309,10 @@ class Facts:
     too_deep: bool = False  # the analysis stopped at Python's recursion limit
     trace: Trace | None = None  # the top-level states, when recorded (see Trace)
     taken_over: int = 0  # top-level statements taken from another analysis' trace
+    # The format each clock call was given, by id of the call, where the analysis folded it
+    # to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`); None
+    # where it is not one constant. Only statements this analysis ran itself record here.
+    clock_formats: dict[int, str | None] = field(default_factory=dict)
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
@@ -1113,6 +1120,8 @@ class _Interpreter:
         if name in self.facts.assumptions:
             return Value(const=self.facts.assumptions[name])
         if name in KNOWN_GLOBALS:
+            if name in CLOCK_GLOBALS:  # the clock itself, which a list or a namespace may hold
+                return Value(frozenset({Label(LabelKind.CLOCK_FUNCTION, name=name)}), GlobalRef(name))
             return Value(const=GlobalRef(name))
         value = self.undeclared.get(name)
         if value is None:  # one value per name: it is immutable, and read again and again
@@ -1276,6 +1285,13 @@ class _Interpreter:
         extra = [self.expr(part) for part in (node.dyn_args, node.dyn_kwargs) if part is not None]
         if isinstance(func, nodes.Getattr):
             base = self.expr(func.node)
+            held = None  # a function kept in a namespace or a dict literal (`ns.clock(...)`)
+            if isinstance(base.const, NamespaceRef):
+                held = self.namespaces.get((base.const.key, func.attr))
+            elif isinstance(base.const, Record):
+                held = base.const.get(func.attr)
+            if held is not None and self.is_clock(held):
+                return self.clock_call(node, func, args, kwargs)
             if func.attr == "get" and args:
                 if isinstance(base.const, (NamespaceRef, LoopRef)):
                     return NOTHING
@@ -1289,14 +1305,13 @@ class _Interpreter:
             and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
             and func.name not in self.facts.assumptions
         ):
-            site = self.facts.site(func, func.name)
-            return Value(frozenset({Label(LabelKind.CLOCK, site, func.name)}) | _union(*args).labels)
+            return self.clock_call(node, func, args, kwargs)
         callee = self.expr(func)
         target = callee.const
         if self.is_clock(callee):
-            # A clock called through a name it was set to (`{% set clock = strftime_now %}`).
-            name = expression_text(func)
-            return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
+            # A clock called through a name it was set to (`{% set clock = strftime_now %}`),
+            # or read out of a list (`clocks[0](...)`).
+            return self.clock_call(node, func, args, kwargs)
         if isinstance(target, MacroRef):
             return self.call_macro(target.node, args, kwargs)
         if isinstance(target, GlobalRef):
@@ -1311,11 +1326,25 @@ class _Interpreter:
                 return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return _union(callee, *args, *kwargs.values(), *extra)
 
+    def clock_call(self, node: nodes.Call, func: nodes.Expr, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """A call that reads the clock: labelled where it is called (``func``, named as the
+        source writes it), with the format it was given where that folds to one string."""
+        name = expression_text(func)
+        format = args[0].const if len(args) == 1 and not kwargs and isinstance(args[0].const, str) else None
+        calls = self.facts.clock_formats
+        if id(node) in calls and calls[id(node)] != format:
+            format = None  # a loop run twice, or branches, gave it two formats
+        calls[id(node)] = format
+        return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
+
     def is_clock(self, callee: Value) -> bool:
-        """Whether a value called is a clock global: `strftime_now` (a known global), or a
-        clock name the template neither defines nor is passed (`now`)."""
+        """Whether a value called is a clock global: `strftime_now` (a known global, also
+        read out of a list or a namespace that holds it), or a clock name the template
+        neither defines nor is passed (`now`)."""
         if isinstance(callee.const, GlobalRef):
             return callee.const.name in CLOCK_GLOBALS
+        if callee.has(LabelKind.CLOCK_FUNCTION):
+            return True
         return any(
             label.kind is LabelKind.VARIABLE
             and label.name in CLOCK_GLOBALS

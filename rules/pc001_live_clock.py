@@ -46,7 +46,7 @@ from datetime import datetime
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, LabelKind
+from tmpl_lint.analysis import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
@@ -176,8 +176,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     calls = [
         call
         for call in facts.nodes_of(nodes.Call)
-        if isinstance(call.node, nodes.Name)
-        and call.node.name == name
+        if isinstance(call.node, (nodes.Name, nodes.Getattr, nodes.Getitem))
+        and expression_text(call.node) == name  # `strftime_now`, an alias, `ns.clock`, `clocks[0]`
         and call.lineno in printed_lines
         and not any(suppression.covers(RULE.code, call.lineno) for suppression in suppressed)
     ]
@@ -186,13 +186,9 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     moment = datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY)
     replaced: list[tuple[int, int, str, str | None]] = []  # (start, end, format, the caller's variable)
     for call in calls:
-        if (
-            len(call.args) != 1
-            or call.kwargs
-            or not isinstance(call.args[0], nodes.Const)
-            or not isinstance(call.args[0].value, str)
-        ):
-            return Fix.refuse(f"the clock's format at line {call.lineno} is not a literal string")
+        format = _format(facts, call)
+        if format is None:
+            return Fix.refuse(f"the clock's format at line {call.lineno} is not a literal string, nor a variable set to one")
         span = expression_span(facts.source_map, call)
         if span is None:
             return Fix.refuse(f"cannot locate the clock call at line {call.lineno} in the source")
@@ -206,7 +202,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         )
         if assigned_to is None and call.node is finding.site.node and finding.switch is not None:
             assigned_to = finding.switch.name
-        replaced.append((span[0], span[1], call.args[0].value, assigned_to))
+        replaced.append((span[0], span[1], format, assigned_to))
     replaced.sort()
     headers: list[Edit] = []
     edits: list[Edit] = []
@@ -228,6 +224,17 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
             edits.append(Edit(start, end, variable))
         shown.setdefault((frozen, variable), shows)
     return Fix(_title(shown), [headers + edits])
+
+
+def _format(facts: Facts, call: nodes.Call) -> str | None:
+    """The one format a clock call is given: a literal string, or what the analysis folded
+    its argument to (a variable set to a literal, `{% set fmt = '%Y-%m-%d' %}`); None for a
+    format the render decides (a template variable a caller may pass, two branches)."""
+    if len(call.args) != 1 or call.kwargs or call.dyn_args or call.dyn_kwargs:
+        return None
+    if isinstance(call.args[0], nodes.Const):
+        return call.args[0].value if isinstance(call.args[0].value, str) else None
+    return facts.clock_formats.get(id(call))
 
 
 def _title(shown: dict[tuple[str, str], _Shows]) -> str:
