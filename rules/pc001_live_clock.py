@@ -1,7 +1,8 @@
 r"""## What it does
 Finds the current time reaching the rendered prompt: `strftime_now(...)` (or another
-clock global, also called through a name it was set to: `{% set clock = strftime_now %}`)
-whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
+clock global, also called through a name it was set to, `{% set clock = strftime_now %}`,
+or out of a namespace or a list that holds it, `ns.clock(...)`, `clocks[0](...)`; reported
+at the call) whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
 default system prompt used only when the request has no system message.
 A clock value that is computed but never printed (Llama 4's `date_string`) is not
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
@@ -35,7 +36,9 @@ The fix freezes the clock at a fixed default (noon of the fix date, or of `--fro
 and lets callers pass it: every call that reaches the prompt is replaced, each in its own
 format, through one variable per format named after what it shows (`date_string`, or
 `weekday_string`, `time_string`, `datetime_string`). The model sees a fixed date instead
-of today's unless the caller passes one; nothing else in the prompt changes.
+of today's unless the caller passes one; nothing else in the prompt changes. A call's format
+is a literal or a variable the template sets to one (`{% set fmt = '%Y-%m-%d' %}`); one a
+caller may pass, or that branches set apart, is not fixed: the finding says so.
 """
 
 from __future__ import annotations
