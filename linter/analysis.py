@@ -911,7 +911,7 @@ class _Interpreter:
         exact: set[str] = set()  # roles an earlier test takes whatever else holds
         certain = False
         for test, body in branches:
-            value = self.expr(test)
+            value = _presence_of_next(self.expr(test))
             truth = _truth(value)
             if truth is False:
                 continue
@@ -1438,6 +1438,8 @@ class _Interpreter:
             folded = _fold_test(name, value.const, [arg.const for arg in args])
             if folded is not None:
                 return Value(const=folded)
+        if name in ("none", "defined", "undefined"):
+            value = _presence_of_next(value)
         labels = set(_union(value, *args).labels)
         if name == "string" and value.has(LabelKind.TOOL_ARGS):
             labels.add(Label(LabelKind.STRING_GUARD))
@@ -1468,7 +1470,7 @@ class _Interpreter:
         return _either(left, right)
 
     def expr_Not(self, node: nodes.Not) -> Value:
-        value = self.expr(node.node)
+        value = _presence_of_next(self.expr(node.node))
         truth = _truth(value)
         return Value(const=not truth) if truth is not None else Value(value.data())
 
@@ -1550,6 +1552,16 @@ class _Interpreter:
         if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
             return Value(const="".join(value.const for value in values))
         return _union(*values)
+
+
+def _presence_of_next(value: Value) -> Value:
+    """A test of whether the next message is there at all (`messages[loop.index] if not
+    loop.last else none`, then `is none`, `not nxt`): the look-ahead decides, not a field of
+    that message (a role that closes a group, which PC003 leaves alone), so the `loop.last`
+    guarding the read is not taken for one paired with such a field."""
+    if not (value.has(LabelKind.MESSAGE) and value.has(LabelKind.NEXT) and value.has(LabelKind.LAST)):
+        return value
+    return Value(frozenset(label for label in value.labels if label.kind is not LabelKind.LAST), value.const)
 
 
 def _as_positions(labels: frozenset[Label]) -> frozenset[Label]:
