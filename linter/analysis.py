@@ -284,6 +284,22 @@ def argument_separators(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
+# How a model writes tool-call arguments (``--tool-args-style``, the ``tool-args-style`` key):
+# compact, {"city":"Paris"}, or spaced, {"city": "Paris"}, as `tojson` writes by default.
+TOOL_ARGS_STYLES: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}
+DEFAULT_TOOL_ARGS_STYLE = "compact"
+TOJSON_SEPARATORS = (", ", ": ")  # transformers' `tojson` names none: json.dumps' own
+
+
+def model_separators(facts: Facts) -> tuple[str, str]:
+    """How the model writes tool-call arguments: as the run says (``--tool-args-style``, the
+    ``tool-args-style`` key: ``facts.tool_args_style``), else as the template says where it
+    names the separators it writes them with, else compact."""
+    if facts.tool_args_style is not None:
+        return TOOL_ARGS_STYLES[facts.tool_args_style]
+    return argument_separators(facts) or TOOL_ARGS_STYLES[DEFAULT_TOOL_ARGS_STYLE]
+
+
 @dataclass(frozen=True)
 class FlagReset:
     """``{% set ns.flag = false %}`` in a loop: where a group of messages that turned a
@@ -313,6 +329,9 @@ class Facts:
     # to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`); None
     # where it is not one constant. Only statements this analysis ran itself record here.
     clock_formats: dict[int, str | None] = field(default_factory=dict)
+    # How the run says the model writes tool-call arguments, None where it does not (see
+    # ``model_separators``): set by the lint from its selection, before the rules run.
+    tool_args_style: str | None = None
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
