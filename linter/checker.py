@@ -19,7 +19,7 @@ from .locations import SourceMap
 from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import STATIC, reporting
+from .rules import STATIC, described, reporting
 from .selection import Selection, Suppression, suppressions
 from .sources import TemplateSource
 
@@ -180,6 +180,7 @@ def lint_with_facts(
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts, prove, recalled))
+        described(findings)
     elif prove is not None:
         for finding in findings:
             finding.proof = Proof.not_provable("char", "the template does not parse")

@@ -75,6 +75,13 @@ word stands for its model unless the run says otherwise; with the option given, 
 model's way for every template, and a template that names other separators is reported
 (`which writes them with "," and ":" separators: the replay differs from the spaced JSON
 the model generated`), and its fix replaces them.
+
+Whatever the separators, a string passed to `tojson` (transformers and `--engine hf` pass
+the client's string on; vLLM never does) is JSON-encoded a second time, `"{\"city\":...}"`;
+where the proof shows that, the message says so instead of naming separators. Where the
+proof's scenario recomputes no token (its arguments end in the reply's last partial block,
+which no cache holds whole), the proof's note says why the figure is 0 there and what it
+costs where the arguments end earlier.
 """
 
 from __future__ import annotations
@@ -223,6 +230,48 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
         "template re-serialises them (vLLM passes them as a mapping)"
     )
     return RULE.at(_first_arguments_read(facts), message)
+
+
+def describe(finding: Finding) -> None:
+    """Say what the proof shows where the pattern alone could not tell: an argument string
+    JSON-encoded a second time (transformers, and `--engine hf`, pass the string on), not
+    separators; and why a proof that fails costs no token in its scenario."""
+    divergence = finding.proof.divergence
+    if divergence is None or divergence.cause is not Cause.TOOL_ARGUMENTS:
+        return
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    encoded = _string_at(divergence.after, common)
+    unguarded = " pass through `tojson`, which "
+    if encoded is not None and unguarded in finding.message:
+        what = finding.message.split(unguarded)[0]
+        written = _object_at(divergence.before, common)
+        finding.message = (
+            f"{what} pass through `tojson`, which JSON-encodes an argument string a second time: the replay shows "
+            f"{encoded} where the model wrote {written}; {REMEDY}"
+        )
+    unit, block, first = divergence.unit, divergence.block_size, divergence.first_divergence
+    cached = divergence.prompt_tokens[0]
+    start = cached // block * block  # the reply's last partial block, where the cached text ends
+    if divergence.lost_tokens == 0 and first is not None and first >= start:
+        why = (
+            f"0 recomputed here: the replay first differs at {unit} {first}, in the last partial "
+            f"block of the reply as written ({unit}s {start}-{cached - 1}), which the cache never holds (it keeps full "
+            "blocks only); where the arguments end a block or more before the reply does (a longer argument, text "
+            "after the call), every block from the one the difference falls in is recomputed on every turn"
+        )
+        note = finding.proof.note
+        finding.proof = finding.proof.with_note(f"{note}; {why}" if note else why)
+
+
+def _string_at(text: str, offset: int) -> str | None:
+    """The JSON string literal that starts at ``offset``, as printed, if one does."""
+    if not text.startswith('"', offset):
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, offset)
+    except ValueError:
+        return None
+    return text[offset:end]
 
 
 def _object_at(text: str, offset: int) -> str:

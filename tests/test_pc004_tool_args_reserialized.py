@@ -1,9 +1,10 @@
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
+from helpers import CORPUS, SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.cli import main
@@ -342,3 +343,39 @@ def test_the_style_is_read_from_the_configuration_and_the_flag_overrides_it(tmp_
     result = CliRunner().invoke(main, ["t.jinja", "--no-prove", "--tool-args-style", "compact"])
     assert result.exit_code == 1
     assert result.stdout.startswith("t.jinja:5:89: PC004 [tool-args-reserialized] ")
+
+
+def test_a_string_encoded_again_is_what_the_message_says():
+    """transformers passes the argument string on, and `tojson` quotes it: the proof shows
+    "{\\"city\\":...}", where the message said ", " and ": " separators (QA8 d08 a)."""
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "hf")[1]
+    assert finding.message == (
+        "tool-call arguments pass through `tojson`, which JSON-encodes an argument string a second time: the replay "
+        'shows "{\\"city\\":\\"Paris\\"}" where the model wrote {"city":"Paris"}; '
+        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+    )
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "vllm")[1]
+    assert 'which re-serialises them with ", " and ": " separators' in finding.message
+    assert finding.proof.note is None
+
+
+@needs_shared
+def test_a_failing_proof_that_costs_no_token_in_its_scenario_says_why():
+    """Qwen3 with its own tokenizer: the arguments end inside the reply's last partial block,
+    so the proof's pair recomputes 0 tokens while the finding fails (QA8 d08 d)."""
+    result = CliRunner().invoke(main, [str(SHARED_TOKENIZERS / "qwen3"), "--select", "PC004", "--format", "json"])
+    (finding,) = json.loads(result.stdout)
+    proof = finding["proof"]
+    assert (proof["status"], proof["lost_tokens"], proof["prompt_tokens"][0], proof["first_divergence"]) == (
+        "proven",
+        0,
+        191,
+        186,
+    )
+    assert proof["note"] == (
+        "0 recomputed here: the replay first differs at token 186, in the last partial block of the reply as written "
+        "(tokens 176-190), which the cache never holds (it keeps full blocks only); where the arguments end a block or "
+        "more before the reply does (a longer argument, text after the call), every block from the one the difference "
+        "falls in is recomputed on every turn"
+    )
+    assert result.exit_code == 1
