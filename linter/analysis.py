@@ -76,6 +76,9 @@ class LabelKind(StrEnum):
     NEXT = "next"
     FIRST_MESSAGE = "first_message"
     CLOCK = "clock"
+    # A value that holds a clock function itself, not the time it reads (`[strftime_now]`,
+    # `namespace(clock=strftime_now)`): whatever is called out of it reads the clock.
+    CLOCK_FUNCTION = "clock_function"
     RANDOM = "random"
     COUNT = "count"
     STRING_GUARD = "string_guard"
@@ -281,6 +284,22 @@ def argument_separators(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
+# How a model writes tool-call arguments (``--tool-args-style``, the ``tool-args-style`` key):
+# compact, {"city":"Paris"}, or spaced, {"city": "Paris"}, as `tojson` writes by default.
+TOOL_ARGS_STYLES: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}
+DEFAULT_TOOL_ARGS_STYLE = "compact"
+TOJSON_SEPARATORS = (", ", ": ")  # transformers' `tojson` names none: json.dumps' own
+
+
+def model_separators(facts: Facts) -> tuple[str, str]:
+    """How the model writes tool-call arguments: as the run says (``--tool-args-style``, the
+    ``tool-args-style`` key: ``facts.tool_args_style``), else as the template says where it
+    names the separators it writes them with, else compact."""
+    if facts.tool_args_style is not None:
+        return TOOL_ARGS_STYLES[facts.tool_args_style]
+    return argument_separators(facts) or TOOL_ARGS_STYLES[DEFAULT_TOOL_ARGS_STYLE]
+
+
 @dataclass(frozen=True)
 class FlagReset:
     """``{% set ns.flag = false %}`` in a loop: where a group of messages that turned a
@@ -306,6 +325,13 @@ class Facts:
     too_deep: bool = False  # the analysis stopped at Python's recursion limit
     trace: Trace | None = None  # the top-level states, when recorded (see Trace)
     taken_over: int = 0  # top-level statements taken from another analysis' trace
+    # The format each clock call was given, by id of the call, where the analysis folded it
+    # to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`); None
+    # where it is not one constant. Only statements this analysis ran itself record here.
+    clock_formats: dict[int, str | None] = field(default_factory=dict)
+    # How the run says the model writes tool-call arguments, None where it does not (see
+    # ``model_separators``): set by the lint from its selection, before the rules run.
+    tool_args_style: str | None = None
 
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
@@ -904,7 +930,7 @@ class _Interpreter:
         exact: set[str] = set()  # roles an earlier test takes whatever else holds
         certain = False
         for test, body in branches:
-            value = self.expr(test)
+            value = _presence_of_next(self.expr(test))
             truth = _truth(value)
             if truth is False:
                 continue
@@ -1113,6 +1139,8 @@ class _Interpreter:
         if name in self.facts.assumptions:
             return Value(const=self.facts.assumptions[name])
         if name in KNOWN_GLOBALS:
+            if name in CLOCK_GLOBALS:  # the clock itself, which a list or a namespace may hold
+                return Value(frozenset({Label(LabelKind.CLOCK_FUNCTION, name=name)}), GlobalRef(name))
             return Value(const=GlobalRef(name))
         value = self.undeclared.get(name)
         if value is None:  # one value per name: it is immutable, and read again and again
@@ -1276,6 +1304,13 @@ class _Interpreter:
         extra = [self.expr(part) for part in (node.dyn_args, node.dyn_kwargs) if part is not None]
         if isinstance(func, nodes.Getattr):
             base = self.expr(func.node)
+            held = None  # a function kept in a namespace or a dict literal (`ns.clock(...)`)
+            if isinstance(base.const, NamespaceRef):
+                held = self.namespaces.get((base.const.key, func.attr))
+            elif isinstance(base.const, Record):
+                held = base.const.get(func.attr)
+            if held is not None and self.is_clock(held):
+                return self.clock_call(node, func, args, kwargs)
             if func.attr == "get" and args:
                 if isinstance(base.const, (NamespaceRef, LoopRef)):
                     return NOTHING
@@ -1289,14 +1324,13 @@ class _Interpreter:
             and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
             and func.name not in self.facts.assumptions
         ):
-            site = self.facts.site(func, func.name)
-            return Value(frozenset({Label(LabelKind.CLOCK, site, func.name)}) | _union(*args).labels)
+            return self.clock_call(node, func, args, kwargs)
         callee = self.expr(func)
         target = callee.const
         if self.is_clock(callee):
-            # A clock called through a name it was set to (`{% set clock = strftime_now %}`).
-            name = expression_text(func)
-            return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
+            # A clock called through a name it was set to (`{% set clock = strftime_now %}`),
+            # or read out of a list (`clocks[0](...)`).
+            return self.clock_call(node, func, args, kwargs)
         if isinstance(target, MacroRef):
             return self.call_macro(target.node, args, kwargs)
         if isinstance(target, GlobalRef):
@@ -1311,11 +1345,25 @@ class _Interpreter:
                 return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return _union(callee, *args, *kwargs.values(), *extra)
 
+    def clock_call(self, node: nodes.Call, func: nodes.Expr, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """A call that reads the clock: labelled where it is called (``func``, named as the
+        source writes it), with the format it was given where that folds to one string."""
+        name = expression_text(func)
+        format = args[0].const if len(args) == 1 and not kwargs and isinstance(args[0].const, str) else None
+        calls = self.facts.clock_formats
+        if id(node) in calls and calls[id(node)] != format:
+            format = None  # a loop run twice, or branches, gave it two formats
+        calls[id(node)] = format
+        return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
+
     def is_clock(self, callee: Value) -> bool:
-        """Whether a value called is a clock global: `strftime_now` (a known global), or a
-        clock name the template neither defines nor is passed (`now`)."""
+        """Whether a value called is a clock global: `strftime_now` (a known global, also
+        read out of a list or a namespace that holds it), or a clock name the template
+        neither defines nor is passed (`now`)."""
         if isinstance(callee.const, GlobalRef):
             return callee.const.name in CLOCK_GLOBALS
+        if callee.has(LabelKind.CLOCK_FUNCTION):
+            return True
         return any(
             label.kind is LabelKind.VARIABLE
             and label.name in CLOCK_GLOBALS
@@ -1409,6 +1457,8 @@ class _Interpreter:
             folded = _fold_test(name, value.const, [arg.const for arg in args])
             if folded is not None:
                 return Value(const=folded)
+        if name in ("none", "defined", "undefined"):
+            value = _presence_of_next(value)
         labels = set(_union(value, *args).labels)
         if name == "string" and value.has(LabelKind.TOOL_ARGS):
             labels.add(Label(LabelKind.STRING_GUARD))
@@ -1439,7 +1489,7 @@ class _Interpreter:
         return _either(left, right)
 
     def expr_Not(self, node: nodes.Not) -> Value:
-        value = self.expr(node.node)
+        value = _presence_of_next(self.expr(node.node))
         truth = _truth(value)
         return Value(const=not truth) if truth is not None else Value(value.data())
 
@@ -1521,6 +1571,16 @@ class _Interpreter:
         if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
             return Value(const="".join(value.const for value in values))
         return _union(*values)
+
+
+def _presence_of_next(value: Value) -> Value:
+    """A test of whether the next message is there at all (`messages[loop.index] if not
+    loop.last else none`, then `is none`, `not nxt`): the look-ahead decides, not a field of
+    that message (a role that closes a group, which PC003 leaves alone), so the `loop.last`
+    guarding the read is not taken for one paired with such a field."""
+    if not (value.has(LabelKind.MESSAGE) and value.has(LabelKind.NEXT) and value.has(LabelKind.LAST)):
+        return value
+    return Value(frozenset(label for label in value.labels if label.kind is not LabelKind.LAST), value.const)
 
 
 def _as_positions(labels: frozenset[Label]) -> frozenset[Label]:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jinja2 import nodes
 
-from .analysis import CLOCK_GLOBALS, UNDEFINED, Facts, Site, analyze, parse_with_tokens, top_level_scan
+from .analysis import CLOCK_GLOBALS, UNDEFINED, Facts, Site, analyze, model_separators, parse_with_tokens, top_level_scan
 from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
 from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import STATIC, reporting
+from .rules import STATIC, described, reporting
 from .selection import Selection, Suppression, suppressions
 from .sources import TemplateSource
 
@@ -171,6 +171,7 @@ def lint_with_facts(
     tree, error, raw_tokens = parse_with_tokens(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
     facts = analyze(source.text, tree, source_map, record=True)
+    facts.tool_args_style = selection.tool_args_style
     if error is not None:
         facts.syntax_error = error
     # Every rule runs: a divergence that an ignored rule explains is still explained, not unexplained.
@@ -179,6 +180,7 @@ def lint_with_facts(
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
         findings.extend(prove_findings(source, findings, facts, prove, recalled))
+        described(findings)
     elif prove is not None:
         for finding in findings:
             finding.proof = Proof.not_provable("char", "the template does not parse")
@@ -424,7 +426,7 @@ def prove_findings(
     # Imported here: the static lint must not pay for rendering or tokenizers.
     from .engines import HARMONY, content_format, resolve_engine
     from .gguf import model_for, own_tokenizer
-    from .prover import Prover, argument_separators_of, attach_proofs, clocked_switches, engine_findings, switch_values
+    from .prover import Prover, attach_proofs, clocked_switches, engine_findings, switch_values
     from .render import RenderError, compile_template
     from .sources import model_type_beside
 
@@ -432,7 +434,7 @@ def prove_findings(
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     switches = switch_values(findings, facts.variables), clocked_switches(findings)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
-    separators = argument_separators_of(source.text, facts)
+    separators = model_separators(facts)
     content_format(source.text, facts.tree)
     with contextlib.suppress(RenderError):  # each render says it, as it would have
         compile_template(source.text, options.limits, facts.tree)

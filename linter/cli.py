@@ -182,8 +182,9 @@ def use_colour() -> bool:
 @click.option(
     "--tool-args-style",
     type=click.Choice(["compact", "spaced"]),
-    help="With --fix: how the model writes tool-call arguments, so mappings are written the same way: compact "
-    '({"city":"Paris"}, the default, as proofs assume) or spaced ({"city": "Paris"}).',
+    help='How the model writes tool-call arguments: compact ({"city":"Paris"}) or spaced ({"city": "Paris"}, '
+    "as tojson writes them). PC004 is checked and proven against it, and --fix writes mappings that way "
+    "(default: the configuration's tool-args-style, else compact).",
 )
 @click.option(
     "--jobs",

@@ -17,7 +17,9 @@ from pathlib import Path
 
 # The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
 MAX_BLOCK_SIZE = 1 << 20
-KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict")
+KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict", "tool-args-style")
+# How a model writes tool-call arguments (as --tool-args-style): compact {"city":"Paris"}, spaced {"city": "Paris"}.
+TOOL_ARGS_STYLES = ("compact", "spaced")
 YAML_NAME = ".tmpl-lint.yaml"
 
 
@@ -35,6 +37,7 @@ class Config:
     frozen_date: date | None = None
     tokenizer: Path | None = None
     strict: bool = False  # findings the proof did not reproduce fail the run too
+    tool_args_style: str | None = None  # how the model writes tool-call arguments; None: compact
 
     def layered(self, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
         """The block size and tokenizer of a run: the flags', else this file's, else vLLM's
@@ -183,4 +186,9 @@ def load_config(path: Path) -> Config:
         if not isinstance(table["strict"], bool):
             raise ConfigError(f"{path}: strict must be true or false")
         config.strict = table["strict"]
+    if "tool-args-style" in table:
+        style = table["tool-args-style"]
+        if style not in TOOL_ARGS_STYLES or not isinstance(style, str):
+            raise ConfigError(f'{path}: tool-args-style must be "compact" or "spaced", not {style!r}')
+        config.tool_args_style = style
     return config

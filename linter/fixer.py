@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import writes
-from .analysis import Facts, LabelKind
+from .analysis import Facts, LabelKind, model_separators
 from .checker import Selection, as_reported, lint_with_facts, prover_inputs
 from .containers import ContainerError, replace_in_container
 from .edits import FROZEN_TIME_OF_DAY, Edit, OverlappingEdits, apply_edits
@@ -37,7 +37,7 @@ from .engines import HARMONY, content_format, resolve_engine
 from .findings import Finding, quoted_name
 from .jinja_env import REQUEST_VARIABLES
 from .proofs import Cause, ProofStatus
-from .prover import Measure, Prover, Recorded, argument_separators_of, attach_proofs, resolve_special_tokens, tokenizer_identity
+from .prover import Measure, Prover, Recorded, attach_proofs, resolve_special_tokens, tokenizer_identity
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, compile_template, render
 from .rules import BY_CODE
 from .scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
@@ -52,8 +52,9 @@ class FixOptions:
     frozen_date: date
     tokenizer: Path | None = None
     block_size: int = 16
-    # "compact" or "spaced": render tool-call argument mappings with the separators the
-    # model generates (PC004); None only adds the string pass-through.
+    # "compact" or "spaced": how the model writes tool-call arguments, which the fix writes
+    # mappings with (PC004) and its verifying lint and proofs take as the check does; None:
+    # as the template names it, else compact (analysis.model_separators).
     tool_args_style: str | None = None
     engine: str = "vllm"  # whose request preprocessing the verifying proofs apply, as the check's
     limits: RenderLimits = DEFAULT_LIMITS  # each render's, as check's proofs have them
@@ -224,7 +225,7 @@ class Verifier:
         # The proof renders from the lint's parse and takes its argument separators: parsing
         # and analysing each candidate again was a fifth of a fix.
         self.ready_to_render(text)
-        separators = argument_separators_of(text, self.lint(text).facts)
+        separators = model_separators(self.lint(text).facts)
         prover = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators, self.measure)
         self.measure = prover.measure  # the candidates render most prompts as the original does
         report = prover.run({})
@@ -244,7 +245,8 @@ class Verifier:
         # A suppressed pattern is still in the template: it still explains its divergence
         # (a fix of another finding must not be refused for leaving it unexplained).
         source = TemplateSource(self.source.path, self.source.name, text, self.source.container)
-        facts, findings = lint_with_facts(source, suppress=False)
+        style = Selection(tool_args_style=self.options.tool_args_style)  # how the model writes arguments, as the check's
+        facts, findings = lint_with_facts(source, style, suppress=False)
         linted = Linted(facts, as_reported(findings))
         self._linted = (text, linted)
         return linted

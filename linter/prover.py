@@ -719,7 +719,13 @@ def _argument_forms(reply: dict[str, Any], separators: tuple[str, str]):
         mapping = _parsed(arguments) if isinstance(arguments, str) else arguments
         if mapping is None:
             continue
-        printed = [json.dumps(mapping), json.dumps(mapping, ensure_ascii=False), str(mapping)]
+        # (compact too: a template may name compact separators for a model that writes spaced JSON)
+        printed = [
+            json.dumps(mapping),
+            json.dumps(mapping, ensure_ascii=False),
+            json.dumps(mapping, separators=(",", ":")),
+            str(mapping),
+        ]
         if isinstance(arguments, str):
             printed.insert(0, json.dumps(arguments))
         yield json.dumps(mapping, separators=separators), printed

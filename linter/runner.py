@@ -178,6 +178,9 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             selection = Selection.parse(config.select, config.ignore, config.per_file_ignores, root, options.ignore)
     except SelectionError as error:
         raise OptionsError(str(error)) from None
+    # How the model writes tool-call arguments: the check proves PC004 against it, and --fix writes it.
+    tool_args_style = options.tool_args_style or config.tool_args_style  # None: the template's word, else compact
+    selection = replace(selection, tool_args_style=tool_args_style)
     block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
     result = CheckResult(strict=strict, exit_zero=options.exit_zero)
@@ -214,7 +217,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             frozen,
             tokenizer,
             block_size,
-            options.tool_args_style,
+            tool_args_style,
             options.engine,
             options.limits,
             unreproduced,

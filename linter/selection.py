@@ -1,5 +1,6 @@
-"""Which findings a run reports: codes selected and ignored, per-file ignores, and
-suppression comments in the template. One ``Selection`` decides for check, ``--fix``,
+"""Which findings a run reports: codes selected and ignored, per-file ignores, suppression
+comments in the template, and how the model writes tool-call arguments (which decides
+whether re-serialising them changes anything). One ``Selection`` decides for check, ``--fix``,
 ``--diff`` and ``audit`` alike (``lint_with_facts`` applies it).
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .locations import SourceMap
@@ -30,6 +31,10 @@ class Selection:
     # The command line's --ignore over a configuration's selection, a later layer as in ruff:
     # a code it names is off however specifically the configuration selects it.
     also_ignore: tuple[str, ...] = ()
+    # How the model writes tool-call arguments (--tool-args-style, the tool-args-style key):
+    # "compact" or "spaced"; None where the run does not say. It decides which `tojson` of
+    # arguments replays what the model wrote (PC004), in the static lint as in the proofs.
+    tool_args_style: str | None = None
 
     @classmethod
     def parse(
@@ -91,7 +96,7 @@ class Selection:
             if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(candidate.name, pattern)
             for code in codes
         ]
-        return Selection(self.select, self.ignore + tuple(extra), also_ignore=self.also_ignore)
+        return replace(self, ignore=self.ignore + tuple(extra), per_file_ignores=(), root=None)
 
 
 def _codes(values: Iterable[str] | None):

@@ -14,7 +14,10 @@ severity, summary, which divergences prove it, what its fix must remove), and as
   explains, at the place in the template the rule knows (the generation prompt's test);
 - ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None);
 - ``shown_by(finding, divergence)``: whether a divergence the rule proves shows that finding,
-  where one finding stands for less than every divergence the rule proves (PC006's opener).
+  where one finding stands for less than every divergence the rule proves (PC006's opener);
+- ``describe(finding)``: once the finding has its proof, say in its message (or the proof's
+  note) what the proof shows, where the static pattern alone could not tell (PC004: a
+  string JSON-encoded again, not separators).
 
 Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule
 explains...) declare what they report (``RuleInfo.reports``), and the engine asks for them
@@ -51,6 +54,14 @@ _BY_OUTCOME = {rule.RULE.reports: rule for rule in RULES if rule.RULE.reports is
 def lookup(code_or_name: str):
     """The rule module for a code (``PC002``) or name (``history-rewrite``), or None."""
     return BY_CODE.get(code_or_name.upper()) or BY_NAME.get(code_or_name.lower())
+
+
+def described(findings) -> None:
+    """Let each proven finding's rule say what its proof shows (``describe``)."""
+    for finding in findings:
+        rule = BY_CODE.get(finding.code)
+        if rule is not None and hasattr(rule, "describe") and finding.proof is not None and finding.proof.is_proven:
+            rule.describe(finding)
 
 
 def reporting(outcome: Outcome):

@@ -1,7 +1,8 @@
 r"""## What it does
 Finds the current time reaching the rendered prompt: `strftime_now(...)` (or another
-clock global, also called through a name it was set to: `{% set clock = strftime_now %}`)
-whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
+clock global, also called through a name it was set to, `{% set clock = strftime_now %}`,
+or out of a namespace or a list that holds it, `ns.clock(...)`, `clocks[0](...)`; reported
+at the call) whose value is printed, directly or through `{% set %}`, a macro, a namespace, or a
 default system prompt used only when the request has no system message.
 A clock value that is computed but never printed (Llama 4's `date_string`) is not
 reported, and neither is a fixed default (Llama 3.1's `date_string = "26 Jul 2024"`).
@@ -35,7 +36,9 @@ The fix freezes the clock at a fixed default (noon of the fix date, or of `--fro
 and lets callers pass it: every call that reaches the prompt is replaced, each in its own
 format, through one variable per format named after what it shows (`date_string`, or
 `weekday_string`, `time_string`, `datetime_string`). The model sees a fixed date instead
-of today's unless the caller passes one; nothing else in the prompt changes.
+of today's unless the caller passes one; nothing else in the prompt changes. A call's format
+is a literal or a variable the template sets to one (`{% set fmt = '%Y-%m-%d' %}`); one a
+caller may pass, or that branches set apart, is not fixed: the finding says so.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from datetime import datetime
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, LabelKind
+from tmpl_lint.analysis import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
@@ -176,8 +179,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     calls = [
         call
         for call in facts.nodes_of(nodes.Call)
-        if isinstance(call.node, nodes.Name)
-        and call.node.name == name
+        if isinstance(call.node, (nodes.Name, nodes.Getattr, nodes.Getitem))
+        and expression_text(call.node) == name  # `strftime_now`, an alias, `ns.clock`, `clocks[0]`
         and call.lineno in printed_lines
         and not any(suppression.covers(RULE.code, call.lineno) for suppression in suppressed)
     ]
@@ -186,13 +189,9 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     moment = datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY)
     replaced: list[tuple[int, int, str, str | None]] = []  # (start, end, format, the caller's variable)
     for call in calls:
-        if (
-            len(call.args) != 1
-            or call.kwargs
-            or not isinstance(call.args[0], nodes.Const)
-            or not isinstance(call.args[0].value, str)
-        ):
-            return Fix.refuse(f"the clock's format at line {call.lineno} is not a literal string")
+        format = _format(facts, call)
+        if format is None:
+            return Fix.refuse(f"the clock's format at line {call.lineno} is not a literal string, nor a variable set to one")
         span = expression_span(facts.source_map, call)
         if span is None:
             return Fix.refuse(f"cannot locate the clock call at line {call.lineno} in the source")
@@ -206,7 +205,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         )
         if assigned_to is None and call.node is finding.site.node and finding.switch is not None:
             assigned_to = finding.switch.name
-        replaced.append((span[0], span[1], call.args[0].value, assigned_to))
+        replaced.append((span[0], span[1], format, assigned_to))
     replaced.sort()
     headers: list[Edit] = []
     edits: list[Edit] = []
@@ -228,6 +227,17 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
             edits.append(Edit(start, end, variable))
         shown.setdefault((frozen, variable), shows)
     return Fix(_title(shown), [headers + edits])
+
+
+def _format(facts: Facts, call: nodes.Call) -> str | None:
+    """The one format a clock call is given: a literal string, or what the analysis folded
+    its argument to (a variable set to a literal, `{% set fmt = '%Y-%m-%d' %}`); None for a
+    format the render decides (a template variable a caller may pass, two branches)."""
+    if len(call.args) != 1 or call.kwargs or call.dyn_args or call.dyn_kwargs:
+        return None
+    if isinstance(call.args[0], nodes.Const):
+        return call.args[0].value if isinstance(call.args[0].value, str) else None
+    return facts.clock_formats.get(id(call))
 
 
 def _title(shown: dict[tuple[str, str], _Shows]) -> str:

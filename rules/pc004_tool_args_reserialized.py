@@ -24,10 +24,6 @@ under vLLM the `is string` pass-through never fires and the re-serialisation alw
 {%- endfor %}
 ```
 
-A template that names the separators (`tojson(separators=(",", ":"))`) states how its
-model writes arguments and is taken at its word: no finding, and the proof replays
-arguments written with those separators.
-
 ## Use instead
 ```jinja
 {%- for message in messages %}
@@ -56,8 +52,36 @@ The fix adds the `is string` pass-through where there is none, so a client that 
 model's raw argument string replays it byte for byte, and names the separators mappings
 are written with (vLLM always passes a mapping): `--tool-args-style compact` (the default,
 `{"city":"Paris"}`, what the proof assumes the model wrote) or `spaced` (`{"city": "Paris"}`,
-for a model that writes `", "` and `": "`). It changes what the model sees for mappings when
-the style is compact: choose the style the model generates.
+for a model that writes `", "` and `": "`); separators the template names that are not the
+model's are replaced. It changes what the model sees for mappings when the style is
+compact: choose the style the model generates (and check with the same style).
+
+## Options
+`--tool-args-style compact|spaced` (or `tool-args-style = "spaced"` in the configuration,
+which the pre-commit hooks read) says how the model writes arguments: `compact`
+(`{"city":"Paris"}`) or `spaced` (`{"city": "Paris"}`, as `tojson` writes them by
+default). The check and its proof take it as what the model wrote, and `--fix` writes
+mappings that way. So for a model that writes spaced JSON a plain `tojson` passes (a
+mapping replays as written), and `--fix` has nothing to rewrite.
+
+Without the option, a template that names the separators (`tojson(separators=(",", ":"))`,
+or `(", ", ": ")`) states how its model writes arguments and is taken at its word: no
+finding, and the proof replays arguments written with those separators. A plain `tojson`
+states nothing (its separators are the filter's default, not a choice), so the model is
+taken to write compact JSON, the option's default: `tojson` and `tojson(separators=(", ", ": "))` render the same text, and only the
+second passes without the option, because only it says how its model writes. One setting
+covers every template of a run (a repository may hold several models), so a template's own
+word stands for its model unless the run says otherwise; with the option given, it is the
+model's way for every template, and a template that names other separators is reported
+(`which writes them with "," and ":" separators: the replay differs from the spaced JSON
+the model generated`), and its fix replaces them.
+
+Whatever the separators, a string passed to `tojson` (transformers and `--engine hf` pass
+the client's string on; vLLM never does) is JSON-encoded a second time, `"{\"city\":...}"`;
+where the proof shows that, the message says so instead of naming separators. Where the
+proof's scenario recomputes no token (its arguments end in the reply's last partial block,
+which no cache holds whole), the proof's note says why the figure is 0 there and what it
+costs where the arguments end earlier.
 """
 
 from __future__ import annotations
@@ -65,10 +89,18 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, LabelKind, Site
+from tmpl_lint.analysis import (
+    TOJSON_SEPARATORS,
+    TOOL_ARGS_STYLES,
+    Facts,
+    LabelKind,
+    Site,
+    model_separators,
+)
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Divergence
@@ -85,30 +117,36 @@ RULE = RuleInfo(
 
 
 # How a model writes tool-call arguments, by --tool-args-style: the separators a fix names.
-SEPARATORS = {"compact": (",", ":"), "spaced": (", ", ": ")}
-DEFAULT_STYLE = "compact"  # what the proof assumes the model wrote ({"city":"Paris"})
+SEPARATORS = TOOL_ARGS_STYLES
 REMEDY = '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
 
 
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
+    model = model_separators(facts)
     for use in facts.json_uses:
         kinds = {label.kind for label in use.labels}
         if not kinds & {LabelKind.TOOL_ARGS, LabelKind.TOOL_CALL}:
             continue
-        if use.names_layout:
-            continue  # the template states how it writes the JSON (separators, indent): taken at its word
+        written = _written_with(use)
+        if written is None or written == model:
+            # Written as the model writes them (`tojson` names no separators and the model
+            # writes spaced JSON, or the template names the model's), or in a layout of the
+            # template's own (indent): taken at its word. A string passed through `tojson`
+            # is JSON-encoded again all the same, which the proof finds on its own.
+            continue
         site = facts.site(use.node, "tojson")
         what = "tool-call arguments" if LabelKind.TOOL_ARGS in kinds else "a tool call (with its arguments)"
         if _guarded(use):
             message = (
                 f"{what} pass through `tojson` when they are not a string: a mapping (vLLM always passes one) replays "
-                f'with ", " and ": " separators, not as a model writing compact JSON wrote it; {REMEDY}'
+                f"with {_pair(written)} separators, not as a model writing {_json_of(model)} wrote it; {REMEDY}"
             )
         else:
+            verb = "re-serialises" if use.separators is None else "writes"
             message = (
-                f'{what} pass through `tojson`, which re-serialises them with ", " and ": " separators: '
-                f"the replay differs from the compact JSON the model generated; {REMEDY}"
+                f"{what} pass through `tojson`, which {verb} them with {_pair(written)} separators: "
+                f"the replay differs from the {_json_of(model)} the model generated; {REMEDY}"
             )
         key = (site.line, site.column)
         previous = findings.get(key)
@@ -118,13 +156,33 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
+def _written_with(use) -> tuple[str, str] | None:
+    """The separators a `tojson` writes a mapping with: those it names, else `tojson`'s own
+    (`", "` and `": "`); None for a layout of its own (indent, or separators the analysis
+    cannot read)."""
+    if use.separators is not None:
+        return use.separators
+    return None if use.names_layout else TOJSON_SEPARATORS
+
+
+def _pair(separators: tuple[str, str]) -> str:
+    return " and ".join(json.dumps(part) for part in separators)
+
+
+def _json_of(separators: tuple[str, str]) -> str:
+    """The model's JSON in words: "compact JSON", "spaced JSON"."""
+    named = next((style for style, pair in SEPARATORS.items() if pair == separators), None)
+    return f"{named} JSON" if named else f"JSON with {_pair(separators)} separators"
+
+
 def _guarded(use) -> bool:
     """Behind an `is string` pass-through: a string replays byte for byte, a mapping does not."""
     return any(label.kind is LabelKind.STRING_GUARD for control in use.controls for label in control.labels)
 
 
-def _style(options) -> str:
-    return getattr(options, "tool_args_style", None) or DEFAULT_STYLE
+# `separators=(",", ":")` as a tojson call names it: a tuple or a list of two string literals.
+_STRING = r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""
+NAMED_SEPARATORS = re.compile(rf"separators\s*=\s*[\(\[]\s*{_STRING}\s*,\s*{_STRING}\s*,?\s*[\)\]]")
 
 
 def fix(facts: Facts, finding: Finding, options) -> Fix:
@@ -141,14 +199,19 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     (start, end), (pipe, filter_end) = spans
     argument = facts.text[start:end]
     call = facts.text[pipe:filter_end].rstrip()
-    style = _style(options)
-    separators = "separators=({}, {})".format(*(json.dumps(part) for part in SEPARATORS[style]))
-    if not call.endswith(")"):
+    model = model_separators(facts)  # --tool-args-style, else the template's word, else compact
+    separators = "separators=({}, {})".format(*(json.dumps(part) for part in model))
+    if use.separators is not None:  # it names other separators than the model's: those are replaced
+        named = list(NAMED_SEPARATORS.finditer(call))
+        if len(named) != 1:
+            return Fix.refuse("cannot locate the separators the tojson call names in the source")
+        serialised = f"{argument} {call[: named[0].start()]}{separators}{call[named[0].end() :]}"
+    elif not call.endswith(")"):
         serialised = f"{argument} | tojson({separators})"
     else:  # tojson(...) with arguments of its own: the separators join them
         joiner = "" if call.replace(" ", "").endswith("()") else ", "
         serialised = f"{argument} {call[:-1].rstrip()}{joiner}{separators})"
-    shown = json.dumps({"city": "Paris"}, separators=SEPARATORS[style])
+    shown = json.dumps({"city": "Paris"}, separators=model)
     if _guarded(use):  # behind an `is string` pass-through already
         title = f"a mapping of tool-call arguments (vLLM always passes one) renders as the model writes it: {shown}"
         return Fix(title, [[Edit(start, filter_end, serialised)]])
@@ -167,6 +230,48 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
         "template re-serialises them (vLLM passes them as a mapping)"
     )
     return RULE.at(_first_arguments_read(facts), message)
+
+
+def describe(finding: Finding) -> None:
+    """Say what the proof shows where the pattern alone could not tell: an argument string
+    JSON-encoded a second time (transformers, and `--engine hf`, pass the string on), not
+    separators; and why a proof that fails costs no token in its scenario."""
+    divergence = finding.proof.divergence
+    if divergence is None or divergence.cause is not Cause.TOOL_ARGUMENTS:
+        return
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    encoded = _string_at(divergence.after, common)
+    unguarded = " pass through `tojson`, which "
+    if encoded is not None and unguarded in finding.message:
+        what = finding.message.split(unguarded)[0]
+        written = _object_at(divergence.before, common)
+        finding.message = (
+            f"{what} pass through `tojson`, which JSON-encodes an argument string a second time: the replay shows "
+            f"{encoded} where the model wrote {written}; {REMEDY}"
+        )
+    unit, block, first = divergence.unit, divergence.block_size, divergence.first_divergence
+    cached = divergence.prompt_tokens[0]
+    start = cached // block * block  # the reply's last partial block, where the cached text ends
+    if divergence.lost_tokens == 0 and first is not None and first >= start:
+        why = (
+            f"0 recomputed here: the replay first differs at {unit} {first}, in the last partial "
+            f"block of the reply as written ({unit}s {start}-{cached - 1}), which the cache never holds (it keeps full "
+            "blocks only); where the arguments end a block or more before the reply does (a longer argument, text "
+            "after the call), every block from the one the difference falls in is recomputed on every turn"
+        )
+        note = finding.proof.note
+        finding.proof = finding.proof.with_note(f"{note}; {why}" if note else why)
+
+
+def _string_at(text: str, offset: int) -> str | None:
+    """The JSON string literal that starts at ``offset``, as printed, if one does."""
+    if not text.startswith('"', offset):
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, offset)
+    except ValueError:
+        return None
+    return text[offset:end]
 
 
 def _object_at(text: str, offset: int) -> str:
@@ -201,7 +306,8 @@ def verify_fix(verifier, patched: str) -> str | None:
     style asked for (the proof's tool-arguments divergence may have other causes the fix
     leaves alone)."""
     mapping = json.loads(COMPACT_ARGUMENTS)
-    written = json.dumps(mapping, separators=SEPARATORS[_style(verifier.options)])
+    # as the fix wrote them: the model's separators (the original's lint says how it writes them)
+    written = json.dumps(mapping, separators=model_separators(verifier.lint(verifier.source.text).facts))
     conversations = [
         scenario
         for scenario in verifier.rendered_scenarios()

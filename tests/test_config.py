@@ -306,3 +306,13 @@ def test_the_configurations_block_size_has_the_flags_bounds(tmp_path, monkeypatc
     code, out, _ = run("b.jinja", "--format", "json")
     assert code == 1
     assert json.loads(out)[0]["proof"]["block_size"] == 1048576
+
+
+@pytest.mark.parametrize(("text", "shown"), [('"tight"', "'tight'"), ("true", "True"), ('["spaced"]', "['spaced']")])
+def test_a_tool_args_style_that_is_none_is_one_error_line_naming_the_file(tmp_path, monkeypatch, text, shown):
+    setup(tmp_path, monkeypatch, "pyproject.toml", f"[tool.tmpl-lint]\ntool-args-style = {text}\n")
+    assert run("a.jinja", "--no-prove") == (
+        2,
+        "",
+        f'tmpl-lint: error: {tmp_path / "pyproject.toml"}: tool-args-style must be "compact" or "spaced", not {shown}\n',
+    )

@@ -362,7 +362,8 @@ def test_a_clock_whose_format_is_not_literal_refuses_the_whole_fix(tmp_path):
     result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
     assert result.exit_code == 1
     assert result.stdout.splitlines()[0] == (
-        f"{path}:1:4: not fixed PC001 [live-clock]: the clock's format at line 1 is not a literal string"
+        f"{path}:1:4: not fixed PC001 [live-clock]: the clock's format at line 1 is not a literal string, "
+        "nor a variable set to one"
     )
     assert path.read_text() == original
 
@@ -398,6 +399,64 @@ def test_a_clock_called_through_a_name_it_was_set_to_is_proven_and_fixed(tmp_pat
     )
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     assert path.read_text() == header + original.replace("clock('%Y-%m-%d')", "date_string")
+
+
+CLOCK_HELD = {
+    # the clock kept in a namespace attribute, in a list, or called with a format held in a variable
+    "namespace": ("{%- set ns = namespace(clock=strftime_now) %}", "ns.clock('%Y-%m-%d')", "ns.clock("),
+    "list": ("{%- set clocks = [strftime_now] %}", "clocks[0]('%Y-%m-%d')", "clocks[0]("),
+    "format variable": ("{%- set fmt = '%Y-%m-%d' %}", "strftime_now(fmt)", "strftime_now("),
+}
+
+
+def clock_held(kind: str) -> tuple[str, str, str]:
+    setup, call, anchor = CLOCK_HELD[kind]
+    source = (
+        f"{setup}\n"
+        f"{{{{- '<|system|>Date: ' + {call} + '<|end|>\\n' }}}}\n"
+        "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}"
+    )
+    return source, call, anchor
+
+
+@pytest.mark.parametrize("kind", list(CLOCK_HELD))
+def test_a_clock_held_in_a_namespace_or_a_list_is_proven_at_its_call_and_fixed(tmp_path, kind):
+    """`namespace(clock=strftime_now)` then `ns.clock(...)`, or `[strftime_now]` then
+    `clocks[0](...)`: the clock's scenarios saw the date move the prompt, and with no finding
+    to name it that was PC100 "no rule explains why", with no fix (QA8 #8); a format held in
+    a variable set to a literal was "not fixed: the clock's format ... is not a literal string"."""
+    original, call, anchor = clock_held(kind)
+    codes, findings = prove_text(original)
+    assert codes == [at("PC001", original, anchor)]
+    assert findings[0].proof.is_proven
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--frozen-date", "2026-01-15"])
+    _, line, column = at("PC001", original, anchor)
+    assert (result.exit_code, result.stdout) == (
+        0,
+        f"{path}:{line}:{column}: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's "
+        "unless the caller passes date_string\nAll checks passed!\n",
+    )
+    header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
+    assert path.read_text() == header + original.replace(call, "date_string")
+
+
+def test_a_format_variable_a_caller_may_pass_refuses_the_fix(tmp_path):
+    """The format folds to one string only where the template alone sets it: a default a
+    caller may override is not frozen in one format."""
+    original = (
+        "{%- if fmt is not defined %}{%- set fmt = '%Y-%m-%d' %}{%- endif %}\n"
+        "{{- strftime_now(fmt) }}{%- for m in messages %}{{ m.content }}{%- endfor %}"
+    )
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(original)
+    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:2:5: not fixed PC001 [live-clock]: the clock's format at line 2 is not a literal string, "
+        "nor a variable set to one"
+    )
+    assert path.read_text() == original
 
 
 def test_a_date_only_in_the_generation_prompt_is_not_reproduced_and_says_the_clock_moved_it():

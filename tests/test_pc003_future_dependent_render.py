@@ -398,3 +398,30 @@ def test_the_number_of_messages_printed_in_the_system_block_is_pc003():
 def test_a_count_outside_the_loop_that_is_not_printed_before_messages_is_not_this(decision):
     source = "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}" + decision
     assert "PC003" not in [code for code, _, _ in lint_text(source)[0]]
+
+
+GUARDED_NEXT = (
+    "{%- for m in messages %}\n"
+    "{%- set nxt = messages[loop.index] if not loop.last else none %}\n"
+    "<|{{ m.role }}|>{{ m.content }}{% if TEST %} [latest]{% endif %}<|end|>\n"
+    "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("test", ["nxt is none", "not nxt"])
+def test_a_next_message_read_behind_loop_last_and_tested_for_presence_is_pc003_at_the_look_ahead(test):
+    """`messages[loop.index] if not loop.last else none`, then `nxt is none`: the message is
+    marked while nothing follows it. The `loop.last` guarding the read looked like one paired
+    with the next message's role (a group closed the same way once it arrives), so nothing
+    was reported, and the proof's divergence was PC100 at 1:1 (QA8 d08 e)."""
+    source = GUARDED_NEXT.replace("TEST", test)
+    assert lint_text(source)[0] == [at("PC003", source, "messages[loop.index]")]
+    codes, findings = prove_text(source)
+    assert codes == [at("PC003", source, "messages[loop.index]")]
+    assert findings[0].proof.is_proven
+    assert findings[0].message == "`messages[next]` makes a message render differently once the next message exists"
+
+
+def test_the_role_of_a_next_message_read_behind_loop_last_still_closes_a_group():
+    source = GUARDED_NEXT.replace("TEST", "nxt is none or nxt.role != 'tool'")
+    assert lint_text(source)[0] == []

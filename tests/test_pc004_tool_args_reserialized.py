@@ -1,9 +1,10 @@
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
+from helpers import CORPUS, SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.cli import main
@@ -165,14 +166,26 @@ def test_behind_a_pass_through_the_fix_names_the_separators_only(tmp_path):
     assert lint_text(path.read_text())[0] == []
 
 
-def test_spaced_style_writes_the_default_separators_and_the_proof_replays_them(tmp_path):
-    path, result = fix_file(tmp_path, "PC004_tool_args_guarded.jinja", "--tool-args-style", "spaced")
-    assert 'renders as the model writes it: {"city": "Paris"}' in result.stdout
-    patched = path.read_text()
-    assert patched.splitlines()[7] == '            {{- call.function.arguments | tojson(separators=(", ", ": ")) }}'
-    # The model is taken to write what the template names: nothing diverges, nothing is unexplained.
-    proof = Prover(patched, None, engine="vllm").run({})
-    assert proof.divergences() == []
+def test_a_spaced_fix_of_a_template_that_already_writes_spaced_json_writes_nothing(tmp_path):
+    """`tojson` writes ", " and ": " itself: for a model that writes spaced JSON there is
+    nothing to fix. The fix wrote the same separators spelled out and said "fixed PC004", an
+    edit that changes no render (QA8 #6)."""
+    for name in ("PC004_tool_args_guarded.jinja", "PC004_tool_args_reserialized.jinja"):
+        path, result = fix_file(tmp_path, name, "--tool-args-style", "spaced")
+        assert (result.exit_code, result.stdout) == (0, "All checks passed!\n")
+        assert path.read_text() == (CORPUS / name).read_text()
+
+
+def test_a_spaced_fix_replaces_the_compact_separators_a_template_names(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text((CORPUS / "PC004_tool_args_guarded.jinja").read_text().replace("tojson", 'tojson(separators=(",", ":"))'))
+    result = CliRunner().invoke(main, [str(path), "--fix", "--tool-args-style", "spaced"])
+    assert result.stdout.splitlines()[0] == (
+        f"{path}:8:43: fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) "
+        'renders as the model writes it: {"city": "Paris"}'
+    )
+    assert path.read_text().splitlines()[7] == '            {{- call.function.arguments | tojson(separators=(", ", ": ")) }}'
+    assert result.exit_code == 0
 
 
 def test_separators_join_the_arguments_tojson_already_has():
@@ -280,3 +293,89 @@ def test_tool_arguments_of_a_namespace_copy_of_the_messages_are_found_and_fixed(
     assert result.stdout.startswith(f"{path}:{line}:{column}: fixed PC004 [tool-args-reserialized]")
     assert result.exit_code == 0
     assert lint_text(path.read_text())[0] == []
+
+
+# -- how the model writes arguments: --tool-args-style, for the check as for the fix ------
+
+# tojson names no separators; names transformers' own (", " and ": "); names compact ones
+WRITTEN = {
+    "tojson": "call.arguments | tojson",
+    "spaced": 'call.arguments | tojson(separators=(", ", ": "))',
+    "compact": 'call.arguments | tojson(separators=(",", ":"))',
+}
+
+
+@pytest.mark.parametrize(
+    ("style", "verdicts"),
+    [
+        # no style given: a template that names separators says how its model writes them
+        (None, {"tojson": 1, "spaced": 0, "compact": 0}),
+        # given: it is how the model writes them, whatever the template names
+        ("compact", {"tojson": 1, "spaced": 1, "compact": 0}),
+        ("spaced", {"tojson": 0, "spaced": 0, "compact": 1}),
+    ],
+)
+def test_templates_that_render_alike_get_one_verdict_for_the_style_the_model_writes(tmp_path, style, verdicts):
+    """`tojson` and `tojson(separators=(", ", ": "))` render the same text for every request:
+    one was a proven PC004 and the other passed, and the check took --tool-args-style and
+    ignored it, so a model that writes spaced JSON could not pass (QA8 #6)."""
+    found = {}
+    for name, expression in WRITTEN.items():
+        path = tmp_path / f"{name}.jinja"
+        path.write_text(
+            (CORPUS / "PC004_tool_args_reserialized.jinja").read_text().replace("call.arguments | tojson", expression)
+        )
+        result = CliRunner().invoke(main, [str(path), *(["--tool-args-style", style] if style else [])])
+        found[name] = result.exit_code
+        if result.exit_code:
+            assert result.stdout.startswith(f"{path}:5:89: PC004 [tool-args-reserialized]")
+            assert "proof: proven in" in result.stdout
+        else:
+            assert result.stdout == "All checks passed!\n"
+    assert found == verdicts
+
+
+def test_the_style_is_read_from_the_configuration_and_the_flag_overrides_it(tmp_path, monkeypatch):
+    shutil.copyfile(CORPUS / "PC004_tool_args_reserialized.jinja", tmp_path / "t.jinja")
+    (tmp_path / "pyproject.toml").write_text('[tool.tmpl-lint]\ntool-args-style = "spaced"\n')
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(main, ["t.jinja", "--no-prove"]).stdout == "All checks passed!\n"
+    result = CliRunner().invoke(main, ["t.jinja", "--no-prove", "--tool-args-style", "compact"])
+    assert result.exit_code == 1
+    assert result.stdout.startswith("t.jinja:5:89: PC004 [tool-args-reserialized] ")
+
+
+def test_a_string_encoded_again_is_what_the_message_says():
+    """transformers passes the argument string on, and `tojson` quotes it: the proof shows
+    "{\\"city\\":...}", where the message said ", " and ": " separators (QA8 d08 a)."""
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "hf")[1]
+    assert finding.message == (
+        "tool-call arguments pass through `tojson`, which JSON-encodes an argument string a second time: the replay "
+        'shows "{\\"city\\":\\"Paris\\"}" where the model wrote {"city":"Paris"}; '
+        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+    )
+    (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "vllm")[1]
+    assert 'which re-serialises them with ", " and ": " separators' in finding.message
+    assert finding.proof.note is None
+
+
+@needs_shared
+def test_a_failing_proof_that_costs_no_token_in_its_scenario_says_why():
+    """Qwen3 with its own tokenizer: the arguments end inside the reply's last partial block,
+    so the proof's pair recomputes 0 tokens while the finding fails (QA8 d08 d)."""
+    result = CliRunner().invoke(main, [str(SHARED_TOKENIZERS / "qwen3"), "--select", "PC004", "--format", "json"])
+    (finding,) = json.loads(result.stdout)
+    proof = finding["proof"]
+    assert (proof["status"], proof["lost_tokens"], proof["prompt_tokens"][0], proof["first_divergence"]) == (
+        "proven",
+        0,
+        191,
+        186,
+    )
+    assert proof["note"] == (
+        "0 recomputed here: the replay first differs at token 186, in the last partial block of the reply as written "
+        "(tokens 176-190), which the cache never holds (it keeps full blocks only); where the arguments end a block or "
+        "more before the reply does (a longer argument, text after the call), every block from the one the difference "
+        "falls in is recomputed on every turn"
+    )
+    assert result.exit_code == 1
