@@ -272,6 +272,7 @@ class SwitchTrials:
             assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value}, record=bool(reusing), reusing=reusing)
             if assumed.trace is not None:
                 reusing.append(assumed.trace)
+            assumed.tool_args_style = facts.tool_args_style  # the run's, as the plain analysis had it
             self.taken_over += assumed.taken_over
             codes = {finding.code for finding in self.findings if name in finding.candidates}
             rules = [rule for rule in self.rules if rule.RULE.code in codes]
