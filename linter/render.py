@@ -270,24 +270,32 @@ def compile_template(
         raise RenderLimitExceeded("the template is nested too deeply to compile") from None
 
 
+# What a request holds that is its own copy already: immutable, and a template reaches
+# nothing through it.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def copy_request(value: Any) -> Any:
     """A copy of request data through which a template cannot reach the caller's. JSON
     data (all a request holds) is rebuilt as transformers rebuilds it, without
-    ``deepcopy``'s memo (a fifth of a proof); anything else is deep-copied."""
+    ``deepcopy``'s memo (a fifth of a proof); anything else is deep-copied. Most values are
+    strings: they are kept without a call each."""
     kind = type(value)
-    if value is None or kind in (str, int, float, bool):
-        return value
     if kind is dict:
-        return {key: copy_request(item) for key, item in value.items()}
+        return {key: item if type(item) in _LEAVES else copy_request(item) for key, item in value.items()}
     if kind is list:
-        return [copy_request(item) for item in value]
+        return [item if type(item) in _LEAVES else copy_request(item) for item in value]
+    if kind in _LEAVES:
+        return value
     return copy.deepcopy(value)
 
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     prepared = []
     for message in messages:
-        plain = {key: copy_request(value) for key, value in message.items() if value is not None}
+        plain = {
+            key: value if type(value) in _LEAVES else copy_request(value) for key, value in message.items() if value is not None
+        }
         reasoning = next((plain[key] for key in REASONING_FIELDS if plain.get(key) is not None), None)
         if reasoning is not None:
             plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
