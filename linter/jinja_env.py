@@ -12,6 +12,7 @@ freezes it and steps it across midnight without touching the machine's clock.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -163,6 +164,19 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
             if type(value) in PLAIN_DATA:
                 return value
         return super().getattr(obj, attribute)
+
+    def handle_exception(self, source=None):
+        # jinja2 rewrites the traceback of an error raised while rendering so that it shows
+        # template lines, compiling a fake frame for each template frame: a third of a
+        # render that fails (a proof meets hundreds: raise_exception refusing a request), and
+        # a frame per level of a recursion too deep. tmpl-lint reports a render's error by its
+        # message (render.py), which the rewrite leaves as it is; so only a syntax error,
+        # whose printing the rewrite sets, takes it. (An error no rule reports, an internal
+        # error, shows the compiled template's own frames under TMPL_LINT_DEBUG.)
+        error = sys.exc_info()[1]
+        if isinstance(error, jinja2.TemplateSyntaxError):
+            return super().handle_exception(source)
+        raise error
 
     def is_safe_attribute(self, obj, attr, value) -> bool:
         key = (type(obj), attr)
