@@ -118,8 +118,9 @@ def parse_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
-    first = {key: mapping[key] for key in order if key in mapping}
-    return {**first, **{key: value for key, value in mapping.items() if key not in first}}
+    """``mapping`` with the keys of ``order`` first, in that order, then the others as they
+    came (a key merged again keeps its place)."""
+    return {**{key: mapping[key] for key in order if key in mapping}, **mapping}
 
 
 def _flatten(content: Any, form: str) -> Any:
@@ -159,31 +160,34 @@ def prepare(
             merged["enable_thinking"] = reasoning_effort != "none"
     form = content_format(template)
     prepared = []
-    for original in messages:
-        message = dict(original) if type(original) is dict else copy_request(original)
-        if "content" in message:
-            message["content"] = _flatten(message["content"], form)
+    for message in messages:
+        if type(message) is not dict:
+            message = copy_request(message)
+        # A message that nothing below changes is passed on as it is (render copies it).
+        content = message.get("content")
+        if isinstance(content, list):
+            message = {**message, "content": _flatten(content, form)}
         if message.get("role") == "assistant" and "tool_calls" in message:
             calls = message["tool_calls"]
             if isinstance(calls, list) and not calls:
-                message.pop("tool_calls")
+                message = {key: value for key, value in message.items() if key != "tool_calls"}
             elif isinstance(calls, list):
-                ordered = []
-                for call in calls:
-                    if not isinstance(call, dict):
-                        raise EngineError("assistant tool_calls entries must be objects")
-                    function = call.get("function")
-                    if call.get("type", "function") != "function" or not isinstance(function, dict):
-                        raise EngineError("chat completions only support assistant tool_calls of type 'function'")
-                    function = {**function, "arguments": parse_arguments(function.get("arguments"))}
-                    # vLLM validates the request against the OpenAI types, whose fields come
-                    # in this order; a template that prints `function|tojson` shows it.
-                    ordered.append(
-                        _ordered({**call, "function": _ordered(function, ("arguments", "name"))}, ("id", "function", "type"))
-                    )
-                message["tool_calls"] = ordered
+                message = {**message, "tool_calls": [_validated_call(call) for call in calls]}
         prepared.append(message)
     return prepared, merged
+
+
+def _validated_call(call: Any) -> dict[str, Any]:
+    """An assistant tool call as vLLM's request validation leaves it."""
+    if not isinstance(call, dict):
+        raise EngineError("assistant tool_calls entries must be objects")
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict):
+        raise EngineError("chat completions only support assistant tool_calls of type 'function'")
+    # vLLM validates the request against the OpenAI types, whose fields come in this
+    # order; a template that prints `function|tojson` shows it.
+    function = _ordered({**function, "arguments": parse_arguments(function.get("arguments"))}, ("arguments", "name"))
+    return _ordered({**call, "function": function}, ("id", "function", "type"))
 
 
 @dataclass(frozen=True)
