@@ -296,9 +296,11 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
         plain = {
             key: value if type(value) in _LEAVES else copy_request(value) for key, value in message.items() if value is not None
         }
-        reasoning = next((plain[key] for key in REASONING_FIELDS if plain.get(key) is not None), None)
-        if reasoning is not None:
-            plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+        for field in REASONING_FIELDS:
+            reasoning = plain.get(field)
+            if reasoning is not None:
+                plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+                break
         prepared.append(plain)
     return prepared
 
