@@ -123,10 +123,8 @@ def test_a_template_cannot_change_the_callers_request_data(source):
     tools = [{"type": "function", "function": {"name": "f"}}]
     documents = [{"title": "a"}, {"title": "b"}]
     before = repr((messages, tools, documents))
-    try:
+    with pytest.raises(RenderError, match=r"is unsafe\.$|^cannot assign attribute on non-namespace object$"):
         render(source, messages, tools=tools, documents=documents, clock=TimerReadingClock())
-    except RenderError:
-        pass  # refused, or failed: either way, nothing of the caller's changed
     assert repr((messages, tools, documents)) == before
 
 
