@@ -74,15 +74,32 @@ def content_format(template: str, tree: nodes.Template | None = None) -> str:
 def _content_format_of(tree: nodes.Template | None) -> str:
     if tree is None:
         return "string"
-    for loop in tree.find_all(nodes.For):
-        iterable = loop.iter
-        while isinstance(iterable, nodes.Filter) and iterable.node is not None:
-            iterable = iterable.node
-        if isinstance(iterable, nodes.Getattr) and iterable.attr == "content":
+    # One walk over the statements, with a list for a stack: a loop is a statement, and
+    # no expression holds one, so expressions are not entered. jinja2's find_all enters
+    # every node through three nested generators a level (find_all, iter_child_nodes,
+    # iter_fields): walking a long template that way cost as much as a few renders of it.
+    pending: list[nodes.Node] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, nodes.For) and _iterates_content(node.iter):
             return "openai"
-        if isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Const) and iterable.arg.value == "content":
-            return "openai"
+        for name in node.fields:
+            child = getattr(node, name)
+            if isinstance(child, list):
+                pending.extend(item for item in child if isinstance(item, nodes.Node) and not isinstance(item, nodes.Expr))
+            elif isinstance(child, nodes.Node) and not isinstance(child, nodes.Expr):
+                pending.append(child)
     return "string"
+
+
+def _iterates_content(iterable: nodes.Node) -> bool:
+    """Whether a loop runs over ``<something>.content`` or ``<something>['content']``,
+    through any filters."""
+    while isinstance(iterable, nodes.Filter) and iterable.node is not None:
+        iterable = iterable.node
+    if isinstance(iterable, nodes.Getattr) and iterable.attr == "content":
+        return True
+    return isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Const) and iterable.arg.value == "content"
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any]:
@@ -101,8 +118,9 @@ def parse_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
-    first = {key: mapping[key] for key in order if key in mapping}
-    return {**first, **{key: value for key, value in mapping.items() if key not in first}}
+    """``mapping`` with the keys of ``order`` first, in that order, then the others as they
+    came (a key merged again keeps its place)."""
+    return {**{key: mapping[key] for key in order if key in mapping}, **mapping}
 
 
 # Content part types whose text vLLM's chat parsing keeps, and the field it reads.

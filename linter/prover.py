@@ -27,7 +27,7 @@ from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prom
 from .findings import Finding, Outcome, Switch
 from .jinja_env import random_draws
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof, snippet
-from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits
+from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render_session
 from .rules import BY_CODE, RULES, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
 from .tokenizer import Tokenizer, common_prefix_length
@@ -493,6 +493,12 @@ class Prover:
         return prompt
 
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
+        # One SIGALRM handler for all the proof's renders, each still arming its own time
+        # limit: swapping the handler per render was most of what the limit cost.
+        with render_session():
+            return self._run(switches, clocked)
+
+    def _run(self, switches: dict[str, list[Any]], clocked: frozenset[str]) -> ProofReport:
         self._renders, self._recordable, self._drawing = {}, None, (0, None)
         report = self.run_scenarios(switches, clocked)
         if any(result.limit_exceeded for result in report.results):

@@ -92,7 +92,12 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
         environment.call_binop = partial(_bounded_binop, environment, limits)
         environment.joined = partial(_bounded_join, limits)
         code = _compiled_code(environment, text, tree)
-        template = environment.template_class.from_code(environment, code, environment.make_globals(None))
+        # The globals as a plain dict, not jinja2's ChainMap over the environment's: every
+        # render starts its context from them, and reading a ChainMap key by key was a tenth
+        # of a short render. The ChainMap only matters where the environment's globals change
+        # after the template is made; this environment is the template's own and never does.
+        globals_ = dict(environment.make_globals(None))
+        template = environment.template_class.from_code(environment, code, globals_)
         if len(_COMPILED) >= _COMPILED_KEPT:
             _COMPILED.clear()
         _COMPILED[key] = template
@@ -190,22 +195,62 @@ def _bounded_binop(environment, limits: RenderLimits, context, operator: str, le
     return environment.binop_table[operator](left, right)
 
 
+# -- the time limit ----------------------------------------------------------------------
+# A render is interrupted by SIGALRM from an interval timer, where signals can reach it (the
+# main thread). Installing the handler and putting the caller's back is most of what the
+# limit costs a render (signal.signal turns each handler it returns into an enum member, or
+# fails to, at some microseconds a call): a caller that renders many times (a proof) opens a
+# ``render_session``, which installs the handler once, and its renders only arm the timer.
+# Each render still has its own limit, counted from its own start.
+
+_TIMED = hasattr(signal, "setitimer")
+_IN_SESSION = object()  # what _arm returns when the session's handler stays installed
+_session_depth = 0  # open render_sessions (in the main thread: the only one that arms)
+_armed_seconds = 0.0  # the limit of the render the timer is armed for, for the message
+
+
+def _expire(signum, frame):
+    raise RenderLimitExceeded(f"rendering took over {_armed_seconds:g} s")
+
+
+def _in_main_thread() -> bool:
+    return _TIMED and threading.current_thread() is threading.main_thread()
+
+
 @contextmanager
-def _deadline(seconds: float):
-    """Interrupt the render after ``seconds`` (where signals can: the main thread)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+def render_session():
+    """Renders inside share one SIGALRM handler (each still arms its own timer), and the
+    caller's handler is back after the block. Elsewhere than the main thread, nothing."""
+    global _session_depth
+    if not _in_main_thread() or _session_depth:
         yield
         return
-
-    def expire(signum, frame):
-        raise RenderLimitExceeded(f"rendering took over {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGALRM, _expire)
+    _session_depth += 1
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _session_depth -= 1
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _arm(seconds: float):
+    """Start the render's timer: None where it cannot run (not the main thread), else what
+    ``_disarm`` puts back."""
+    global _armed_seconds
+    if not _in_main_thread():
+        return None
+    _armed_seconds = seconds
+    previous = _IN_SESSION if _session_depth else signal.signal(signal.SIGALRM, _expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    return previous
+
+
+def _disarm(previous) -> None:
+    if previous is None:
+        return
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    if previous is not _IN_SESSION:
         signal.signal(signal.SIGALRM, previous)
 
 
@@ -225,17 +270,23 @@ def compile_template(
         raise RenderLimitExceeded("the template is nested too deeply to compile") from None
 
 
+# What a request holds that is its own copy already: immutable, and a template reaches
+# nothing through it.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def copy_request(value: Any) -> Any:
     """A copy of request data through which a template cannot reach the caller's. JSON
     data (all a request holds) is rebuilt as transformers rebuilds it, without
-    ``deepcopy``'s memo (a fifth of a proof); anything else is deep-copied."""
+    ``deepcopy``'s memo (a fifth of a proof); anything else is deep-copied. Most values are
+    strings: they are kept without a call each."""
     kind = type(value)
-    if value is None or kind in (str, int, float, bool):
-        return value
     if kind is dict:
-        return {key: copy_request(item) for key, item in value.items()}
+        return {key: item if type(item) in _LEAVES else copy_request(item) for key, item in value.items()}
     if kind is list:
-        return [copy_request(item) for item in value]
+        return [item if type(item) in _LEAVES else copy_request(item) for item in value]
+    if kind in _LEAVES:
+        return value
     return copy.deepcopy(value)
 
 
@@ -245,10 +296,14 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], reasoning_aliases: b
     `reasoning` and `reasoning_content` only, and nothing more reaches its template)."""
     prepared = []
     for message in messages:
-        plain = {key: copy_request(value) for key, value in message.items() if value is not None}
-        reasoning = next((plain[key] for key in REASONING_FIELDS if plain.get(key) is not None), None)
-        if reasoning is not None and reasoning_aliases:
-            plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+        plain = {
+            key: value if type(value) in _LEAVES else copy_request(value) for key, value in message.items() if value is not None
+        }
+        for field in REASONING_FIELDS if reasoning_aliases else ():
+            reasoning = plain.get(field)
+            if reasoning is not None:
+                plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+                break
         prepared.append(plain)
     return prepared
 
@@ -270,7 +325,8 @@ def render(
     variables = {**(special_tokens or {}), **(template_kwargs or {})}
     reading = _RENDER_CLOCK.set(clock)
     try:
-        with _deadline(limits.seconds):
+        alarm = _arm(limits.seconds)
+        try:
             chunks: list[str] = []
             size = 0
             for chunk in template.generate(
@@ -285,6 +341,8 @@ def render(
                     raise RenderLimitExceeded(f"the render printed over {limits.max_bytes} characters")
                 chunks.append(chunk)
             return "".join(chunks)
+        finally:
+            _disarm(alarm)  # before the errors are told apart: the timer only ever stops a render
     except RenderLimitExceeded:
         raise
     except MemoryError:

@@ -155,6 +155,23 @@ def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
     assert sent == [{"function": {"parameters": {}, "name": "f", "strict": True}, "type": "function"}]  # untouched
 
 
+@pytest.mark.parametrize(
+    ("template", "form"),
+    [
+        # a loop over the parts wherever statements go: a macro, a call block, an else, a filter block
+        ("{% macro show(m) %}{% if m %}{% for p in m.content | list %}{{ p }}{% endfor %}{% endif %}{% endmacro %}", "openai"),
+        ("{% call(x) show() %}{% for p in x['content'] %}{{ p }}{% endfor %}{% endcall %}", "openai"),
+        ("{% for m in messages %}{% else %}{% for p in m.content %}{% endfor %}{% endfor %}", "openai"),
+        ("{% filter upper %}{% for p in messages[0].content | reverse %}{{ p }}{% endfor %}{% endfilter %}", "openai"),
+        ("{% set ns = namespace(x=1) %}{% for m in messages %}{% set ns.x = m.content %}{% endfor %}", "string"),
+        ("{{ messages[0].content | map(attribute='text') | join }}", "string"),  # no loop statement
+        ("{% for k in m.content_parts %}{% endfor %}{% for k in m['contents'] %}{% endfor %}", "string"),
+    ],
+)
+def test_content_format_finds_a_loop_over_the_parts_at_any_depth(template, form):
+    assert content_format(template) == form
+
+
 def test_hf_changes_nothing_and_kwargs_merge_over_server_defaults():
     message = assistant('{"a":1}')
     messages, kwargs = prepare("hf", PLAIN, [message], {"enable_thinking": False}, {"enable_thinking": True, "x": 1})
