@@ -120,6 +120,32 @@ engine_option = click.option(
 )
 
 
+class JsonObject(click.ParamType):
+    """A JSON object given on the command line, as vLLM's own flag takes it."""
+
+    name = "JSON"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            self.fail(f"{value!r} is not JSON: {error.msg}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"{value!r} is not a JSON object", param, ctx)
+        return parsed
+
+
+server_kwargs_option = click.option(
+    "--default-chat-template-kwargs",
+    "server_kwargs",
+    type=JsonObject(),
+    help="The server's own --default-chat-template-kwargs: template variables every request "
+    "gets unless it sets them (vLLM merges a request's chat_template_kwargs over them).",
+)
+
+
 config_option = click.option(
     "--config",
     "config_path",
@@ -348,13 +374,14 @@ def rules() -> None:
 )
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @engine_option
+@server_kwargs_option
 @config_option
-def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine, config_path) -> None:
+def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine, server_kwargs, config_path) -> None:
     """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
     from .commands import DiffOptions, run_diff
     from .diff import client_change, diff_text, dumps
 
-    options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path)
+    options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path, server_kwargs)
     try:
         divergence = run_diff(options, note_on_stderr)
     except OptionsError as error:
@@ -560,6 +587,7 @@ def audit(
     type=file_path(dir_okay=False),
     help="Page with the hit-rate curve and the tokens the worst sessions lost.",
 )
+@server_kwargs_option
 @config_option
 def replay(
     log,
@@ -585,6 +613,7 @@ def replay(
     jobs,
     output_format,
     html_file,
+    server_kwargs,
     config_path,
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
@@ -615,6 +644,7 @@ def replay(
         cache_reuse=cache_reuse,
         jobs=jobs,
         config_path=config_path,
+        server_kwargs=server_kwargs,
     )
     try:
         result = run_replay(options, note_on_stderr)

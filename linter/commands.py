@@ -37,6 +37,7 @@ class DiffOptions:
     block_size: int | None = None  # None: the configuration's, else 16
     engine: str = "vllm"
     config_path: Path | None = None  # None: the nearest configuration to the working directory
+    server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
 
 def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: None) -> Divergence:
@@ -69,7 +70,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         engine = engine_for(options.engine, text, template_source, note) if text is not None else options.engine
         # Rendering is untrusted code: in a child with check's memory limit; each render has
         # its own time and size limits.
-        arguments = (first, second, text, special, loaded, block_size, server_ids, engine)
+        arguments = (first, second, text, special, loaded, block_size, server_ids, engine, options.server_kwargs)
         divergence = run_isolated(_diff_or_error, (diff_requests, arguments), seconds=None)
         if isinstance(divergence, str):
             raise RequestError(divergence)
@@ -138,6 +139,7 @@ class ReplayOptions:
     cache_reuse: int = 0
     jobs: int = 1
     config_path: Path | None = None  # None: the nearest configuration to the working directory
+    server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
 
 @dataclass
@@ -198,7 +200,9 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         summaries, failed = [], []
         for label, path, text, special in templates:
             renderer = engine_for(options.engine, text, path, note)
-            tracer = replaying.Tracer(text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids)
+            tracer = replaying.Tracer(
+                text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
+            )
             summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
             summaries.append((label, summary))
             # With --compare two templates replay the same lines: the line says whose failure it is.

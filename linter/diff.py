@@ -120,6 +120,7 @@ def diff_requests(
     block_size: int,
     server_ids=None,
     engine: str = "vllm",
+    server_kwargs: dict[str, Any] | None = None,
 ) -> Divergence:
     measure = Measure(tokenizer or engine_tokenizer(engine))
     prompts: list[Prompt] = []
@@ -140,6 +141,7 @@ def diff_requests(
                     add_generation_prompt=generation_prompt,
                     special_tokens=tokens,
                     reasoning_effort=request.body.get("reasoning_effort"),
+                    server_kwargs=server_kwargs,
                 )
             except (RenderError, EngineError) as error:
                 raise RequestError(f"{request.path}: the template fails on this request: {error}") from None

@@ -276,6 +276,7 @@ def render_prompt(
     special_tokens: dict[str, Any] | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
     reasoning_effort: str | None = None,
+    server_kwargs: dict[str, Any] | None = None,
 ) -> Prompt:
     """The prompt ``engine`` would tokenize for a request.
 
@@ -287,7 +288,7 @@ def render_prompt(
 
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
         return Prompt(harmony_encoding().decode_utf8(ids), tuple(ids))
-    prepared, merged = prepare(engine, template, messages, kwargs, reasoning_effort=reasoning_effort)
+    prepared, merged = prepare(engine, template, messages, kwargs, server_kwargs, reasoning_effort)
     text = render(
         template,
         prepared,

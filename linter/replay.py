@@ -529,8 +529,10 @@ class Tracer:
         special_tokens: dict[str, Any],
         engine: str,
         server_ids: Callable[[dict[str, Any]], list[int]] | None = None,
+        server_kwargs: dict[str, Any] | None = None,
     ):
         self.template = template
+        self.server_kwargs = server_kwargs  # the server's --default-chat-template-kwargs
         self.measure = Measure(tokenizer or engine_tokenizer(engine))
         self.encoder = PrefixEncoder(tokenizer)
         self.special = special_tokens
@@ -561,6 +563,7 @@ class Tracer:
                 add_generation_prompt=generation_prompt,
                 special_tokens=self.special,
                 reasoning_effort=call.body.get("reasoning_effort"),
+                server_kwargs=self.server_kwargs,
             )
         except EngineError as error:
             raise RenderError(str(error)) from None

@@ -141,6 +141,21 @@ def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts(
     assert found["cause"] == "generation-prompt"
 
 
+@needs_shared
+def test_the_server_s_default_chat_template_kwargs_render_as_written_into_each_request(tmp_path):
+    kwargs = {"enable_thinking": False}
+    plain = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    written = [tmp_path / name for name in ("written1.json", "written2.json")]
+    written[0].write_text(json.dumps({"messages": [USER_1], "chat_template_kwargs": kwargs}))
+    written[1].write_text(json.dumps({"messages": [USER_1, REPLY, USER_2], "chat_template_kwargs": kwargs}))
+    args = ("--tokenizer", str(SHARED_TOKENIZERS / "qwen3"), "--format", "json")
+    told = run(*plain, *args, "--default-chat-template-kwargs", json.dumps(kwargs))
+    each = run(*map(str, written), *args)
+    untold = run(*plain, *args)
+    assert told == each
+    assert json.loads(told[1])["prompt_tokens"] != json.loads(untold[1])["prompt_tokens"]
+
+
 def test_bad_request_file_is_a_one_line_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"messages": "nope"}')

@@ -257,6 +257,32 @@ def test_thinking_off_traffic_loses_the_generation_prompt_s_empty_block_not_reas
     assert report["template"]["prefix_cache_hits"] == report["compare"]["prefix_cache_hits"]
 
 
+def test_the_server_s_default_chat_template_kwargs_are_rendered_as_the_server_renders_them(tmp_path, tokenizer):
+    """QA8: a Qwen3 server started with --default-chat-template-kwargs '{"enable_thinking":
+    false}' renders every request with it: the same figures as the log with the kwargs written
+    into each request, not those of a server without them."""
+    plain, written = tmp_path / "plain.jsonl", tmp_path / "written.jsonl"
+    entries = build_log(plain, tokenizer, sessions=3, turns=3)
+    lines = []
+    for entry in entries:
+        entry["request"]["chat_template_kwargs"] = {"enable_thinking": False}
+        lines.append(json.dumps(entry))
+    written.write_text("\n".join(lines) + "\n")
+    template = SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja"
+    base = ["--tokenizer", QWEN3, "--template", template, "--session-key", "user", "--format", "json"]
+    told = json.loads(replay(plain, *base, "--default-chat-template-kwargs", '{"enable_thinking": false}').stdout)["template"]
+    each = json.loads(replay(written, *base).stdout)["template"]
+    untold = json.loads(replay(plain, *base).stdout)["template"]
+    figures = ("prefix_cache_hits", "prefix_cache_queries")
+    assert [told[key] for key in figures] == [each[key] for key in figures]
+    assert [told[key] for key in figures] != [untold[key] for key in figures]
+    result = replay(plain, *base, "--default-chat-template-kwargs", "[1]")
+    assert result.exit_code == 2
+    assert (
+        result.stderr.splitlines()[-1] == "Error: Invalid value for '--default-chat-template-kwargs': '[1]' is not a JSON object"
+    )
+
+
 def test_html_report_follows_the_umask(tmp_path, tokenizer):
     log = tmp_path / "traffic.jsonl"
     build_log(log, tokenizer, sessions=2, turns=2)
