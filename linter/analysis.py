@@ -1174,6 +1174,12 @@ class _Interpreter:
             labels = set(base.labels) | set(_union(*bounds).labels)
             if base.has(LabelKind.MESSAGES) and arg.start is not None and self.mentions_current_index(arg.start):
                 labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, expression_text(node.node) + "[...:]")))
+            elif base.has(LabelKind.MESSAGES) and _negative(arg.start) and not _negative(arg.step):
+                # A window on the last messages (`messages[-4:]`): each new message pushes the
+                # oldest out, so what the prompt starts with depends on how many follow.
+                start = arg.start.node.value if isinstance(arg.start, nodes.Neg) else -arg.start.value
+                window = f"{expression_text(node.node)}[-{start}:]"
+                labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, window), name="window"))
             if base.has(LabelKind.MESSAGES):
                 return Value(_as_positions(frozenset(labels)))  # messages cut at a scanned fact
             return Value(frozenset(labels))

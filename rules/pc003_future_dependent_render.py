@@ -181,6 +181,11 @@ def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
             and _reasoning_or_markup(facts, label)
         ):
             return None
+        if label.kind is LabelKind.LOOKAHEAD and label.name == "window":
+            return (
+                f"`{label.site.text}` keeps only the last messages: each new one pushes the oldest out, "
+                "so the prompt renders differently from its start every turn"
+            )
         if label.kind is LabelKind.LOOKAHEAD:
             return f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
         if label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):

@@ -425,3 +425,19 @@ def test_a_next_message_read_behind_loop_last_and_tested_for_presence_is_pc003_a
 def test_the_role_of_a_next_message_read_behind_loop_last_still_closes_a_group():
     source = GUARDED_NEXT.replace("TEST", "nxt is none or nxt.role != 'tool'")
     assert lint_text(source)[0] == []
+
+
+def test_a_window_on_the_last_messages_is_pc003_at_the_slice():
+    # QA8: each new message pushes the oldest out of `messages[-4:]`, so the prompt renders
+    # differently from its start every turn. It was two PC100 at 1:1, "no rule explains why".
+    source = (
+        "{%- for message in messages[-4:] %}<|{{ message.role }}|>{{ message.content }}<|end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    codes, (finding,) = prove_text(source)
+    assert codes == [at("PC003", source, "messages[-4:]")]
+    assert finding.message == (
+        "`messages[-4:]` keeps only the last messages: each new one pushes the oldest out, "
+        "so the prompt renders differently from its start every turn"
+    )
+    assert finding.fails(False) and finding.proof.is_proven
