@@ -307,6 +307,15 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     if affected and not any(sink.loops for sink in affected):
         return Fix.refuse("the template prints the number of messages: no edit keeps the text it wrote")
     if not any(REASONING_TEXT.search(sink.text) for sink in affected):
+        kinds = {
+            label.kind
+            for sink in affected
+            for label in sink.all_labels()
+            if label.site is not None and (label.site.line, label.site.column) == place
+        }
+        if LabelKind.COUNT in kinds:
+            # A count on every message (`messages|length - loop.index`): the text is the count.
+            return Fix.refuse("the template prints a count of the messages in each one: no edit keeps the text it wrote")
         return Fix.refuse("no edit keeps the model's trained format: it was trained to see this on the last message only")
     alternatives = []
     for site in [finding.site, *finding.related]:

@@ -1,8 +1,10 @@
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
+from tmpl_lint.cli import main
 from tmpl_lint.sources import TemplateSource
 
 
@@ -441,3 +443,18 @@ def test_a_window_on_the_last_messages_is_pc003_at_the_slice():
         "so the prompt renders differently from its start every turn"
     )
     assert finding.fails(False) and finding.proof.is_proven
+
+
+def test_a_count_on_every_message_is_refused_for_what_it_is(tmp_path):
+    # QA8 small (h): the refusal said the model "was trained to see this on the last message
+    # only", Mistral's tool list's reason, of a countdown printed on every message.
+    path = tmp_path / "countdown.jinja"
+    path.write_text(
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }} ({{ messages|length - loop.index }} later)<|end|>\n{% endfor %}"
+    )
+    result = CliRunner().invoke(main, [str(path), "--fix"])
+    assert result.exit_code == 1
+    assert (
+        f"{path}:1:61: not fixed PC003 [future-dependent-render]: the template prints a count of the messages in each one: "
+        "no edit keeps the text it wrote"
+    ) in result.stdout.splitlines()
