@@ -260,7 +260,8 @@ def test_a_folder_without_tokenizer_files_says_so(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("number", "code", "message"), [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, [])]
+    ("number", "code", "message"),
+    [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, ["tmpl-lint: terminated"])],
 )
 @pytest.mark.parametrize("entry", ["console script", "python -m"])
 def test_a_signal_while_the_modules_load_is_as_later_not_a_traceback(entry, number, code, message):

@@ -109,7 +109,8 @@ def test_a_tokenizer_without_vocabulary_beside_the_template_leaves_the_proofs_in
     without_vocabulary(model, unknown)
     code, out, _ = run(model, "--format", "json")
     (finding,) = json.loads(out)
-    assert (code, finding["code"], finding["fails"], finding["proof"]["status"], finding["proof"]["unit"]) == (1, "PC004", True, "proven", "char")
+    assert (code, finding["code"], finding["fails"], finding["proof"]["status"]) == (1, "PC004", True, "proven")
+    assert finding["proof"]["unit"] == "char"
     assert finding["proof"]["note"] == (
         f"measured in characters: the tokenizer beside the template could not be used: {no_vocabulary(model, encoded, size)}"
     )
