@@ -2,13 +2,16 @@
 
 Signals are handled before the command's modules load: they take the first few tenths of
 a second, and Ctrl-C then printed a traceback and the process died by the signal. Here only
-the standard library is loaded, and a Ctrl-C or SIGTERM at any moment after ends as one
-arriving later does: one line and exit 130, or exit 143.
+the standard library (and ``stopping``, which needs no more) is loaded, and a Ctrl-C or
+SIGTERM at any moment after ends as one arriving later does: one line, "tmpl-lint:
+interrupted" and exit 130, or "tmpl-lint: terminated" and exit 143.
 """
 
 import _thread
 import signal
 import sys
+
+from .stopping import Terminated, stopped_by, terminated
 
 
 def run() -> None:
@@ -17,23 +20,15 @@ def run() -> None:
     try:
         from .cli import run as run_command
 
-        run_command()  # says "interrupted" itself for a Ctrl-C once it runs
-    except (KeyboardInterrupt, RuntimeError) as error:
-        if not interrupted(error):
+        run_command()  # says "interrupted" or "terminated" itself once it runs
+    except (KeyboardInterrupt, Terminated, RuntimeError) as error:
+        stop = stopped_by(error)
+        if stop is None:
             raise
-        sys.stderr.write("tmpl-lint: interrupted\n")
-        sys.exit(130)
+        sys.stderr.write(f"tmpl-lint: {stop.word}\n")
+        sys.exit(stop.status)
     finally:
         forget_interrupts_caught_after_exec()
-
-
-def interrupted(error: BaseException) -> bool:
-    """Whether ``error`` is Ctrl-C's KeyboardInterrupt, also as Python 3.11 wraps it in a
-    RuntimeError when it lands in a __set_name__ (each dataclass field has one, run as its
-    class is made while modules load)."""
-    if isinstance(error, RuntimeError):
-        error = error.__cause__
-    return isinstance(error, KeyboardInterrupt)
 
 
 def forget_interrupts_caught_after_exec() -> None:
@@ -61,17 +56,12 @@ def signal_again(unraisable) -> None:
     error = unraisable.exc_value
     if isinstance(error, KeyboardInterrupt):
         number = signal.SIGINT
-    elif isinstance(error, SystemExit) and error.code == 128 + signal.SIGTERM:
+    elif isinstance(error, Terminated):
         number = signal.SIGTERM
     else:
         sys.__unraisablehook__(unraisable)
         return
     _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, number))
-
-
-def terminated(signum, frame):
-    # Raised in the main thread like Ctrl-C's KeyboardInterrupt, so cleanup runs.
-    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

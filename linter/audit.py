@@ -463,6 +463,7 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "first_divergence": None,
                     "hit_rate": None,
                     "ideal_hit_rate": None,
+                    "hit_rate_note": None,
                     "findings": [],
                 }
             )
@@ -481,17 +482,32 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "unit": proof["unit"] if proof else None,
                     "hit_rate": proof.get("hit_rate") if proof else None,
                     "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
+                    "hit_rate_note": _no_hit_rate(proof),
                     "findings": analysis.findings,
                 }
             )
     return out
 
 
+def _no_hit_rate(proof: dict[str, Any] | None) -> str | None:
+    """Why a template with a proven divergence has no projected hit rate: its proof's
+    scenario replays one tool call's arguments (PC004's), not a session of requests whose
+    hits vLLM would count. None when there is a rate, or no proven divergence to rate."""
+    if proof is None or proof.get("hit_rate") is not None:
+        return None
+    if proof.get("check") == "c":
+        return "n/a: proven on a tool call, not a session"
+    return f"n/a: {proof.get('scenario')!r} is not a session of requests"
+
+
 def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     """One report row as text: repo, template, findings, first divergence, hit rate."""
-    failing = {finding["code"] for finding in row.get("findings", ()) if finding.get("fails")}
-    # as --statistics marks them: a code none of whose findings fails the run is "(info)"
-    codes = ", ".join(code if code in failing else f"{code} (info)" for code in row["codes"])
+    # As --statistics and the summary say them: a code none of whose findings fails the run
+    # is marked "(not reproduced)" or "(info)", or both.
+    said: dict[str, set[str]] = {}
+    for finding in row.get("findings", ()):
+        said.setdefault(finding["code"], set()).add(_verdict_word(finding))
+    codes = ", ".join(_marked(code, said.get(code, {"info"})) for code in row["codes"])
     if row["error"]:
         findings = f"error: {row['error']}"
     elif row["template"] is None:
@@ -499,8 +515,24 @@ def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     else:
         findings = codes or "clean"
     divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
-    rate = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+    if row["hit_rate"] is not None:
+        rate = f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+    else:
+        rate = row["hit_rate_note"] or ""
     return row["repo"], row["template"] or "", findings, divergence, rate
+
+
+def _verdict_word(finding: dict[str, Any]) -> str:
+    """A finding's verdict (as JSON) in the summary's words."""
+    if finding.get("fails"):
+        return "failing"
+    return "info" if finding.get("severity") == "info" else "not reproduced"
+
+
+def _marked(code: str, words: set[str]) -> str:
+    if "failing" in words:
+        return code
+    return f"{code} ({', '.join(word for word in ('not reproduced', 'info') if word in words)})"
 
 
 def markdown(table: list[dict[str, Any]]) -> str:

@@ -684,8 +684,9 @@ def note_on_stderr(text: str) -> None:
 
 def run() -> None:
     """The command: every failure ends in a one-line message and exit 2, never a traceback;
-    Ctrl-C exits 130 and SIGTERM 143, once temporary files are gone and children stopped
-    (the entry point, ``__main__.run``, handles both before this module is loaded)."""
+    Ctrl-C says "interrupted" and exits 130, SIGTERM says "terminated" and exits 143, once
+    temporary files are gone and children stopped (the entry point, ``__main__.run``,
+    handles both before this module is loaded)."""
     # Text from a template or a request can hold a lone surrogate, which no terminal
     # encoding can print: it is shown escaped rather than ending the run.
     for stream in (sys.stdout, sys.stderr):
@@ -693,23 +694,26 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     # As __main__.run does first: again here for a console script made before that was the
     # entry point (an editable install not redone), which still calls this function.
-    from .__main__ import interrupted, terminated
+    from .stopping import INTERRUPTED, TERMINATED, Terminated, stopped_by, terminated
 
     signal.signal(signal.SIGTERM, terminated)
     try:
         status = main(standalone_mode=False)
     except (KeyboardInterrupt, Interrupted, click.exceptions.Abort):
-        click.echo("tmpl-lint: interrupted", err=True)
-        sys.exit(130)
+        click.echo(f"tmpl-lint: {INTERRUPTED.word}", err=True)
+        sys.exit(INTERRUPTED.status)
+    except Terminated:
+        click.echo(f"tmpl-lint: {TERMINATED.word}", err=True)
+        sys.exit(TERMINATED.status)
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)
     except SystemExit:
         raise
     except Exception as error:  # noqa: BLE001 - the last line of defence for users
-        if interrupted(error):  # a RuntimeError, on Python 3.11 (see interrupted)
-            click.echo("tmpl-lint: interrupted", err=True)
-            sys.exit(130)
+        if (stop := stopped_by(error)) is not None:  # a RuntimeError, on Python 3.11 (see stopped_by)
+            click.echo(f"tmpl-lint: {stop.word}", err=True)
+            sys.exit(stop.status)
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
         if isinstance(error, ModuleNotFoundError):

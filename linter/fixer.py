@@ -43,6 +43,7 @@ from .rules import BY_CODE
 from .scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from .selection import suppressions
 from .sources import SourceError, TemplateSource, model_type_beside, reread
+from .stopping import Terminated
 from .tokenizer import Tokenizer, common_prefix_length
 from .writes import WriteError
 
@@ -696,7 +697,7 @@ def fix_isolated(
     try:
         return run_isolated(_fix_for_parent, (source, options, selection, recalled))
     except IsolationError as error:
-        if interrupted():  # killed by Ctrl-C, not by a limit: its file is not written
+        if interrupted():  # killed by Ctrl-C or SIGTERM, not by a limit: its file is not written
             raise
         return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
 
@@ -736,18 +737,23 @@ def fix_files(
 
     try:
         parallel_map(fix_chain, _chains(by_path), jobs)
-    except KeyboardInterrupt:
-        raise FixesInterrupted([finished[path] for path in by_path if path in finished]) from None
+    except FixesInterrupted as stopped:  # from _fix_file: the signal landed as its file was put in place
+        finished.update((fixed.path, fixed) for fixed in stopped.done)
+        raise FixesInterrupted([finished[path] for path in by_path if path in finished], stopped.stop) from None
+    except (KeyboardInterrupt, Terminated) as stop:
+        raise FixesInterrupted([finished[path] for path in by_path if path in finished], stop) from None
     return [finished[path] for path in by_path]
 
 
-class FixesInterrupted(KeyboardInterrupt):
-    """Ctrl-C during ``fix_files``: ``done`` are the files it had fixed (and written) by then,
-    which the run still names before it says "interrupted"."""
+class FixesInterrupted(BaseException):
+    """Ctrl-C or SIGTERM during ``fix_files``: ``done`` are the files it had fixed (and
+    written) by then, which the run still names before it raises ``stop`` again (the
+    KeyboardInterrupt or Terminated) and says "interrupted" or "terminated"."""
 
-    def __init__(self, done: list[FileFix]):
+    def __init__(self, done: list[FileFix], stop: KeyboardInterrupt | Terminated):
         super().__init__()
         self.done = done
+        self.stop = stop
 
 
 def _chains(by_path: dict[Path, list[TemplateSource]]) -> list[list[Path]]:
@@ -806,13 +812,28 @@ def _fix_file(
             result.made = True
             result.updated = put_back(snapshot.text, result.fixes)
             if write and result.updated != snapshot.text:
-                if interrupted():  # Ctrl-C came while another file was being fixed: nothing more is written
+                if interrupted():  # a signal came while another file was being fixed: nothing more is written
                     raise KeyboardInterrupt
-                writes.replace(snapshot, result.updated)
+                try:
+                    writes.replace(snapshot, result.updated)
+                except (KeyboardInterrupt, Terminated) as stop:
+                    # Held while the new bytes were put in place, a signal takes effect as
+                    # that ends: the file is then written, and named with the others.
+                    result.written = _rewritten(snapshot)
+                    raise FixesInterrupted([result] if result.written else [], stop) from None
                 result.written = True
     except (SourceError, WriteError) as error:
         result.error = error
     return result
+
+
+def _rewritten(snapshot: writes.Snapshot) -> bool:
+    """Whether the file no longer holds the bytes it was fixed from (its lock is held: what
+    changed them is this run's write)."""
+    try:
+        return snapshot.target.read_bytes() != snapshot.data
+    except OSError:
+        return False
 
 
 def put_back(text: str, fixes: list[TemplateFix]) -> str:

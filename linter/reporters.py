@@ -171,14 +171,17 @@ def summary(
         return f"All checks pass{once}." if unapplied else "All checks passed!"
     verdicts = Counter(finding.verdict(strict) for finding in findings)
     unproven = sum(1 for finding in findings if finding.fails(strict) and finding.unproven)
-    parts = [f"{verdicts[Verdict.FAILS]} failing"]
-    if verdicts[Verdict.UNPROVEN]:
-        parts.append(f"{verdicts[Verdict.UNPROVEN]} not reproduced")
-    if verdicts[Verdict.INFO]:
-        parts.append(f"{verdicts[Verdict.INFO]} info")
+    parts = [f"{verdicts[Verdict.FAILS]} {VERDICT_WORDS[Verdict.FAILS]}"]
+    parts += [
+        f"{verdicts[verdict]} {VERDICT_WORDS[verdict]}" for verdict in (Verdict.UNPROVEN, Verdict.INFO) if verdicts[verdict]
+    ]
     noun = "finding" if len(findings) == 1 else "findings"
     unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
     return f"Found {len(findings)} {noun}{once} ({', '.join(parts)}{unproven_part}){failed_part}."
+
+
+# What the summary calls the findings of each verdict; --statistics says the same.
+VERDICT_WORDS = {Verdict.FAILS: "failing", Verdict.UNPROVEN: "not reproduced", Verdict.INFO: "info"}
 
 
 def level(finding: Finding, strict: bool = False) -> str:
@@ -188,31 +191,44 @@ def level(finding: Finding, strict: bool = False) -> str:
 
 @dataclass(frozen=True)
 class CodeCount:
-    """One row of --statistics: how many findings of a code fail the run, or how many do not."""
+    """One row of --statistics: how many findings of a code have one verdict (fail the run,
+    are not reproduced, are info)."""
 
     code: str
     name: str
-    fails: bool
+    verdict: Verdict
     count: int
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict is Verdict.FAILS
 
 
 def code_counts(findings: Sequence[Finding], strict: bool = False) -> list[CodeCount]:
-    """Findings per code, as ruff counts them; those that do not fail the run (the text
-    report's "info") on a row of their own, after the code's failing ones."""
-    counts = Counter((finding.code, finding.name, not finding.fails(strict)) for finding in findings)
-    return [CodeCount(code, name, not info, count) for (code, name, info), count in sorted(counts.items())]
+    """Findings per code, as ruff counts them; those that do not fail the run on rows of
+    their own after the code's failing ones: not reproduced, then info (as the summary
+    counts them)."""
+    order = list(Verdict)
+    counts = Counter((finding.code, finding.name, order.index(finding.verdict(strict))) for finding in findings)
+    return [CodeCount(code, name, order[index], count) for (code, name, index), count in sorted(counts.items())]
 
 
 def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
-    """--statistics as text: a row per code, those that do not fail marked (info)."""
+    """--statistics as text: a row per code and verdict, those that do not fail marked as
+    the summary counts them: (not reproduced) or (info)."""
     return "".join(
-        f"{row.count:>5}\t{row.code}\t[{row.name}]{'' if row.fails else ' (info)'}\n" for row in code_counts(findings, strict)
+        f"{row.count:>5}\t{row.code}\t[{row.name}]{'' if row.fails else f' ({VERDICT_WORDS[row.verdict]})'}\n"
+        for row in code_counts(findings, strict)
     )
 
 
 def statistics_json(findings: Sequence[Finding], strict: bool = False) -> str:
-    """--statistics --format json: a list of rows, as ruff prints its statistics in JSON."""
-    rows = [{"code": row.code, "name": row.name, "count": row.count, "fails": row.fails} for row in code_counts(findings, strict)]
+    """--statistics --format json: a list of rows, as ruff prints its statistics in JSON;
+    ``verdict`` in the summary's words."""
+    rows = [
+        {"code": row.code, "name": row.name, "count": row.count, "fails": row.fails, "verdict": VERDICT_WORDS[row.verdict]}
+        for row in code_counts(findings, strict)
+    ]
     return json.dumps(rows, indent=2) + "\n"
 
 

@@ -319,12 +319,13 @@ class _Fixing:
             with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
                 fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
         except FixesInterrupted as stopped:
-            # The files written before Ctrl-C are named, then the run says it was interrupted:
-            # a user (or a hook) must be able to tell what changed on disk. --diff wrote
-            # nothing, and prints no patch of part of the files, which `| git apply` would take.
+            # The files written before Ctrl-C or SIGTERM are named, then the run says it was
+            # interrupted or terminated: a user (or a hook, or CI) must be able to tell what
+            # changed on disk. --diff wrote nothing, and prints no patch of part of the
+            # files, which `| git apply` would take.
             for fixed in stopped.done if self.write else ():
                 self.say_file(fixed)
-            raise
+            raise stopped.stop from None
         for fixed in fixed_files:
             now.extend(self.say_file(fixed))
         models = [source for source in sources if source.container == "gguf"]

@@ -209,11 +209,56 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 @lru_cache(maxsize=16)
 def load_tokenizer(directory: Path) -> Tokenizer:
+    """The tokenizer in ``directory``, one that measures text (see ``measures_text``); else
+    TokenizerError, one line saying why. Every command loads its tokenizers here."""
     directory = Path(directory).resolve()
     try:
-        return _load_tokenizer(directory)
+        tokenizer = _load_tokenizer(directory)
     except PermissionError:  # a folder that may not be searched: its files' Path.is_file raises
         raise TokenizerError(f"{directory}: permission denied") from None
+    if not isinstance(tokenizer, HarmonyVocabularyTokenizer):  # a file known byte for byte
+        measures_text(tokenizer)
+    return tokenizer
+
+
+# Ordinary words, digits and punctuation, as any model's vocabulary holds them.
+PROBE_TEXT = "The weather in Paris is sunny today, 21 degrees."
+
+
+def measures_text(tokenizer: Tokenizer) -> None:
+    """Raise TokenizerError unless the tokenizer turns ordinary text into tokens: it must
+    encode PROBE_TEXT to at least one id that is not its unknown token. A tokenizer without
+    a vocabulary fails this: a folder that holds tokenizer_config.json but not the files
+    its vocabulary is in (a partial download, a clone without LFS), from which transformers
+    builds a tokenizer of the config's added tokens alone, which encodes text to nothing.
+    Measured in it every prompt would be the same few ids, every divergence would vanish,
+    and a failing finding would pass as not reproduced."""
+    try:
+        ids = tokenizer.encode(PROBE_TEXT)
+    except Exception as error:  # noqa: BLE001 - a backend that cannot encode cannot measure either
+        raise TokenizerError(f"{tokenizer.directory}: the tokenizer cannot encode text: {one_line(error)}") from None
+    unknown = _unknown_id(tokenizer)
+    if any(token != unknown for token in ids):
+        return
+    encoded = "no tokens" if not ids else "its unknown token only"
+    raise TokenizerError(
+        f"{tokenizer.directory}: the tokenizer has no vocabulary to measure text in: it encodes {PROBE_TEXT!r} "
+        f"to {encoded} ({_size(tokenizer)} tokens in all; is its tokenizer.json, vocab.json or tokenizer.model missing?)"
+    )
+
+
+def _unknown_id(tokenizer: Tokenizer) -> int | None:
+    backend = tokenizer.backend
+    if tokenizer.kind != "tokenizers":
+        return getattr(backend, "unk_token_id", None)
+    unknown = getattr(backend.model, "unk_token", None) or tokenizer.special_tokens.get("unk_token")
+    return backend.token_to_id(unknown) if isinstance(unknown, str) else None
+
+
+def _size(tokenizer: Tokenizer) -> int:
+    if tokenizer.kind == "tokenizers":
+        return tokenizer.backend.get_vocab_size(with_added_tokens=True)
+    return len(tokenizer.backend)
 
 
 def _load_tokenizer(directory: Path) -> Tokenizer:

@@ -53,10 +53,10 @@ def build_cache(home: Path) -> Path:
     return hub
 
 
-def audit(home, *args):
+def audit(home, *args, cwd=None):
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600, cwd=cwd
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -144,6 +144,36 @@ def test_markdown_and_proven_hit_rates(tmp_path):
     assert lines[0] == "| repo | template | findings | first divergence | projected hit rate |"
     qwen3 = next(line for line in lines if line.startswith("| qwen/qwen3-chat"))
     assert "PC002" in qwen3 and "char " in qwen3 and "ideal" in qwen3
+
+
+def test_every_report_says_why_a_cell_is_empty_and_what_a_finding_that_does_not_fail_is(tmp_path):
+    """QA8: Qwen2.5's only failing finding is PC004, proven on a tool call's arguments, which
+    has no session hit rate: the cell said nothing. Jamba's PC002 is not reproduced, and the
+    findings column called it "(info)" where the summary and --statistics say "not reproduced"."""
+    models = []
+    for name, origin in (("qwen25", "Qwen--Qwen2.5-7B-Instruct.jinja"), ("jamba", "ai21labs--AI21-Jamba-Mini-1.6.jinja")):
+        models.append(tmp_path / name)
+        models[-1].mkdir()
+        shutil.copyfile(SHARED_TEMPLATES / origin, models[-1] / "chat_template.jinja")
+    reason = "n/a: proven on a tool call, not a session"
+    qwen, jamba = (
+        [str(models[0]), "chat_template.jinja", "PC004", "char 839", reason],
+        [str(models[1]), "chat_template.jinja", "PC002 (not reproduced), PC004", "char 507", reason],
+    )
+    rows = json.loads(audit(tmp_path, *map(str, models), "--format", "json", "--no-cache").stdout)["rows"]
+    assert [(row["codes"], row["first_divergence"], row["hit_rate"], row["hit_rate_note"]) for row in rows] == [
+        (["PC004"], 839, None, reason),
+        (["PC002", "PC004"], 507, None, reason),
+    ]
+    page = tmp_path / "audit.html"
+    markdown = audit(tmp_path, *map(str, models), "--format", "markdown", "--html", str(page), "--no-cache").stdout
+    assert markdown.splitlines()[2:] == ["| " + " | ".join(cells) + " |" for cells in (qwen, jamba)]
+    body = page.read_text().split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    assert body == "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>" for cells in (qwen, jamba))
+    # named from their folder: the table's rows fit on one line each at any test's tmp_path
+    table = audit(tmp_path, "qwen25", "jamba", "--no-cache", cwd=tmp_path).stdout.splitlines()
+    shown = [[cell.strip() for cell in line.strip("│").split("│")] for line in table if line.startswith("│")]
+    assert shown == [["qwen25", *qwen[1:]], ["jamba", *jamba[1:]]]
 
 
 def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):

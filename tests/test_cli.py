@@ -140,8 +140,9 @@ def test_statistics_and_exit_zero():
     code, out, _ = run("--statistics", "--exit-zero", *fixtures)
     assert code == 0
     # five fixtures; PC003_future_dependent_render's two findings share one divergence and count
-    # once; PC003_unproven_same_text_either_way's renders the same text either way: unproven, info
-    assert "    4\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (info)\n" in out
+    # once; PC003_unproven_same_text_either_way's renders the same text either way: not
+    # reproduced, as the summary says (QA8: the row said "(info)")
+    assert "    4\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (not reproduced)\n" in out
 
 
 def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
@@ -158,14 +159,28 @@ def test_statistics_count_what_does_not_fail_on_a_row_of_its_own():
     )
 
 
-def test_statistics_in_json_are_a_list_of_counts_that_parses():
-    fixtures = ["PC006_default_still_opens.jinja", "PC006_generation_prompt_mismatch.jinja", "PC001_live_clock.jinja"]
-    code, out, _ = run("--statistics", "--format", "json", *[str(CORPUS / name) for name in fixtures])
+def test_statistics_say_each_verdict_as_the_summary_counts_it():
+    # PC003_unproven_same_text_either_way's PC003 is not reproduced, the PC006s are info.
+    fixtures = [
+        "PC006_default_still_opens.jinja",
+        "PC006_generation_prompt_mismatch.jinja",
+        "PC001_live_clock.jinja",
+        "PC003_unproven_same_text_either_way.jinja",
+    ]
+    paths = [str(CORPUS / name) for name in fixtures]
+    assert run(*paths)[1].splitlines()[-1] == "Found 5 findings (2 failing, 1 not reproduced, 2 info)."
+    code, out, _ = run("--statistics", *paths)
+    assert (code, out.splitlines()[2:]) == (
+        1,
+        ["    1\tPC003\t[future-dependent-render] (not reproduced)", "    2\tPC006\t[generation-prompt-mismatch] (info)"],
+    )
+    code, out, _ = run("--statistics", "--format", "json", *paths)
     assert code == 1
     assert json.loads(out) == [
-        {"code": "PC001", "name": "live-clock", "count": 1, "fails": True},
-        {"code": "PC002", "name": "history-rewrite", "count": 1, "fails": True},
-        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 2, "fails": False},
+        {"code": "PC001", "name": "live-clock", "count": 1, "fails": True, "verdict": "failing"},
+        {"code": "PC002", "name": "history-rewrite", "count": 1, "fails": True, "verdict": "failing"},
+        {"code": "PC003", "name": "future-dependent-render", "count": 1, "fails": False, "verdict": "not reproduced"},
+        {"code": "PC006", "name": "generation-prompt-mismatch", "count": 2, "fails": False, "verdict": "info"},
     ]
 
 
@@ -260,7 +275,8 @@ def test_a_folder_without_tokenizer_files_says_so(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("number", "code", "message"), [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, [])]
+    ("number", "code", "message"),
+    [(signal.SIGINT, 130, ["tmpl-lint: interrupted"]), (signal.SIGTERM, 143, ["tmpl-lint: terminated"])],
 )
 @pytest.mark.parametrize("entry", ["console script", "python -m"])
 def test_a_signal_while_the_modules_load_is_as_later_not_a_traceback(entry, number, code, message):

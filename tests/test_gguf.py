@@ -954,7 +954,7 @@ def test_sigterm_during_a_copy_leaves_neither_the_copy_nor_a_temporary_file(tmp_
         time.sleep(0.005)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
-    assert (process.returncode, err) == (128 + signal.SIGTERM, "")
+    assert (process.returncode, err) == (128 + signal.SIGTERM, "tmpl-lint: terminated\n")
     assert os.listdir(out_dir) == []
 
 

@@ -198,16 +198,16 @@ def test_sigterm_during_a_write_leaves_no_temporary_file_and_the_target_whole(tm
         # The temporary file lives for tens of milliseconds: polling every millisecond sees
         # it, and leaves the core to the process rather than spinning on it.
         time.sleep(0.001)
-    _, err = process.communicate(timeout=120)
+    out, err = process.communicate(timeout=120)
     code = process.returncode
     assert caught, "the write ended before a temporary file was seen"
-    assert code == 143
-    assert "Traceback" not in err
+    assert (code, err) == (143, "tmpl-lint: terminated\n")
     assert leftovers(tmp_path, path) == []
     after = path.read_bytes()
     # Whole: the original or, had the signal come after the rename, the whole fix (worked out
-    # only then: fixing 9 MiB takes seconds).
+    # only then: fixing 9 MiB takes seconds); named as fixed exactly when it was written.
     assert after == original or after == fixed_once(tmp_path, saved(tmp_path / "original", path.name, original))
+    assert (" fixed PC001 " in out) == (after != original)
 
 
 def saved(directory: Path, name: str, data: bytes) -> Path:
@@ -217,7 +217,8 @@ def saved(directory: Path, name: str, data: bytes) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("number", "code", "message"), [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "")]
+    ("number", "code", "message"),
+    [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "tmpl-lint: terminated\n")],
 )
 def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(number, code, message):
     # Renders that would run for minutes, proven two at a time in children.
@@ -568,8 +569,18 @@ def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Po
     )
 
 
-def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_path):
-    """Two files fixed at once (--jobs 2). Ctrl-C while the config's second template is
+# Ctrl-C, and SIGTERM (what `timeout`, CI cancellation and container stops send), stop a run
+# alike: each with its line and exit status (QA8: SIGTERM during --fix wrote files and said nothing).
+STOPS = pytest.mark.parametrize(
+    ("number", "code", "said"),
+    [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "tmpl-lint: terminated\n")],
+    ids=["SIGINT", "SIGTERM"],
+)
+
+
+@STOPS
+def test_a_signal_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_path, number, code, said):
+    """Two files fixed at once (--jobs 2). A signal while the config's second template is
     being verified, its first already fixed: the config is not written half fixed, and no
     file is fixed after the interruption."""
     clock = (CORPUS / "PC001_live_clock.jinja").read_text()
@@ -588,16 +599,17 @@ def test_ctrl_c_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp_p
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     _, err = process.communicate(timeout=30)
-    assert (process.returncode, err.endswith("tmpl-lint: interrupted\n"), "Traceback" in err) == (130, True, False)
+    assert (process.returncode, err.endswith(said), "Traceback" in err) == (code, True, False)
     assert config.read_bytes() == before
 
 
-def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tmp_path):
-    """Ctrl-C once one file is written and another is still being verified: the written file
-    is named as fixed before "interrupted" (QA7: files changed on disk, and nothing said so);
-    the one not written is not."""
+@STOPS
+def test_a_signal_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tmp_path, number, code, said):
+    """A signal once one file is written and another is still being verified: the written
+    file is named as fixed before "interrupted" or "terminated" (QA7, QA8: files changed on
+    disk, and nothing said so); the one not written is not."""
     config, other = config_and_other_file(tmp_path)
     before = other.read_bytes()
     marker = tmp_path / "tool_use is being verified"
@@ -606,16 +618,17 @@ def test_ctrl_c_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tm
     while not (marker.exists() and other.read_bytes() != before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists() and other.read_bytes() != before
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     out, err = process.communicate(timeout=30)
-    assert (process.returncode, err) == (130, "tmpl-lint: interrupted\n")
+    assert (process.returncode, err) == (code, said)
     column = before.decode().splitlines()[2].index("strftime_now") + 1
     assert [line.split(" [")[0] for line in out.splitlines()] == [f"{other}:3:{column}: fixed PC001"]
 
 
-def test_ctrl_c_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them(tmp_path):
-    """--diff writes nothing: after Ctrl-C it prints no patch of the files it had done, which
-    `tmpl-lint --diff | git apply` would apply though the run was stopped."""
+@STOPS
+def test_a_signal_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them(tmp_path, number, code, said):
+    """--diff writes nothing: after a signal it prints no patch of the files it had done,
+    which `tmpl-lint --diff | git apply` would apply though the run was stopped."""
     config, other = config_and_other_file(tmp_path)
     marker = tmp_path / "tool_use is being verified"
     process = fix_slowly(marker, config, other, mode="--diff")
@@ -624,6 +637,42 @@ def test_ctrl_c_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them(t
         time.sleep(0.05)
     assert marker.exists()
     time.sleep(2)  # the other file, small and unproven, is done by then (its patch was printed before)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     out, err = process.communicate(timeout=30)
-    assert (process.returncode, out, err) == (130, "", "tmpl-lint: interrupted\n")
+    assert (process.returncode, out, err) == (code, "", said)
+
+
+# writes.py holds SIGINT and SIGTERM while a file is put in place, and the signal takes effect
+# as that ends: here it is sent then, every time (argv: the signal, the file's real path).
+SIGNAL_AS_PUT_IN_PLACE = """
+import os, signal, sys
+number, target, put = int(sys.argv.pop(1)), sys.argv.pop(1), os.replace
+def put_then_signal(source, destination, *args, **kwargs):
+    put(source, destination, *args, **kwargs)
+    if os.fspath(destination) == target:
+        signal.raise_signal(number)
+os.replace = put_then_signal
+from tmpl_lint.__main__ import run
+sys.argv[0] = "tmpl-lint"
+run()
+"""
+
+
+@STOPS
+def test_a_signal_held_while_the_file_is_put_in_place_lands_after_and_the_file_is_named(tmp_path, number, code, said):
+    """One file, fixed in the main thread (where signals land): the signal that came while
+    its new bytes were put in place takes effect once they are, and the file, written, is
+    named as fixed before the run says it stopped."""
+    path = live_clock(tmp_path)
+    original = path.read_bytes()
+    arguments = [str(int(number)), os.path.realpath(path), str(path), "--fix", "--no-prove"]
+    process = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AS_PUT_IN_PLACE, *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=120,
+    )
+    assert (process.returncode, process.stderr) == (code, said)
+    assert path.read_bytes() != original and leftovers(tmp_path, path) == []
+    assert [line.split(" [")[0] for line in process.stdout.splitlines()] == [f"{path}:3:28: fixed PC001"]
