@@ -48,13 +48,18 @@ class TemplateResult:
     def codes(self) -> list[str]:
         return sorted({finding["code"] for finding in self.findings})
 
-    def worst_proof(self) -> dict[str, Any] | None:
-        proofs = [
-            f["proof"]
+    def worst_proof(self) -> tuple[dict[str, Any] | None, bool]:
+        """The proof whose scenario hits least, and whether a request as callers send it
+        meets it: a failing finding's where one is proven (what a default deployment
+        gets), else an informational one's (a caller's opt-in: thinking=true, say)."""
+        proven = [
+            f
             for f in self.findings
             if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]
         ]
-        return min(proofs, key=lambda proof: proof.get("hit_rate", 1.0), default=None)
+        failing = [f for f in proven if f.get("fails")]
+        worst = min((f["proof"] for f in failing or proven), key=lambda proof: proof.get("hit_rate", 1.0), default=None)
+        return worst, bool(failing) or worst is None
 
 
 @dataclass
@@ -464,12 +469,13 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "hit_rate": None,
                     "ideal_hit_rate": None,
                     "hit_rate_note": None,
+                    "hit_rate_opt_in": None,
                     "findings": [],
                 }
             )
         for name, key in repo.templates:
             analysis = audit.analyses[key]
-            proof = analysis.worst_proof()
+            proof, by_default = analysis.worst_proof()
             out.append(
                 {
                     "repo": repo.repo,
@@ -483,6 +489,8 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "hit_rate": proof.get("hit_rate") if proof else None,
                     "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
                     "hit_rate_note": _no_hit_rate(proof),
+                    # where only a caller's opt-in meets the divergence: the scenario that shows it
+                    "hit_rate_opt_in": None if by_default else proof["scenario"],
                     "findings": analysis.findings,
                 }
             )
@@ -517,6 +525,8 @@ def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
     if row["hit_rate"] is not None:
         rate = f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
+        if row.get("hit_rate_opt_in"):
+            rate += f" only in {row['hit_rate_opt_in']!r}"
     else:
         rate = row["hit_rate_note"] or ""
     return row["repo"], row["template"] or "", findings, divergence, rate
@@ -544,7 +554,8 @@ def markdown(table: list[dict[str, Any]]) -> str:
 def html_page(table: list[dict[str, Any]]) -> str:
     """One self-contained page: the table and an inline SVG chart of hit rate per model."""
     body = ["<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells(row)) + "</tr>" for row in table]
-    charted = [row for row in table if row["hit_rate"] is not None]
+    # What a default deployment gets: a figure only a caller's opt-in meets is not ranked.
+    charted = [row for row in table if row["hit_rate"] is not None and not row.get("hit_rate_opt_in")]
     bar_height, width = 18, 640
     bars = []
     for index, row in enumerate(charted):

@@ -176,6 +176,29 @@ def test_every_report_says_why_a_cell_is_empty_and_what_a_finding_that_does_not_
     assert shown == [["qwen25", *qwen[1:]], ["jamba", *jamba[1:]]]
 
 
+def test_a_hit_rate_only_a_callers_opt_in_meets_is_said_so_and_not_ranked(tmp_path):
+    """QA8: DeepSeek-V3.1 checks clean by default; its one finding, informational, shows
+    only with thinking=true. Its projected hit rate came from that scenario unmarked, and
+    ranked it below a template that fails by default (Qwen3, PC002)."""
+    models = []
+    for name, origin in (("ds", "deepseek-ai--DeepSeek-V3.1.jinja"), ("q3", "Qwen--Qwen3-0.6B.jinja")):
+        models.append(tmp_path / name)
+        models[-1].mkdir()
+        shutil.copyfile(SHARED_TEMPLATES / origin, models[-1] / "chat_template.jinja")
+    rows = json.loads(audit(tmp_path, *map(str, models), "--format", "json", "--no-cache").stdout)["rows"]
+    assert [(row["codes"], row["hit_rate_opt_in"]) for row in rows] == [
+        (["PC006"], "chat, thinking=true"),
+        (["PC002", "PC004", "PC006"], None),
+    ]
+    assert [finding["fails"] for finding in rows[0]["findings"]] == [False]
+    page = tmp_path / "audit.html"
+    markdown = audit(tmp_path, *map(str, models), "--format", "markdown", "--html", str(page), "--no-cache").stdout
+    deepseek = markdown.splitlines()[2]
+    assert deepseek.endswith(f"{rows[0]['hit_rate']:.1%} (ideal {rows[0]['ideal_hit_rate']:.1%}) only in 'chat, thinking=true' |")
+    chart = page.read_text().split("<svg", 1)[1].split("</svg>", 1)[0]
+    assert str(models[1]) in chart and str(models[0]) not in chart  # only what a default deployment gets is ranked
+
+
 def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
