@@ -96,6 +96,8 @@ def spec_problem(spec: str) -> str | None:
     try:
         validate_repo_id(repo)
     except HFValidationError as error:
+        if spec.startswith(("/", "./", "../", "~")) or spec in (".", ".."):
+            return "no such folder"  # written as a path: the folder is what is missing
         return f"not a valid repo id: {error}"
     if "@" in spec and (revision is None or _BAD_REVISION.search(revision)):
         return f"not a valid revision: {revision or ''!r} (a branch, tag or commit hash)"

@@ -267,18 +267,22 @@ def test_revisions_and_repo_ids_are_checked_before_any_path_is_built(tmp_path):
     # What 'refs/../../x' would name: a file outside the repo's refs/ holding a real commit.
     commit = hashlib.sha1(b"qwen/qwen3-chat").hexdigest()
     (hub / "x").write_text(commit)
-    result = audit(tmp_path, "qwen/qwen3-chat@../../x", "../qwen3-chat", "qwen/qwen3-chat@", "--format", "json", "--no-cache")
+    result = audit(
+        tmp_path, "qwen/qwen3-chat@../../x", "../qwen3-chat", "qwen/qwen3-chat@", "org/../x", "--format", "json", "--no-cache"
+    )
     rows = [(row["repo"], row["error"]) for row in json.loads(result.stdout)["rows"]]
     assert rows == [
         ("qwen/qwen3-chat@../../x", "not a valid revision: '../../x' (a branch, tag or commit hash)"),
-        (
-            "../qwen3-chat",
-            "not a valid repo id: Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or end with "
-            "'-' or '.' and the maximum length is 96: '../qwen3-chat'.",
-        ),
+        # written as a path, and no such folder: no repo id either, and said as what it is (QA8)
+        ("../qwen3-chat", "no such folder"),
         ("qwen/qwen3-chat@", "not a valid revision: '' (a branch, tag or commit hash)"),
+        (  # a path inside a repo id is still checked as an id
+            "org/../x",
+            "not a valid repo id: Repo id must be in the form 'repo_name' or 'namespace/repo_name': 'org/../x'. "
+            "Use `repo_type` argument if needed.",
+        ),
     ]
-    assert result.stderr.splitlines()[-1] == "tmpl-lint: error: no chat template found in the 3 repos audited"
+    assert result.stderr.splitlines()[-1] == "tmpl-lint: error: no chat template found in the 4 repos audited"
     assert result.returncode == 2
     # a branch with a slash, a tag and a commit are revisions
     good = audit(tmp_path, f"qwen/qwen3-chat@{commit}", "--format", "json", "--no-cache", "--no-prove")
