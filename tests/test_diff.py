@@ -687,6 +687,18 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant that answers
 QUESTION = {"role": "user", "content": "What is the weather in Paris today? Please be precise."}
 
 
+def tool_edited_between(tmp_path, template_text: str):
+    """A template, and two turns of one conversation whose tool's description the client
+    edited between them."""
+    template = tmp_path / "tools.jinja"
+    template.write_text(template_text)
+    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
+    turns = write_turns(
+        tmp_path, {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+    )
+    return template, turns
+
+
 def test_a_tools_change_qwen3_prints_in_the_system_turn_is_placed_there(tmp_path):
     """Qwen3 prints the tools in the system turn, after the system prompt: a tool's edited
     description parts the prompts there, in message 0, not in the user message's markup.
@@ -732,14 +744,10 @@ def test_tools_opened_by_a_tag_inside_the_system_turn_are_placed_there(tmp_path)
     """Gemma 4 opens the tools with `<|tool>` inside the system turn, before `<turn|>` ends
     it: an opening tag parts nothing from the system prompt (QA8: placed in the user
     message, cause history-rewrite)."""
-    template = tmp_path / "tools_tag.jinja"
-    template.write_text(
+    template, turns = tool_edited_between(
+        tmp_path,
         "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}"
-        "{% if loop.first and tools %}<|tool>{{ tools|tojson }}<tool|>{% endif %}<turn|>\n{% endfor %}"
-    )
-    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
-    turns = write_turns(
-        tmp_path, {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+        "{% if loop.first and tools %}<|tool>{{ tools|tojson }}<tool|>{% endif %}<turn|>\n{% endfor %}",
     )
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     assert code == 1
@@ -778,14 +786,10 @@ def test_tools_printed_in_the_next_turn_are_placed_in_the_message_after_them(tmp
     """A template that prints the tools at the start of the last user message's turn (as
     Mistral does), after the end-of-turn marker of the message before: the tools belong to
     the user message."""
-    template = tmp_path / "tools_last.jinja"
-    template.write_text(
+    template, turns = tool_edited_between(
+        tmp_path,
         "{% for m in messages %}{% if loop.last and tools %}[TOOLS]{{ tools|tojson }}[/TOOLS]{% endif %}"
-        "[{{ m.role }}]{{ m.content }}</s>{% endfor %}"
-    )
-    edited = {**TOOL, "function": {**TOOL["function"], "description": "Get the weather"}}
-    turns = write_turns(
-        tmp_path, {"messages": [SYSTEM, QUESTION], "tools": [TOOL]}, {"messages": [SYSTEM, QUESTION], "tools": [edited]}
+        "[{{ m.role }}]{{ m.content }}</s>{% endfor %}",
     )
     code, out, _ = run(*turns, "--template", str(template))
     prefix = (
