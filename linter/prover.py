@@ -578,12 +578,12 @@ class Prover:
                 call, following = scenario.calls[index], scenario.calls[index + 1]
                 reply = replies[index]
                 text = prompts[index].text
-                checks = [("a", [(text, ids[index])])]
+                # (check, cached text and ids, and the pieces they were measured in)
+                checks = [("a", text, ids[index], [(text, ids[index])])]
                 if reply is not None:
-                    checks.append(("b", [(text, ids[index]), (reply.text, generated[index])]))
-                for check, pieces in checks:
-                    cached_text = "".join(piece for piece, _ in pieces)
-                    cached_ids = pieces[0][1] + pieces[1][1] if len(pieces) == 2 else pieces[0][1]
+                    pieces = [(text, ids[index]), (reply.text, generated[index])]
+                    checks.append(("b", text + reply.text, ids[index] + generated[index], pieces))
+                for check, cached_text, cached_ids, pieces in checks:
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
                         # Where the generation prompt sits in prompt N: after the text it shares
@@ -1022,8 +1022,9 @@ def name_other_switches(finding: Finding, report: ProofReport) -> None:
     if switch is None or not switch.default_is_stable or finding.proof is None:
         return
     others = {}
-    for scenario, _ in finding.proof.explains:
-        kwargs = report.scenario(scenario).kwargs if report.scenario(scenario) is not None else {}
+    for name, _ in finding.proof.explains:
+        scenario = report.scenario(name)
+        kwargs = scenario.kwargs if scenario is not None else {}
         if kwargs and switch.name not in kwargs:
             others.update(kwargs)
     if others:
