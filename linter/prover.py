@@ -1107,7 +1107,12 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
     # another rule's to explain.
     matching = {
-        id(finding): {i for i, d in enumerate(divergences) if i not in explained and shows(finding, d)} for finding in generic
+        id(finding): {
+            i
+            for i, d in enumerate(divergences)
+            if i not in explained and shows(finding, d) and not _unswitched_format(finding, d, report)
+        }
+        for finding in generic
     }
     explainer: dict[int, Finding] = {}
     for index, divergence in enumerate(divergences):
@@ -1136,6 +1141,20 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             if finding.proof is not None:
                 finding.proof = finding.proof.with_note(report.note)
     return extra
+
+
+def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
+    """A divergence that is only the model's format (the reasoning or empty reasoning block
+    it wrote, which history leaves out), in a scenario that leaves the finding's switch
+    unset: not what the switch turns on (QA8: Qwen3's "only when enable_thinking=false"
+    listed a scenario without it). It stays informational, found by the proof."""
+    switch = finding.switch
+    if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
+        return False
+    if divergence.reply_as_trained not in ("reasoning", "reasoning-block"):
+        return False
+    scenario = report.scenario(divergence.scenario)
+    return scenario is not None and switch.name not in scenario.kwargs
 
 
 def shows(finding: Finding, divergence: Divergence) -> bool:

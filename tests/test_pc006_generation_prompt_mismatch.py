@@ -260,13 +260,22 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
         "    {%- if enable_thinking is defined and enable_thinking is false %}",
         "        {{- '<think>\\n\\n</think>\\n\\n' }}",
     ]
+    # The empty think block the model writes itself (narrated tool calls, the switch unset)
+    # is not what the switch turns on: it is found by the proof, at the generation prompt's
+    # test, as the model's format (QA8 small f: the switched finding listed that scenario).
     codes, findings = prove_text(text, engine="vllm")
-    assert codes == [("PC002", 39, 30), ("PC004", 62, 47), ("PC006", 83, 13)]
-    pc006 = findings[2]
+    assert codes == [("PC002", 39, 30), ("PC004", 62, 47), ("PC006", 80, 8), ("PC006", 83, 13)]
+    as_trained, pc006 = findings[2:]
+    assert (as_trained.severity, as_trained.switch) == ("info", None)
+    assert as_trained.message.endswith(
+        "here only as the model's format writes a past reply (its reasoning left out, its end marker history's own): informational"
+    )
+    assert {scenario for scenario, _ in as_trained.proof.explains} == {"agent, narrated tool calls"}
     assert (pc006.severity, pc006.fails(False)) == ("info", False)
     assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
     divergence = pc006.proof.divergence
     assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "generation-prompt")
+    assert {scenario for scenario, _ in pc006.proof.explains} == {"agent, enable_thinking=false", "chat, enable_thinking=false"}
     assert [f.fails(False) for f in findings[:2]] == [True, True]
 
 
