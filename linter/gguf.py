@@ -1019,6 +1019,11 @@ def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str
             with contextlib.suppress(OSError):
                 copy_to.path.rmdir()
         raise
+    return copy_lines(model, destination)
+
+
+def copy_lines(model: Path, destination: Path) -> list[str]:
+    """What is said of a copy written to ``destination``."""
     lines = [
         f"{quoted_name(model)}: wrote {quoted_name(destination)}, a copy with the fixed templates in its metadata (tensors unchanged)",
         f"  llama.cpp: llama-server -m {shell_word(destination)} --jinja",
@@ -1026,6 +1031,12 @@ def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str
     if SPLIT_NAME.search(model.name):
         lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")
     return lines
+
+
+def written_beside(model: Path, fix) -> Path | None:
+    """Where the fixed template of ``fix`` is beside ``model``, if it is there now."""
+    target = companion_path(model, fix.source.name)
+    return target if _already_written(target, writes.encode(target, fix.patched)) else None
 
 
 def _patched(fix) -> TemplateSource:

@@ -373,7 +373,8 @@ class _Fixing:
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``). What is
         linted after is the model's metadata as it stays."""
         from .fixer import Verdicts, fix_recalling, unified_diff
-        from .gguf import copy_with_fixes, metadata_note, place_fix
+        from .gguf import copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
+        from .stopping import Terminated
         from .writes import WriteError
 
         by_model: dict[Path, list[TemplateSource]] = {}
@@ -394,7 +395,17 @@ class _Fixing:
                     now.append(fix.source)
                     continue
                 # Said as each file is written (or found written), and "fixed" only then.
-                placed = place_fix(model, fix, self.write, names)
+                try:
+                    placed = place_fix(model, fix, self.write, names)
+                except (KeyboardInterrupt, Terminated):
+                    # Held while the file was linked into place, a signal takes effect as that
+                    # ends: the fixed template is then beside the model, and named before the
+                    # run says it stopped.
+                    target = written_beside(model, fix) if self.write else None
+                    if target is not None:
+                        self.say_fixed(fix)
+                        self.say(f"{quoted_name(model)}:{fix.source.name}: wrote the fixed template to {quoted_name(target)}")
+                    raise
                 if placed.error is None:
                     # "fixed" only when written: a fixed template already beside the model is not
                     self.say_fixed(fix, None if placed.fresh else "already fixed")
@@ -421,9 +432,16 @@ class _Fixing:
                 if not placed_all:
                     self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
                     continue
+                destination = self.gguf_copy.destination(model)
+                existed = destination.exists()
                 try:
                     for line in copy_with_fixes(model, [fix for fix in fixes if fix.changed], self.gguf_copy):
                         self.say(line)
+                except (KeyboardInterrupt, Terminated):
+                    if not existed and destination.exists():  # the copy was put in place as the signal came
+                        for line in copy_lines(model, destination):
+                            self.say(line)
+                    raise
                 except WriteError as error:
                     self.result.errors.append(InputError.of(self.gguf_copy.destination(model), error, write=True))
         return now

@@ -1304,3 +1304,49 @@ def test_a_template_entry_that_is_no_string_is_its_own_error_and_hides_no_other(
     assert code == 2
     assert err == f"tmpl-lint: error: {model}: {message}\n"
     assert out.startswith(f"{model}:{name}:3:28: PC001 [live-clock]")
+
+
+SIGNAL_AS_LINKED = """
+import os, signal, sys
+number, target, link = int(sys.argv.pop(1)), sys.argv.pop(1), os.link
+def link_then_signal(source, destination, *args, **kwargs):
+    link(source, destination, *args, **kwargs)
+    if os.fspath(destination) == target:
+        signal.raise_signal(number)
+os.link = link_then_signal
+from tmpl_lint.__main__ import run
+sys.argv[0] = "tmpl-lint"
+run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("number", "code", "said"),
+    [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "tmpl-lint: terminated\n")],
+)
+@pytest.mark.parametrize("copy", [False, True])
+def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path, number, code, said, copy):
+    """The signal that came while the file was linked into place takes effect once it is:
+    the fixed template beside the model, or the copy, is then there, and named before the
+    run says it stopped (QA8: a GGUF's were not)."""
+    from tmpl_lint.gguf import companion_path
+
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    beside = companion_path(model, None)
+    destination = tmp_path / "copy.gguf"
+    target = destination if copy else beside
+    extra = ["--gguf-copy", str(destination)] if copy else []
+    process = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AS_LINKED, str(int(number)), os.path.realpath(target), str(model), "--fix", "--no-prove"]
+        + ["--frozen-date", FROZEN, *extra],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=120,
+    )
+    assert (process.returncode, process.stderr) == (code, said)
+    assert target.is_file()
+    lines = process.stdout.splitlines()
+    assert f"{model}:default: wrote the fixed template to {beside}" in lines
+    assert [line.split(" [")[0] for line in lines if " fixed PC001" in line] == [f"{model}:default:3:28: fixed PC001"]
+    assert (f"{model}: wrote {destination}, a copy with the fixed templates in its metadata (tensors unchanged)" in lines) == copy
