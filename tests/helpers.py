@@ -146,3 +146,21 @@ def qwen3_and_its_fix(folder: Path) -> tuple[Path, Path]:
     assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
     assert fixed.read_text() != original.read_text()
     return original, fixed
+
+
+def signal_after(put: str) -> str:
+    """A tmpl-lint run for ``python -c`` whose ``os.<put>`` (replace, link) raises the signal
+    numbered by argv[1] right after it puts the file named by argv[2] in place: a signal
+    held while the file is put in place, which takes effect once it is."""
+    return f"""
+import os, signal, sys
+number, target, put = int(sys.argv.pop(1)), sys.argv.pop(1), os.{put}
+def put_then_signal(source, destination, *args, **kwargs):
+    put(source, destination, *args, **kwargs)
+    if os.fspath(destination) == target:
+        signal.raise_signal(number)
+os.{put} = put_then_signal
+from tmpl_lint.__main__ import run
+sys.argv[0] = "tmpl-lint"
+run()
+"""

@@ -26,6 +26,7 @@ from helpers import (
     needs_permissions,
     needs_shared,
     run_unprivileged,
+    signal_after,
 )
 
 from tmpl_lint.cli import main
@@ -1306,18 +1307,7 @@ def test_a_template_entry_that_is_no_string_is_its_own_error_and_hides_no_other(
     assert out.startswith(f"{model}:{name}:3:28: PC001 [live-clock]")
 
 
-SIGNAL_AS_LINKED = """
-import os, signal, sys
-number, target, link = int(sys.argv.pop(1)), sys.argv.pop(1), os.link
-def link_then_signal(source, destination, *args, **kwargs):
-    link(source, destination, *args, **kwargs)
-    if os.fspath(destination) == target:
-        signal.raise_signal(number)
-os.link = link_then_signal
-from tmpl_lint.__main__ import run
-sys.argv[0] = "tmpl-lint"
-run()
-"""
+SIGNAL_AS_LINKED = signal_after("link")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, wait_for_children
+from helpers import CORPUS, PROJECT, signal_after, wait_for_children
 
 from tmpl_lint import fixer, writes
 from tmpl_lint.cli import main
@@ -644,18 +644,7 @@ def test_a_signal_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them
 
 # writes.py holds SIGINT and SIGTERM while a file is put in place, and the signal takes effect
 # as that ends: here it is sent then, every time (argv: the signal, the file's real path).
-SIGNAL_AS_PUT_IN_PLACE = """
-import os, signal, sys
-number, target, put = int(sys.argv.pop(1)), sys.argv.pop(1), os.replace
-def put_then_signal(source, destination, *args, **kwargs):
-    put(source, destination, *args, **kwargs)
-    if os.fspath(destination) == target:
-        signal.raise_signal(number)
-os.replace = put_then_signal
-from tmpl_lint.__main__ import run
-sys.argv[0] = "tmpl-lint"
-run()
-"""
+SIGNAL_AS_PUT_IN_PLACE = signal_after("replace")
 
 
 @STOPS
