@@ -8,7 +8,9 @@ Finds a message whose render depends on the messages after it:
   system prompt on `user_messages[-1]`;
 - facts about the whole list computed by an earlier scan and read while rendering;
 - the number of messages printed outside the loop over them (`messages|length` in a system
-  block): the text it is in changes with every turn.
+  block): the text it is in changes with every turn;
+- a window on the last messages (`messages[-4:]`): each new message pushes the oldest out,
+  so the prompt renders differently from its start every turn.
 
 A test that pairs `loop.last` with the next message's role (`loop.last or
 messages[loop.index0 + 1].role != "tool"`) closes a group of same-role messages; it is
