@@ -976,8 +976,7 @@ def place_fix(model: Path, fix, write: bool, names: set[str | None]) -> PlacedFi
         return PlacedFix(target, fix.source, error=error)
     placed = PlacedFix(target, TemplateSource(target, None, fix.patched, "jinja"), fresh=fresh)
     lines = placed.lines
-    label = f"{quoted_name(model)}:{fix.source.name}"
-    lines.append(f"{label}: {'wrote' if fresh else 'already written:'} the fixed template to {quoted_name(target)}")
+    lines.append(companion_line(model, fix.source.name, target, fresh))
     if fix.source.name == DEFAULT_NAME:
         lines.append(f"  llama.cpp: llama-server -m {shell_word(model)} --jinja --chat-template-file {shell_word(target)}")
         if "tool_use" in names:
@@ -1031,6 +1030,11 @@ def copy_lines(model: Path, destination: Path) -> list[str]:
     if SPLIT_NAME.search(model.name):
         lines.append(f"  the other splits are unchanged: put them (or links to them) beside {destination.name}")
     return lines
+
+
+def companion_line(model: Path, name: str | None, target: Path, fresh: bool = True) -> str:
+    """What is said of a fixed template put beside its model (or found there)."""
+    return f"{quoted_name(model)}:{name}: {'wrote' if fresh else 'already written:'} the fixed template to {quoted_name(target)}"
 
 
 def written_beside(model: Path, fix) -> Path | None:

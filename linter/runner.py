@@ -373,7 +373,7 @@ class _Fixing:
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``). What is
         linted after is the model's metadata as it stays."""
         from .fixer import Verdicts, fix_recalling, unified_diff
-        from .gguf import copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
+        from .gguf import companion_line, copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
         from .stopping import Terminated
         from .writes import WriteError
 
@@ -404,7 +404,7 @@ class _Fixing:
                     target = written_beside(model, fix) if self.write else None
                     if target is not None:
                         self.say_fixed(fix)
-                        self.say(f"{quoted_name(model)}:{fix.source.name}: wrote the fixed template to {quoted_name(target)}")
+                        self.say(companion_line(model, fix.source.name, target))
                     raise
                 if placed.error is None:
                     # "fixed" only when written: a fixed template already beside the model is not
