@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+# resolved: the same path in the JSON from every worktree, whichever link leads to it
+SHARED = (ROOT.parent / "shared").resolve()
 if not SHARED.is_dir():
     SHARED = Path("/work/shared")
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from tmpl_lint import render
 from tmpl_lint.checker import lint_with_facts
-from tmpl_lint.engines import HARMONY, EngineError, prepare, render_prompt, resolve_engine
-from tmpl_lint.prover import Prover, switch_values
+from tmpl_lint.engines import prepare, render_prompt, resolve_engine
+from tmpl_lint.engines.base import HARMONY, EngineError
+from tmpl_lint.proving.session import Prover, switch_values
 from tmpl_lint.render import FrozenClock, RenderError, compile_template, copy_request, prepare_messages, render_session
 from tmpl_lint.sources import collect
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
 from .config import cache_directory
-from .engines import ENGINE_ENVIRONMENT
+from .engines.base import ENGINE_ENVIRONMENT
 from .isolation import calls_as_submitted, long_lived_workers, start_workers
 from .sources import SourceError, TemplateSource, collect, model_type_beside
 from .tokenizer import find_tokenizer_directory

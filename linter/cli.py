@@ -13,17 +13,14 @@ import click
 
 from . import __version__
 from .config import MAX_BLOCK_SIZE
-from .engines import ENGINES
+from .engines.base import ENGINES
 from .render import RenderLimits
-from .reporters import (
-    github_report,
-    json_report,
-    sarif_report,
-    statistics_json,
-    statistics_report,
-    text_report,
-    write_report,
-)
+from .report.github import github_report
+from .report.json import json_report
+from .report.output import write_report
+from .report.sarif import sarif_report
+from .report.statistics import statistics_json, statistics_report
+from .report.text import text_report
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 

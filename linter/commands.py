@@ -46,7 +46,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     (a model vLLM renders without the template, a served model replaced). Raises
     OptionsError or RunError."""
     from .diff import RequestError, diff_requests, read_request, read_template
-    from .engines import EngineError
+    from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
     from .server import ServerError, ServerURLError, VLLMServer
@@ -91,7 +91,7 @@ def configured(config_path: Path | None, block_size: int | None, tokenizer: Path
 def _diff_or_error(function, args):
     """``function(*args)``, or the message of the error it raised (to cross from the child)."""
     from .diff import RequestError
-    from .engines import EngineError
+    from .engines.base import EngineError
     from .render import RenderError
     from .server import ServerError
 
@@ -103,7 +103,8 @@ def _diff_or_error(function, args):
 
 def engine_for(engine: str, template: str, path: Path, note: Callable[[str], None]) -> str:
     """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
-    from .engines import HARMONY, resolve_engine
+    from .engines import resolve_engine
+    from .engines.base import HARMONY
     from .sources import model_type_beside
 
     resolved = resolve_engine(engine, template, model_type_beside(path))
@@ -159,7 +160,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from . import replay as replaying
     from .diff import RequestError, read_template
     from .isolation import IsolationError
-    from .prover import resolve_special_tokens
+    from .proving.measure import resolve_special_tokens
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 

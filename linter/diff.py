@@ -17,18 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
-from .proofs import BEFORE_MESSAGES, Cause, Divergence
-from .prover import (
-    Measure,
-    classify,
-    compare_prompts,
-    generation_prompt_span,
-    locate,
-    message_fields,
-    resolve_special_tokens,
-    snippet,
-)
+from .engines import engine_tokenizer, render_prompt
+from .engines.base import EngineError, Prompt
+from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
+from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
+from .proving.measure import Measure, resolve_special_tokens
+from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
 from .sources import ADDITIONAL_TEMPLATES_DIR, SourceError, collect, load_json
 from .tokenizer import Tokenizer
@@ -332,7 +326,7 @@ def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[s
 
 
 def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
-    from .reporters import divergence_lines
+    from .report.text import divergence_lines
 
     unit = divergence.unit
     first, second = divergence.prompt_tokens

@@ -121,7 +121,7 @@ def run_unprivileged(*args: str, **options) -> subprocess.CompletedProcess:
 def log_verifiers(monkeypatch, log: Path, name: Callable = lambda source: source.path.name) -> Path:
     """Write a line to ``log`` for each fix Verifier made, naming its template by
     ``name(source)``: the fixes run in forked workers, so they are counted in a file."""
-    from tmpl_lint.fixer import Verifier
+    from tmpl_lint.fix.verify import Verifier
 
     real_init = Verifier.__init__
 

@@ -8,7 +8,7 @@ from helpers import CORPUS, SHARED_TOKENIZERS, at, lint_fixture, lint_text, need
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.cli import main
-from tmpl_lint.prover import Prover
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.rules import BY_CODE
 from tmpl_lint.sources import TemplateSource
 
