@@ -45,10 +45,11 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     would (or as a running vLLM tokenizes them). ``note`` hears what the user should know
     (a model vLLM renders without the template, a served model replaced). Raises
     OptionsError or RunError."""
-    from .diff import RequestError, diff_requests, read_request, read_template
+    from .diff import diff_requests, read_template
     from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
+    from .requests import RequestError, read_request
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -90,9 +91,9 @@ def configured(config_path: Path | None, block_size: int | None, tokenizer: Path
 
 def _diff_or_error(function, args):
     """``function(*args)``, or the message of the error it raised (to cross from the child)."""
-    from .diff import RequestError
     from .engines.base import EngineError
     from .render import RenderError
+    from .requests import RequestError
     from .server import ServerError
 
     try:
@@ -158,9 +159,10 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
     from . import replay as replaying
-    from .diff import RequestError, read_template
+    from .diff import read_template
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
+    from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -259,6 +261,7 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
     is analysed. Raises OptionsError or RunError."""
     from . import audit as auditing
     from .render import keep_compiled_code
+    from .report.audit import rows
     from .sources import SourceError
 
     block_size, _ = configured(options.config_path, None, None)
@@ -294,4 +297,4 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
         )
     except auditing.NoHubCache as error:  # raised before anything is fetched or analysed
         raise RunError(str(error)) from None
-    return AuditRun(audit, auditing.rows(audit), cache.problems)
+    return AuditRun(audit, rows(audit), cache.problems)

@@ -163,7 +163,7 @@ def read_log(path: Path) -> tuple[list[Call], list[ReplayError]]:
 
 
 def _call(number: int, line: bytes) -> Call | None:
-    from .diff import request_problem
+    from .requests import request_problem
 
     if not line.strip():
         return None

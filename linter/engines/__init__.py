@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from ..render import DEFAULT_LIMITS, RenderLimits, render
+from . import hf, vllm
 from .base import ENGINES, HARMONY, HARMONY_MARKUP, Prompt
-from .vllm import content_format, rebuilt_message, vllm_tools
 
 
 def prepare(
@@ -33,19 +33,11 @@ def prepare(
     any effort but "none".
     """
     merged = {**(server_kwargs or {}), **(kwargs or {})}
-    # What changes below is replaced, never changed in place: ``render`` copies what it is
-    # given (the copy a template cannot reach the caller's data through), and copying here
-    # as well was a tenth of a proof.
     if engine == "hf":
-        return list(messages), merged
-    if engine != "vllm":
-        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
-    if reasoning_effort is not None:
-        merged["reasoning_effort"] = reasoning_effort
-        if "enable_thinking" not in (kwargs or {}):
-            merged["enable_thinking"] = reasoning_effort != "none"
-    form = content_format(template)
-    return [rebuilt_message(message, form) for message in messages], merged
+        return hf.prepare(messages, merged)
+    if engine == "vllm":
+        return vllm.prepare(template, messages, merged, kwargs or {}, reasoning_effort)
+    raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
 
 
 def render_prompt(
@@ -68,6 +60,7 @@ def render_prompt(
     reply as it was generated (the prover's "reply as generated").
     """
     if engine == HARMONY:
+        # openai-harmony loads its vocabulary on import: only for gpt-oss
         from .harmony import harmony_encoding, harmony_prompt_ids
 
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
@@ -77,7 +70,7 @@ def render_prompt(
         template,
         prepared,
         clock=clock,
-        tools=vllm_tools(tools) if engine == "vllm" else tools,
+        tools=vllm.vllm_tools(tools) if engine == "vllm" else tools,
         add_generation_prompt=add_generation_prompt,
         special_tokens=special_tokens,
         template_kwargs=merged,
@@ -102,6 +95,7 @@ def engine_tokenizer(engine: str):
     """The tokenizer an engine brings itself, when it renders without the template."""
     if engine != HARMONY:
         return None
+    # openai-harmony loads its vocabulary on import: only for gpt-oss
     from .harmony import HarmonyTokenizer
 
     return HarmonyTokenizer()

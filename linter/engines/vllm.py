@@ -141,7 +141,7 @@ def _content(content: Any, form: str) -> Any:
     return "\n".join(part for part in kept if isinstance(part, str))
 
 
-def rebuilt_message(message: Any, form: str) -> dict[str, Any]:
+def _rebuilt(message: Any, form: str) -> dict[str, Any]:
     """A message as vLLM's chat parsing rebuilds it for the template (vllm/entrypoints/
     chat_utils.py: _parse_chat_message_content, _postprocess_messages): role and content;
     an assistant's tool calls (arguments parsed to a mapping; none where the list is
@@ -207,3 +207,25 @@ def vllm_tools(tools: list[Any] | None) -> list[Any] | None:
         others = {key: value for key, value in tool.items() if key not in ("type", "function")}
         dumped.append({"type": tool.get("type", "function"), "function": function, **others})
     return dumped
+
+
+def prepare(
+    template: str,
+    messages: list[dict[str, Any]],
+    merged: dict[str, Any],
+    request_kwargs: dict[str, Any],
+    reasoning_effort: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and template variables vLLM renders for a request. ``merged``: the
+    request's ``chat_template_kwargs`` over the server's defaults; ``reasoning_effort``, the
+    request's own field, is handed to the template and, unless the request sets
+    ``enable_thinking``, turns thinking on for any effort but "none"."""
+    # What changes below is replaced, never changed in place: ``render`` copies what it is
+    # given (the copy a template cannot reach the caller's data through), so a second copy
+    # here would only cost time.
+    if reasoning_effort is not None:
+        merged["reasoning_effort"] = reasoning_effort
+        if "enable_thinking" not in request_kwargs:
+            merged["enable_thinking"] = reasoning_effort != "none"
+    form = content_format(template)
+    return [_rebuilt(message, form) for message in messages], merged

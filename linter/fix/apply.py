@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checker import Selection, lint_with_facts
+from ..checker import lint_with_facts
 from ..edits import Edit, OverlappingEdits, apply_edits
 from ..findings import Finding
 from ..proving.session import Recorded
 from ..rules import BY_CODE
-from ..selection import suppressions
+from ..selection import Selection, suppressions
 from ..sources import TemplateSource
 from .options import NO_AUTOMATIC_FIX, FixOptions, Linted
 from .verify import Verdicts, Verification

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import writes
-from ..checker import Selection
 from ..containers import ContainerError, replace_in_container
 from ..findings import quoted_name
+from ..selection import Selection
 from ..sources import SourceError, TemplateSource, reread
 from ..stopping import Terminated
 from ..writes import WriteError

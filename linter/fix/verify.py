@@ -13,7 +13,7 @@ from typing import Any
 
 from ..analysis.facts import LabelKind
 from ..analysis.separators import model_separators
-from ..checker import Selection, as_reported, lint_with_facts, prover_inputs
+from ..checker import as_reported, lint_with_facts, prover_inputs
 from ..edits import FROZEN_TIME_OF_DAY
 from ..engines import resolve_engine
 from ..engines.base import HARMONY
@@ -27,6 +27,7 @@ from ..proving.session import Prover, Recorded
 from ..render import FrozenClock, RenderError, RenderLimitExceeded, compile_template, render
 from ..rules import BY_CODE
 from ..scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
+from ..selection import Selection
 from ..sources import TemplateSource, model_type_beside
 from ..tokenizer import Tokenizer, common_prefix_length
 from .options import FixOptions, Linted, applies_by_default
