@@ -5,7 +5,7 @@ as the audit proves): recorded once, then each rendered by tmpl-lint as a proof 
 (the engine's preprocessing, the copy, the limits: ``render_prompt``; alone, and inside one
 ``render_session`` per template, as a proof can open it), and by the compiled template
 alone on the request already prepared (the floor: what the template's own code costs,
-all that render.py and engines.py add left out). transformers' ``render_jinja_template``
+all that render.py and engines/ add left out). transformers' ``render_jinja_template``
 of the same request is printed for reference. Requests that either refuses are left out.
 The ways run in turn, best of 5 rounds; CPU time.
 Run: python bench/render_speed.py

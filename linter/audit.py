@@ -26,9 +26,10 @@ from typing import Any
 from .checker import ProveOptions, lint_isolated, ready_to_fork
 from .config import cache_directory
 from .engines.base import ENGINE_ENVIRONMENT
+from .inputs import SourceError, TemplateSource
 from .isolation import calls_as_submitted, long_lived_workers, start_workers
 from .selection import Selection
-from .sources import SourceError, TemplateSource, collect, model_type_beside
+from .sources import collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
@@ -456,7 +457,7 @@ def default_cache_path() -> Path:
 
 
 def read_repo_list(path: Path) -> list[str]:
-    from .sources import read_text
+    from .inputs import read_text
 
     try:
         lines = read_text(path).splitlines()

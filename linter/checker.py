@@ -20,13 +20,13 @@ from .analysis.reuse import top_level_scan
 from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
 from .findings import Finding, Outcome, Switch
+from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
 from .selection import Selection, Suppression, suppressions
-from .sources import TemplateSource
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -41,7 +41,7 @@ class ProveOptions:
     tokenizer: Path | None = None  # a directory; None looks beside the template
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
-    engine: str = "vllm"  # whose request preprocessing to apply (see engines.py)
+    engine: str = "vllm"  # whose request preprocessing to apply (see engines/)
 
 
 def lint_isolated(
@@ -397,7 +397,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
     from .gguf import model_for, own_tokenizer
-    from .sources import SourceError, load_json
+    from .inputs import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
     tokenizer, note = None, None

@@ -113,7 +113,7 @@ engine_option = click.option(
     type=click.Choice(list(ENGINES)),
     default="vllm",
     show_default=True,
-    help="Whose request preprocessing to apply before rendering (see `engines.py`).",
+    help="Whose request preprocessing to apply before rendering (see `tmpl_lint.engines`).",
 )
 
 

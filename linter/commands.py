@@ -260,9 +260,9 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
     """Audit the repos and folders ``options`` names; ``advance`` is called as each template
     is analysed. Raises OptionsError or RunError."""
     from . import audit as auditing
+    from .inputs import SourceError
     from .render import keep_compiled_code
     from .report.audit import rows
-    from .sources import SourceError
 
     block_size, _ = configured(options.config_path, None, None)
     keep_compiled_code(options.use_cache)

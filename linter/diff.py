@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from .engines import engine_tokenizer, render_prompt
 from .engines.base import EngineError, Prompt
+from .inputs import load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
 from .proving.measure import Measure, resolve_special_tokens
 from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
 from .requests import Request, RequestError, read_request
-from .sources import ADDITIONAL_TEMPLATES_DIR, collect, load_json
+from .sources import ADDITIONAL_TEMPLATES_DIR, collect
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:

@@ -862,7 +862,7 @@ def _departure(prompt: list[int], computed: list[int], following: list[int], sha
 def template_findings(template: str) -> list[Finding]:
     """The findings a check of ``template`` reports: the same that name each divergence in check."""
     from .checker import lint_source
-    from .sources import TemplateSource
+    from .inputs import TemplateSource
 
     return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .sources import SourceError, load_json
+from .inputs import SourceError, load_json
 
 
 class RequestError(Exception):

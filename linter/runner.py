@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding, quoted_name
+from .inputs import NothingToLint, SourceError, TemplateSource
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .report.progress import ProgressBar
 from .rules import BY_CODE
 from .selection import Selection, SelectionError
-from .sources import NothingToLint, SourceError, TemplateSource, collect
+from .sources import collect
 
 if TYPE_CHECKING:
     from .fix.apply import TemplateFix

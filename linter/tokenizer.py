@@ -185,7 +185,7 @@ def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_tokenizer_config(directory: Path) -> dict[str, Any]:
-    from .sources import SourceError, load_json
+    from .inputs import SourceError, load_json
 
     path = directory / "tokenizer_config.json"
     if not path.is_file():

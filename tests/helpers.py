@@ -15,7 +15,7 @@ import pytest
 from filelock import FileLock
 
 from tmpl_lint.checker import ProveOptions, lint_source
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.inputs import TemplateSource
 
 PROJECT = Path(__file__).resolve().parents[1]
 CORPUS = PROJECT / "corpus"

@@ -21,9 +21,10 @@ from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
 from tmpl_lint.fix.verify import Verifier
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proving.session import Prover
 from tmpl_lint.render import FrozenClock, render
-from tmpl_lint.sources import TemplateSource, collect
+from tmpl_lint.sources import collect
 
 FIXTURES = PROJECT / "tests" / "fixtures"
 FROZEN = "2026-01-15"

@@ -33,9 +33,9 @@ from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.fix.apply import fix_template
 from tmpl_lint.fix.options import FixOptions
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proving.session import Prover
 from tmpl_lint.render import FrozenClock, RenderError, render
-from tmpl_lint.sources import TemplateSource
 
 CONDITIONS = [
     "message.role == 'user'",

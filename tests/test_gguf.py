@@ -30,7 +30,8 @@ from helpers import (
 )
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import NothingToLint, SourceError, collect
+from tmpl_lint.inputs import NothingToLint, SourceError
+from tmpl_lint.sources import collect
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")

@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.inputs import TemplateSource
 
 
 def test_fixture_last_user_message_blocks():

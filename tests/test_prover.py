@@ -9,13 +9,13 @@ import pytest
 from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from tmpl_lint.proving.divergence import compare_prompts, first_difference, last_message_mark, locate, reply_start
 from tmpl_lint.proving.measure import full_blocks
 from tmpl_lint.proving.replies import stop_after_reply
 from tmpl_lint.proving.session import Prover
 from tmpl_lint.scenarios import scenarios
-from tmpl_lint.sources import TemplateSource
 
 
 def prove(name):

@@ -1,4 +1,5 @@
-"""What the analysis hands the rules: the labels a value may depend on, the sites they come from, the sinks that print them, and the ``Facts`` of one pass."""
+"""What the analysis hands the rules: the labels a value may depend on, the sites they come
+from, the sinks that print them, and the ``Facts`` of one pass."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Constant folding: operators, filters, tests and comparisons on known constants, bounded in the size of what they build."""
+"""Constant folding: operators, filters, tests and comparisons on known constants, bounded
+in the size of what they build."""
 
 from __future__ import annotations
 

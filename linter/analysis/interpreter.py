@@ -1,4 +1,5 @@
-"""The abstract interpreter: one pass over a template's Jinja AST that builds the facts every rule queries.
+"""The abstract interpreter: one pass over a template's Jinja AST that builds the facts
+every rule queries.
 
 The pass is an abstract interpretation: each expression evaluates to a ``Value``, the set
 of ``Label``s saying what it depends on (the clock, the number of messages, a scan over all

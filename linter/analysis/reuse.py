@@ -1,4 +1,6 @@
-"""Reusing one analysis in another: the states between top-level statements, and what each statement reads, so that a switch trial analyses only the statements its assumption changes."""
+"""Reusing one analysis in another: the states between top-level statements, and what each
+statement reads, so that a switch trial analyses only the statements its assumption
+changes."""
 
 from __future__ import annotations
 

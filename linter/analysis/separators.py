@@ -1,4 +1,5 @@
-"""How tool-call arguments are serialised: the separators a template's ``tojson`` writes and the ones the model writes (what PC004 compares)."""
+"""How tool-call arguments are serialised: the separators a template's ``tojson`` writes and
+the ones the model writes (what PC004 compares)."""
 
 from __future__ import annotations
 

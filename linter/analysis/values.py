@@ -1,4 +1,6 @@
-"""The value model of the analysis: what an expression evaluates to (its labels and, where known, a constant), and the structures values take (records, macros, globals, namespaces, loops)."""
+"""The value model of the analysis: what an expression evaluates to (its labels and, where
+known, a constant), and the structures values take (records, macros, globals, namespaces,
+loops)."""
 
 from __future__ import annotations
 

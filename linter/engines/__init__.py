@@ -1,4 +1,5 @@
-"""What a serving engine does to a chat request before the template sees it, one module per engine.
+"""What a serving engine does to a chat request before the template sees it, one module per
+engine.
 
 A proof is only as true as the token ids it compares, and an engine does not hand the
 request to the template untouched. ``hf`` is transformers' ``apply_chat_template`` as

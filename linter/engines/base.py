@@ -1,4 +1,5 @@
-"""What every engine module shares: the engines an option names, the prompt one renders, the error a request the engine would reject raises."""
+"""What every engine module shares: the engines an option names, the prompt one renders, the
+error a request the engine would reject raises."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fixing one template: each finding's fix, verified (verify.py), applied in turn, and the chain of fixes a template takes."""
+"""Fixing one template: each finding's fix, verified (verify.py), applied in turn, and the
+chain of fixes a template takes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from dataclasses import dataclass, field
 from ..checker import lint_with_facts
 from ..edits import Edit, OverlappingEdits, apply_edits
 from ..findings import Finding
+from ..inputs import TemplateSource
 from ..proving.session import Recorded
 from ..rules import BY_CODE
 from ..selection import Selection, suppressions
-from ..sources import TemplateSource
 from .options import NO_AUTOMATIC_FIX, FixOptions, Linted
 from .verify import Verdicts, Verification
 

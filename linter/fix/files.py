@@ -1,4 +1,5 @@
-"""Putting fixes back into the files that hold the templates: every template of a file fixed, the file rewritten once (through writes.py), or the unified diff printed instead."""
+"""Putting fixes back into the files that hold the templates: every template of a file
+fixed, the file rewritten once (through writes.py), or the unified diff printed instead."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 from .. import writes
 from ..containers import ContainerError, replace_in_container
 from ..findings import quoted_name
+from ..inputs import SourceError, TemplateSource
 from ..selection import Selection
-from ..sources import SourceError, TemplateSource, reread
+from ..sources import reread
 from ..stopping import Terminated
 from ..writes import WriteError
 from .apply import TemplateFix, fix_template

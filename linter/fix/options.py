@@ -1,4 +1,5 @@
-"""What a fix run is asked to do, the lint a fix starts from, and which fixes apply by default (safe fixes, as ruff's)."""
+"""What a fix run is asked to do, the lint a fix starts from, and which fixes apply by
+default (safe fixes, as ruff's)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Verifying a fix before it is applied: the fixed template must render every other conversation as the original did, prove its finding gone, and bring no new one."""
+"""Verifying a fix before it is applied: the fixed template must render every other
+conversation as the original did, prove its finding gone, and bring no new one."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..engines import resolve_engine
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
 from ..findings import Finding
+from ..inputs import TemplateSource
 from ..jinja_env import REQUEST_VARIABLES
 from ..proofs import Cause, ProofStatus
 from ..proving.attribution import attach_proofs
@@ -28,7 +30,7 @@ from ..render import FrozenClock, RenderError, RenderLimitExceeded, compile_temp
 from ..rules import BY_CODE
 from ..scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from ..selection import Selection
-from ..sources import TemplateSource, model_type_beside
+from ..sources import model_type_beside
 from ..tokenizer import Tokenizer, common_prefix_length
 from .options import FixOptions, Linted, applies_by_default
 

@@ -1,4 +1,6 @@
-"""Which finding a proof's divergences prove: a finding is proven when some pair diverges for the cause its rule describes, under the switch values the template supports; a divergence no finding explains is reported through the rule for unexplained divergences."""
+"""Which finding a proof's divergences prove: a finding is proven when some pair diverges
+for the cause its rule describes, under the switch values the template supports; a
+divergence no finding explains is reported through the rule for unexplained divergences."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Where two consecutive prompts diverge: the first differing token and character, the message, role and field it falls in, and a cause class. The one text and token diffing core: the prover, ``diff`` and ``replay`` all compare prompts here."""
+"""Where two consecutive prompts diverge: the first differing token and character, the
+message, role and field it falls in, and a cause class. The one text and token diffing
+core: the prover, ``diff`` and ``replay`` all compare prompts here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Measuring prompts: in token ids or characters, and as vLLM's prefix cache serves a session's requests (full blocks, each chained on its parent)."""
+"""Measuring prompts: in token ids or characters, and as vLLM's prefix cache serves a
+session's requests (full blocks, each chained on its parent)."""
 
 from __future__ import annotations
 

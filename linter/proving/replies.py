@@ -1,4 +1,5 @@
-"""The model's own reply as the next request carries it back: tool-call arguments as the model wrote them, and where a generated reply stops."""
+"""The model's own reply as the next request carries it back: tool-call arguments as the
+model wrote them, and where a generated reply stops."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Proving findings: render consecutive model calls of synthetic sessions and diff token ids.
+"""Proving findings: render consecutive model calls of synthetic sessions and diff token
+ids.
 
 For each consecutive pair of calls N, N+1 of a scenario two checks run:
 

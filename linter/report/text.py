@@ -1,4 +1,5 @@
-"""Findings as ruff-style text: one line per finding, its source line, its proof, and a summary."""
+"""Findings as ruff-style text: one line per finding, its source line, its proof, and a
+summary."""
 
 from __future__ import annotations
 
