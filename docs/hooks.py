@@ -79,9 +79,7 @@ def generated_pages() -> dict[str, str]:
 
 def on_config(config):
     """The Rules section of the navigation: the index, then one page per rule."""
-    entries = [{"All rules": "rules/index.md"}] + [
-        {f"{rule.RULE.code} {rule.RULE.name}": rule_path(rule)} for rule in RULES
-    ]
+    entries = [{"All rules": "rules/index.md"}] + [{f"{rule.RULE.code} {rule.RULE.name}": rule_path(rule)} for rule in RULES]
     for position, item in enumerate(config.nav or []):
         if isinstance(item, dict) and RULES_NAV_TITLE in item:
             config.nav[position] = {RULES_NAV_TITLE: entries}

@@ -32,9 +32,7 @@ TMPL_LINT = [shutil.which("tmpl-lint", path=os.path.dirname(sys.executable)) or 
 
 def cli(*args: str) -> str:
     """What the installed tmpl-lint prints on an 80-column terminal."""
-    result = subprocess.run(
-        [*TMPL_LINT, *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"}
-    )
+    result = subprocess.run([*TMPL_LINT, *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -68,7 +66,9 @@ def to_html():
     from mkdocs.config import load_config
 
     config = load_config(str(PROJECT / "mkdocs.yml"))
-    return lambda text: markdown.Markdown(extensions=config.markdown_extensions, extension_configs=config.mdx_configs).convert(text)
+    return lambda text: markdown.Markdown(extensions=config.markdown_extensions, extension_configs=config.mdx_configs).convert(
+        text
+    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
@@ -111,4 +111,6 @@ def test_the_readmes_rule_table_is_the_registry():
 
 def test_the_readme_starts_with_the_two_commands():
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")
-    assert readme.startswith('# tmpl-lint\n\n```sh\npip install . && tmpl-lint corpus/\npip install -e ".[test]" && python -m pytest\n```\n')
+    assert readme.startswith(
+        '# tmpl-lint\n\n```sh\npip install . && tmpl-lint corpus/\npip install -e ".[test]" && python -m pytest\n```\n'
+    )
