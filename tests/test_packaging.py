@@ -71,3 +71,13 @@ def test_a_missing_extra_is_one_line_naming_it(installed, tmp_path):
     assert embedded.stderr == (
         f"tmpl-lint: error: {tmp_path / 'serving.py'}: reading templates from this file needs libcst: pip install 'tmpl-lint[fix]'\n"
     )
+
+
+def test_the_readme_names_every_core_dependency():
+    # "The base install brings ...": what `pip install .` installs, oss-harmony by its
+    # package name (openai-harmony is the name users search for).
+    declared = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["dependencies"]
+    paragraph = re.search(r"^The base install brings (.+?)\n\n", README, re.MULTILINE | re.DOTALL).group(1)
+    for requirement in declared:
+        name = re.match(r"[\w.-]+", requirement).group(0)
+        assert name in paragraph, f"{name} is a dependency the README's install section does not name"
