@@ -16,21 +16,24 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import marshal
 import os
 import signal
+import sys
 import threading
+import types
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, partial
+from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.bccache
 
-from . import jinja_env
+from . import jinja_env, sealed
 from .config import cache_directory
 from .jinja_env import Clock, make_environment
 
@@ -107,14 +110,17 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
 # -- compiled code kept between runs -----------------------------------------------------
 # Compiling a template to Python is a third of proving it (jinja generates and compiles
 # its code: 50 ms for a long template), and a linter meets the same files run after run
-# (pre-commit on every commit, CI, --fix and then the check). jinja2's own file cache keeps
-# the code per template text in "code" under tmpl-lint's cache (config.cache_directory),
-# written atomically; tmpl-lint keys it by jinja2's version and by the bytes of the two
-# modules that make the environment and compile with it, so a code generator changed in
-# development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off for every run,
-# --no-cache for one (keep_compiled_code).
+# (pre-commit on every commit, CI, --fix and then the check). The code is kept per template
+# text in "code" under tmpl-lint's cache (config.cache_directory), keyed by jinja2's version
+# and by the bytes of the two modules that make the environment and compile with it, so a
+# code generator changed in development is never served old code. Code read back runs
+# outside the sandbox, so an entry is loaded only when its MAC verifies (sealed.py): jinja2's
+# own file cache unpickles whatever the file holds. TMPL_LINT_NO_CACHE=1 turns it off for
+# every run, --no-cache for one (keep_compiled_code).
 
 _kept = True  # this run's choice: False under --no-cache
+_CODE_PURPOSE = b"tmpl-lint compiled template code 1"
+MAX_CODE_BYTES = 64 * 1024 * 1024  # a template is at most 10 MB; its code a few times that
 
 
 def keep_compiled_code(enabled: bool) -> None:
@@ -128,38 +134,49 @@ def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.node
     found = _code_cache() if _kept else None
     if found is None:
         return environment.compile(text if tree is None else tree)
-    cache, code_key = found
+    directory, code_key = found
     # surrogatepass: a template read with a lone surrogate is linted as read, so cached too
-    text_key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    bucket = jinja2.bccache.Bucket(environment, f"{code_key}-{text_key}", "")
+    name = f"{code_key}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}.code"
+    code = _load_code(directory, name)
+    if code is None:
+        code = environment.compile(text if tree is None else tree)
+        with contextlib.suppress(OSError, sealed.NoKey), sealed.private_directory(directory) as folder:
+            sealed.write_entry(folder, name, sealed.seal(_CODE_PURPOSE, name, marshal.dumps(code)))
+    return code
+
+
+def _load_code(directory: Path, name: str):
+    """The code kept as ``name``, or None: missing, unauthenticated, damaged or foreign."""
     try:
-        cache.load_bytecode(bucket)
-    except Exception:  # noqa: BLE001 - a damaged or foreign file is a miss, compiled again
-        bucket.reset()
-    if bucket.code is None:
-        bucket.code = environment.compile(text if tree is None else tree)
-        with contextlib.suppress(OSError):  # a full disk or a read-only directory: no cache
-            cache.dump_bytecode(bucket)
-    return bucket.code
+        with sealed.private_directory(directory) as folder:
+            kept = sealed.read_entry(folder, name, MAX_CODE_BYTES)
+        data = sealed.unseal(_CODE_PURPOSE, name, kept) if kept is not None else None
+        code = marshal.loads(data) if data is not None else None
+    except (OSError, sealed.NoKey, ValueError, EOFError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
 
 
 @cache
-def _code_cache() -> tuple[jinja2.BytecodeCache, str] | None:
-    """The cache and the key of this code generator, or None: turned off, or no directory.
-    Looked for once a process (its workers, forked later, inherit the answer)."""
+def _code_cache() -> tuple[Path, str] | None:
+    """The cache's folder and the key of this code generator, or None: turned off, no
+    directory, or no key to authenticate code with (sealed.secret). Looked for once a
+    process (its workers, forked later, inherit the answer)."""
     if os.environ.get("TMPL_LINT_NO_CACHE"):
         return None
     try:
         directory = cache_directory() / "code"
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return jinja2.FileSystemBytecodeCache(str(directory), "%s.code"), _code_key()
-    except (OSError, RuntimeError):  # RuntimeError: no home directory to find a cache in
+        with sealed.private_directory(directory):
+            pass
+        sealed.secret()
+        return directory, _code_key()
+    except (OSError, RuntimeError, sealed.NoKey):  # RuntimeError: no home directory to find a cache in
         return None
 
 
 def _code_key() -> str:
     """What the compiled code depends on besides the template's text."""
-    digest = hashlib.sha256(jinja2.__version__.encode())
+    digest = hashlib.sha256(f"{jinja2.__version__} {sys.version}".encode())
     for module in (__file__, jinja_env.__file__):
         with open(module, "rb") as source:
             digest.update(source.read())
