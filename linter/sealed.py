@@ -112,6 +112,11 @@ def mac(purpose: bytes, name: str, data: bytes) -> bytes:
     return message.digest()
 
 
+def verifies(purpose: bytes, name: str, data: bytes, tag: bytes) -> bool:
+    """Whether ``tag`` is the MAC of ``data`` kept as ``name`` for ``purpose``."""
+    return hmac.compare_digest(tag, mac(purpose, name, data))
+
+
 def seal(purpose: bytes, name: str, data: bytes) -> bytes:
     return mac(purpose, name, data) + data
 
@@ -121,7 +126,7 @@ def unseal(purpose: bytes, name: str, sealed: bytes) -> bytes | None:
     if len(sealed) < MAC_BYTES:
         return None
     data = sealed[MAC_BYTES:]
-    return data if hmac.compare_digest(sealed[:MAC_BYTES], mac(purpose, name, data)) else None
+    return data if verifies(purpose, name, data, sealed[:MAC_BYTES]) else None
 
 
 @contextlib.contextmanager

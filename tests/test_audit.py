@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,71 @@ def test_results_cache_resumes(tmp_path):
     second = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file)).stdout)
     assert second["analysed_templates"] == 0
     assert [row["codes"] for row in second["rows"]] == [row["codes"] for row in first["rows"]]
+
+
+def planted_results(cache_file: Path, lines) -> None:
+    """Replace the results cache with ``lines(key)`` for each analysis key it held: what
+    anything that can write the cache could plant there (the keys are computable)."""
+    keys = sorted(set(re.findall(r'"key": "([0-9a-f]{64})"', cache_file.read_text())))
+    assert keys
+    cache_file.write_text("".join(line + "\n" for key in keys for line in lines(key)))
+
+
+def test_a_planted_clean_result_does_not_make_a_failing_template_pass(tmp_path):
+    build_cache(tmp_path)
+    cache_file = tmp_path / "results.jsonl"
+    arguments = ("--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file))
+    first = audit(tmp_path, *arguments)
+    assert first.returncode == 1 and any(row["codes"] for row in json.loads(first.stdout)["rows"])
+
+    def clean(key):
+        entry = json.dumps({"key": key, "findings": []})
+        return [entry, f"{'0' * 64} {entry}", f"{hashlib.sha256(entry.encode()).hexdigest()} {entry}"]
+
+    planted_results(cache_file, clean)
+    second = audit(tmp_path, *arguments)
+    assert (second.returncode, second.stderr) == (1, first.stderr)
+    report = json.loads(second.stdout)
+    assert report["rows"] == json.loads(first.stdout)["rows"]
+    assert report["analysed_templates"] == 4  # analysed again: no planted line is taken
+
+
+def test_a_damaged_results_cache_line_is_a_miss_not_a_crash(tmp_path):
+    build_cache(tmp_path)
+    cache_file = tmp_path / "results.jsonl"
+    arguments = ("--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file))
+    first = audit(tmp_path, *arguments)
+
+    def damaged(key):
+        return [
+            json.dumps({"key": key, "findings": "PC002"}),
+            json.dumps({"key": key, "findings": [1, None]}),
+            json.dumps({"key": key, "findings": [{"proof": 3}]}),
+            json.dumps([key]),
+            json.dumps({"key": key}),
+            "\x00\xff" + key,
+        ]
+
+    planted_results(cache_file, damaged)
+    second = audit(tmp_path, *arguments)
+    assert (second.returncode, second.stderr) == (first.returncode, first.stderr)
+    assert json.loads(second.stdout)["rows"] == json.loads(first.stdout)["rows"]
+
+
+def test_a_results_cache_that_is_a_symbolic_link_is_never_written_through(tmp_path):
+    build_cache(tmp_path)
+    target = tmp_path / "victim"
+    target.write_text("keep me\n")
+    link = tmp_path / "results.jsonl"
+    link.symlink_to(target)
+    result = audit(tmp_path, "qwen/qwen25-chat", "--format", "json", "--no-prove", "--cache-file", str(link))
+    assert target.read_text() == "keep me\n"
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["error"] is None and row["codes"]
+    assert result.stderr == (
+        f"tmpl-lint: error: {link}: cannot read the results cache: it is a symbolic link (a cache file is never followed)\n"
+    )
+    assert result.returncode == 2
 
 
 def test_results_are_kept_in_tmpl_lints_cache_directory(tmp_path, monkeypatch):
