@@ -118,7 +118,33 @@ def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     # config.json: its model_type tells how vLLM renders the model (gpt-oss: openai-harmony).
     patterns = TEMPLATE_FILES + ["config.json"] + (TOKENIZER_FILES if with_tokenizer else [])
     folder = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns))
-    return folder, folder.name if len(folder.name) == 40 else revision
+    problem = snapshot_problem(folder)
+    if problem:
+        raise InvalidSpec(problem)
+    return folder, folder.name
+
+
+# A commit as the Hub names it: what a snapshot folder's name is.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def snapshot_problem(folder: Path) -> str | None:
+    """Why a snapshot folder of the Hugging Face cache is not read, or None. The cache is
+    untrusted input: offline, huggingface_hub takes the commit from a refs/ file as written
+    and joins it to snapshots/ (``../../x`` named a folder outside the cache), and a
+    snapshot's files are links that may point anywhere. A snapshot is a folder named by a
+    commit in its entry's snapshots/, whose files are inside that entry."""
+    snapshots = folder.parent
+    if snapshots.name != "snapshots" or not _COMMIT.fullmatch(folder.name) or ".." in folder.parts:
+        return f"the Hugging Face cache names {folder} as its snapshot, which is no commit's folder: not read"
+    entry = snapshots.parent.resolve()
+    for where, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = Path(where) / name
+            target = path.resolve()
+            if target != entry and entry not in target.parents:
+                return f"the Hugging Face cache's {path.relative_to(folder)} links outside its entry ({target}): not read"
+    return None
 
 
 class InvalidSpec(ValueError):
@@ -420,6 +446,9 @@ def _places(
                 continue
             if cached.folder is None:
                 result.error = cached.problem
+                continue
+            result.error = snapshot_problem(cached.folder)
+            if result.error:
                 continue
             yield result, cached.folder, False
     for spec in specs:

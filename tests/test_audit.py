@@ -559,3 +559,58 @@ def test_a_repo_is_downloaded_while_the_templates_found_before_it_are_analysed(t
     done = auditing.run_audit(["org/first", "org/second"], [], False, Selection(), None, 2, Cache(None))
     assert [(repo.repo, repo.error) for repo in done.repos] == [("org/first", None), ("org/second", None)]
     assert [done.analyses[key].codes for repo in done.repos for _, key in repo.templates] == [[], ["PC001"]]
+
+
+# -- the Hugging Face cache is untrusted input: nothing outside it is read -------------------
+
+
+def planted_entry(hub: Path, repo: str, ref: str | None = None, links: dict[str, Path] | None = None) -> Path:
+    """A models--org--name entry whose refs/main says ``ref`` (default: its commit), with
+    snapshot files linked to ``links``."""
+    root = hub / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(ref or commit)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, target in (links or {}).items():
+        (snapshot / name).symlink_to(target)
+    return root
+
+
+def outside_model(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(CORPUS / "clean_chatml.jinja", outside / "chat_template.jinja")
+    return outside
+
+
+def test_a_ref_naming_a_folder_outside_the_cache_is_not_read(tmp_path):
+    # Offline, huggingface_hub joined refs/main's text to snapshots/ as written: the audit
+    # read a template outside the cache, audited it and exited 0.
+    hub = build_cache(tmp_path)
+    outside_model(tmp_path)
+    planted_entry(hub, "evil/escape", ref="../../../outside")
+    for spec in ("evil/escape", "evil/escape@main"):
+        result = audit(tmp_path, spec, "qwen/qwen25-chat", "--format", "json", "--no-cache", "--no-prove")
+        row, other = json.loads(result.stdout)["rows"]
+        assert other["repo"] == "qwen/qwen25-chat" and other["error"] is None and other["codes"]  # the rest is audited
+        said = f"the Hugging Face cache names {hub}/models--evil--escape/snapshots/../../../outside as its snapshot, which is no commit's folder: not read"
+        assert (row["repo"], row["error"], row["codes"]) == (spec, said, [])
+        assert result.stderr == f"tmpl-lint: error: {spec}: {said}\n"
+        assert result.returncode == 2
+
+
+def test_a_snapshot_file_linked_outside_the_cache_is_not_read(tmp_path):
+    hub = build_cache(tmp_path)
+    outside = outside_model(tmp_path)
+    planted_entry(hub, "evil/links", links={"chat_template.jinja": outside / "chat_template.jinja"})
+    said = f"the Hugging Face cache's chat_template.jinja links outside its entry ({outside / 'chat_template.jinja'}): not read"
+    named = audit(tmp_path, "evil/links", "--format", "json", "--no-cache", "--no-prove")
+    (row,) = json.loads(named.stdout)["rows"]
+    assert (row["error"], named.returncode) == (said, 2)
+    every = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(every.stdout)["rows"]}
+    assert rows["evil/links"]["error"] == said
+    assert all(row["error"] is None for repo, row in rows.items() if repo != "evil/links")  # the rest are audited
+    assert every.returncode == 2
