@@ -318,3 +318,26 @@ def test_the_key_is_private_and_kept_outside_the_cache(compiles, monkeypatch, tm
         assert compiles == [TEXT, TEXT, TEXT]
     finally:
         sealed.secret.cache_clear()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_cache_folder_or_key_of_another_user_is_not_used(compiles, monkeypatch, tmp_path):
+    from tmpl_lint import sealed
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # a key of this test's: others' runs keep theirs
+    sealed.secret.cache_clear()
+    render.compile_template(TEXT)
+    folder = tmp_path / "cache" / "code"
+    os.chown(folder, 65534, 65534)  # nobody's: whoever that is may write there
+    forget_this_process(monkeypatch)
+    render.compile_template(TEXT)
+    os.chown(folder, 0, 0)
+    key = sealed.key_path()
+    os.chown(key, 65534, 65534)
+    sealed.secret.cache_clear()
+    try:
+        forget_this_process(monkeypatch)
+        render.compile_template(TEXT)
+        assert compiles == [TEXT, TEXT, TEXT]
+    finally:
+        sealed.secret.cache_clear()
