@@ -298,15 +298,9 @@ def name_switches(findings: list[Finding], trials: SwitchTrials) -> None:
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
             unstable = [value for value in values if value not in stable and value is not UNDEFINED]
-            finding.switch = Switch(
-                name,
-                chosen[0] if chosen else None,
-                default_is_stable,
-                unstable[0] if unstable else None,
-                demoted_from=finding.severity if default_is_stable else None,
-            )
-            if default_is_stable:
-                finding.severity = "info"  # only a caller who opts in meets it (the proof checks that)
+            # A deployment may set any value the template reads: the finding keeps its severity
+            # (the proof renders every value and names those that break).
+            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
             break
 
 

@@ -26,7 +26,7 @@ from .analysis import Site
 from .engines import HARMONY, EngineError, Prompt, engine_tokenizer, render_prompt
 from .findings import Finding, Outcome, Switch
 from .jinja_env import random_draws
-from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof, snippet
+from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof, SwitchValues, snippet
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render_session
 from .rules import BY_CODE, RULES, reporting
 from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
@@ -121,6 +121,7 @@ class ProofKey:
     special_tokens: str  # as sorted JSON
     limits: RenderLimits
     tokenizer: tuple[str, str] | None
+    pinned: str = "{}"  # the deployment's chat-template-kwargs, as sorted JSON
 
 
 @dataclass
@@ -173,6 +174,8 @@ class ProofReport:
     results: list[ScenarioResult]
     deterministic: bool = True
     note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
+    # The project's chat-template-kwargs: every request carried them (its deployment).
+    pinned: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rendered(self) -> list[ScenarioResult]:
@@ -408,13 +411,17 @@ class Prover:
         separators: tuple[str, str] | None = None,
         measure: Measure | None = None,
         recalled: Recorded | None = None,
+        pinned: dict[str, Any] | None = None,
     ):
         """``separators``: how the model writes tool-call arguments (``model_separators``),
         where the caller has analysed the template already; ``measure``: another proof's,
         whose encoded texts this one reuses when it measures with the same tokenizer;
         ``recalled``: what another process's proof of the template recorded, taken only
-        where its key is this proof's."""
+        where its key is this proof's; ``pinned``: the deployment's chat-template-kwargs, which
+        every request carries (as vLLM's --default-chat-template-kwargs: a scenario's own
+        variables go over them)."""
         self.template = template
+        self.pinned = dict(pinned or {})
         self.limits = limits
         self.engine = engine
         measured_with = tokenizer or engine_tokenizer(engine)
@@ -433,6 +440,7 @@ class Prover:
             json.dumps(self.special_tokens, sort_keys=True, default=repr),
             limits,
             tokenizer_identity(self.measure.tokenizer),
+            json.dumps(self.pinned, sort_keys=True, default=repr),
         )
         self._recalled: dict[str, Prompt] = {}
         if recalled is not None and recalled.key == self.key:
@@ -478,6 +486,7 @@ class Prover:
                 clock=self.clock,
                 tools=scenario.tools,
                 kwargs=scenario.kwargs,
+                server_kwargs=self.pinned,
                 add_generation_prompt=generation_prompt,
                 special_tokens=self.special_tokens,
                 limits=self.limits,
@@ -495,8 +504,12 @@ class Prover:
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
         # One SIGALRM handler for all the proof's renders, each still arming its own time
         # limit: swapping the handler per render was most of what the limit cost.
+        # A pinned variable is rendered at its pinned value only: that is the deployment.
+        switches = {name: values for name, values in switches.items() if name not in self.pinned}
         with render_session():
-            return self._run(switches, clocked)
+            report = self._run(switches, clocked)
+        report.pinned = dict(self.pinned)
+        return report
 
     def _run(self, switches: dict[str, list[Any]], clocked: frozenset[str]) -> ProofReport:
         self._renders, self._recordable, self._drawing = {}, None, (0, None)
@@ -769,6 +782,14 @@ def as_written(text: str, reply: dict[str, Any], separators: tuple[str, str] = (
 STOP_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|</s>|<[a-z_]{1,20}\|>|<\|[a-z_]{1,20}>|\[/?[A-Z_]{2,20}\]")
 
 
+def _ends_in_marker(cached_text: str, char: int) -> bool:
+    """Whether all that is cached from ``char`` on is the stop marker that ends it."""
+    return any(
+        marker.start() <= char and marker.end() == len(cached_text)
+        for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
+    )
+
+
 def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
     """The reply as generated: what the template prints up to the reply's last text, and on
     to the first end-of-turn marker after it, inclusive. The model writes what its turn
@@ -914,12 +935,13 @@ def compare_prompts(
         reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
         dropped_text = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
         dropped_block = REASONING_BLOCK.match(cached_text, char) is not None and REASONING_BLOCK.match(next_text, char) is None
-        end_marker = any(
-            marker.start() <= char and marker.end() == len(cached_text)
-            for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
-        )
+        end_marker = _ends_in_marker(cached_text, char)
         kinds = (("reasoning", dropped_text), ("reasoning-block", dropped_block), ("end-marker", end_marker))
         reply_as_trained = next((kind for kind, found in kinds if found), "")
+    elif check == "b" and _ends_in_marker(cached_text, char):
+        # Where two replies render alike (two tool calls with no text), the place found may be
+        # the other one; what is cached after the divergence is still only the marker.
+        reply_as_trained = "end-marker"
     return Divergence(
         scenario,
         index,
@@ -962,17 +984,26 @@ def resumes_with(text: str, since: int, at: int, generated: str, reply: dict[str
     )
 
 
-def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, list[Any]]:
-    """The template variables to render at each value: switches the lint named, and any
-    variable that looks like a reasoning switch, at true and false."""
+def switch_values(
+    findings: list[Finding], variables: set[str], compared: dict[str, list[Any]] | None = None
+) -> dict[str, list[Any]]:
+    """The template variables to render at each value: switches the lint named, at the values
+    it named, and every variable that looks like a reasoning switch, at the constants the
+    template compares it with (``compared``: reasoning_effort's "low", "high"...), else at
+    true and false. Both of llama.cpp's and vLLM's defaults for enable_thinking (true; unset)
+    are among them: a deployment may run any value the template reads (the switch policy)."""
+    compared = compared or {}
     values: dict[str, list[Any]] = {}
     for finding in findings:
         if finding.switch is not None:
             chosen = [finding.switch.stable_value, finding.switch.unstable_value]
             values[finding.switch.name] = [value for value in chosen if value is not None] or [True, False]
-    for name in variables:
-        if SWITCH_NAME.search(name) and name not in values:
-            values[name] = [True, False]
+    for name in sorted(variables):
+        if SWITCH_NAME.search(name):
+            tried = values.setdefault(name, [])
+            for value in compared.get(name) or [True, False]:
+                if value not in tried:
+                    tried.append(value)
     return values
 
 
@@ -1033,9 +1064,9 @@ def name_other_switches(finding: Finding, report: ProofReport) -> None:
 
 def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
     """A finding whose divergences all come from a template variable set to a value (none
-    from a request as callers send it) applies only when a caller opts in: informational,
-    with the switch that shows it (the analysis's own switch, its default now called stable
-    since the renders show that, where it named one)."""
+    from a request as callers send it) names the switch that shows it (the analysis's own
+    switch, its default now called stable since the renders show that, where it named one).
+    It keeps its severity: a deployment may set that value (the switch policy, README)."""
     if not divergences or (finding.switch is not None and finding.switch.default_is_stable):
         return
     asked = [_kwargs(d, report) for d in divergences]
@@ -1044,11 +1075,10 @@ def only_when_asked(finding: Finding, divergences: list[Divergence], report: Pro
     switch = finding.switch
     if switch is not None:
         unstable = next((kwargs[switch.name] for kwargs in asked if switch.name in kwargs), switch.unstable_value)
-        finding.switch = Switch(switch.name, switch.stable_value, True, unstable, demoted_from=finding.severity)
+        finding.switch = Switch(switch.name, switch.stable_value, True, unstable)
     else:
         (name, value), *_ = sorted(asked[0].items())
-        finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
-    finding.severity = "info"
+        finding.switch = Switch(name, None, True, value)
 
 
 def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> list[Finding]:
@@ -1102,6 +1132,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
                 explained |= shown
                 finding.proof = finding.proof.explaining([divergences[index] for index in sorted(shown)])
+                settle(finding, [divergences[index] for index in sorted(shown)], report)
         else:
             generic.append(finding)
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
@@ -1133,6 +1164,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
             only_when_asked(finding, own or [worst], report)
+        settle(finding, own or [worst], report)
     for finding in findings:
         name_other_switches(finding, report)
     extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
@@ -1207,7 +1239,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         finding.hypothesis = False  # the render found it: no pattern in the template stands for it
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
-        model_format(finding, claimed)
+        settle(finding, claimed, report)
         found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
@@ -1223,29 +1255,80 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         )
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
         only_when_asked(finding, claimed, report)
+        settle(finding, claimed, report)
         found.append(finding)
     return found
 
 
-def model_format(finding: Finding, claimed: list[Divergence]) -> None:
-    """A finding whose divergences are all how the model's format writes a reply once it is
-    history (gpt-oss drops a final answer's analysis and ends it with <|end|> for the
-    <|return|> it generated, Qwen3 drops an empty <think></think>) costs that reply, not the
-    history before it, and changing it would show the model a history it was not trained
-    on. It is reported, and informational."""
-    if claimed and all(divergence.reply_as_trained for divergence in claimed):
+def bound_of(claimed: list[Divergence]) -> str | None:
+    """What a loss costs at most per turn when it is bounded whatever the session's length:
+    every divergence is only the reply's end-of-turn marker, written one way while the reply
+    is the newest message and another in history (gpt-oss's <|return|> and <|end|>, OLMo's
+    </s> and <|im_end|>). A generated stop token is never fed back, so it costs at most the
+    block that holds it; None when any divergence costs more (reasoning dropped, a message
+    rewritten), which grows with the session or with the reply."""
+    if not claimed or not all(divergence.reply_as_trained == "end-marker" for divergence in claimed):
+        return None
+    worst = _worst(claimed)
+    blocks = max(1, -(-worst.lost_tokens // worst.block_size))
+    return (
+        f"only the reply's end-of-turn marker differs: at most {blocks} block{'s' if blocks > 1 else ''} "
+        f"of {worst.block_size} {worst.unit}s a turn, whatever the session's length (measured: {worst.lost_tokens})"
+    )
+
+
+def settle(finding: Finding, claimed: list[Divergence], report: ProofReport) -> None:
+    """The one place a proven divergence becomes a finding's severity and what its proof
+    says beyond the divergence (issue 33): the switch values it breaks and is stable under,
+    and, where its loss is bounded, the bound, which makes it informational. Any value that
+    breaks fails the run (unless the project pinned its deployment's values)."""
+    if finding.proof is None or not finding.proof.is_proven:
+        return
+    bound = bound_of(claimed)
+    if bound is not None:
         finding.severity = "info"
-        finding.message = (
-            f"{finding.message}; here only as the model's format writes a past reply (its reasoning left out, "
-            "its end marker history's own): informational"
+    finding.proof = replace(finding.proof, switches=measured_switches(finding.proof, report), bound=bound)
+
+
+def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, ...]:
+    """For each variable the scenarios set, the values whose scenarios this proof's
+    divergences came from and the values rendered without them, where some break and the
+    finding is not the same whatever the value."""
+    breaking = {scenario for scenario, _ in proof.explains}
+    if proof.divergence is not None:
+        breaking.add(proof.divergence.scenario)
+    by_kwargs: dict[str, list[ScenarioResult]] = {}
+    for result in report.rendered:
+        by_kwargs.setdefault(json.dumps(result.scenario.kwargs, sort_keys=True, default=repr), []).append(result)
+
+    def verdict(results: list[ScenarioResult]) -> str | None:
+        if not results:
+            return None
+        return "breaks" if any(result.scenario.name in breaking for result in results) else "stable"
+
+    default = verdict(by_kwargs.get("{}", []))
+    names = dict.fromkeys(name for result in report.rendered for name in result.scenario.kwargs)
+    found = []
+    for name in names:
+        values = dict.fromkeys(
+            json.dumps(result.scenario.kwargs[name], default=repr)
+            for result in report.rendered
+            if list(result.scenario.kwargs) == [name]
         )
+        breaks, stable = [], []
+        for value in values:
+            said = verdict(by_kwargs.get(json.dumps({name: json.loads(value)}, sort_keys=True, default=repr), []))
+            (breaks if said == "breaks" else stable if said == "stable" else []).append(json.loads(value))
+        if breaks and (stable or default == "stable"):
+            found.append(SwitchValues(name, tuple(breaks), tuple(stable), default, pinned=bool(report.pinned)))
+    return tuple(found)
 
 
 def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> bool:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
-    is withdrawn (and a finding made informational by it gets its severity back), and so is
+    is withdrawn, and so is
     one naming a value every render with it fails on; one no scenario could check stays as
     the analysis made it.
 
@@ -1294,11 +1377,10 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
         if not switch.default_is_stable:
             finding.switch = None  # "set it to a value that fails" is no advice
             return False
-        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
+        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value)
     if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
-        # "only when <a value the template fails on>": no caller meets the pattern that way.
+        # "breaks when <a value the template fails on>": no caller meets the pattern that way.
         finding.switch = None
-        finding.severity = switch.demoted_from or finding.severity
         return False
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
@@ -1306,12 +1388,11 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
             finding.switch = Switch(switch.name, switch.stable_value, False, switch.unstable_value)
         else:
             finding.switch = None
-        finding.severity = switch.demoted_from or finding.severity
         return True
     if advised_diverges:
         # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
         finding.switch = (
-            Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from) if switch.default_is_stable else None
+            Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None
         )
     return False
 
