@@ -37,6 +37,9 @@ class ProveOptions:
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
     engine: str = "vllm"  # whose request preprocessing to apply (see engines.py)
+    # The deployment's chat-template-kwargs (--chat-template-kwargs, the configuration's):
+    # every request carries them, and their variables are proven at those values only.
+    pinned: tuple[tuple[str, Any], ...] = ()
 
 
 def lint_isolated(
@@ -427,7 +430,9 @@ def prove_findings(
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
-    switches = switch_values(findings, facts.variables), clocked_switches(findings)
+    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
+    switches = switch_values(findings, facts.variables, compared), clocked_switches(findings)
+    pinned = dict(options.pinned)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = model_separators(facts)
     content_format(source.text, facts.tree)
@@ -435,7 +440,15 @@ def prove_findings(
         compile_template(source.text, options.limits, facts.tree)
     if engine != HARMONY:
         prover = Prover(
-            source.text, tokenizer, options.block_size, special, options.limits, engine, separators, recalled=recalled
+            source.text,
+            tokenizer,
+            options.block_size,
+            special,
+            options.limits,
+            engine,
+            separators,
+            recalled=recalled,
+            pinned=pinned,
         )
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
@@ -445,7 +458,9 @@ def prove_findings(
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
-    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled)
+    on_template = Prover(
+        source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled, pinned=pinned
+    )
     report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (

@@ -29,7 +29,7 @@ from .jinja_env import random_draws
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, Proof, SwitchValues, snippet
 from .render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render_session
 from .rules import BY_CODE, RULES, reporting
-from .scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
+from .scenarios import SWITCH_NAME, THINKING_ON_OFF, Call, Scenario, ScenarioKind, drop_reasoning, scenarios
 from .tokenizer import Tokenizer, common_prefix_length
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -537,6 +537,8 @@ class Prover:
             stepping: dict[str, str] = {}  # the probe whose steps measure the clock, by switch values
             stepped: set[str] = set()  # switch values whose clock a step has changed already
             for scenario in scenarios(switches, arguments_as_string, clocked, "think" in self.template.lower()):
+                if not scenario.kwargs and any(v is False and THINKING_ON_OFF.search(n) for n, v in self.pinned.items()):
+                    drop_reasoning(scenario)  # deployed with thinking off, the model writes none
                 if scenario.refines is not None:
                     # The clock's steps, finest first, only after a probe that changed the render,
                     # for one shape (the clock's format is the same in all), and only until one
@@ -1391,9 +1393,7 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
         return True
     if advised_diverges:
         # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
-        finding.switch = (
-            Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None
-        )
+        finding.switch = Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None
     return False
 
 
