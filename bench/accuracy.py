@@ -77,6 +77,8 @@ CAUSE_CLASSES = {
 
 
 def divergence_class(scenario: str, cause: str) -> str | None:
+    if scenario.endswith("changed between calls"):
+        return None  # the client changed a setting (PC008): no class of the oracle's
     if scenario.startswith(("clock", "midnight")):
         return CLOCK
     return CAUSE_CLASSES.get(cause)

@@ -260,6 +260,8 @@ class RuleInfo:
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
         traffic, a diff of two real requests) may be of any kind: a clock moves there too."""
+        if divergence.scenario_kind == "setting-changed" and "setting-changed" not in self.proven_in:
+            return False  # the client changed the request: only the rule that names that explains it
         return (
             divergence.cause in self.proven_by
             and (not self.proven_in or not divergence.scenario_kind or divergence.scenario_kind in self.proven_in)

@@ -182,7 +182,20 @@ class ProofReport:
         return [result for result in self.results if result.error is None]
 
     def divergences(self) -> list[Divergence]:
-        return [d for result in self.rendered for d in result.divergences if d.first_divergence is not None]
+        """The divergences to explain. Where the client changed a setting between two calls,
+        only one before the end of the first message is the template's (PC008): after the
+        history, a changed request costs what a changed request costs."""
+        return [
+            d
+            for result in self.rendered
+            for d in result.divergences
+            if d.first_divergence is not None and (d.scenario_kind != ScenarioKind.SETTING_CHANGED or d.cause is Cause.SYSTEM)
+        ]
+
+    @property
+    def sessions(self) -> list[ScenarioResult]:
+        """The rendered scenarios that send one setting throughout (not a setting changed)."""
+        return [result for result in self.rendered if result.scenario.kind is not ScenarioKind.SETTING_CHANGED]
 
     def tried(self) -> tuple[str, ...]:
         """The scenarios rendered, by name: what a finding not reproduced was tried on."""
@@ -583,9 +596,13 @@ class Prover:
         if scenario.kind is ScenarioKind.ARGUMENTS:
             return self.run_arguments(scenario)
         result = ScenarioResult(scenario)
+
+        def sent(call: Call) -> Scenario:  # the scenario as this call sends it (its own variables)
+            return scenario if call.kwargs is None else replace(scenario, kwargs={**scenario.kwargs, **call.kwargs})
+
         try:
-            prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
-            replies = [self.generated(scenario, call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
+            prompts = [self.render(sent(call), call.messages, call.clock, True) for call in scenario.calls]
+            replies = [self.generated(sent(call), call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
             ids = [self.measure.prompt_units(prompt) for prompt in prompts]
             generated = [self.measure.units(reply.text if reply is not None else "") for reply in replies]
             result.requests = served_requests(ids, generated, self.block_size)
@@ -604,7 +621,7 @@ class Prover:
                         # Where the generation prompt sits in prompt N: after the text it shares
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
-                        bare = self.render(scenario, call.messages, call.clock, False).text
+                        bare = self.render(sent(call), call.messages, call.clock, False).text
                         opener = generation_prompt_span(text, bare)
                     result.divergences.append(
                         compare_prompts(
@@ -986,6 +1003,10 @@ def resumes_with(text: str, since: int, at: int, generated: str, reply: dict[str
     )
 
 
+# The values OpenAI's API (and vLLM's) takes for reasoning_effort, where a template compares it with none.
+EFFORTS = ["low", "medium", "high"]
+
+
 def switch_values(
     findings: list[Finding], variables: set[str], compared: dict[str, list[Any]] | None = None
 ) -> dict[str, list[Any]]:
@@ -1003,7 +1024,7 @@ def switch_values(
     for name in sorted(variables):
         if SWITCH_NAME.search(name):
             tried = values.setdefault(name, [])
-            for value in compared.get(name) or [True, False]:
+            for value in compared.get(name) or (EFFORTS if "effort" in name.lower() else [True, False]):
                 if value not in tried:
                     tried.append(value)
     return values
@@ -1300,7 +1321,7 @@ def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, 
     if proof.divergence is not None:
         breaking.add(proof.divergence.scenario)
     by_kwargs: dict[str, list[ScenarioResult]] = {}
-    for result in report.rendered:
+    for result in report.sessions:
         by_kwargs.setdefault(json.dumps(result.scenario.kwargs, sort_keys=True, default=repr), []).append(result)
 
     def verdict(results: list[ScenarioResult]) -> str | None:
@@ -1309,12 +1330,12 @@ def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, 
         return "breaks" if any(result.scenario.name in breaking for result in results) else "stable"
 
     default = verdict(by_kwargs.get("{}", []))
-    names = dict.fromkeys(name for result in report.rendered for name in result.scenario.kwargs)
+    names = dict.fromkeys(name for result in report.sessions for name in result.scenario.kwargs)
     found = []
     for name in names:
         values = dict.fromkeys(
             json.dumps(result.scenario.kwargs[name], default=repr)
-            for result in report.rendered
+            for result in report.sessions
             if list(result.scenario.kwargs) == [name]
         )
         breaks, stable = [], []
@@ -1352,7 +1373,7 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
     def diverges(kwargs: dict[str, Any]) -> bool | None:
         rendered = [
             result
-            for result in report.rendered
+            for result in report.sessions
             if result.scenario.kwargs == kwargs and (not rule.proven_in or result.scenario.kind in rule.proven_in)
         ]
         if not rendered:
