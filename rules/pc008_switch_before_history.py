@@ -19,11 +19,13 @@ the first token at 42k tokens, 0% against 95% cache hits.
 ```
 
 ## Use instead
-Keep the setting the same within a session (set it per deployment, with vLLM's
-`--default-chat-template-kwargs`, or once per conversation), or print it after the history:
+Keep the setting the same within a session: per deployment (vLLM's
+`--default-chat-template-kwargs`, or the value written into the template), or once per
+conversation. Printed after the history instead, it moves once a message follows it (PC007)
+or sits in the generation prompt, where a change costs only the reply's opener.
 ```jinja
+{{- "<|system|>Reasoning Effort: High\n" }}
 {%- for message in messages %}{{ "<|" + message.role + "|>" + message.content + "\n" }}{% endfor %}
-{{- "<|system|>Reasoning Effort: " + reasoning_effort + "\n" }}
 ```
 
 ## Fix safety
