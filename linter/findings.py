@@ -275,7 +275,8 @@ class RuleInfo:
         explains = self.proven_by if self.explains is None else self.explains
         # One break, one named rule: a divergence in the text the generation prompt printed is
         # the generation prompt's, whatever pattern sits nearby (OLMo's thinker opens
-        # "<think>\n" beside a `loop.last`).
+        # "<think>\n" beside a `loop.last`; Qwen3.5's "<think>\n", which history drops with
+        # the reasoning once the next query arrives).
         at_prompt = divergence.in_generation_prompt and Cause.GENERATION_PROMPT in self.proven_by
         return 4 * at_prompt + 2 * (divergence.cause in explains) + bool(self.moved_by)
 
