@@ -28,7 +28,9 @@ def test_fixture_with_default_stable_switch():
     assert switch.name == "enable_thinking"
     assert switch.default_is_stable is True
     assert switch.unstable_value is False
-    assert "breaks when enable_thinking=false: leave enable_thinking unset" in findings[0].full_message()  # unproven: the analysis's
+    assert (
+        "breaks when enable_thinking=false: leave enable_thinking unset" in findings[0].full_message()
+    )  # unproven: the analysis's
 
 
 def test_history_that_prints_the_opener_every_turn_is_clean():
