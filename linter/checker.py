@@ -17,7 +17,7 @@ from .findings import Finding, Outcome, Switch
 from .jinja_env import PARSE_ENVIRONMENT
 from .locations import SourceMap
 from .placement import placement
-from .proofs import Proof
+from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
 from .selection import Selection, Suppression, suppressions
@@ -469,8 +469,29 @@ def prove_findings(
     if tokenizer_note is not None:
         report.note += f"; {tokenizer_note}"
     extra = attach_proofs(findings, report, facts)
-    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
-    return extra + engine_findings(on_engine.run({}))
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators, pinned=pinned)
+    return extra + fold_engine_into_template(engine_findings(on_engine.run({})), findings + extra)
+
+
+def fold_engine_into_template(engine: list[Finding], template: list[Finding]) -> list[Finding]:
+    """One break, one named rule: where vLLM's own render of a harmony model rewrites history
+    as the template's proven finding does (the analysis a final answer drops), that finding
+    names it and the engine's is its related location."""
+    rewrites = (Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE)
+    for finding in engine:
+        if finding.proof is None or finding.proof.cause not in rewrites:
+            continue
+        named = [
+            other
+            for other in template
+            if other.proof is not None
+            and other.proof.is_proven
+            and other.fails()
+            and any(cause in rewrites for _, cause in other.proof.explains)
+        ]
+        if named:
+            finding.explained_by = named[0]
+    return engine
 
 
 def apply_suppressions(

@@ -86,7 +86,7 @@ SETTINGS_POLICY = (
     "(`enable_thinking`, `reasoning_effort`...) is rendered, llama.cpp's default (`enable_thinking=true`) and "
     "vLLM's (unset) among them, and a break proven under any value fails the run; the finding names the "
     'values that break and those that are stable ("breaks when enable_thinking=false (stable when true or '
-    'unset)"). A project that pins its deployment\'s values (`chat-template-kwargs` in the configuration, or '
+    "unset)\"). A project that pins its deployment's values (`chat-template-kwargs` in the configuration, or "
     "`--chat-template-kwargs JSON`, with vLLM's `--default-chat-template-kwargs` semantics) has only those "
     "values proven. A proven loss bounded whatever the session's length (only the reply's end-of-turn "
     "marker differs: at most one block a turn) is info, with the bound stated; one that grows with the "

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from helpers import CORPUS
+from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
@@ -89,3 +89,21 @@ def test_a_break_at_the_generation_prompt_is_pc006_whatever_sits_nearby():
     # the loop.last end marker alone is left to PC003, bounded
     assert (pc003.fails(), pc003.severity) == (False, "info")
     assert all(not scenario.endswith("changed between calls") for scenario, _ in pc006.proof.explains)
+
+
+@needs_shared
+def test_harmony_analysis_drop_is_named_under_both_engines():
+    # The oracle: gpt-oss's agent history diverges ("history"); the template drops a turn's
+    # analysis once a later final answer exists (its look-ahead over loop_messages[loop.index:]).
+    text = (SHARED_TEMPLATES / "openai--gpt-oss-120b.jinja").read_text(encoding="utf-8")
+    assert "loop_messages[loop.index:]" in text
+    source = TemplateSource(Path("openai--gpt-oss-120b.jinja"), None, text, "jinja")
+    for engine in ("hf", "vllm"):
+        findings = lint_source(source, prove=ProveOptions(engine=engine))
+        pc003 = by_code(findings, "PC003")
+        assert pc003.fails() and "harmony's analysis drop" in pc003.message, engine
+        # under vLLM, its own harmony render's history rewrite is the same break: related to PC003
+        standalone = [(f.code, str(f.proof.cause)) for f in findings if f.code == "PC103"]
+        assert ("PC103", "history-rewrite") not in standalone, engine
+        if engine == "vllm":
+            assert [(f.code, str(f.proof.cause)) for f in pc003.related_findings] == [("PC103", "history-rewrite")]
