@@ -1024,7 +1024,10 @@ def switch_values(
     for name in sorted(variables):
         if SWITCH_NAME.search(name):
             tried = values.setdefault(name, [])
-            for value in compared.get(name) or (EFFORTS if "effort" in name.lower() else [True, False]):
+            # The constants it is compared with, and the usual values where they are not two.
+            usual = EFFORTS if "effort" in name.lower() else [True, False]
+            chosen = list(compared.get(name) or [])
+            for value in chosen + (usual if len(chosen) < 2 else []):
                 if value not in tried:
                     tried.append(value)
     return values
@@ -1255,16 +1258,20 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     found = []
     for rule in RULES:
         claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
-        if not claimed:
-            continue
-        worst = _first_shown(claimed, report)
-        finding = rule.found_by_proof(facts, worst)
-        finding.hypothesis = False  # the render found it: no pattern in the template stands for it
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
-        only_when_asked(finding, claimed, report)
-        settle(finding, claimed, report)
-        found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
+        # One finding per setting a session changed (each names its own), else one per rule.
+        groups: dict[str, list[Divergence]] = {}
+        for divergence in claimed:
+            key = divergence.scenario if divergence.scenario_kind == ScenarioKind.SETTING_CHANGED else ""
+            groups.setdefault(key, []).append(divergence)
+        for group in groups.values():
+            worst = _first_shown(group, report)
+            finding = rule.found_by_proof(facts, worst)
+            finding.hypothesis = False  # the render found it: no pattern in the template stands for it
+            finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(group)
+            only_when_asked(finding, group, report)
+            settle(finding, group, report)
+            found.append(finding)
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]

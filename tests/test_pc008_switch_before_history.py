@@ -65,3 +65,12 @@ def test_what_replay_says_of_a_client_change():
     assert changed_settings({"reasoning_effort": "low"}, {"reasoning_effort": "high", "x": 1}) == ["reasoning_effort", "x"]
     assert changed_settings({"a": 1}, {"a": 1}) == []
     assert client_change(["reasoning_effort"], 812) == "reasoning_effort changed between calls: 812 tokens"
+
+
+@needs_shared
+def test_glm_reasoning_effort_line_each_setting_its_own_finding():
+    # GLM-5.2 opens with "<|system|>Reasoning Effort: High|Max" (lines 2-3) when thinking is on.
+    text = (SHARED_TEMPLATES / "zai-org--GLM-5.2.jinja").read_text(encoding="utf-8")
+    assert "<|system|>Reasoning Effort: " in text.splitlines()[2]
+    named = sorted(finding.message.split("`")[1] for finding in prove(text) if finding.code == "PC008")
+    assert named == ["enable_thinking", "reasoning_effort"]
