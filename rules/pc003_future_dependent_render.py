@@ -297,10 +297,16 @@ REASONING_TEXT = re.compile(r"think|analysis|reason|thought", re.IGNORECASE)
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Where the look-ahead drops reasoning from past turns, read it as "no later message"
     so the reasoning stays; blocks the model was trained to see on the last message
-    (Mistral's tool list and system prompt) have no edit that keeps its format."""
-    switch_fix = switch_default_fix(facts.text, finding)
-    if switch_fix is not None:
-        return switch_fix
+    (Mistral's tool list and system prompt) have no edit that keeps its format. Where none
+    applies, the template's own switch set to its stable default (which fixes only requests
+    that leave it unset: verified, it is refused when a value a deployment may pass breaks)."""
+    structural = _keep_reasoning(facts, finding)
+    if structural.alternatives:
+        return structural
+    return switch_default_fix(facts.text, finding) or structural
+
+
+def _keep_reasoning(facts: Facts, finding: Finding) -> Fix:
     place = (finding.site.line, finding.site.column)
     affected = [
         sink
