@@ -262,3 +262,17 @@ def test_a_switch_another_variable_sets_is_named_with_it():
     )
     assert finding.switch.to_json()["also"] == [{"name": "enable_thinking", "value": True}]
     assert {scenario for scenario, _ in finding.proof.explains} >= {"agent, enable_thinking=true", "agent, thinking=true"}
+
+
+def test_a_reverse_scan_written_as_an_index_from_the_end_is_named():
+    # Issue 33 (unsloth's Qwen3): the loop runs forward over messages but reads
+    # messages[(messages|length - 1) - loop.index0], so its first match is the last user query,
+    # which the next query moves. It was PC100 in the agent, calls 2->3.
+    source = (CORPUS / "PC002_reverse_scan_by_index.jinja").read_text(encoding="utf-8")
+    codes, findings = prove_fixture("PC002_reverse_scan_by_index.jinja")
+    assert codes == [at("PC002", source, "ns.last_query_index and message.reasoning_content")]
+    (finding,) = findings
+    assert finding.fails() and finding.proof.is_proven
+    # the agent's new user query arrives between calls 2 and 3 (pair index 1)
+    assert ("agent", "history-rewrite") in finding.proof.explains
+    assert "PC100" not in [code for code, _, _ in codes]
