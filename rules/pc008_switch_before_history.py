@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, Site
+from tmpl_lint.analysis.facts import Facts, Site
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Divergence
 from tmpl_lint.scenarios import SETTING_CHANGED_NAME, ScenarioKind

@@ -7,8 +7,8 @@ from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from rules.pc008_switch_before_history import changed_settings, client_change
 from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proofs import Cause, ProofStatus
-from tmpl_lint.sources import TemplateSource
 
 FIXTURE = "PC008_switch_before_history.jinja"
 

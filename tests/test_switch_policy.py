@@ -17,8 +17,8 @@ from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proofs import ProofStatus
-from tmpl_lint.sources import TemplateSource
 
 THINKING_OFF = "PC006_breaks_when_thinking_off.jinja"
 
