@@ -59,7 +59,8 @@ class Divergence:
     scenario: str
     call: int  # index of call N; the pair is N, N+1
     # "a": prompt N vs N+1; "b": prompt N + the reply as generated vs N+1; "c": a tool call's
-    # arguments as the model wrote them vs their render in N+1
+    # arguments as the model wrote them vs their render in N+1; "d": prompt N + the reply as
+    # it renders while it is the newest message (what follows its end marker included) vs N+1
     check: str
     unit: str  # "token", or "char" without a tokenizer
     block_size: int
@@ -81,7 +82,9 @@ class Divergence:
     # reasoning (or empty reasoning block) left out (gpt-oss's analysis, Qwen3's
     # <think></think>), or the end marker it generated (<|return|>) written as history's
     # (<|end|>). It costs that reply, not the history before it.
-    reply_as_trained: str = ""  # "reasoning", "reasoning-block" or "end-marker"; "" otherwise
+    # "reasoning", "reasoning-block", "end-marker" or "after-end-marker" (only what the
+    # template prints after the newest reply's end marker, check d); "" otherwise
+    reply_as_trained: str = ""
     # The first difference is in the text the generation prompt printed (an opener such as
     # "<think>\n" history does not replay), not in the reply generated after it.
     in_generation_prompt: bool = False

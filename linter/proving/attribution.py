@@ -271,12 +271,16 @@ def bound_of(claimed: list[Divergence]) -> str | None:
     </s> and <|im_end|>). A generated stop token is never fed back, so it costs at most the
     block that holds it; None when any divergence costs more (reasoning dropped, a message
     rewritten), which grows with the session or with the reply."""
-    if not claimed or not all(divergence.reply_as_trained == "end-marker" for divergence in claimed):
+    kinds = {divergence.reply_as_trained for divergence in claimed}
+    if not claimed or not kinds <= {"end-marker", "after-end-marker"}:
         return None
     worst = _worst(claimed)
     blocks = max(1, -(-worst.lost_tokens // worst.block_size))
+    what = "the reply's end-of-turn marker" if kinds == {"end-marker"} else "what follows the reply's end-of-turn marker"
+    if kinds == {"end-marker", "after-end-marker"}:
+        what = "the reply's end-of-turn marker and what follows it"
     return (
-        f"only the reply's end-of-turn marker differs: at most {blocks} block{'s' if blocks > 1 else ''} "
+        f"only {what} differs: at most {blocks} block{'s' if blocks > 1 else ''} "
         f"of {worst.block_size} {worst.unit}s a turn, whatever the session's length (measured: {worst.lost_tokens})"
     )
 
@@ -365,7 +369,7 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
         return any(
             d.first_divergence is not None
             and shows(finding, d)
-            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker"))
+            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker", "after-end-marker"))
             and not explained_elsewhere(d)
             for result in rendered
             for d in result.divergences

@@ -258,7 +258,10 @@ def compare_prompts(
         end_marker = ends_in_marker(cached_text, char)
         kinds = (("reasoning", dropped_text), ("reasoning-block", dropped_block), ("end-marker", end_marker))
         reply_as_trained = next((kind for kind, found in kinds if found), "")
-    elif check == "b" and ends_in_marker(cached_text, char):
+    if check == "d":
+        # Only text printed after the reply's end-of-turn marker differs (see Prover.run_scenario).
+        reply_as_trained = "after-end-marker"
+    elif check == "b" and not reply_as_trained and ends_in_marker(cached_text, char):
         # Where two replies render alike (two tool calls with no text), the place found may be
         # the other one; what is cached after the divergence is still only the marker.
         reply_as_trained = "end-marker"

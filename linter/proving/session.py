@@ -335,6 +335,19 @@ class Prover:
                 if reply is not None:
                     pieces = [(text, ids[index]), (reply.text, generated[index])]
                     checks.append(("b", text + reply.text, ids[index] + generated[index], pieces))
+                    # Check d: the reply as it renders while it is the newest message, with what
+                    # the template prints after its end-of-turn marker then (an eos_token, the
+                    # next turn's header), where history prints something else: what a
+                    # transformers render of the conversation compares, at most the marker's
+                    # block (a model stops at the marker). Only where the reply extends (b) clean.
+                    trailing = reply.latest[reply.end :]
+                    cached_d = text + reply.text + trailing
+                    following_text = prompts[index + 1].text
+                    if trailing and following_text.startswith(text + reply.text) and not following_text.startswith(cached_d):
+                        trailing_ids = self.measure.units(trailing)
+                        checks.append(
+                            ("d", cached_d, ids[index] + generated[index] + trailing_ids, pieces + [(trailing, trailing_ids)])
+                        )
                 for check, cached_text, cached_ids, pieces in checks:
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
