@@ -107,3 +107,15 @@ def test_harmony_analysis_drop_is_named_under_both_engines():
         assert ("PC103", "history-rewrite") not in standalone, engine
         if engine == "vllm":
             assert [(f.code, str(f.proof.cause)) for f in pc003.related_findings] == [("PC103", "history-rewrite")]
+
+
+def test_text_after_the_newest_reply_end_marker_is_bounded_info():
+    # The reply as the newest message renders "Paris.<|end|>\n</s>"; the next turn has
+    # "Paris.<|end|>\n<|user|>": a model stops at <|end|> and never generates the "</s>".
+    (finding,) = prove("PC006_eos_after_newest_reply.jinja")
+    assert (finding.code, finding.severity, finding.fails()) == ("PC006", "info", False)
+    divergence = finding.proof.divergence
+    assert divergence.check == "d" and divergence.reply_as_trained == "after-end-marker"
+    assert divergence.before.endswith("Paris.<|end|>\n</s>")
+    assert finding.proof.bound.startswith("only what follows the reply's end-of-turn marker differs: at most 1 block")
+    assert "'</s>' after its end-of-turn marker" in finding.message
