@@ -62,7 +62,7 @@ def name_other_switches(finding: Finding, report: ProofReport) -> None:
         finding.switch = replace(switch, also=tuple(sorted(others.items())))
 
 
-def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
+def name_the_switch_shown(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
     """A finding whose divergences all come from a template variable set to a value (none
     from a request as callers send it) names the switch that shows it (the analysis's own
     switch, its default now called stable since the renders show that, where it named one).
@@ -163,7 +163,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             continue
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
-            only_when_asked(finding, own or [worst], report)
+            name_the_switch_shown(finding, own or [worst], report)
         settle(finding, own or [worst], report)
     for finding in findings:
         name_other_switches(finding, report)
@@ -243,7 +243,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             finding = rule.found_by_proof(facts, worst)
             finding.hypothesis = False  # the render found it: no pattern in the template stands for it
             finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(group)
-            only_when_asked(finding, group, report)
+            name_the_switch_shown(finding, group, report)
             settle(finding, group, report)
             found.append(finding)
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
@@ -258,7 +258,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             claimed,
         )
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
-        only_when_asked(finding, claimed, report)
+        name_the_switch_shown(finding, claimed, report)
         settle(finding, claimed, report)
         found.append(finding)
     return found
@@ -364,7 +364,7 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
         if not rendered:
             return None
         # An empty reasoning block or an end marker history writes its own way is the model's
-        # format, not what a switch decides (see model_format), unless the generation prompt
+        # format, not what a switch decides (see bound_of), unless the generation prompt
         # printed it: then the template opened it.
         return any(
             d.first_divergence is not None
