@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("vllm", "hf")
+# llama-server (llamacpp.py): llama.cpp's own template engine, which also renders every
+# template read from a GGUF (``resolve_engine``).
+LLAMACPP = "llamacpp"
+ENGINES = ("vllm", "hf", LLAMACPP)
 
 
 class EngineError(ValueError):
