@@ -253,8 +253,9 @@ def _trap_reason(trap, limits: RenderLimits) -> str:
     text = str(trap)
     if "interrupt" in text:
         return f"rendering took over {limits.seconds:g} s"
-    if "stack" in text:
-        return "recursion too deep"
+    # The C++ stack lives in the module's memory, below its data: run past, it reads out of bounds.
+    if "stack" in text or "out of bounds memory access" in text:
+        return "recursion too deep (llama.cpp's engine ran out of stack)"
     return f"llama.cpp's engine stopped: {_first_line(text.split('Caused by:')[-1])}"
 
 
@@ -369,8 +370,6 @@ _CODE = re.compile(
     r"""(?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<end>[-+]?[}%]\})|.""", re.S
 )
 _CALL = re.compile(r"""\s*\(\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
-_RAW = re.compile(r"\{%[-+]?\s*raw\s*[-+]?%\}")
-_END_RAW = re.compile(r"\{%[-+]?\s*endraw\s*[-+]?%\}")
 
 
 @lru_cache(maxsize=64)
@@ -388,13 +387,6 @@ def with_clock(template: str) -> tuple[str, frozenset[str] | None]:
         if opener == "{#":
             end = template.find("#}", tag.end())
             end = len(template) if end < 0 else end + 2
-            pieces.append(template[tag.start() : end])
-            position = end
-            continue
-        raw = _RAW.match(template, tag.start())
-        if raw is not None:
-            closing = _END_RAW.search(template, raw.end())
-            end = len(template) if closing is None else closing.end()
             pieces.append(template[tag.start() : end])
             position = end
             continue
