@@ -40,6 +40,11 @@ CLOCK = (CORPUS / "PC001_live_clock.jinja").read_text()
 TOOL_ARGS = (CORPUS / "PC004_tool_args_reserialized.jinja").read_text()
 CLEAN = (CORPUS / "clean_chatml.jinja").read_text()
 FROZEN = "2026-01-15"
+# --frozen-date fixes PC001 with a date_string a request may pass. llama-server defines
+# date_string itself, from its clock, so that fix does not hold where a GGUF is rendered as
+# llama.cpp renders it (the default), and is not made: these tests of how fixes are written
+# fix as transformers renders.
+FROZEN_FIX = ("--frozen-date", FROZEN, "--engine", "hf")
 QWEN = SHARED_TOKENIZERS / "qwen2.5"
 
 
@@ -291,7 +296,7 @@ def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp
     result = without_gguf(model, "--no-prove", "-q")
     assert (result.returncode, result.stderr) == (1, "")
     assert result.stdout.startswith(f"{model}:default:3:28: PC001")
-    result = without_gguf(model, "--no-prove", "-q", "--fix", "--frozen-date", FROZEN, "--gguf-copy", tmp_path / "c.gguf")
+    result = without_gguf(model, "--no-prove", "-q", "--fix", *FROZEN_FIX, "--gguf-copy", tmp_path / "c.gguf")
     assert result.returncode == 2
     assert (
         result.stderr
@@ -545,7 +550,7 @@ def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path
     # again for the fixed template beside it, which the lint after --fix reads.
     prompt = CLOCK.index("{%- if add_generation_prompt %}")
     model = write_gguf(tmp_path / "m.gguf", CLOCK[:prompt] + "Remember: be brief.\n" + CLOCK[prompt:])
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN)
+    code, out, _ = run(model, "--fix", *FROZEN_FIX)
     declined = [line for line in out.splitlines() if "not fixed PC007" in line]
     assert code == 1
     assert declined == [
@@ -559,8 +564,8 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     before = sha(model)
     reference = tmp_path / "reference.jinja"
     reference.write_text(CLOCK)
-    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove")
     companion = tmp_path / "m.chat_template.jinja"
     # the lint after the fix reads the model's metadata, as the next check will: it still fails
     assert (code, err) == (1, "")
@@ -581,7 +586,7 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
         "Found 1 finding (1 failing; 1 of the failing unproven).",
     ]
     # again: the same fix is already there, and nothing is written, so nothing is "fixed"
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove")
     assert code == 1 and f"{model}:default: already written: the fixed template to {companion}" in out
     assert f"{model}:default:3:28: already fixed PC001 [live-clock]" in out
     assert "--fix wrote its fix" not in out
@@ -591,7 +596,7 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     ) in out
     # the check reads the model's metadata, which --fix never rewrites: it still fails, and says
     # where the fix is
-    code, out, _ = run(model, "--frozen-date", FROZEN, "--no-prove")
+    code, out, _ = run(model, *FROZEN_FIX, "--no-prove")
     assert code == 1
     assert (
         f"note: {tmp_path}: m.chat_template.jinja beside the model holds a fixed default template; "
@@ -599,7 +604,7 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
     ) in out
     # a file of the user's own under that name is never replaced
     companion.write_text("mine")
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: {companion}: already exists and differs from the fixed template; "
@@ -615,7 +620,7 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
     made = log_verifiers(monkeypatch, tmp_path / "verifiers made")
     tokenizer = request.getfixturevalue("small_qwen") if with_tokenizer else None
     models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK, tokenizer=tokenizer) for kind in ("Q4_K_M", "Q8_0")]
-    code, out, err = run(*models, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    code, out, err = run(*models, "--fix", *FROZEN_FIX, "--no-prove")
     assert (code, err) == (1, "")  # the models' metadata keeps the clock: the next check fails too
     assert made.read_text() == "m-Q4_K_M.gguf\n"
     companions = [tmp_path / f"m-{kind}.chat_template.jinja" for kind in ("Q4_K_M", "Q8_0")]
@@ -626,7 +631,7 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
 
 def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "-q")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q")
     assert (tmp_path / "m.chat_template.tool_use.jinja").is_file()
     assert (
         "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, instead of the model's tool_use template"
@@ -640,7 +645,7 @@ def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
 
 def test_the_companion_template_is_proven_with_the_models_tokens(tmp_path):
     write_gguf(tmp_path / "m.gguf", CLOCK)
-    assert run(tmp_path / "m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 1  # the metadata still fails
+    assert run(tmp_path / "m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 1  # the metadata still fails
     (tmp_path / "m.chat_template.jinja").write_text(CLOCK)  # as if broken again
     code, out, _ = run(tmp_path / "m.chat_template.jinja", "--format", "json")
     assert json.loads(out)[0]["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
@@ -650,7 +655,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
     before, model_bytes = sorted(os.listdir(tmp_path)), sha(model)
-    code, out, err = run("m.gguf", "--diff", "--frozen-date", FROZEN, "--no-prove", "-q")
+    code, out, err = run("m.gguf", "--diff", *FROZEN_FIX, "--no-prove", "-q")
     assert sorted(os.listdir(tmp_path)) == before  # --diff writes nothing
     assert code == 1  # as ruff's --diff: a change it would make is a finding
     assert [line for line in out.splitlines() if line.startswith(("---", "+++", "@@"))] == [
@@ -663,7 +668,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     ]
     assert err.startswith("m.gguf:default:3:28: would fix PC001 [live-clock]: ")
     companions = [tmp_path / "m.chat_template.jinja", tmp_path / "m.chat_template.tool_use.jinja"]
-    assert run("m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 1  # the metadata keeps its findings
+    assert run("m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 1  # the metadata keeps its findings
     written = [path.read_bytes() for path in companions]
     for command in (["git", "apply"], ["patch", "-p1", "-s"]):
         for path in companions:
@@ -678,9 +683,7 @@ def test_fixed_is_never_said_of_a_companion_that_is_not_written(tmp_path, monkey
     write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m.chat_template.jinja").write_text("mine")
-    # As transformers renders it: llama-server defines date_string itself (its date), so
-    # PC001's date_string fix does not hold there and is not made under llama.cpp.
-    code, out, err = run("m.gguf", mode, "--frozen-date", FROZEN, "--no-prove", "-q", "--engine", "hf")
+    code, out, err = run("m.gguf", mode, *FROZEN_FIX, "--no-prove", "-q")
     assert code == 2
     assert (tmp_path / "m.chat_template.jinja").read_text() == "mine"
     said = (out + err).splitlines() if mode == "--fix" else err.splitlines()
@@ -705,7 +708,7 @@ def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
     second = write_gguf(tmp_path / "Model-Q4-00002-of-00002.gguf")
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, out, _ = run(second, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    code, out, _ = run(second, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
     companion = tmp_path / "Model-Q4.chat_template.jinja"
     copy = out_dir / first.name
     assert code == 1 and companion.is_file() and copy.is_file()
@@ -752,7 +755,7 @@ def test_gguf_copy_carries_the_fixed_templates_and_the_same_tensors(tmp_path, al
     before = sha(model)
     copy = tmp_path / "out" / "fixed.gguf"
     copy.parent.mkdir()
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", copy)
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", copy)
     assert err == ""
     assert (
         f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n  llama.cpp: llama-server -m {copy} --jinja\n"
@@ -779,7 +782,7 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
     assert code == 1  # the model named keeps the clock in its metadata; the copy carries the fix
     assert fields(out_dir / "m.gguf")["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
 
@@ -787,7 +790,7 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
 def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path):
     # as the README's example: --gguf-copy fixed/ writes fixed/m.gguf (it wrote a file named fixed)
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
     assert (code, err) == (1, "")
     copy = tmp_path / "fixed" / "m.gguf"
     assert f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n" in out
@@ -805,7 +808,7 @@ def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path
 def test_gguf_copy_where_it_cannot_go_is_one_line_before_anything_is_written(tmp_path, given, reason):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sorted(os.listdir(tmp_path))
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
     assert (code, out) == (2, "")
     assert err == f"tmpl-lint: error: {tmp_path / given}: {reason.format(tmp=tmp_path)}\n"
     assert sorted(os.listdir(tmp_path)) == before  # not even the fixed template beside the model
@@ -816,7 +819,7 @@ def test_gguf_copy_never_overwrites(tmp_path):
     before = sha(model)
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"precious")
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
     assert (
@@ -825,7 +828,7 @@ def test_gguf_copy_never_overwrites(tmp_path):
     )
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", tmp_path)
+    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", tmp_path)
     assert code == 2 and err == f"tmpl-lint: error: {model}: already exists; tmpl-lint does not overwrite it\n"
     assert sha(model) == before
 
@@ -856,21 +859,21 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
+    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
     assert os.listdir(out_dir) == []
     # a folder made for the copy goes with it
-    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
+    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
     assert code == 2 and not (tmp_path / "new").exists()
 
 
 def fixing(*args) -> subprocess.Popen:
     """A real tmpl-lint --fix process, its lines read as it prints them."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", "--frozen-date", FROZEN, "--no-prove"],
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", *FROZEN_FIX, "--no-prove"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -882,7 +885,7 @@ def fixed_reference(tmp_path: Path, text: str) -> bytes:
     reference = tmp_path / "reference" / "chat_template.jinja"
     reference.parent.mkdir()
     reference.write_text(text)
-    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
     return reference.read_bytes()
 
 
@@ -1259,7 +1262,7 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
     locked.mkdir()
     locked.chmod(0o600)  # readable, not searchable: what is in it cannot be looked at
     try:
-        result = run_unprivileged(str(model), "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
+        result = run_unprivileged(str(model), "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
     finally:
         locked.chmod(0o755)
     assert (result.returncode, result.stdout) == (2, "")
@@ -1270,7 +1273,7 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
 
 def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_commands_read_back(tmp_path):
     model = write_gguf(tmp_path / "a\nb.gguf", CLOCK)
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
     companion, copy = tmp_path / "a\nb.chat_template.jinja", tmp_path / "out" / "a\nb.gguf"
     assert code == 1 and companion.is_file() and copy.is_file()
     lines = out.splitlines()
@@ -1334,7 +1337,7 @@ def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path,
     extra = ["--gguf-copy", str(destination)] if copy else []
     process = subprocess.run(
         [sys.executable, "-c", SIGNAL_AS_LINKED, str(int(number)), os.path.realpath(target), str(model), "--fix", "--no-prove"]
-        + ["--frozen-date", FROZEN, *extra],
+        + [*FROZEN_FIX, *extra],
         capture_output=True,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},

@@ -173,3 +173,16 @@ def test_a_ggufs_clock_is_proven_through_llama_cpps_strftime_now(tmp_path):
     finding = check(write_gguf(tmp_path / "m.gguf", CLOCK))["PC001"]
     assert finding["proof"]["status"] == "proven"
     assert "Current date: 2026-03-0" in json.dumps(finding["proof"])
+
+
+def test_pc001s_date_string_fix_is_not_made_for_a_gguf_llama_server_dates_it_itself(tmp_path):
+    """llama-server defines date_string from its clock (common_chat_extra_context), so a
+    template fixed to read date_string still changes every day there: --fix declines."""
+    model = write_gguf(tmp_path / "m.gguf", CLOCK)
+    result = CliRunner().invoke(main, [str(model), "--fix", "--frozen-date", "2026-01-15", "--no-prove"])
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.startswith(f"{model}:default:3:28: not fixed PC001 [live-clock]: ")
+    assert not (tmp_path / "m.chat_template.jinja").exists()
+    fixed = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}{{ date_string }}'
+    days = [llamacpp.render_request(fixed, USER, clock=at(datetime(2026, 3, day))) for day in (1, 2)]
+    assert days == ["01 Mar 2026", "02 Mar 2026"]
