@@ -186,3 +186,24 @@ def test_pc001s_date_string_fix_is_not_made_for_a_gguf_llama_server_dates_it_its
     fixed = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}{{ date_string }}'
     days = [llamacpp.render_request(fixed, USER, clock=at(datetime(2026, 3, day))) for day in (1, 2)]
     assert days == ["01 Mar 2026", "02 Mar 2026"]
+
+
+def test_the_compiled_module_is_kept_sealed_and_a_tampered_one_is_compiled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("TMPL_LINT_NO_CACHE", raising=False)
+    from tmpl_lint import sealed
+
+    sealed.secret.cache_clear()
+    llamacpp._runtime.cache_clear()
+    try:
+        llamacpp.ready()
+        (entry,) = (tmp_path / "cache" / "llamacpp").glob("llamacpp-b10775-*.cwasm")
+        kept = entry.read_bytes()
+        entry.write_bytes(kept[:32] + bytes([kept[32] ^ 1]) + kept[33:])  # one bit of the code changed
+        llamacpp._runtime.cache_clear()
+        assert llamacpp.render_llamacpp("{{ 1 + 2 }}", {}) == "3"
+        assert entry.read_bytes() == kept  # not loaded: compiled again, and kept again
+    finally:
+        sealed.secret.cache_clear()
+        llamacpp._runtime.cache_clear()

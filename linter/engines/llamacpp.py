@@ -174,7 +174,7 @@ def _runtime() -> _Runtime:
     config.memory_guard_size = 64 * 1024
     config.memory_reservation_for_growth = 0
     engine = wasmtime.Engine(config)
-    module = wasmtime.Module(engine, data)
+    module = _module(wasmtime, engine, data)
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
     runtime = _Runtime(engine, linker, linker.instantiate_pre(module))
@@ -182,6 +182,53 @@ def _runtime() -> _Runtime:
     # finalizers print errors at exit.
     atexit.register(lambda: [part.close() for part in (runtime.module, module, linker, engine)])
     return runtime
+
+
+# -- the compiled module, kept between runs ----------------------------------------------------
+# Compiling the module is two seconds of CPU, every process; loading it compiled, a few
+# milliseconds. It is machine code run outside any sandbox, so it is kept as the compiled
+# Jinja code is (render.py): in tmpl-lint's cache, loaded only where its MAC under this
+# user's key verifies (sealed.py), named by the module, wasmtime's version and the settings
+# it was compiled with; --no-cache and TMPL_LINT_NO_CACHE=1 turn it off.
+
+_MODULE_PURPOSE = b"tmpl-lint llama.cpp engine compiled by wasmtime 1"
+_SETTINGS = f"exceptions,epoch,stack{STACK_BYTES},memory{MEMORY_BYTES},guard65536,serial"
+MAX_COMPILED_BYTES = 64 * 1024 * 1024  # 4 MB as compiled
+
+
+def _module(wasmtime, engine, data: bytes):
+    from .. import render, sealed
+    from ..config import cache_directory
+
+    if not render.kept_compiled_code() or os.environ.get("TMPL_LINT_NO_CACHE"):
+        return wasmtime.Module(engine, data)
+    version = hashlib.sha256(f"{MODULE_SHA256} {_installed('wasmtime')} {_SETTINGS}".encode()).hexdigest()[:32]
+    name = f"llamacpp-{BUILD}-{version}.cwasm"
+    try:
+        directory = cache_directory() / "llamacpp"
+    except RuntimeError:  # no home directory to find a cache in
+        return wasmtime.Module(engine, data)
+    try:
+        with sealed.private_directory(directory) as folder:
+            kept = sealed.read_entry(folder, name, MAX_COMPILED_BYTES)
+        compiled = sealed.unseal(_MODULE_PURPOSE, name, kept) if kept is not None else None
+        if compiled is not None:
+            return wasmtime.Module.deserialize(engine, compiled)
+    except (OSError, sealed.NoKey, wasmtime.WasmtimeError):  # a miss: compiled again, and kept
+        pass
+    module = wasmtime.Module(engine, data)
+    with contextlib.suppress(OSError, sealed.NoKey), sealed.private_directory(directory) as folder:
+        sealed.write_entry(folder, name, sealed.seal(_MODULE_PURPOSE, name, module.serialize()))
+    return module
+
+
+def _installed(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "-"
 
 
 def ready() -> None:
