@@ -7,7 +7,7 @@ SIGTERM at any moment after ends as one arriving later does: one line, "tmpl-lin
 interrupted" and exit 130, or "tmpl-lint: terminated" and exit 143.
 """
 
-import _thread
+import _thread  # noqa: PLC2701 - the standard library's module, not a private name of ours
 import signal
 import sys
 

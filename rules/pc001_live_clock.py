@@ -54,7 +54,7 @@ from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expre
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
-from tmpl_lint.selection import suppressions
+from tmpl_lint.suppressions import suppressions
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
 # prompt is the clock's, before the first message, in any message or after the last.

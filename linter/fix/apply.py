@@ -11,7 +11,8 @@ from ..findings import Finding
 from ..inputs import TemplateSource
 from ..proving.session import Recorded
 from ..rules import BY_CODE
-from ..selection import Selection, suppressions
+from ..selection import Selection
+from ..suppressions import suppressions
 from .options import NO_AUTOMATIC_FIX, FixOptions, Linted
 from .verify import Verdicts, Verification
 
