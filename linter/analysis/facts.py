@@ -213,7 +213,9 @@ class Facts:
     def walk(self) -> tuple[list[nodes.Node], list[int]]:
         """Every node of the template in ``find_all``'s order, with where each one's
         subtree ends (see ``locations.preorder``): the one walk of the whole tree."""
-        return self.source_map.memo("preorder", lambda: preorder(self.tree))
+        tree = self.tree
+        assert tree is not None, "walked only once parsed"
+        return self.source_map.memo("preorder", lambda: preorder(tree))
 
     def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
         """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
@@ -319,7 +321,8 @@ def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
     by_key = isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
     if not (by_attribute or by_key):
         return False
-    return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
+    owner = getattr(node, "node", None)  # the Getattr's or Getitem's subject
+    return subject is None or (isinstance(owner, nodes.Name) and owner.name == subject)
 
 
 def printed_literals(node: nodes.Node) -> list[str]:

@@ -194,7 +194,7 @@ class Verifier:
 
     def single_turns(self, text: str) -> list[str | None]:
         self.ready_to_render(text)
-        out = []
+        out: list[str | None] = []
         for messages in (
             [{"role": "user", "content": "Hello"}],
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
@@ -312,7 +312,12 @@ class Verifier:
             found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
         # Only the variables whose value reaches printed text: one only tested (a switch)
         # has no text to leave out, and most templates' only variable is such a switch.
-        printed = {label.name for sink in facts.sinks for label in sink.labels if label.kind is LabelKind.VARIABLE}
+        printed = {
+            label.name
+            for sink in facts.sinks
+            for label in sink.labels
+            if label.kind is LabelKind.VARIABLE and label.name is not None
+        }
         passed = sorted(printed & facts.variables - REQUEST_VARIABLES - set(self.special))
         if passed:
             # A text each, all at once: a render per variable would cost a render per variable
