@@ -103,7 +103,7 @@ def prove(report, finding: Finding) -> Proof:
         ]
         if in_generation_prompt:
             # The clock moved the prompt, but only where the next turn puts the reply: say so,
-            # rather than that nothing changed (QA7 d09 b).
+            # rather than that nothing changed.
             first = in_generation_prompt[0]
             finding.message += (
                 f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '

@@ -221,7 +221,7 @@ def _reasoning_or_markup(facts: Facts, label: Label) -> bool:
     the turn is last), which the generation prompt's rule explains, or only picks markup or
     a flag (an end marker, a separator, `{% set add_tool_id = false %}`): anything else it
     rewrites in the reply, its text cut while a message follows, is that message rendering
-    differently once later messages exist (QA7 #5)."""
+    differently once later messages exist."""
     node = label.site.node if label.site is not None else None
     decision = _decisions(facts).get(id(node)) if node is not None else None
     if decision is None:

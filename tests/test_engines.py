@@ -110,7 +110,7 @@ def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
 
 
 def test_a_null_content_renders_under_vllm_as_an_empty_one():
-    # QA8: an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
+    # an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
     # renders them (its parsing makes the content empty); transformers' renderer fails on
     # the same messages, and renders them with "" as vLLM's rebuild hands them.
     from datetime import datetime
@@ -145,7 +145,7 @@ def test_only_vllm_s_two_names_for_reasoning_reach_the_template_under_vllm():
 
 
 def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
-    # QA8: ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
+    # ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
     # parameters)).model_dump(): declared fields first, unset ones null, extras after.
     from tmpl_lint.engines.vllm import vllm_tools
 

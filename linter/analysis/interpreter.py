@@ -1046,8 +1046,8 @@ def _negative(node: nodes.Node | None) -> bool:
 
 
 def _handlers(prefix: str) -> dict[type, object]:
-    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup,
-    where building the method name for every node cost a tenth of the analysis)."""
+    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup
+    per node, rather than building a method name for every node visited)."""
     return {
         getattr(nodes, name[len(prefix) :]): handler
         for name, handler in vars(Interpreter).items()

@@ -139,8 +139,8 @@ class Verifier:
         )
 
     def prove(self, text: str):
-        # The proof renders from the lint's parse and takes its argument separators: parsing
-        # and analysing each candidate again was a fifth of a fix.
+        # The proof renders from the lint's parse and takes its argument separators: each
+        # candidate is parsed and analysed once, not again for its proof.
         self.ready_to_render(text)
         separators = model_separators(self.lint(text).facts)
         prover = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators, self.measure)

@@ -175,8 +175,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
 def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
     """A divergence that is only the model's format (the reasoning or empty reasoning block
     it wrote, which history leaves out), in a scenario that leaves the finding's switch
-    unset: not what the switch turns on (QA8: Qwen3's "only when enable_thinking=false"
-    listed a scenario without it). It stays informational, found by the proof."""
+    unset: not what the switch turns on (Qwen3's "only when enable_thinking=false" must not
+    list a scenario without it). It stays informational, found by the proof."""
     switch = finding.switch
     if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
         return False

@@ -48,8 +48,8 @@ class Measure:
 
     # What a proof measures prefixes in: token ids, or in characters the text itself. A str
     # compares, slices and concatenates as C memory does; the list of its code points that
-    # ``ids`` makes (for a caller that mixes them with logged token ids) was a tenth of a
-    # proof without a tokenizer, which is every template of an audit.
+    # ``ids`` makes (for a caller that mixes them with logged token ids) costs as much as a
+    # good part of a proof without a tokenizer, which is every template of an audit.
     def units(self, text: str) -> Units:
         return self.ids(text) if self.tokenizer else text
 
