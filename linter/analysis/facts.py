@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import jinja2
 from jinja2 import nodes
@@ -18,6 +18,8 @@ from .locations import SourceMap, child_nodes, preorder
 
 if TYPE_CHECKING:
     from .reuse import Trace
+
+AnyNode = TypeVar("AnyNode", bound=nodes.Node)
 
 # Globals that read the wall clock. transformers installs strftime_now; the others are
 # names other runtimes (or custom renderers) expose with the same meaning.
@@ -202,7 +204,7 @@ class Facts:
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
 
-    def nodes_of(self, *types: type[nodes.Node]) -> list[nodes.Node]:
+    def nodes_of(self, *types: type[AnyNode]) -> list[AnyNode]:
         """The template's nodes of ``types`` in ``find_all``'s order: every question a rule or
         the switch trials ask of the tree filters one shared walk instead of walking again."""
         if self.tree is None:
