@@ -19,7 +19,7 @@ from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
 
-pytestmark = needs_shared
+pytestmark = [needs_shared, pytest.mark.no_fork(long=True)]
 pytest.importorskip("huggingface_hub")
 
 REPOS = {

@@ -374,6 +374,8 @@ CLOCK_ALIAS = (
     "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}"
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("clock", ["strftime_now", "now"])
 def test_a_clock_called_through_a_name_it_was_set_to_is_found(clock):

@@ -408,6 +408,8 @@ GUARDED_NEXT = (
     "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("test", ["nxt is none", "not nxt"])
 def test_a_next_message_read_behind_loop_last_and_tested_for_presence_is_pc003_at_the_look_ahead(test):

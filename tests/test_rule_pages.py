@@ -6,6 +6,8 @@ from click.testing import CliRunner
 from tmpl_lint.cli import main
 from tmpl_lint.rules import RULES, SECTIONS, page
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
 def test_every_rule_page_has_every_section_with_content(rule):
