@@ -62,7 +62,7 @@ def fix_template(
     pending: list[tuple[Finding, Fix]] = []
     for finding in sorted(findings, key=lambda f: (f.code, f.line, f.column)):
         rule = BY_CODE.get(finding.code)
-        fix = rule.fix(facts, finding, options) if rule is not None and hasattr(rule, "fix") else None
+        fix = rule.fix(facts, finding, options) if rule is not None and rule.fix is not None else None
         if fix is None:
             result.skipped.append((finding, NO_AUTOMATIC_FIX))
         elif fix.unfixable:

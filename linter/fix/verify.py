@@ -261,7 +261,7 @@ class Verifier:
         for code, cause in sorted(found_by_proof(report, found) - self.original_found_by_proof):
             return f"the check after the fix would report {code} (a {cause} divergence no finding explains)"
         for rule in fixed_rules:
-            reason = rule.verify_fix(self, patched) if hasattr(rule, "verify_fix") else None
+            reason = rule.verify_fix(self, patched) if rule.verify_fix is not None else None
             if reason is not None:
                 return reason
         return None
