@@ -1025,7 +1025,8 @@ class FakeHub:
         from types import SimpleNamespace
 
         commit = hashlib.sha1(repo.encode()).hexdigest()
-        snapshot = self.root / "snapshots" / repo.replace("/", "--") / commit
+        # As huggingface_hub lays its cache out: the audit reads only a commit's folder there.
+        snapshot = self.root / f"models--{repo.replace('/', '--')}" / "snapshots" / commit
         snapshot.mkdir(parents=True)
         for name, origin in files.items():
             self.files[f"{repo}/{name}"] = origin
