@@ -53,16 +53,25 @@ class TemplateResult:
 
     def worst_proof(self) -> tuple[dict[str, Any] | None, bool]:
         """The proof whose scenario hits least, and whether a request as callers send it
-        meets it: a failing finding's where one is proven (what a default deployment
-        gets), else an informational one's (a caller's opt-in: thinking=true, say)."""
+        meets it: a failing finding's that breaks with every variable unset where one is
+        proven (what a default deployment gets), else one that breaks only under a switch
+        value (it fails too: a deployment may set it; thinking=true, say), else an
+        informational one's."""
         proven = [
             f
             for f in self.findings
             if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]
         ]
         failing = [f for f in proven if f.get("fails")]
-        worst = min((f["proof"] for f in failing or proven), key=lambda proof: proof.get("hit_rate", 1.0), default=None)
-        return worst, bool(failing) or worst is None
+        by_default = [f for f in failing if not _stable_by_default(f)]
+        candidates = by_default or failing or proven
+        worst = min((f["proof"] for f in candidates), key=lambda proof: proof.get("hit_rate", 1.0), default=None)
+        return worst, bool(by_default) or worst is None
+
+
+def _stable_by_default(finding: dict[str, Any]) -> bool:
+    """A finding whose proof shows it only under a switch value, stable with it unset."""
+    return any(values.get("default") == "stable" for values in finding["proof"].get("switches", ()))
 
 
 @dataclass

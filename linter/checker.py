@@ -23,7 +23,7 @@ from .findings import Finding, Outcome, Switch
 from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
-from .proofs import Proof
+from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
 from .selection import Selection
@@ -43,6 +43,9 @@ class ProveOptions:
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
     engine: str = "vllm"  # whose request preprocessing to apply (see engines/)
+    # The deployment's chat-template-kwargs (--chat-template-kwargs, the configuration's):
+    # every request carries them, and their variables are proven at those values only.
+    pinned: tuple[tuple[str, Any], ...] = ()
 
 
 def lint_isolated(
@@ -334,15 +337,9 @@ def name_switches(findings: list[Finding], trials: SwitchTrials) -> None:
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
             unstable = [value for value in values if value not in stable and value is not UNDEFINED]
-            finding.switch = Switch(
-                name,
-                chosen[0] if chosen else None,
-                default_is_stable,
-                unstable[0] if unstable else None,
-                demoted_from=finding.severity if default_is_stable else None,
-            )
-            if default_is_stable:
-                finding.severity = "info"  # only a caller who opts in meets it (the proof checks that)
+            # A deployment may set any value the template reads: the finding keeps its severity
+            # (the proof renders every value and names those that break).
+            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
             break
 
 
@@ -472,7 +469,9 @@ def prove_findings(
 
     engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
-    switches = switch_values(findings, facts.variables), clocked_switches(findings)
+    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
+    switches = switch_values(findings, facts.variables, compared), clocked_switches(findings)
+    pinned = dict(options.pinned)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = model_separators(facts)
     content_format(source.text, facts.tree)
@@ -480,7 +479,15 @@ def prove_findings(
         compile_template(source.text, options.limits, facts.tree)
     if engine != HARMONY:
         prover = Prover(
-            source.text, tokenizer, options.block_size, special, options.limits, engine, separators, recalled=recalled
+            source.text,
+            tokenizer,
+            options.block_size,
+            special,
+            options.limits,
+            engine,
+            separators,
+            recalled=recalled,
+            pinned=pinned,
         )
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
@@ -490,7 +497,9 @@ def prove_findings(
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
-    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled)
+    on_template = Prover(
+        source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled, pinned=pinned
+    )
     report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (
@@ -499,8 +508,29 @@ def prove_findings(
     if tokenizer_note is not None:
         report.note += f"; {tokenizer_note}"
     extra = attach_proofs(findings, report, facts)
-    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
-    return extra + engine_findings(on_engine.run({}))
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators, pinned=pinned)
+    return extra + fold_engine_into_template(engine_findings(on_engine.run({})), findings + extra)
+
+
+def fold_engine_into_template(engine: list[Finding], template: list[Finding]) -> list[Finding]:
+    """One break, one named rule: where vLLM's own render of a harmony model rewrites history
+    as the template's proven finding does (the analysis a final answer drops), that finding
+    names it and the engine's is its related location."""
+    rewrites = (Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE)
+    for finding in engine:
+        if finding.proof is None or finding.proof.cause not in rewrites:
+            continue
+        named = [
+            other
+            for other in template
+            if other.proof is not None
+            and other.proof.is_proven
+            and other.fails()
+            and any(cause in rewrites for _, cause in other.proof.explains)
+        ]
+        if named:
+            finding.explained_by = named[0]
+    return engine
 
 
 def apply_suppressions(

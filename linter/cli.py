@@ -225,6 +225,15 @@ def use_colour() -> bool:
     "created); the model itself is never rewritten.",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write compiled templates in tmpl-lint's cache.")
+@click.option(
+    "--chat-template-kwargs",
+    "--default-chat-template-kwargs",
+    "chat_template_kwargs",
+    type=JsonObject(),
+    help="The deployment's template variables, as vLLM's --default-chat-template-kwargs: every request is proven "
+    "with them, and only at those values (default: the configuration's chat-template-kwargs; without, every value "
+    "of every switch the template reads is proven, and a break under any fails).",
+)
 def check(
     paths,
     output_format,
@@ -249,6 +258,7 @@ def check(
     jobs,
     gguf_copy,
     no_cache,
+    chat_template_kwargs,
 ) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
@@ -271,6 +281,7 @@ def check(
         limits=RenderLimits(render_timeout, render_max_bytes),
         engine=engine,
         tool_args_style=tool_args_style,
+        chat_template_kwargs=chat_template_kwargs,
         jobs=jobs,
         gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,

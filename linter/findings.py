@@ -46,9 +46,6 @@ class Switch:
     stable_value: Any  # None when only leaving the variable unset is stable
     default_is_stable: bool
     unstable_value: Any = None  # a value that brings the pattern back, for the message
-    # The severity before the analysis made the finding informational because the default
-    # is stable: what it gets back if the renders refute that.
-    demoted_from: str | None = None
     # Other variables whose value the renders show it with (DeepSeek-V3.2 sets `thinking`
     # from `enable_thinking`): (name, value), for the message.
     also: tuple[tuple[str, Any], ...] = ()
@@ -59,13 +56,19 @@ class Switch:
             out["also"] = [{"name": name, "value": value} for name, value in self.also]
         return out
 
-    def advice(self) -> str:
-        if self.default_is_stable:
+    def advice(self, measured_already: bool = False) -> str:
+        """How to avoid the finding by the switch. ``measured_already``: the message names the
+        values the renders showed breaking, so only the stable value to pass is said."""
+        if measured_already:
+            if self.stable_value is None:
+                return f"leave {self.name} unset to avoid it" if self.default_is_stable else ""
+            head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
+        elif self.default_is_stable:
             shown = [(self.name, self.unstable_value), *self.also]
             when = " or ".join(f"{name}={_jinja_literal(value)}" for name, value in shown)
             names = [name for name, _ in shown]
             left = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-            head = f"only when {when}: leave {left} unset"
+            head = f"breaks when {when}: leave {left} unset"
             if self.stable_value is None:
                 return head
             head += f" or pass {self.name + '=' if self.also else ''}{_jinja_literal(self.stable_value)}"
@@ -81,7 +84,7 @@ class Verdict(StrEnum):
 
     FAILS = "fails"  # proven; or no proof could run (--no-prove, not provable): the rule's severity holds
     UNPROVEN = "unproven"  # the proof ran and did not reproduce it: reported, fails only under --strict
-    INFO = "info"  # applies only when a caller opts in, or is advice: never fails
+    INFO = "info"  # advice, or a proven loss bounded whatever the session's length: never fails
 
 
 @dataclass
@@ -163,7 +166,16 @@ class Finding:
         return f"not reproduced in {len(self.proof.scenarios)} scenarios"
 
     def full_message(self) -> str:
-        return f"{self.message}; {self.switch.advice()}" if self.switch else self.message
+        """The message, then what the renders showed under each switch value (or, unproven,
+        the analysis's advice), then the switch's advice."""
+        parts = [self.message]
+        measured = self.proof.switches if self.proof is not None else ()
+        parts += [values.text() for values in measured]
+        if self.proof is not None and self.proof.bound is not None:
+            parts.append(f"bounded: {self.proof.bound}: informational")
+        if self.switch is not None:
+            parts.append(self.switch.advice(measured_already=bool(measured)))
+        return "; ".join(part for part in parts if part)
 
     def reported_message(self) -> str:
         """The message as every report shows it: a finding no render showed says so first."""

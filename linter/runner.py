@@ -72,6 +72,7 @@ class CheckOptions:
     limits: RenderLimits = DEFAULT_LIMITS
     engine: str = "vllm"
     tool_args_style: str | None = None
+    chat_template_kwargs: dict | None = None  # None: as the configuration says (every value proven without)
     jobs: int = 1
     gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
@@ -187,7 +188,9 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
     result = CheckResult(strict=strict, exit_zero=options.exit_zero)
-    prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
+    pinned = options.chat_template_kwargs if options.chat_template_kwargs is not None else config.chat_template_kwargs
+    pinned_items = tuple(sorted((pinned or {}).items()))
+    prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
     if prove is not None and tokenizer is not None:
         from .tokenizer import TokenizerError, load_tokenizer
 

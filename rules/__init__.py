@@ -87,6 +87,18 @@ HYPOTHESIS_POLICY = (
     "tried, and does not fail the run (`--strict` makes it fail); with `--no-prove`, or when nothing could be "
     "rendered, it keeps its severity and says it is unproven. Info findings never fail the run."
 )
+# What a proof renders, and what a switch value or a bounded loss does to the verdict (issue 33).
+SETTINGS_POLICY = (
+    "Proven under the settings deployments run: every value of every switch the template reads "
+    "(`enable_thinking`, `reasoning_effort`...) is rendered, llama.cpp's default (`enable_thinking=true`) and "
+    "vLLM's (unset) among them, and a break proven under any value fails the run; the finding names the "
+    'values that break and those that are stable ("breaks when enable_thinking=false (stable when true or '
+    "unset)\"). A project that pins its deployment's values (`chat-template-kwargs` in the configuration, or "
+    "`--chat-template-kwargs JSON`, with vLLM's `--default-chat-template-kwargs` semantics) has only those "
+    "values proven. A proven loss bounded whatever the session's length (only the reply's end-of-turn "
+    "marker differs: at most one block a turn) is info, with the bound stated; one that grows with the "
+    "session fails."
+)
 OUTCOME_POLICY = (
     "This rule reports what the run itself found, not a static pattern: its findings fail the run at their "
     "severity (info findings never do)."
@@ -98,5 +110,7 @@ def page(rule: Rule) -> str:
     info = rule.RULE
     fixable = "Fix is sometimes available." if rule.fix is not None else "No automatic fix."
     policy = OUTCOME_POLICY if info.reports is not None else HYPOTHESIS_POLICY
+    if info.reports is None or info.proven_by:
+        policy += "\n\n" + SETTINGS_POLICY
     summary = f"{info.summary[0].upper()}{info.summary[1:]}. {fixable}"
     return f"# {info.name} ({info.code})\n\n{summary}\n\n{policy}\n\n{rule.doc.strip()}\n"

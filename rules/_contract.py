@@ -69,6 +69,8 @@ class RuleInfo:
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
         traffic, a diff of two real requests) may be of any kind: a clock moves there too."""
+        if divergence.scenario_kind == "setting-changed" and "setting-changed" not in self.proven_in:
+            return False  # the client changed the request: only the rule that names that explains it
         return (
             divergence.cause in self.proven_by
             and (not self.proven_in or not divergence.scenario_kind or divergence.scenario_kind in self.proven_in)
@@ -77,9 +79,15 @@ class RuleInfo:
 
     def explanation_rank(self, divergence: Divergence) -> int:
         """How well this rule explains a divergence it proves, against another rule that proves
-        it too (higher explains): one that names the cause, then one that names what moved."""
+        it too (higher explains): the generation prompt's rule where the divergence is in the
+        text the prompt printed, then one that names the cause, then one that names what moved."""
         explains = self.proven_by if self.explains is None else self.explains
-        return 2 * (divergence.cause in explains) + bool(self.moved_by)
+        # One break, one named rule: a divergence in the text the generation prompt printed is
+        # the generation prompt's, whatever pattern sits nearby (OLMo's thinker opens
+        # "<think>\n" beside a `loop.last`; Qwen3.5's "<think>\n", which history drops with
+        # the reasoning once the next query arrives).
+        at_prompt = divergence.in_generation_prompt and Cause.GENERATION_PROMPT in self.proven_by
+        return 4 * at_prompt + 2 * (divergence.cause in explains) + bool(self.moved_by)
 
     def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
         """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""

@@ -81,6 +81,7 @@ the trained format: no automatic fix, the finding says so.
 
 from __future__ import annotations
 
+import os
 import re
 
 from jinja2 import nodes
@@ -299,10 +300,16 @@ REASONING_TEXT = re.compile(r"think|analysis|reason|thought", re.IGNORECASE)
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Where the look-ahead drops reasoning from past turns, read it as "no later message"
     so the reasoning stays; blocks the model was trained to see on the last message
-    (Mistral's tool list and system prompt) have no edit that keeps its format."""
-    switch_fix = switch_default_fix(facts.text, finding)
-    if switch_fix is not None:
-        return switch_fix
+    (Mistral's tool list and system prompt) have no edit that keeps its format. Where none
+    applies, the template's own switch set to its stable default (which fixes only requests
+    that leave it unset: verified, it is refused when a value a deployment may pass breaks)."""
+    structural = _keep_reasoning(facts, finding)
+    if structural.alternatives:
+        return structural
+    return switch_default_fix(facts.text, finding) or structural
+
+
+def _keep_reasoning(facts: Facts, finding: Finding) -> Fix:
     place = (finding.site.line, finding.site.column)
     affected = [
         sink
@@ -341,3 +348,29 @@ def _constants(text: str) -> tuple[str, ...]:
     if text.endswith("[-1]"):
         return ()
     return ("true", "false")
+
+
+# harmony's channel for a turn's reasoning (gpt-oss): its format drops it from a turn once a
+# final answer follows the turn.
+HARMONY_ANALYSIS = "<|channel|>analysis"
+HARMONY_DROP = (
+    "harmony's analysis drop: a turn's reasoning (its analysis channel) is removed once a final answer follows it, "
+    "as openai-harmony renders history (vLLM's own render of gpt-oss does the same)"
+)
+
+
+def drops_harmony_analysis(divergence) -> bool:
+    """Whether the divergence is a turn's harmony analysis left out of the next turn."""
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    return (
+        HARMONY_ANALYSIS in divergence.before[max(0, common - len(HARMONY_ANALYSIS)) :]
+        and HARMONY_ANALYSIS not in (divergence.after[max(0, common - len(HARMONY_ANALYSIS)) : common + len(HARMONY_ANALYSIS)])
+    )
+
+
+def describe(finding: Finding) -> None:
+    """Name harmony's analysis drop where the proof shows it (gpt-oss's look-ahead for a
+    final answer): the break has a name, not only a look-ahead's."""
+    divergence = finding.proof.divergence
+    if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in finding.message:
+        finding.message = f"{finding.message}: {HARMONY_DROP}"

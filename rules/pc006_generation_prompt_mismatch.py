@@ -321,6 +321,17 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
         )
     else:
         told = f"at {where} the cached prompt has {cached!r} where the next turn has {following!r}"
+    if divergence.check == "d":
+        # Only what the template prints after the newest reply's end-of-turn marker, quoted
+        # from the start of the tag it parts in ("</s>" against "<|user|>", not "/s>").
+        opened = divergence.before.rfind("<", 0, common + 1)
+        if opened >= 0 and ">" not in divergence.before[opened:common]:
+            cached, following = divergence.before[opened:][:24], divergence.after[opened:][:24]
+        message = (
+            f"while the reply is the newest message the template prints {cached!r} after its end-of-turn marker, where "
+            f"the next turn has {following!r} ({where}): a model stops at the marker and never generates it"
+        )
+        return RULE.at(_generation_prompt_site(facts), message)
     message = (
         f"history does not render the turn as it was generated after the generation prompt: {told}; the reply's "
         "cache is lost every turn (the whole context on models that cannot roll back)"

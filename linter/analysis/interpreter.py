@@ -395,7 +395,8 @@ class Interpreter:
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
             iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
-        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), node)
+        backwards = _backwards(node.iter) or _reads_from_the_end(node)
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), backwards, node)
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
@@ -1049,6 +1050,41 @@ def _backwards(iterable: nodes.Node) -> bool:
         return _negative(iterable.arg.step)
     if _is_range(iterable) and isinstance(iterable, nodes.Call) and len(iterable.args) == 3:
         return _negative(iterable.args[2])
+    return False
+
+
+def _reads_from_the_end(loop: nodes.For) -> bool:
+    """Whether a forward loop reads the messages from the last to the first: its body takes
+    ``messages[(messages|length - 1) - loop.index0]`` (unsloth's Qwen3, for engines without
+    ``[::-1]``), directly or through a name it sets to that index."""
+
+    def from_the_end(index: nodes.Node) -> bool:
+        if not isinstance(index, nodes.Sub):
+            return False
+        counts = any(isinstance(n, nodes.Filter) and n.name in ("length", "count") for n in index.left.find_all(nodes.Filter))
+        counts = counts or (isinstance(index.left, nodes.Filter) and index.left.name in ("length", "count"))
+        right = [index.right, *index.right.find_all(nodes.Getattr)]
+        stepped = any(
+            isinstance(n, nodes.Getattr)
+            and isinstance(n.node, nodes.Name)
+            and n.node.name == "loop"
+            and n.attr.startswith("index")
+            for n in right
+        )
+        return counts and stepped
+
+    statements = [statement for statement in loop.body if isinstance(statement, nodes.Assign)]
+    indices = {
+        statement.target.name
+        for statement in statements
+        if isinstance(statement.target, nodes.Name) and from_the_end(statement.node)
+    }
+    for statement in statements:
+        read = statement.node
+        if not (isinstance(read, nodes.Getitem) and isinstance(read.node, nodes.Name) and read.node.name == "messages"):
+            continue
+        if from_the_end(read.arg) or (isinstance(read.arg, nodes.Name) and read.arg.name in indices):
+            return True
     return False
 
 

@@ -45,5 +45,6 @@ NO_AUTOMATIC_FIX = "no automatic fix for this rule"
 
 
 def applies_by_default(finding: Finding) -> bool:
-    """Not informational, and not only when a caller sets a switch to its unstable value."""
-    return finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
+    """Not informational. A finding that applies only when a caller sets a switch to a value
+    applies too: a deployment may set it (the switch policy, issue 33)."""
+    return finding.severity != "info"

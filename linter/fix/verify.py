@@ -258,7 +258,10 @@ class Verifier:
                 return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
         # What the check after the fix reports: no divergence left that no finding explains
         # (a fix that removes the finding explaining it must remove the divergence too).
-        for code, cause in sorted(found_by_proof(report, found) - self.original_found_by_proof):
+        # The model's own format (a reply's reasoning left out once it is history) is left by
+        # a fix of anything but the generation prompt: said as found by the proof, not a reason
+        # to refuse the fix that wins history back.
+        for code, cause in sorted(found_by_proof(report, found, model_format=fixes_replies) - self.original_found_by_proof):
             return f"the check after the fix would report {code} (a {cause} divergence no finding explains)"
         for rule in fixed_rules:
             reason = rule.verify_fix(self, patched) if rule.verify_fix is not None else None
@@ -512,13 +515,22 @@ class Verification:
         return self._accepted.get(text)
 
 
-def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
+def found_by_proof(report, findings: list[Finding], model_format: bool = True) -> set[tuple[str, str]]:
     """(code, cause) of each failing finding the proof itself would add to ``findings``: a
-    divergence no finding explains (PC100), or one a rule finds by its proof. The reply's
-    own reasoning left out of history is informational, and so not among them."""
+    divergence no finding explains (PC100), or one a rule finds by its proof. ``model_format``
+    False leaves out those that are only the reply's own reasoning left out of history."""
     if not report.rendered:
         return set()
-    return _failing_causes(attach_proofs([copy.copy(finding) for finding in findings], report))
+    found = attach_proofs([copy.copy(finding) for finding in findings], report)
+    if not model_format:
+        found = [
+            finding
+            for finding in found
+            if finding.proof is None
+            or finding.proof.divergence is None
+            or finding.proof.divergence.reply_as_trained not in ("reasoning", "reasoning-block")
+        ]
+    return _failing_causes(found)
 
 
 def _failing_causes(found: list[Finding]) -> set[tuple[str, str]]:

@@ -119,6 +119,7 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
         "a": "prompt N vs N+1",
         "b": "prompt N + generated reply vs N+1",
         "c": "the tool call as the model wrote it vs its render in N+1",
+        "d": "prompt N + the reply as rendered while newest vs N+1",
     }.get(divergence.check, divergence.check)
     rates = (
         f"; scenario hit rate {proof.hit_rate:.1%} (ideal {proof.ideal_hit_rate:.1%})"
