@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .fix.apply import TemplateFix
     from .fix.files import FileFix
     from .fix.options import FixOptions
-    from .gguf import CopyTarget
+    from .gguf.writing import CopyTarget
     from .proving.session import Recorded
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -236,7 +236,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     # the first is forked: the tokenizers the proofs measure with, and openai-harmony's
     # vocabulary (loaded once here, not by each worker that proves a gpt-oss template).
     if prove and tokenizer is None:
-        from .gguf import preload_tokenizers
+        from .gguf.tokenizer import preload_tokenizers
 
         preload_tokenizers(sources)
     ready_to_fork(sources, prove)
@@ -383,7 +383,8 @@ class _Fixing:
         linted after is the model's metadata as it stays."""
         from .fix.files import fix_recalling, unified_diff
         from .fix.verify import Verdicts
-        from .gguf import companion_line, copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
+        from .gguf.models import metadata_note
+        from .gguf.writing import companion_line, copy_lines, copy_with_fixes, place_fix, written_beside
         from .stopping import Terminated
         from .writes import WriteError
 

@@ -156,7 +156,7 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
 
 
 def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
-    from .gguf import is_later_split, read_templates
+    from .gguf.models import is_later_split, read_templates
 
     if is_later_split(path):
         return  # its metadata, templates included, is read from the first split
@@ -247,7 +247,7 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
     directory's unreadable extra template, a GGUF's template that is not a string); raises
     SourceError when the file itself cannot be read as a template."""
     if path.suffix == GGUF_SUFFIX:
-        from .gguf import read_templates
+        from .gguf.models import read_templates
 
         return read_templates(path)
     if path.suffix == ".json":

@@ -301,7 +301,7 @@ def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp
 
 
 def test_the_format_values_are_ggufs():
-    from tmpl_lint import gguf as reader
+    from tmpl_lint.gguf import format as reader
 
     assert {member.name: member.value for member in reader.ValueType} == {
         member.name: member.value for member in gguf.GGUFValueType
@@ -336,7 +336,8 @@ def crafted_vocabulary() -> list[str]:
 
 @pytest.mark.parametrize("count", [2900 + 15, 1023, 256 * 12])
 def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, count):
-    from tmpl_lint import gguf as reader
+    from tmpl_lint.gguf import format as reader
+    from tmpl_lint.gguf.tokenizer import metadata_special_tokens
 
     tokens = crafted_vocabulary()[: count + 1]
     model = tmp_path / "m.gguf"
@@ -360,7 +361,7 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
     assert metadata.value(reader.TOKENS_KEY) == tokens
     assert metadata.value("after.the.vocabulary") == 7
     # read at their ids, the vocabulary stepped over
-    assert reader.metadata_special_tokens(model) == {
+    assert metadata_special_tokens(model) == {
         "bos_token": tokens[bos],
         "eos_token": tokens[-1],
         "unk_token": tokens[12],
@@ -372,7 +373,7 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
 
 
 def test_the_run_pattern_takes_exactly_a_run_of_short_strings():
-    from tmpl_lint.gguf import RUN, _short_strings
+    from tmpl_lint.gguf.format import RUN, _short_strings
 
     def packed(strings):
         return b"".join(len(text).to_bytes(8, "little") + text for text in strings)
@@ -400,7 +401,7 @@ def test_without_a_tokenizer_the_proof_is_in_characters_and_says_why(tmp_path):
 def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path, qwen_gguf):
     from tokenizers import Tokenizer
 
-    from tmpl_lint.gguf import own_tokenizer
+    from tmpl_lint.gguf.tokenizer import own_tokenizer
     from tmpl_lint.render import FrozenClock, render
 
     model = Path(shutil.copyfile(qwen_gguf, tmp_path / "qwen.gguf"))
@@ -435,7 +436,7 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path, qwen_gguf)
 def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch, small_qwen):
     from tokenizers import Tokenizer
 
-    from tmpl_lint import gguf as module
+    from tmpl_lint.gguf import tokenizer as module
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
@@ -711,7 +712,7 @@ def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
     assert fields(copy)["tokenizer.chat_template"][1] == companion.read_text()
     assert tensors(copy) == tensors(first)
     # the fixed template is proven with the model it was fixed out of
-    from tmpl_lint.gguf import model_for
+    from tmpl_lint.gguf.models import model_for
 
     assert model_for(collect([companion])[0][0]) == first
 
@@ -836,7 +837,7 @@ def test_gguf_copy_needs_fix(tmp_path):
 
 
 def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
-    import tmpl_lint.gguf as module
+    import tmpl_lint.gguf.writing as module
 
     real = module._stream_copy
 
@@ -1164,7 +1165,7 @@ def test_a_failed_lookup_of_gguf_files_is_a_warning_beside_templates_the_repo_ha
 def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
     pytest.importorskip("huggingface_hub")
     from tmpl_lint.checker import prover_inputs
-    from tmpl_lint.gguf import hub_templates
+    from tmpl_lint.gguf.hub import hub_templates
 
     hub = FakeHub(tmp_path)
     hub.repo(
@@ -1321,7 +1322,7 @@ def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path,
     """The signal that came while the file was linked into place takes effect once it is:
     the fixed template beside the model, or the copy, is then there, and named before the
     run says it stopped (QA8: a GGUF's were not)."""
-    from tmpl_lint.gguf import companion_path
+    from tmpl_lint.gguf.models import companion_path
 
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     beside = companion_path(model, None)
