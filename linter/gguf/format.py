@@ -29,6 +29,10 @@ DEFAULT_NAME = "default"  # gguf's writer files a template named "default" under
 # Real metadata (a 256k vocabulary with scores and merges) is tens of MB; past this, a header
 # is corrupt, and following it would read the tensor data.
 MAX_METADATA_BYTES = 512 * 1024 * 1024
+# A real array (a 256k vocabulary, its scores, types and merges) holds under a million items;
+# past this, a count is corrupt, and decoding it would allocate tens of bytes per item.
+MAX_ARRAY_ITEMS = 1 << 24
+MAX_DIMENSIONS = 4  # of a tensor (GGML_MAX_DIMS)
 
 
 # -- the format (gguf.constants; tests/test_gguf.py holds these to it) ---------------------
@@ -72,6 +76,7 @@ ALIGNMENT_KEY = "general.alignment"
 ARCHITECTURE_KEY = "general.architecture"
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"  # the default; variants add ".<name>"
 TOKENS_KEY = "tokenizer.ggml.tokens"
+MERGES_KEY = "tokenizer.ggml.merges"
 # The special tokens a template sees, and the metadata keys holding their ids.
 SPECIAL_TOKEN_IDS = {
     "bos_token": "tokenizer.ggml.bos_token_id",
@@ -80,7 +85,7 @@ SPECIAL_TOKEN_IDS = {
     "pad_token": "tokenizer.ggml.padding_token_id",
 }
 # What building the file's tokenizer reads in full; every other array is only stepped over.
-TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
+TOKENIZER_ARRAYS = frozenset({TOKENS_KEY, MERGES_KEY, "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
 
 
 class GGUFError(Exception):
@@ -136,18 +141,21 @@ class Metadata:
 
     def templates(self) -> list[tuple[str, str]]:
         """(name, text) of every chat template that can be read, the default first."""
-        found = [(name, text) for name, text, problem in self._template_entries() if problem is None]
+        found = [(entry.name, entry.text) for entry in self.template_entries() if entry.problem is None and not entry.ignored]
         return sorted(found, key=lambda pair: pair[0] != DEFAULT_NAME)
 
     def template_problems(self) -> list[str]:
         """Why each ``tokenizer.chat_template*`` entry that is no template cannot be read: it
         is its own error, and the model's other templates are still read (as llama.cpp reads
         the default whatever a variant holds)."""
-        return [problem for _name, _text, problem in self._template_entries() if problem is not None]
+        return [entry.problem for entry in self.template_entries() if entry.problem is not None]
 
-    def _template_entries(self) -> list[tuple[str, str, str | None]]:
-        """(name, text, why it cannot be read or None) of every chat template entry."""
-        entries: list[tuple[str, str, str | None]] = []
+    def ignored_templates(self) -> list[str]:
+        """Why each template entry that llama.cpp never reads is not linted, said as a warning."""
+        return [entry.ignored for entry in self.template_entries() if entry.ignored is not None]
+
+    def template_entries(self) -> list[TemplateEntry]:
+        entries: list[TemplateEntry] = []
         for key, entry in self.fields.items():
             if key == CHAT_TEMPLATE_KEY:
                 name = DEFAULT_NAME
@@ -155,13 +163,49 @@ class Metadata:
                 name = key[len(CHAT_TEMPLATE_KEY) + 1 :]
             else:
                 continue
-            if entry.type != ValueType.STRING:
-                entries.append((name, "", f"{key} is {type_name(entry)}, expected a string"))
+            if key == CHAT_TEMPLATE_KEY + "." + DEFAULT_NAME:
+                # llama.cpp reads its default from tokenizer.chat_template and each variant
+                # by the name asked for (only "tool_use"): a variant named "default" is never
+                # read, and what the model serves is the other entry, or none.
+                entries.append(
+                    TemplateEntry(
+                        name,
+                        "",
+                        ignored=f"{key} is never read by llama.cpp (its default template is {CHAT_TEMPLATE_KEY}): not linted",
+                    )
+                )
+            elif not NAME.fullmatch(name):
+                entries.append(
+                    TemplateEntry(
+                        name,
+                        "",
+                        f"{key}: the name {name!r} cannot name a file (a separator, a control character, a leading dot or over 100 characters); not read",
+                    )
+                )
+            elif entry.type != ValueType.STRING:
+                entries.append(TemplateEntry(name, "", f"{key} is {type_name(entry)}, expected a string"))
             elif not entry.value.strip():
-                entries.append((name, "", f"{key} is empty"))
+                entries.append(TemplateEntry(name, "", f"{key} is empty"))
             else:
-                entries.append((name, entry.value, None))
+                entries.append(TemplateEntry(name, entry.value))
         return entries
+
+
+# A template variant's name ("tool_use", "rag") becomes part of a file name (the fixed
+# template beside the model) and of every report line: no separator, control character or
+# leading dot, and short enough to fit in a file name.
+NAME = re.compile(r"[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]{0,99}")
+
+
+@dataclass(frozen=True)
+class TemplateEntry:
+    """One ``tokenizer.chat_template*`` entry: a template to lint, or why it is not one
+    (``problem``: an error) or is not read by llama.cpp (``ignored``: a warning)."""
+
+    name: str
+    text: str
+    problem: str | None = None
+    ignored: str | None = None
 
 
 def type_name(entry: Field) -> str:
@@ -232,6 +276,8 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
                     raise GGUFError(f"{key} is an array of unknown type {raw_item}") from None
                 if count > size - position:  # every element takes at least a byte
                     raise Truncated(f"{key} runs past the end")
+                if count > MAX_ARRAY_ITEMS:
+                    raise GGUFError(f"{key} holds {count} items, over the {MAX_ARRAY_ITEMS} of any real GGUF: corrupt")
                 values = None
                 if item in scalars:
                     width = scalars[item].size
@@ -305,13 +351,18 @@ def skip_strings(buffer, position: int, count: int, order: str) -> int:
 
 
 def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32, u64) -> None:
+    """The tensor table, each tensor's data checked to lie inside the file (a partial
+    download ends inside it) before a copy is sized from it."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # only a copy reads the tensor table
 
-    if metadata.tensor_count > (len(buffer) - position) // 24:
+    size = len(buffer)
+    if metadata.tensor_count > (size - position) // 24:
         raise Truncated("the tensor table runs past the end")
     for _ in range(metadata.tensor_count):
         name, position = string_at(position, "a tensor name")
         (dimensions,) = u32.unpack_from(buffer, position)
+        if dimensions > MAX_DIMENSIONS:
+            raise GGUFError(f"tensor {name} has {dimensions} dimensions (ggml has at most {MAX_DIMENSIONS}): corrupt")
         dims = struct.unpack_from(f"{metadata.byte_order}{dimensions}Q", buffer, position + 4)
         position += 4 + 8 * dimensions
         (ggml_type,) = u32.unpack_from(buffer, position)
@@ -324,11 +375,20 @@ def _read_tensor_infos(buffer, metadata: Metadata, position: int, string_at, u32
         elements = 1
         for dim in dims:
             elements *= dim
+        if elements % block:
+            raise GGUFError(f"tensor {name} has {elements} values, not a whole number of its type's blocks of {block}")
         metadata.tensors.append(TensorInfo(name, dims, ggml_type, offset, elements // block * block_bytes))
     alignment = metadata.value(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"{ALIGNMENT_KEY} is {alignment!r}, not a power of two")
+    # The data section starts at the next multiple of the alignment, inside the file: an
+    # alignment past the file's size is a corrupt header, and a copy would pad up to it.
+    if alignment > size:
+        raise GGUFError(f"{ALIGNMENT_KEY} is {alignment}, more than the file's {size} bytes: corrupt")
     metadata.data_start = -(-position // alignment) * alignment
+    for tensor in metadata.tensors:
+        if metadata.data_start + tensor.offset + tensor.nbytes > size:
+            raise Truncated(f"the data of tensor {tensor.name} runs past the end")
 
 
 def read_metadata(path: Path, keep_arrays: frozenset[str] | set[str] = frozenset(), with_tensors: bool = False) -> Metadata:

@@ -51,7 +51,7 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
         return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)])
     data, metadata = read_hub_metadata(repo, models[0], revision)
     pairs = metadata.templates()
-    unread = [f"{models[0]}: {problem}" for problem in metadata.template_problems()]
+    unread = [f"{models[0]}: {problem}" for problem in metadata.template_problems() + metadata.ignored_templates()]
     if unread and not pairs:
         raise HubGGUFError("; ".join(unread))
     directory, problem = None, None

@@ -63,7 +63,8 @@ def glob_escape(text: str) -> str:
 
 def read_templates(path: Path, required: bool = True) -> tuple[list[TemplateSource], list[SourceError]]:
     """Every chat template in a GGUF's metadata (the first split's, for a split model), and
-    an error for each template entry that cannot be read (the others are still linted).
+    an error for each template entry that cannot be read (the others are still linted), and
+    a warning for each that llama.cpp never reads.
 
     ``required`` False is a directory walk: a GGUF without a template (a vision projector,
     an embedding model) is not a template file there, and is passed over.
@@ -75,6 +76,7 @@ def read_templates(path: Path, required: bool = True) -> tuple[list[TemplateSour
         raise SourceError(first, str(error)) from None
     pairs = metadata.templates()
     unread = [SourceError(first, problem) for problem in metadata.template_problems()]
+    unread += [NothingToLint(first, ignored) for ignored in metadata.ignored_templates()]
     if not pairs and not unread and required:
         # Named on the command line, as a base model's tokenizer_config.json: nothing to lint.
         raise NothingToLint(

@@ -19,7 +19,7 @@ from .. import writes
 from ..findings import quoted_name
 from ..inputs import TemplateSource
 from ..writes import WriteError
-from .format import DEFAULT_NAME, EVERY_ARRAY, GGUFError, Metadata, read_metadata
+from .format import ALIGNMENT_KEY, DEFAULT_ALIGNMENT, DEFAULT_NAME, EVERY_ARRAY, GGUFError, Metadata, read_metadata
 from .models import SPLIT_NAME, companion_path
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
@@ -143,6 +143,14 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
         original = read_metadata(model, EVERY_ARRAY, with_tensors=True)
     except GGUFError as error:
         raise WriteError(f"{model}: {error}") from None
+    # gguf's writer pads each tensor's data to the alignment, as llama.cpp's does: a model
+    # written so holds that much. Empty tensors, each padded, would make a copy far larger.
+    alignment = original.value(ALIGNMENT_KEY, DEFAULT_ALIGNMENT)
+    laid_out = original.data_start + sum(-(-tensor.nbytes // alignment) * alignment for tensor in original.tensors)
+    if laid_out > size + alignment:
+        raise WriteError(
+            f"{model}: its tensors padded to {ALIGNMENT_KEY} take {laid_out} bytes, more than the file's {size}: corrupt"
+        )
     missing = set(replaced) - set(original.fields)
     if missing:
         raise WriteError(f"{model}: no {', '.join(sorted(missing))} in its metadata to replace")
