@@ -440,11 +440,24 @@ def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
-    builds = []
+    log = tmp_path / "builds"
+    log.touch()
     build = module.build_tokenizer
-    monkeypatch.setattr(module, "build_tokenizer", lambda metadata: builds.append(metadata) or build(metadata))
+
+    def counted(metadata):  # in the child the build runs in: counted in a file
+        with log.open("a") as stream:
+            stream.write("built\n")
+        return build(metadata)
+
+    monkeypatch.setattr(module, "build_tokenizer", counted)
     text = "<|im_start|>user\nWetter in München? 東京は？ 12345 don't<|im_end|>\n<|im_start|>assistant\n"
     expected = Tokenizer.from_file(str(small_qwen / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+    class Builds:
+        def __len__(self) -> int:
+            return len(log.read_text().splitlines())
+
+    builds = Builds()
 
     def ids(model: Path) -> list[int]:
         module._own_tokenizer.cache_clear()  # as a new process starts

@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from .. import writes
 from ..config import cache_directory
-from ..writes import WriteError
 from .format import ARCHITECTURE_KEY, Metadata
 
 CACHE_FORMAT = "1"  # of an entry: changed when what is stored changes
@@ -58,28 +59,95 @@ def installed_version(package: str) -> str:
         return "-"
 
 
-def cache_entry(key: str) -> Path:
-    # a folder holding tokenizer.json, as a tokenizer directory does
-    return cache_directory() / "gguf-tokenizers" / key / "tokenizer.json"
+# Entries are read and written through folders opened without following a link, each
+# checked to be this user's and writable by no one else: the cache is untrusted input (a CI
+# cache restored from another branch, a shared home). An entry that is a link, not a regular
+# file, not this user's, too large, or that does not load, is a miss; one is written whole
+# under a temporary name beside it and renamed over it, so that a link planted under its
+# name is replaced, never written through.
+FOLDER = "gguf-tokenizers"
+ENTRY = "tokenizer.json"  # in a folder of its own, as a tokenizer directory holds it
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def cached_tokenizer(key: str, vocabulary_size: int):
-    """The tokenizer cached under ``key``, or None: absent, unreadable, or not this vocabulary."""
+def _check_private(descriptor: int, name: str) -> None:
+    status = os.fstat(descriptor)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+        raise PermissionError(f"{name}: a cache folder must be this user's and writable by no one else")
+
+
+@contextlib.contextmanager
+def _entry_folder(key: str, create: bool) -> Iterator[int]:
+    """The folder of entry ``key``, opened (a descriptor), or OSError. The cache directory
+    itself is opened as configured (a link the user made to another disk is theirs); every
+    folder inside it is opened without following a link."""
+    root = cache_directory()
+    if create:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    opened = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
     try:
-        from tokenizers import Tokenizer as FastTokenizer
-    except ImportError:
-        return None  # the build says what to install
+        _check_private(opened[-1], str(root))
+        for name in (FOLDER, key):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=opened[-1])
+            opened.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW, dir_fd=opened[-1]))
+            _check_private(opened[-1], name)
+        yield opened[-1]
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
+
+
+def entry_folder(key: str) -> Path | None:
+    """The folder holding entry ``key`` as a tokenizer directory holds tokenizer.json (a Hub
+    model's tokenizer is loaded from it in each proof), when it holds it as a regular file."""
     try:
-        backend = FastTokenizer.from_file(str(cache_entry(key)))
-    except Exception:  # noqa: BLE001 - tokenizers raises bare Exceptions for missing and bad files
+        with _entry_folder(key, create=False) as folder:
+            if stat.S_ISREG(os.stat(ENTRY, dir_fd=folder, follow_symlinks=False).st_mode):
+                return cache_directory() / FOLDER / key
+    except OSError:
+        pass
+    return None
+
+
+def read_entry(key: str, limit: int) -> str | None:
+    """The text of entry ``key``, or None: missing, a link, not a regular file of this
+    user's, over ``limit`` bytes, or not text."""
+    try:
+        with _entry_folder(key, create=False) as folder:
+            descriptor = os.open(ENTRY, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW, dir_fd=folder)
+            with open(descriptor, "rb") as stream:
+                status = os.fstat(descriptor)
+                if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size > limit:
+                    return None
+                data = stream.read(limit + 1)
+    except OSError:
         return None
-    return backend if backend.get_vocab_size(with_added_tokens=True) == vocabulary_size else None
-
-
-def store_tokenizer(key: str, backend) -> None:
-    entry = cache_entry(key)
+    if len(data) > limit:
+        return None
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        writes.write_file(entry, backend.to_str())  # whole or not at all: a reader never sees half
-    except (OSError, WriteError):
-        pass  # the next run builds it again
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def write_entry(key: str, text: str) -> None:
+    """``text`` as entry ``key``, whole or not at all; a file that cannot be written costs
+    the next run a build, nothing more."""
+    data = text.encode("utf-8")
+    try:
+        with _entry_folder(key, create=True) as folder:
+            temporary = f".{ENTRY}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o600, dir_fd=folder)
+            try:
+                with open(descriptor, "wb") as stream:
+                    stream.write(data)
+                # a rename replaces a link at the entry's name; it never writes through it
+                os.replace(temporary, ENTRY, src_dir_fd=folder, dst_dir_fd=folder)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary, dir_fd=folder)
+                raise
+    except OSError:
+        pass

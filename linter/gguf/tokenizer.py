@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs import TemplateSource
-from .cache import cache_entry, cache_key, cached_tokenizer, store_tokenizer
+from .cache import cache_key, entry_folder, read_entry, write_entry
 from .format import (
     ARCHITECTURE_KEY,
+    MERGES_KEY,
     SPECIAL_TOKEN_IDS,
     TOKENIZER_ARRAYS,
     TOKENS_KEY,
@@ -53,27 +54,154 @@ def _own_tokenizer(model: Path, _size: int, _mtime: int) -> OwnTokenizer:
 
 def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
     """The tokenizer ``metadata`` describes (``buffer``: the bytes it was read from, a local
-    model's map or a Hub model's first range), from tmpl-lint's cache, else built and cached."""
+    model's map or a Hub model's first range), from tmpl-lint's cache, else built (in a
+    child process, under the limits of a render) and cached; one that cannot measure text
+    (``tokenizer.measures_text``) is not used: the proofs are in characters, and say why."""
     name = model.name
     special = special_tokens(metadata, buffer)
     tokens = metadata.fields.get(TOKENS_KEY)
     if tokens is None or tokens.item_type != ValueType.STRING or not tokens.count:
         return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
+    try:
+        from tokenizers import Tokenizer as FastTokenizer
+    except ImportError:
+        return OwnTokenizer(None, special, f"measured in characters: {BUILD_HINT}")
     kind = metadata.value("tokenizer.ggml.model", "?")
     key = cache_key(buffer, metadata)
-    backend = cached_tokenizer(key, tokens.count)
+    limit = json_limit(metadata)
+    backend = _loaded(FastTokenizer, read_entry(key, limit), tokens.count)
     if backend is None:
         try:
-            backend = build_tokenizer(parse(buffer, TOKENIZER_ARRAYS))
+            text = built_json(buffer, metadata, limit)
         except GGUFError as error:
             return OwnTokenizer(None, special, f"measured in characters: {error}")
-        store_tokenizer(key, backend)
-    from ..tokenizer import Tokenizer
+        backend = _loaded(FastTokenizer, text, None)
+        if backend is None:
+            return OwnTokenizer(
+                None, special, f"measured in characters: the tokenizer built from {name}'s metadata does not load"
+            )
+        write_entry(key, text)
+    from ..tokenizer import Tokenizer, TokenizerError, measures_text
 
-    description = f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)"
-    entry = cache_entry(key)
     tokenizer = Tokenizer(model, backend, special, identity=f"gguf:{key}")
-    return OwnTokenizer(tokenizer, special, description, entry.parent if entry.is_file() else None)
+    try:
+        measures_text(tokenizer)
+    except TokenizerError as error:
+        # said of a tokenizer directory: the files it names are not a GGUF's
+        reason = str(error).removeprefix(f"{model}: ")
+        if reason.endswith("missing?)"):
+            reason = reason.rsplit(" (", 1)[0]
+        return OwnTokenizer(None, special, f"measured in characters: the tokenizer in {name}'s metadata cannot be used: {reason}")
+    description = f"token ids of the tokenizer in {name}'s metadata ({kind}, {tokens.count} tokens)"
+    return OwnTokenizer(tokenizer, special, description, entry_folder(key))
+
+
+def _loaded(fast_tokenizer, text: str | None, vocabulary_size: int | None):
+    """The tokenizer ``text`` (a tokenizer.json) holds, or None: no text, one that does not
+    load, or (a cache entry) one of another vocabulary size."""
+    if text is None:
+        return None
+    try:
+        backend = fast_tokenizer.from_str(text)
+    except BaseException as error:  # tokenizers raises bare Exceptions, and Rust panics as BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+    if vocabulary_size is not None and backend.get_vocab_size(with_added_tokens=True) != vocabulary_size:
+        return None
+    return backend
+
+
+# -- building, in a child process ---------------------------------------------------------------
+#
+# transformers' converter allocates by what the vocabulary implies, not by its size in the
+# file: without merges in the file, it derives them from every pair of tokens that makes
+# another (a 0.5 MB vocabulary of "a", "aa", "aaa"... implies 500k merges of up to 1000
+# characters: 1.3 GB, and a 323 MB tokenizer.json). So the counts are checked before the
+# arrays are decoded, what the merges can add up to before the converter runs, and the built
+# tokenizer.json's size before it is kept; and the build runs in a child process under the
+# memory and time limits of a render, whose death (a Rust abort when memory runs out) is one
+# line here.
+
+MAX_VOCABULARY = 1 << 21  # tokens, and merges (real vocabularies hold up to ~260k)
+# What derived merges can add up to, in characters: the sum of each token's length squared
+# (each token splits into at most its length of pairs, each as long as it). Real
+# vocabularies: 9M (Qwen2.5's 151k tokens), 13M (gpt-oss's 200k).
+MAX_DERIVED_MERGE_CHARACTERS = 1 << 26
+BUILD_HINT = "building a tokenizer from GGUF metadata needs transformers: pip install 'tmpl-lint[prove]'"
+
+
+def json_limit(metadata: Metadata) -> int:
+    """The largest tokenizer.json the tokenizer in ``metadata`` may make: real ones are about
+    the size of their tokenizer.ggml.* values (Qwen2.5: 7 MB of each), up to a few times it."""
+    described = sum(entry.span[1] - entry.span[0] for key, entry in metadata.fields.items() if key.startswith("tokenizer.ggml."))
+    return (16 << 20) + 32 * described
+
+
+def built_json(buffer, metadata: Metadata, limit: int) -> str:
+    """The tokenizer.json of the tokenizer ``metadata`` describes, built in a child process;
+    GGUFError says why there is none, in one line."""
+    for key in (TOKENS_KEY, MERGES_KEY):
+        entry = metadata.fields.get(key)
+        if entry is not None and entry.count > MAX_VOCABULARY:
+            raise GGUFError(f"{key} holds {entry.count} items, over the {MAX_VOCABULARY} tmpl-lint builds a tokenizer from")
+    import multiprocessing
+
+    from ..isolation import IsolationError, run_isolated
+
+    if multiprocessing.current_process().daemon:
+        # Already one of isolation's children, under its limits (a --fix verifying a model's
+        # template, which may not fork children of its own): built here.
+        outcome, text = _build_json(buffer, limit)
+    else:
+        try:
+            outcome, text = run_isolated(_build_json, (buffer, limit))
+        except IsolationError as error:
+            if str(error) == "ran out of memory" or str(error).startswith("the worker died"):
+                raise GGUFError(f"building the tokenizer in this GGUF ran out of memory ({error})") from None
+            raise GGUFError(f"building the tokenizer in this GGUF failed: {error}") from None
+    if outcome != "ok":
+        raise GGUFError(text)
+    return text
+
+
+def _build_json(buffer, limit: int) -> tuple[str, str]:
+    """In the child: ("ok", tokenizer.json), or ("refused", why)."""
+    try:
+        metadata = parse(buffer, TOKENIZER_ARRAYS)
+        tokens = metadata.value(TOKENS_KEY) or []
+        if metadata.value(MERGES_KEY) is None:
+            derived = sum(len(token) ** 2 for token in tokens)
+            if derived > MAX_DERIVED_MERGE_CHARACTERS:
+                return "refused", (
+                    f"the tokenizer in this GGUF lists no merges, and the ones its tokens imply could take {derived} characters "
+                    f"(over {MAX_DERIVED_MERGE_CHARACTERS}; real vocabularies take under a fifth of that)"
+                )
+        with _stderr_silenced():  # a Rust panic or abort prints its backtrace there
+            text = build_tokenizer(metadata).to_str()
+    except GGUFError as error:
+        return "refused", str(error)
+    except MemoryError:
+        return "refused", "building the tokenizer in this GGUF ran out of memory"
+    except BaseException as error:  # a Rust panic in tokenizers is a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise
+        return "refused", f"building the tokenizer in this GGUF failed: {type(error).__name__}: {str(error)[:200]}"
+    if len(text) > limit:
+        return "refused", f"the tokenizer built from this GGUF is {len(text)} characters of JSON, over {limit} for its vocabulary"
+    return "ok", text
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def preload_tokenizers(sources: list[TemplateSource]) -> None:
@@ -135,9 +263,7 @@ def build_tokenizer(metadata: Metadata):
         try:  # transformers 4.x
             from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
         except ImportError:
-            raise GGUFError(
-                "building a tokenizer from GGUF metadata needs transformers: pip install 'tmpl-lint[prove]'"
-            ) from None
+            raise GGUFError(BUILD_HINT) from None
     renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
     tokenizer_dict = {
         name: metadata.value(f"tokenizer.{key}")
