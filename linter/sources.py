@@ -147,12 +147,20 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
             if name.endswith(GGUF_SUFFIX):
                 _collect_gguf(here / name, sources, errors)
                 continue
-            if name in claimed or not name.endswith(TEMPLATE_SUFFIXES):
+            if name in claimed or not name.endswith(TEMPLATE_SUFFIXES) or _beside_its_model(here / name):
                 continue
             try:
                 _extend(sources, errors, read_file(here / name))
             except SourceError as error:
                 errors.append(error)
+
+
+def _beside_its_model(path: Path) -> bool:
+    """A fixed template --fix wrote beside a GGUF: read with the model, in place of the
+    template in its metadata."""
+    from .gguf.models import gguf_beside
+
+    return path.name.endswith(".jinja") and gguf_beside(path) is not None
 
 
 def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ..findings import quoted_name
-from ..inputs import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource
+from ..inputs import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource, read_text
 from .format import DEFAULT_NAME, GGUFError, read_metadata
 
 SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -84,46 +84,59 @@ def read_templates(path: Path, required: bool = True) -> tuple[list[TemplateSour
             "no chat template in its metadata (tokenizer.chat_template): nothing to lint"
             " (a base model, an embedding model or a vision projector holds none)",
         )
-    return [TemplateSource(first, name, text, "gguf", _companion_note(first, name)) for name, text in pairs], unread
+    sources: list[TemplateSource] = []
+    for name, text in pairs:
+        companion = _companion(first, name)
+        if companion is None:
+            sources.append(TemplateSource(first, name, text, "gguf"))
+            continue
+        # The fixed template --fix wrote beside the model is what llama-server serves (with
+        # --chat-template-file): it is the one checked, and fixed again if need be.
+        try:
+            sources.append(TemplateSource(companion, None, read_text(companion), "jinja", companion_note(first, name)))
+        except SourceError as error:
+            unread.append(error)
+    return sources, unread
 
 
-def _companion_note(model: Path, name: str) -> str | None:
-    """Said where --fix wrote this template's fix beside the model: the check reads the
-    model's metadata, which --fix never rewrites, and the fixed file is what llama.cpp
-    serves only when told to."""
+def _companion(model: Path, name: str) -> Path | None:
+    """The fixed template of ``name`` beside ``model``, when there is one."""
     try:
         companion = companion_path(model, name)
-        if not companion.is_file():
-            return None
+        return companion if companion.is_file() else None
     except OSError:
         return None
-    return f"{quoted_name(companion.name)} beside the model holds a fixed {name} template; {_kept_in_metadata(name)}"
 
 
-def metadata_note(model: Path, name: str, written: bool, fresh: bool = True) -> str:
-    """Said of a template of ``model`` whose fix --fix wrote (``written``; ``fresh`` False:
-    found written by an earlier run) or --diff would write beside it: the lint that follows
-    reads the model's metadata, as the next check will."""
+def metadata_template(source: TemplateSource) -> TemplateSource | None:
+    """The template in a model's metadata that ``source``, a fixed template beside the
+    model, is checked instead of; None for any other source."""
+    if source.container != "jinja" or (model := gguf_beside(source.path)) is None:
+        return None
+    match = COMPANION_NAME.match(source.path.name)
+    name = (match.group("name") if match else None) or DEFAULT_NAME
+    try:
+        text = dict(read_metadata(model).templates()).get(name)
+    except GGUFError:
+        return None
+    return TemplateSource(model, name, text, "gguf") if text is not None else None
+
+
+def companion_note(model: Path, name: str) -> str:
+    """Said of a fixed template beside its model, checked instead of the one in the model's
+    metadata (which --fix never rewrites)."""
     companion = quoted_name(companion_path(model, name).name)
-    if not written:
-        done = f"the patch writes its fix to {companion} beside the model"
-    elif fresh:
-        done = f"--fix wrote its fix to {companion} beside the model"
+    if name == DEFAULT_NAME:
+        served = "llama-server serves it with --chat-template-file (and then no template of the model's metadata)"
     else:
-        done = f"its fix is already beside the model, in {companion} (an earlier --fix wrote it)"
-    return f"{done}; {_kept_in_metadata(name)}"
+        served = f"llama.cpp reads the {name} template only from the model's metadata: --fix --gguf-copy writes a model that carries it"
+    return f"{companion} is checked instead of the {name} template in {quoted_name(model.name)}'s metadata: {served}"
 
 
-def _kept_in_metadata(name: str) -> str:
-    served = (
-        "llama.cpp serves the fixed file with --chat-template-file"
-        if name == DEFAULT_NAME
-        else f"llama.cpp reads the {name} template only from the model's metadata"
-    )
-    return (
-        f"this is the one in the model's metadata, which --fix never rewrites ({served}; "
-        "--fix --gguf-copy writes a model that carries the fix)"
-    )
+def diff_note(model: Path, name: str) -> str:
+    """Said of a template of ``model`` whose fix --diff would write beside it."""
+    companion = quoted_name(companion_path(model, name).name)
+    return f"the patch writes its fix to {companion} beside the model, which the next check reads instead of the model's metadata"
 
 
 def model_for(source: TemplateSource) -> Path | None:
