@@ -479,3 +479,17 @@ def test_a_tokenizer_build_that_runs_out_of_memory_is_one_note_never_a_backtrace
 
 # transformers' import line without torch, which the build's child prints as it imports it
 TRANSFORMERS_SAYS = ""
+
+
+def test_a_string_length_no_file_reaches_is_one_error_line_and_the_batch_continues(tmp_path):
+    """Found by tests/test_gguf_fuzz.py: a vocabulary entry's length of 2**63 stepped the walk
+    past what an offset can hold (OverflowError, an internal error)."""
+    model = write_gguf(tmp_path / "m.gguf", CLOCK, tokens=("llama", ["first-token", "b", "c"], 0, 1))
+    data = bytearray(model.read_bytes())
+    at = data.index(len("first-token").to_bytes(8, "little") + b"first-token")
+    data[at : at + 8] = (1 << 63).to_bytes(8, "little")
+    model.write_bytes(data)
+    good = write_gguf(tmp_path / "good.gguf", CLOCK)
+    code, out, err = run(model, good, "--no-prove", "-q")
+    assert (code, err) == (2, f"tmpl-lint: error: {model}: the metadata runs past the end of the file: truncated or corrupt\n")
+    assert out.startswith(f"{good}:default:3:28: PC001")

@@ -305,7 +305,7 @@ def parse(buffer, keep_arrays: frozenset[str] | set[str] = frozenset(), with_ten
         metadata = Metadata(version, order, fields, tensor_count)
         if with_tensors:
             _read_tensor_infos(buffer, metadata, position, string_at, u32, u64)
-    except struct.error:
+    except (struct.error, OverflowError):  # a read past the end, or at a length no file reaches
         raise Truncated("the metadata runs past the end") from None
     return metadata
 
