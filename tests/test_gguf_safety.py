@@ -213,8 +213,8 @@ def one_token_gguf(path: Path, kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("kind", "size"), [("llama", 4), ("gpt2", 2)])
-def test_a_gguf_vocabulary_that_measures_no_text_leaves_the_proof_in_characters(tmp_path, cache, kind, size):
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_gguf_vocabulary_that_measures_no_text_leaves_the_proof_in_characters(tmp_path, cache, kind):
     """A vocabulary of one token encodes every prompt to nothing: measured in it, PC002's
     rewrite vanished and the run passed. It is refused as a tokenizer.json would be."""
     model = one_token_gguf(tmp_path / "m.gguf", kind)
@@ -232,7 +232,6 @@ def test_a_gguf_vocabulary_that_measures_no_text_leaves_the_proof_in_characters(
     assert {key: finding["proof"][key] for key in ("status", "first_divergence")} == {
         key: in_plain["proof"][key] for key in ("status", "first_divergence")
     }
-    assert size  # the converter adds <s>, </s>, <unk> to a sentencepiece vocabulary: said in no line
 
 
 # -- 4: the default variant llama.cpp never reads ---------------------------------------------------
@@ -470,15 +469,11 @@ def test_a_tokenizer_build_that_runs_out_of_memory_is_one_note_never_a_backtrace
     result = subprocess.run(
         [sys.executable, "-c", OUT_OF_MEMORY, str(250 << 20), str(model)], capture_output=True, text=True, timeout=300
     )
-    assert (result.returncode, result.stderr.replace(TRANSFORMERS_SAYS, "")) == (0, "")
+    assert (result.returncode, result.stderr) == (0, "")
     (said,) = result.stdout.splitlines()
     assert said.startswith("measured in characters: ")
     assert any(why in said for why in ("MemoryError", "ran out of memory", "PanicException")), said
     assert not (cache / "gguf-tokenizers").exists()
-
-
-# transformers' import line without torch, which the build's child prints as it imports it
-TRANSFORMERS_SAYS = ""
 
 
 def test_a_string_length_no_file_reaches_is_one_error_line_and_the_batch_continues(tmp_path):
