@@ -101,11 +101,12 @@ def _loaded(fast_tokenizer, text: str | None, vocabulary_size: int | None):
     load, or (a cache entry) one of another vocabulary size."""
     if text is None:
         return None
+    from ..tokenizer import rust_panics_as_errors
+
     try:
-        backend = fast_tokenizer.from_str(text)
-    except BaseException as error:  # tokenizers raises bare Exceptions, and Rust panics as BaseException
-        if isinstance(error, (KeyboardInterrupt, SystemExit)):
-            raise
+        with rust_panics_as_errors("loading a tokenizer"):
+            backend = fast_tokenizer.from_str(text)
+    except Exception:  # noqa: BLE001 - tokenizers raises bare Exceptions; a panic is a TokenizerError here
         return None
     if vocabulary_size is not None and backend.get_vocab_size(with_added_tokens=True) != vocabulary_size:
         return None
@@ -167,6 +168,8 @@ def built_json(buffer, metadata: Metadata, limit: int) -> str:
 
 def _build_json(buffer, limit: int) -> tuple[str, str]:
     """In the child: ("ok", tokenizer.json), or ("refused", why)."""
+    from ..tokenizer import TokenizerError, rust_panics_as_errors
+
     try:
         metadata = parse(buffer, TOKENIZER_ARRAYS)
         tokens = metadata.value(TOKENS_KEY) or []
@@ -177,31 +180,16 @@ def _build_json(buffer, limit: int) -> tuple[str, str]:
                     f"the tokenizer in this GGUF lists no merges, and the ones its tokens imply could take {derived} characters "
                     f"(over {MAX_DERIVED_MERGE_CHARACTERS}; real vocabularies take under a fifth of that)"
                 )
-        with _stderr_silenced():  # a Rust panic or abort prints its backtrace there
+        # what a Rust panic prints goes nowhere (an abort's too: the child ends with it)
+        with rust_panics_as_errors("building the tokenizer in this GGUF"):
             text = build_tokenizer(metadata).to_str()
-    except GGUFError as error:
+    except (GGUFError, TokenizerError) as error:
         return "refused", str(error)
     except MemoryError:
         return "refused", "building the tokenizer in this GGUF ran out of memory"
-    except BaseException as error:  # a Rust panic in tokenizers is a BaseException
-        if isinstance(error, (KeyboardInterrupt, SystemExit)):
-            raise
-        return "refused", f"building the tokenizer in this GGUF failed: {type(error).__name__}: {str(error)[:200]}"
     if len(text) > limit:
         return "refused", f"the tokenizer built from this GGUF is {len(text)} characters of JSON, over {limit} for its vocabulary"
     return "ok", text
-
-
-@contextlib.contextmanager
-def _stderr_silenced():
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def preload_tokenizers(sources: list[TemplateSource]) -> None:
