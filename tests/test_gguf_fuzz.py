@@ -141,7 +141,7 @@ def test_the_gguf_reader_fuzzed_gives_a_clean_error_or_what_gguf_reads(tmp_path)
         cwd=Path(__file__).parent,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the examples take about 5 s; the bound is for a loaded machine
         preexec_fn=capped,
         env={**os.environ, "PYTHONHASHSEED": "0"},
     )
