@@ -423,7 +423,8 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .inputs import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
@@ -461,7 +462,8 @@ def prove_findings(
     from .engines import resolve_engine
     from .engines.base import HARMONY
     from .engines.vllm import content_format
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .proving.attribution import attach_proofs, engine_findings
     from .proving.session import Prover, clocked_switches, switch_values
     from .render import RenderError, compile_template

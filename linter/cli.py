@@ -643,7 +643,7 @@ def replay(
 def _copy_target(given: str | None):
     if given is None:
         return None
-    from .gguf import CopyTarget
+    from .gguf.writing import CopyTarget
 
     return CopyTarget.given(given)
 

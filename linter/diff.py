@@ -51,7 +51,7 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
         document = load_json(source.path)
         special = special_tokens_from_config(document) if isinstance(document, dict) else {}
     elif source.container == "gguf":
-        from .gguf import metadata_special_tokens
+        from .gguf.tokenizer import metadata_special_tokens
 
         special = metadata_special_tokens(source.path)
     return source.text, special
