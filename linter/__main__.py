@@ -61,7 +61,9 @@ def signal_again(unraisable) -> None:
     else:
         sys.__unraisablehook__(unraisable)
         return
-    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, number))
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None, "the main thread has started"
+    _thread.start_new_thread(signal.pthread_kill, (main_thread, number))
 
 
 if __name__ == "__main__":
