@@ -37,6 +37,11 @@ class ServerURLError(ServerError):
     """A --server that is not a URL tmpl-lint can ask: the caller's mistake, a usage error."""
 
 
+class ServerRefused(ServerError):
+    """The server answered the request HTTP 400: the engine refuses it (``validate``
+    compares that with the profile's refusal)."""
+
+
 class _Deadline:
     """The end of one request: at it, every connection the request opened is shut, which
     ends a read that is waiting on it."""
@@ -317,6 +322,8 @@ class VLLMServer:
             return _token_ids(ids, where, f"{where} answered without token ids")
         if _model_not_found(status, document):
             raise ServerError(f"{base_url} does not serve model {model!r} (HTTP 404{_error_text(document)}): pass --model")
+        if status == 400:
+            raise ServerRefused(f"{base_url}/v1/chat/completions/render answered HTTP 400{_error_text(document)}")
         if status not in (404, 405):
             raise ServerError(f"{base_url}/v1/chat/completions/render answered HTTP {status}{_error_text(document)}")
         # The render endpoint is off: the generation path with one token returns the prompt ids.
