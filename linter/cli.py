@@ -441,7 +441,12 @@ def render(request, template, tokenizer, output_format, engine, server_kwargs, c
 
 @main.command()
 @click.argument("log", type=file_path(dir_okay=False))
-@click.option("--server", metavar="URL", required=True, help="A running vLLM (its /v1/chat/completions/render).")
+@click.option(
+    "--server",
+    metavar="URL",
+    required=True,
+    help="A running vLLM (its /v1/chat/completions/render), or llama-server with --engine llamacpp (its /apply-template).",
+)
 @click.option("--model", help="Served model name (default: the request's if served, else the only one served).")
 @click.option("--template", type=file_path(), help="Template file, tokenizer_config.json or model directory.")
 @click.option(

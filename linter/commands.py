@@ -242,15 +242,18 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
     from .engines import profile_of
     from .isolation import IsolationError, run_isolated
     from .requests import RequestError
-    from .server import ServerError, ServerURLError, VLLMServer
+    from .server import LlamaServer, ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
     _block_size, tokenizer = configured(options.config_path, None, options.tokenizer)
     template_source = options.template or tokenizer
     if template_source is None:
         raise OptionsError("give --template or --tokenizer (a directory with a chat template)")
+    if options.engine not in ("vllm", "llamacpp"):
+        raise OptionsError(f"--engine {options.engine}: no render endpoint to ask (vLLM's and llama-server's are)")
     try:
-        server = VLLMServer(options.server, options.model, note)
+        llama = LlamaServer(options.server) if options.engine == "llamacpp" else None
+        vllm = VLLMServer(options.server, options.model, note) if llama is None else None
     except ServerURLError as error:
         raise OptionsError(str(error)) from None
     try:
@@ -263,9 +266,13 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
         calls.sort(key=lambda call: call.line)
         bodies = [call.body for call in calls]
         offline = run_isolated(validate.offline_answers, (engine, text, bodies, special, loaded, options.server_kwargs))
-        if calls:
-            server.discover(body.get("model") for body in bodies)
-        answered, unanswered, stopped = validate.ask_server(server, [call.line for call in calls], bodies, options.deadline)
+        if llama is not None:
+            ask, base_url = (lambda body: validate.Answer(text=llama.prompt_text(body))), llama.base_url
+        else:
+            assert vllm is not None
+            vllm.discover(body.get("model") for body in bodies)
+            ask, base_url = (lambda body: validate.Answer(ids=tuple(vllm.prompt_token_ids(body)))), vllm.base_url
+        answered, unanswered, stopped = validate.ask_server(ask, [call.line for call in calls], bodies, options.deadline)
     except (replaying.ReplayError, RequestError, TokenizerError) as error:
         raise RunError(str(error)) from None
     except ServerError as error:
@@ -273,7 +280,7 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
     except IsolationError as error:
         raise RunError(f"validate stopped: {error}") from None
     mine = {call.line: answer for call, answer in zip(calls, offline)}
-    validation = validate.Validation(profile_of(engine).label, server.base_url, len(calls) + len(unread))
+    validation = validate.Validation(profile_of(engine).label, base_url, len(calls) + len(unread))
     validation.checks = [validate.Check(line, mine[line], theirs) for line, theirs in answered]
     validation.unanswered, validation.stopped = unanswered, stopped
     decode = (lambda ids: loaded.backend.decode(ids, skip_special_tokens=False)) if loaded is not None else None

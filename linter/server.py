@@ -340,6 +340,29 @@ class VLLMServer:
         return _token_ids(find_key(document, "prompt_token_ids"), where, missing)
 
 
+class LlamaServer:
+    """A running llama-server, asked for the prompt text it would feed the model:
+    ``POST /apply-template`` applies its chat template to a chat-completions request without
+    generating and answers ``{"prompt": text}`` (it has no endpoint that answers a chat
+    request's token ids)."""
+
+    def __init__(self, base_url: str):
+        _check_url(base_url)
+        self.base_url = base_url.rstrip("/")
+
+    def prompt_text(self, request: dict[str, Any]) -> str:
+        url = f"{self.base_url}/apply-template"
+        status, document = _post(url, request)
+        if status == 400:
+            raise ServerRefused(f"{url} answered HTTP 400{_error_text(document)}")
+        if status != 200:
+            raise ServerError(f"{url} answered HTTP {status}{_error_text(document)}")
+        prompt = document.get("prompt") if isinstance(document, dict) else None
+        if not isinstance(prompt, str):
+            raise ServerError(f"{url} answered without a prompt (is this a llama-server?)")
+        return prompt
+
+
 def prompt_token_ids(base_url: str, request: dict[str, Any], model: str | None = None) -> list[int]:
     """The token ids ``base_url`` would feed the model for ``request`` (one question)."""
     return VLLMServer(base_url, model).prompt_token_ids(request)

@@ -191,3 +191,87 @@ def test_a_running_vllm_render_server_agrees_with_the_profile(tmp_path):
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
         assert report["agreed"] == report["checked"] == report["requests"]
+
+
+LLAMACPP_GOLDEN = SHARED / "engine-golden" / "llamacpp-b10775.jsonl"
+
+
+class LlamaStub:
+    """A llama-server whose /apply-template answers what llama.cpp b10775's own template
+    engine rendered (../shared/engine-golden/llamacpp-b10775.jsonl), keyed by the messages."""
+
+    def __init__(self, texts: dict[str, str]):
+        self.texts = texts
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = stub.texts.get(json.dumps(body["messages"], sort_keys=True)) if self.path == "/apply-template" else None
+                data = json.dumps({"prompt": text} if text is not None else {"error": {"message": "unknown"}}).encode()
+                self.send_response(200 if text is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.mark.skipif(not LLAMACPP_GOLDEN.is_file(), reason="../shared is not present (fresh clone)")
+def test_llama_server_s_apply_template_text_is_compared_character_by_character(tmp_path):
+    lines = [json.loads(line) for line in LLAMACPP_GOLDEN.read_text(encoding="utf-8").splitlines() if line.strip()]
+    line = next(
+        line
+        for line in lines
+        if line["template"] == "Qwen--Qwen2.5-7B-Instruct.jinja" and line["conversation"] == "chat" and "text" in line
+    )
+    context = line["context"]
+    template = (SHARED / "corpus" / "templates" / line["template"]).read_text(encoding="utf-8")
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(
+        json.dumps({"chat_template": template, "bos_token": context["bos_token"], "eos_token": context["eos_token"]})
+    )
+    log = tmp_path / "log.jsonl"
+    request = {"messages": context["messages"], "add_generation_prompt": context["add_generation_prompt"]}
+    log.write_text(json.dumps({"request": request}) + "\n")
+    key = json.dumps(context["messages"], sort_keys=True)
+    args = ["validate", str(log), "--template", str(config), "--engine", "llamacpp", "--format", "json"]
+    # this conversation renders alike under jinja2 and llama.cpp's engine: agreement
+    with LlamaStub({key: line["text"]}) as stub:
+        result = CliRunner().invoke(main, [*args, "--server", stub.url])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["engine"], report["agreed"], report["checked"]) == ("llama.cpp b10775", 1, 1)
+    # one character changed where the last user message starts: found there
+    place = line["text"].rindex("Tell me a joke.")
+    changed = line["text"][:place] + "t" + line["text"][place + 1 :]
+    with LlamaStub({key: changed}) as stub:
+        result = CliRunner().invoke(main, [*args, "--server", stub.url])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert [entry["text"] for entry in report["disagreements"]] == [place]
+
+
+def test_an_engine_without_a_render_endpoint_is_a_usage_error(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    args = ["validate", str(log), "--template", str(template), "--server", "http://127.0.0.1:9", "--engine", "sglang"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--engine sglang: no render endpoint to ask (vLLM's and llama-server's are)" in result.stderr
