@@ -20,7 +20,9 @@ from ..render import DEFAULT_LIMITS, RenderLimits, render
 from . import hf, llamacpp, sglang, vllm
 from .base import ENGINES, HARMONY, HARMONY_MARKUP, EngineProfile, EngineRefusal, Prompt
 
-PROFILES: dict[str, EngineProfile] = {profile.name: profile for profile in (vllm.VLLM, sglang.SGLANG, llamacpp.LLAMACPP, hf.HF)}
+PROFILES: dict[str, EngineProfile] = {
+    profile.name: profile for profile in (vllm.PROFILE, sglang.PROFILE, llamacpp.PROFILE, hf.PROFILE)
+}
 
 
 def prepare(
@@ -118,7 +120,7 @@ def engine_tokenizer(engine: str):
 
 def profile_of(engine: str) -> EngineProfile:
     """The profile of an --engine value, or of what resolve_engine made of it."""
-    return vllm.VLLM if engine == HARMONY else PROFILES[engine]
+    return vllm.PROFILE if engine == HARMONY else PROFILES[engine]
 
 
 def engine_for_cache(engine: str | None, cache_model: str | None) -> tuple[str, str]:

@@ -20,7 +20,7 @@ def as_template_sees(message: dict[str, Any]) -> dict[str, Any]:
     return prepare_messages([message])[0]
 
 
-HF = EngineProfile(
+PROFILE = EngineProfile(
     name="hf",
     product="transformers",
     version="",

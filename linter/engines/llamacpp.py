@@ -16,7 +16,7 @@ def prepare(messages: list[dict[str, Any]], merged: dict[str, Any]) -> tuple[lis
     return list(messages), merged
 
 
-LLAMACPP = EngineProfile(
+PROFILE = EngineProfile(
     name="llamacpp",
     product="llama.cpp",
     version="b10775",

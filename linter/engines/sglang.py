@@ -18,7 +18,7 @@ def prepare(messages: list[dict[str, Any]], merged: dict[str, Any]) -> tuple[lis
     return list(messages), merged
 
 
-SGLANG = EngineProfile(
+PROFILE = EngineProfile(
     name="sglang",
     product="SGLang",
     version="0.5.23",

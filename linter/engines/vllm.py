@@ -5,7 +5,7 @@
   arguments, malformed JSON and JSON that is not an object all become ``{}``), and an
   empty ``tool_calls`` list is dropped (the server's request validation answers 400 to
   arguments that are not strings, measured; ``LLM.chat`` takes them, and so does ``prepare``:
-  the server's answer is ``VLLM.refusal``, which ``request_prompt`` asks first);
+  the server's answer is ``PROFILE.refusal``, which ``request_prompt`` asks first);
 - ``ChatCompletionRequest._normalize_messages_before``: a client's ``reasoning_content`` is
   ``reasoning`` before the parser reads it;
 - ``renderers/hf.py``: a ``developer`` message becomes ``system`` for a template that never
@@ -28,7 +28,7 @@ template (``harmony.py``). vLLM picks that path by the model's ``model_type``
 (``gpt_oss``); where no config.json says it, a template written in harmony's markup stands
 for a gpt-oss model (``resolve_engine``).
 
-When vLLM changes these steps, this module is the one to update: ``VLLM`` at its end names
+When vLLM changes these steps, this module is the one to update: ``PROFILE`` at its end names
 the version. tests/test_engine_golden.py holds it to vLLM 0.33.0's own render server, and
 ``tmpl-lint validate`` checks it against a running one.
 """
@@ -348,7 +348,7 @@ def _message_types(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-VLLM = EngineProfile(
+PROFILE = EngineProfile(
     name="vllm",
     template_message=lambda message: _rebuilt(message, "string"),
     product="vLLM",
