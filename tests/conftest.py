@@ -224,6 +224,12 @@ ONE_WORKER_GROUPS = {
         "test_prover_tokens.py::",
         "test_prefix_encoder.py::",
         "test_tokenizer.py::",
+        # issue 32's engine checks: every shared tokenizer, openai-harmony, transformers
+        "test_text_is_text.py::",
+        "test_render_command.py::",
+        "test_validate.py::",
+        "test_engine_replay_golden.py::",
+        "test_engine_golden.py::",
     ),
     "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
     "shared corpus": ("test_shared_corpus.py::",),

@@ -43,9 +43,13 @@ def reply_start(prompt: str, with_reply: str, bare: str | None = None) -> int:
 
 
 def _outside_tags(text: str, shared: int) -> int:
+    """``shared``, or the start of the markup tag it falls inside (``<think>`` against
+    ``</think>``, ``[TOOL_CALLS]``). A tag is one word: an opening bracket in a message's
+    text (``arr[i``, ``x < y``) with whitespace after it opens no tag, and never moves
+    where a reply starts."""
     for opening, closing in (("<", ">"), ("[", "]")):
         start = text.rfind(opening, 0, shared)
-        if start >= 0 and closing not in text[start:shared]:
+        if start >= 0 and closing not in text[start:shared] and not any(char.isspace() for char in text[start:shared]):
             shared = start
     return shared
 
