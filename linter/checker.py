@@ -26,7 +26,8 @@ from .placement import placement
 from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
-from .selection import Selection, Suppression, suppressions
+from .selection import Selection
+from .suppressions import Suppression, suppressions
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -557,7 +558,7 @@ def apply_suppressions(
         return complete and suppression.idle(unused.code, selection)
 
     if selection.includes(unused.code):
-        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown]
+        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown_codes(selection)]
         silenced = set()
         for suppression in candidates:
             # as ruff's noqa of RUF100: a suppression naming PC900 on the line silences it
@@ -571,8 +572,13 @@ def apply_suppressions(
             for other in silencers:
                 other.suppress(unused.code)
         for suppression in candidates:
-            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown):
+            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown_codes(selection)):
                 continue  # silenced, or a suppression of PC900 that silenced another
             codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
-            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe(codes)))
+            kept.append(
+                unused.at(
+                    Site(suppression.line, "", fixed_column=suppression.column),
+                    suppression.describe(codes, suppression.unknown_codes(selection)),
+                )
+            )
     return kept

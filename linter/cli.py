@@ -359,9 +359,9 @@ def rules() -> None:
     """List every rule: code, name, default severity and summary."""
     from .rules import RULES
 
-    for module in RULES:
-        info = module.RULE
-        fix = "fix" if hasattr(module, "fix") else "   "
+    for rule in RULES:
+        info = rule.RULE
+        fix = "fix" if rule.fix is not None else "   "
         click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix}  {info.summary}")
 
 

@@ -511,7 +511,7 @@ class _Fixing:
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
             rule = BY_CODE[finding.code]
-            if finding.hypothesis and not hasattr(rule, "fix"):
+            if finding.hypothesis and rule.fix is None:
                 why = NO_AUTOMATIC_FIX  # as the fixes say it, when they run
             else:
                 why = (

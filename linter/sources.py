@@ -114,7 +114,7 @@ def _broken_link(path: Path) -> str:
     except RuntimeError:  # Python 3.11 says a loop so; 3.13 raises OSError(ELOOP)
         return "Too many levels of symbolic links"
     except OSError as error:
-        if error.errno == errno.ELOOP:
+        if error.errno == errno.ELOOP and error.strerror is not None:
             return error.strerror
     return "broken symbolic link"
 

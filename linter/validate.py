@@ -83,7 +83,7 @@ class Validation:
 def offline_answers(engine: str, template: str, bodies: list[dict[str, Any]], special, tokenizer, server_kwargs) -> list[Answer]:
     """What the profile answers each request (run in a limited child: rendering is
     untrusted code)."""
-    from .commands import Rendered, render_request
+    from .offline import Rendered, render_request
 
     answers = []
     for body in bodies:
@@ -102,7 +102,8 @@ def ask_server(
     """The server's answer to each request (``ask``), in log order, until the run's deadline."""
     from .server import ServerError, ServerRefused
 
-    answered, unanswered = [], []
+    answered: list[tuple[int, Answer]] = []
+    unanswered: list[tuple[int, str]] = []
     end = time.monotonic() + deadline_seconds
     for position, (line, body) in enumerate(zip(lines, bodies)):
         if time.monotonic() >= end:

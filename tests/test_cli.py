@@ -141,7 +141,7 @@ def test_statistics_and_exit_zero():
     assert code == 0
     # five fixtures; PC003_future_dependent_render's two findings share one divergence and count
     # once; PC003_unproven_same_text_either_way's renders the same text either way: not
-    # reproduced, as the summary says (QA8: the row said "(info)")
+    # reproduced, as the summary says (the row said "(info)")
     assert "    4\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (not reproduced)\n" in out
 
 

@@ -117,7 +117,7 @@ def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts(
     # Qwen3.5 opens the reply with "<think>\n"; once a tool result follows, history prints
     # "<think>\n\n</think>": turn 1's text is a prefix of turn 2's, but its last token, "\n",
     # is part of "\n\n" there. Placed where that token starts, as transformers' tokenizer
-    # offsets say (QA8: diff placed it one character on, at the end of turn 1).
+    # offsets say (diff placed it one character on, at the end of turn 1).
     pytest.importorskip("transformers")
     user = {"role": "user", "content": "What is the weather in Paris?"}
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
@@ -890,7 +890,7 @@ def test_a_tools_change_qwen3_prints_in_the_system_turn_is_placed_there(tmp_path
 
 def test_tools_opened_by_a_tag_inside_the_system_turn_are_placed_there(tmp_path):
     """Gemma 4 opens the tools with `<|tool>` inside the system turn, before `<turn|>` ends
-    it: an opening tag parts nothing from the system prompt (QA8: placed in the user
+    it: an opening tag parts nothing from the system prompt (placed in the user
     message, cause history-rewrite)."""
     template, turns = tool_edited_between(
         tmp_path,
@@ -907,7 +907,7 @@ def test_tools_opened_by_a_tag_inside_the_system_turn_are_placed_there(tmp_path)
 
 @needs_shared
 def test_a_string_and_its_one_text_part_are_no_client_change(tmp_path):
-    """QA8: vLLM wraps a string content into a text part for a template that loops over
+    """vLLM wraps a string content into a text part for a template that loops over
     parts (Gemma 4), so a client that sends the system prompt as a string, then as a part,
     changed nothing the template sees. What parts the prompts is Gemma's generation prompt
     (the empty thought channel its history leaves out), not the client."""

@@ -10,9 +10,9 @@ from functools import cache
 import pytest
 from helpers import SHARED, SHARED_TOKENIZERS, shared_tokenizer
 
-from tmpl_lint.commands import Rendered, render_request
 from tmpl_lint.diff import read_template
 from tmpl_lint.engines import resolve_engine
+from tmpl_lint.offline import Rendered, render_request
 
 GOLDEN = SHARED / "engine-golden" / "vllm-0.33.0.jsonl"
 needs_golden = pytest.mark.skipif(not GOLDEN.is_file(), reason="../shared is not present (fresh clone)")

@@ -114,7 +114,7 @@ def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
 
 
 def test_a_null_content_renders_under_vllm_as_an_empty_one():
-    # QA8: an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
+    # an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
     # renders them (its parsing makes the content empty); transformers' renderer fails on
     # the same messages, and renders them with "" as vLLM's rebuild hands them.
     from datetime import datetime
@@ -149,7 +149,7 @@ def test_vllm_hands_reasoning_and_reasoning_content_on_under_its_two_names():
 
 
 def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
-    # QA8: ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
+    # ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
     # parameters)).model_dump(): declared fields first, unset ones null, extras after.
     from tmpl_lint.engines.vllm import vllm_tools
 

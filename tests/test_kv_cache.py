@@ -23,6 +23,8 @@ from tmpl_lint.kv_cache import (
     make_cache,
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 def straightforward_vllm(requests, block_size, num_blocks):
     """vLLM's pool the plain way: a list as the free queue (head first), sha256 chains,

@@ -49,7 +49,7 @@ _CONTENT_FORMATS_KEPT = 64
 def content_format(template: str, tree: nodes.Template | None = None) -> str:
     """ "openai" when the template loops over a message's content parts, else "string".
     Kept per template text; ``tree`` is its parse where the caller has one (a proof asks
-    first, with the lint's: parsing again was a tenth of a proof)."""
+    first, with the lint's: a proof does not parse the template twice)."""
     form = _CONTENT_FORMATS.get(template)
     if form is None:
         if tree is None:
