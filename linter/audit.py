@@ -279,7 +279,8 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
 def _tokenizer_digest(source: TemplateSource) -> str | None:
     """The content hash of the tokenizer a proof would find beside the template (or in the
     GGUF it comes from), if any."""
-    from .gguf import model_for, tokenizer_digest
+    from .gguf.format import tokenizer_digest
+    from .gguf.models import model_for
 
     if (model := model_for(source)) is not None:
         return tokenizer_digest(model)
@@ -423,7 +424,7 @@ def run_audit(
 
     ready_to_fork([], prove, long_lived=True)
     if specs and not offline():
-        from . import gguf  # noqa: F401 - imported before the workers fork (see start_workers)
+        from .gguf import hub  # noqa: F401 - imported before the workers fork (see start_workers)
     # The templates are analysed as they are found: a repo is downloaded while the ones
     # before it are proven.
     with long_lived_workers(), calls_as_submitted(analyse_and_keep, max(1, jobs)) as submit:
@@ -489,7 +490,7 @@ def _templates_of(
     hub_problem = lookup_problem = None
     if hub and not offline() and not any(source.container == "gguf" for source in sources):
         # GGUF models are not downloaded: their templates come from the Hub's metadata.
-        from .gguf import HubGGUFError, hub_templates
+        from .gguf.hub import HubGGUFError, hub_templates
 
         try:
             found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)

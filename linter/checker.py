@@ -26,7 +26,8 @@ from .placement import placement
 from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
-from .selection import Selection, Suppression, suppressions
+from .selection import Selection
+from .suppressions import Suppression, suppressions
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -162,7 +163,6 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from .engines import source_engine
     from .engines.base import HARMONY, LLAMACPP, EngineError
     from .proving import attribution, session  # noqa: F401
 
@@ -424,7 +424,8 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .inputs import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
@@ -452,6 +453,19 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     return ProverInputs(tokenizer, special, note)
 
 
+def source_engine(engine: str, source: TemplateSource) -> str:
+    """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
+    config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
+    beside one for ``--chat-template-file``)."""
+    # Imported here: the static lint must not pay for rendering
+    from .engines import resolve_engine
+    from .gguf.models import model_for
+    from .sources import model_type_beside
+
+    gguf = source.container == "gguf" or model_for(source) is not None
+    return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
+
+
 def prove_findings(
     source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions, recalled: Recorded | None = None
 ) -> list[Finding]:
@@ -459,10 +473,10 @@ def prove_findings(
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import source_engine
     from .engines.base import HARMONY
     from .engines.vllm import content_format
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .proving.attribution import attach_proofs, engine_findings
     from .proving.session import Prover, clocked_switches, switch_values
     from .render import RenderError, compile_template
@@ -556,7 +570,7 @@ def apply_suppressions(
         return complete and suppression.idle(unused.code, selection)
 
     if selection.includes(unused.code):
-        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown]
+        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown_codes(selection)]
         silenced = set()
         for suppression in candidates:
             # as ruff's noqa of RUF100: a suppression naming PC900 on the line silences it
@@ -570,8 +584,13 @@ def apply_suppressions(
             for other in silencers:
                 other.suppress(unused.code)
         for suppression in candidates:
-            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown):
+            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown_codes(selection)):
                 continue  # silenced, or a suppression of PC900 that silenced another
             codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
-            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe(codes)))
+            kept.append(
+                unused.at(
+                    Site(suppression.line, "", fixed_column=suppression.column),
+                    suppression.describe(codes, suppression.unknown_codes(selection)),
+                )
+            )
     return kept

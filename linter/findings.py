@@ -10,7 +10,7 @@ from typing import Any
 
 from .analysis.facts import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
-from .proofs import Cause, Divergence, Proof, ProofStatus
+from .proofs import Proof, ProofStatus
 
 
 def quoted_name(name: str | os.PathLike) -> str:
@@ -223,79 +223,6 @@ class Outcome(StrEnum):
     RENDER_ERROR = "render-error"
     ENGINE_RENDER_UNSTABLE = "engine-render-unstable"
     UNUSED_SUPPRESSION = "unused-suppression"
-
-
-@dataclass(frozen=True)
-class RuleInfo:
-    """What a rule declares about itself: its code, name, default severity and one-line
-    summary; which divergences prove its findings; which its verified fix must remove."""
-
-    code: str
-    name: str
-    severity: str
-    summary: str
-    # A finding is proven by a divergence of one of these causes...
-    proven_by: frozenset[Cause] = frozenset()
-    # ...in a scenario of one of these kinds (empty: any scenario)...
-    proven_in: frozenset[str] = frozenset()
-    # ...at a turn where a message of one of these roles arrived (empty: any turn): what
-    # moves the pattern (a new user query moves the last query's position).
-    moved_by: frozenset[str] = frozenset()
-    # Of those causes, the ones this rule explains when another rule's finding is proven by
-    # the same divergence (None: all of them). A reply rewritten once a message follows it
-    # is the generation prompt's mismatch too, but the rewrite explains it.
-    explains: frozenset[Cause] | None = None
-    # A fix of this rule verifies only when check b shows no divergence that proves it. False
-    # for rules whose fix is verified otherwise (the rule module's ``verify_fix``).
-    fix_removes_proof: bool = True
-    # Its findings make two renders of one request differ, so no fix can be verified.
-    makes_renders_incomparable: bool = False
-    # The engine's own outcome this rule reports, for rules the prover or checker raise.
-    reports: Outcome | None = None
-    # Why no edit of the template can fix its findings, said where ``--fix`` leaves one the
-    # proof found (None: "found by the proof, not from a pattern a fix edits", said alike
-    # for every such rule); a finding of a pattern says its rule has no fix, or why not.
-    no_fix: str | None = None
-
-    def proves(self, divergence: Divergence) -> bool:
-        """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
-        traffic, a diff of two real requests) may be of any kind: a clock moves there too."""
-        if divergence.scenario_kind == "setting-changed" and "setting-changed" not in self.proven_in:
-            return False  # the client changed the request: only the rule that names that explains it
-        return (
-            divergence.cause in self.proven_by
-            and (not self.proven_in or not divergence.scenario_kind or divergence.scenario_kind in self.proven_in)
-            and (not self.moved_by or bool(self.moved_by.intersection(divergence.arrived)))
-        )
-
-    def explanation_rank(self, divergence: Divergence) -> int:
-        """How well this rule explains a divergence it proves, against another rule that proves
-        it too (higher explains): the generation prompt's rule where the divergence is in the
-        text the prompt printed, then one that names the cause, then one that names what moved."""
-        explains = self.proven_by if self.explains is None else self.explains
-        # One break, one named rule: a divergence in the text the generation prompt printed is
-        # the generation prompt's, whatever pattern sits nearby (OLMo's thinker opens
-        # "<think>\n" beside a `loop.last`; Qwen3.5's "<think>\n", which history drops with
-        # the reasoning once the next query arrives).
-        at_prompt = divergence.in_generation_prompt and Cause.GENERATION_PROMPT in self.proven_by
-        return 4 * at_prompt + 2 * (divergence.cause in explains) + bool(self.moved_by)
-
-    def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
-        """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""
-        return Finding(
-            code=self.code,
-            name=self.name,
-            severity=severity or self.severity,
-            line=site.line,
-            column=site.column,
-            message=message,
-            candidates=switch_candidates(labels),
-            site=site,
-            related=tuple(
-                label.site for label in labels if isinstance(label, Label) and label.site is not None and label.kind in READS
-            ),
-            hypothesis=self.reports is None,
-        )
 
 
 def switch_candidates(labels) -> frozenset[str]:

@@ -48,7 +48,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .engines import engine_tokenizer, prepare, render_prompt
+from .engines import engine_tokenizer, prepare, render_prompt, request_prompt
 from .engines.base import ENGINES, HARMONY, EngineError, Prompt
 from .findings import Finding, Outcome
 from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
@@ -564,8 +564,26 @@ class Tracer:
             # A logged request of a shape the engine's preprocessing does not expect.
             raise RenderError(f"{type(error).__name__}: {error}") from None
 
+    def request(self, call: Call) -> Prompt:
+        """The logged request as the engine renders it (engines.request_prompt, as ``render``
+        does), or RenderError saying why the engine refuses it."""
+        self.clock.set(call.timestamp or datetime.now())
+        try:
+            return request_prompt(
+                self.engine,
+                self.template,
+                call.body,
+                clock=self.clock,
+                special_tokens=self.special,
+                server_kwargs=self.server_kwargs,
+            )
+        except EngineError as error:
+            raise RenderError(str(error)) from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as error:
+            raise RenderError(f"{type(error).__name__}: {error}") from None
+
     def prompt(self, call: Call, previous: Encoded | None) -> Encoded:
-        rendered = self.render(call, call.messages, True)
+        rendered = self.request(call)
         if self.server_ids:
             return Encoded(rendered.text, self.server_ids(call.body))
         if rendered.token_ids is not None:
@@ -972,6 +990,8 @@ class Summary:
     error: str | None = None  # the capacity could not hold a request
     replies: Counter = field(default_factory=Counter)  # ReplySource -> requests
     bounded: bool = False  # the cache holds less than everything: replies take room in it
+    per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
+    engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
 
     @property
     def unmodelled_replies(self) -> int:
@@ -1029,6 +1049,7 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "engine": self.engine,
             "cache_model": self.cache_model,
             "metric": self.metric_label,
             "unit": self.unit,
@@ -1114,6 +1135,7 @@ def simulate(
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
         summary.requests += 1
+        summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
         summary.queries += trace.prompt_tokens
         summary.hits += served.hit
@@ -1161,6 +1183,7 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
         lines.append(
             f"{label}: {_count(summary.requests, 'request')} in {_count(summary.sessions, 'session')}, "
             f"{ENGINE_NAMES[summary.cache_model]} ({_capacity(summary)})"
+            + (f", requests as {summary.engine} handles them" if summary.engine else "")
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
         if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request

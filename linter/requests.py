@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .inputs import SourceError, load_json
 
@@ -41,7 +41,7 @@ def read_request(path: Path) -> Request:
     problem = request_problem(body)
     if problem:
         raise RequestError(f"{path}: {problem}")
-    return Request(path, body)
+    return Request(path, cast(dict[str, Any], body))  # a mapping: request_problem says so
 
 
 def request_problem(body: Any) -> str | None:

@@ -55,13 +55,15 @@ from __future__ import annotations
 
 from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 RULE = RuleInfo(
     "PC002",
     "history-rewrite",
-    "warning",
+    Severity.WARNING,
     "an earlier message renders differently once a new user message arrives",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE}),
     moved_by=frozenset({"user"}),  # only a new user query moves the last query's position

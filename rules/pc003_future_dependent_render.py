@@ -90,15 +90,17 @@ from tmpl_lint.analysis.facts import Control, Facts, Label, LabelKind, Sink
 from tmpl_lint.analysis.interpreter import only_literals
 from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 # A look-ahead can move text to the very start (Mistral's tool list before the first user
 # message while it is the last one), which the divergence's position calls "system".
 RULE = RuleInfo(
     "PC003",
     "future-dependent-render",
-    "warning",
+    Severity.WARNING,
     "a message renders differently once later messages exist",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE, Cause.SYSTEM}),
 )
@@ -222,7 +224,7 @@ def _reasoning_or_markup(facts: Facts, label: Label) -> bool:
     the turn is last), which the generation prompt's rule explains, or only picks markup or
     a flag (an end marker, a separator, `{% set add_tool_id = false %}`): anything else it
     rewrites in the reply, its text cut while a message follows, is that message rendering
-    differently once later messages exist (QA7 #5)."""
+    differently once later messages exist."""
     node = label.site.node if label.site is not None else None
     decision = _decisions(facts).get(id(node)) if node is not None else None
     if decision is None:

@@ -66,15 +66,17 @@ from tmpl_lint.analysis.facts import KNOWN_GLOBALS, Facts, LabelKind, Sink, Site
 from tmpl_lint.analysis.interpreter import analyze
 from tmpl_lint.analysis.locations import children_in_source_order, descendants
 from tmpl_lint.analysis.values import UNDEFINED
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause, Divergence
+
+from ._contract import RuleInfo, Severity
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a
 # rule that names the rewrite explains it where one is found.
 RULE = RuleInfo(
     "PC006",
     "generation-prompt-mismatch",
-    "warning",
+    Severity.WARNING,
     "the generation prompt and the reply as generated are not how history renders the turn",
     proven_by=frozenset({Cause.GENERATION_PROMPT, Cause.REPLY_REWRITE}),
     explains=frozenset({Cause.GENERATION_PROMPT}),

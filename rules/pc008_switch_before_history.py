@@ -40,14 +40,16 @@ from __future__ import annotations
 from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, Site
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause, Divergence
 from tmpl_lint.scenarios import SETTING_CHANGED_NAME, ScenarioKind
+
+from ._contract import RuleInfo, Severity
 
 RULE = RuleInfo(
     "PC008",
     "switch-before-history",
-    "warning",
+    Severity.WARNING,
     "a per-request setting is printed before the conversation's history",
     proven_by=frozenset({Cause.SYSTEM}),
     proven_in=frozenset({ScenarioKind.SETTING_CHANGED}),

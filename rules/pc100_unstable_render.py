@@ -38,13 +38,15 @@ at the first diverging token.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Finding, Outcome, RuleInfo
+from tmpl_lint.findings import Finding, Outcome
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the prover (tmpl_lint.proving.attribution.attach_proofs), not by a static check.
 RULE = RuleInfo(
     "PC100",
     "unstable-render",
-    "warning",
+    Severity.WARNING,
     "the next turn does not extend the previous prompt",
     reports=Outcome.UNEXPLAINED_DIVERGENCE,
 )

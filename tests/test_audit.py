@@ -19,7 +19,7 @@ from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
 
-pytestmark = needs_shared
+pytestmark = [needs_shared, pytest.mark.no_fork(long=True)]
 pytest.importorskip("huggingface_hub")
 
 REPOS = {
@@ -213,7 +213,7 @@ def test_markdown_and_proven_hit_rates(tmp_path):
 
 
 def test_every_report_says_why_a_cell_is_empty_and_what_a_finding_that_does_not_fail_is(tmp_path):
-    """QA8: Qwen2.5's only failing finding is PC004, proven on a tool call's arguments, which
+    """Qwen2.5's only failing finding is PC004, proven on a tool call's arguments, which
     has no session hit rate: the cell said nothing. Jamba's PC002 is not reproduced, and the
     findings column called it "(info)" where the summary and --statistics say "not reproduced"."""
     models = []
@@ -243,7 +243,7 @@ def test_every_report_says_why_a_cell_is_empty_and_what_a_finding_that_does_not_
 
 
 def test_a_hit_rate_only_a_callers_opt_in_meets_is_said_so_and_not_ranked(tmp_path):
-    """QA8: DeepSeek-V3.1 checks clean by default; its one finding shows only with
+    """DeepSeek-V3.1 checks clean by default; its one finding shows only with
     thinking=true (it fails: a deployment may set it, issue 33). Its projected hit rate came
     from that scenario unmarked, and ranked it below a template that fails by default (Qwen3, PC002)."""
     models = []
@@ -339,7 +339,7 @@ def test_revisions_and_repo_ids_are_checked_before_any_path_is_built(tmp_path):
     rows = [(row["repo"], row["error"]) for row in json.loads(result.stdout)["rows"]]
     assert rows == [
         ("qwen/qwen3-chat@../../x", "not a valid revision: '../../x' (a branch, tag or commit hash)"),
-        # written as a path, and no such folder: no repo id either, and said as what it is (QA8)
+        # written as a path, and no such folder: no repo id either, and said as what it is
         ("../qwen3-chat", "no such folder"),
         ("qwen/qwen3-chat@", "not a valid revision: '' (a branch, tag or commit hash)"),
         (  # a path inside a repo id is still checked as an id

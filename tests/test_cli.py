@@ -141,7 +141,7 @@ def test_statistics_and_exit_zero():
     assert code == 0
     # five fixtures; PC003_future_dependent_render's two findings share one divergence and count
     # once; PC003_unproven_same_text_either_way's renders the same text either way: not
-    # reproduced, as the summary says (QA8: the row said "(info)")
+    # reproduced, as the summary says (the row said "(info)")
     assert "    4\tPC003\t[future-dependent-render]\n    1\tPC003\t[future-dependent-render] (not reproduced)\n" in out
 
 
@@ -443,7 +443,7 @@ def test_every_float_option_of_every_command_refuses_nan_and_inf():
         for option in command.params
         if isinstance(option.type, click.types.FloatParamType)
     }
-    assert floats == {("check", "--render-timeout"), ("replay", "--kv-cache-gib")}
+    assert floats == {("check", "--render-timeout"), ("replay", "--kv-cache-gib"), ("validate", "--deadline")}
     for name, flag in sorted(floats):
         for value in ("nan", "inf", "-inf"):
             code, _, err = run(name, "x", flag, value)

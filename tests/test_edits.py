@@ -105,7 +105,7 @@ def test_fix_keeps_the_alias_and_says_why(tmp_path):
 
 @needs_shared
 def test_strict_fix_of_deepseek_v3_2_leaves_enable_thinking_turning_thinking_on(tmp_path):
-    # QA6 d04: --fix --strict put `thinking = false` first, and enable_thinking=true (what
+    # --fix --strict put `thinking = false` first, and enable_thinking=true (what
     # vLLM sets from reasoning_effort) no longer turned thinking on: the generation prompt
     # ended '<think></think>' instead of '<think>'.
     original = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3.2.jinja").read_text()

@@ -712,7 +712,7 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
 def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp_path, style):
     # Qwen3 already passes strings through: the finding names --fix and the style; the fix
     # for a model that writes compact JSON names the separators, and for one that writes
-    # spaced JSON, as Qwen3's `tojson` does, there is nothing to fix (QA8 #6).
+    # spaced JSON, as Qwen3's `tojson` does, there is nothing to fix.
     config = copy(SHARED_TOKENIZERS / "qwen3" / "tokenizer_config.json", tmp_path)
     code, out, _ = run(str(config), "--format", "json", "--no-prove")
     (advice,) = [finding["message"] for finding in json.loads(out) if finding["code"] == "PC004"]

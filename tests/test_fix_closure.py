@@ -25,7 +25,7 @@ from tmpl_lint.rules import RULES
 
 pytestmark = needs_shared
 
-FIXABLE = {rule.RULE.code for rule in RULES if hasattr(rule, "fix")}
+FIXABLE = {rule.RULE.code for rule in RULES if rule.fix is not None}
 TEMPLATES = sorted(SHARED_TEMPLATES.glob("*.jinja")) if SHARED_TEMPLATES.is_dir() else []
 CHUNKS = 8
 FOUND_BY_PROOF = "found by the proof, not from a pattern a fix edits"

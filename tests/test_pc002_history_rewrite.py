@@ -246,7 +246,7 @@ def test_the_advised_value_is_checked_by_rendering_and_kept():
 
 @needs_shared
 def test_a_switch_another_variable_sets_is_named_with_it():
-    # QA8: DeepSeek-V3.2 sets `thinking` from `enable_thinking` where `thinking` is unset
+    # DeepSeek-V3.2 sets `thinking` from `enable_thinking` where `thinking` is unset
     # (lines 4-10). Its last-query rewrite shows with thinking=true and with
     # enable_thinking=true: "leave thinking unset" alone would not avoid it.
     text = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3.2.jinja").read_text(encoding="utf-8")

@@ -145,7 +145,7 @@ def test_a_default_that_drops_reasoning_with_the_opener_leaves_the_switched_open
 
 
 def test_a_value_whose_renders_diverge_is_not_advised():
-    # QA8: the false branch opens " <think></think>", the true branch " <think>": history
+    # the false branch opens " <think></think>", the true branch " <think>": history
     # prints neither. The analysis sees the first only, and advised "pass true"; the renders
     # with true diverge, so only leaving it unset is advised.
     source = (
@@ -226,7 +226,7 @@ def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_
 
 @needs_shared
 def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts():
-    # QA8: Qwen3.5's generation prompt ends "<think>\n" (token 198); the model writes "\n"
+    # Qwen3.5's generation prompt ends "<think>\n" (token 198); the model writes "\n"
     # (198) and history prints "<think>\n\n" ("\n\n" is 271). The texts agree; the tokens
     # part at the prompt's last token: 268, char 1235 (counted with transformers' renderer
     # and the tokenizers library, not tmpl-lint). It was placed at the end of the text.
@@ -257,7 +257,7 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     # "only when enable_thinking=false". It was failing, proven by "agent, narrated tool calls".
     # With thinking off, history leaves out only the block the generation prompt opened and
     # goes on with all the model wrote: the prompt's divergence, not a rewrite of the reply
-    # (QA8: replay named it PC002, whose fix wins none of it back).
+    # (replay named it PC002, whose fix wins none of it back).
     text = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     assert text.splitlines()[81:83] == [
         "    {%- if enable_thinking is defined and enable_thinking is false %}",
@@ -265,7 +265,7 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     ]
     # The empty think block the model writes itself (narrated tool calls, the switch unset)
     # is not what the switch turns on: it is found by the proof, at the generation prompt's
-    # test, as the model's format (QA8 small f: the switched finding listed that scenario).
+    # test, as the model's format (the switched finding listed that scenario).
     codes, findings = prove_text(text, engine="vllm")
     assert codes == [("PC002", 39, 30), ("PC004", 62, 47), ("PC006", 80, 8), ("PC006", 83, 13)]
     as_trained, pc006 = findings[2:]

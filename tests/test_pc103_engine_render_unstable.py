@@ -6,12 +6,15 @@ rendered, unstable where vLLM renders the model itself.
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import ProveOptions, Selection, lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
+
+pytestmark = pytest.mark.no_fork
 
 FIXTURE = CORPUS / "PC103_engine_render_unstable.jinja"
 

@@ -258,7 +258,7 @@ def test_a_group_closure_indexed_off_by_one_is_named_where_loop_last_decides(rep
     """Bielik loops over `messages[loop_start_index:]` but reads the next message as
     `messages[loop.index0 + 1]`: with a system message that is the current message, so a tool
     result's end marker is printed only while it is `loop.last`. The oracle's agent history
-    diverges there; it was PC100 'no rule explains why' (QA7 #6)."""
+    diverges there; it was PC100 'no rule explains why'."""
     name = "speakleash--Bielik-11B-v3.0-Instruct"
     text = (SHARED_TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     offset = text.index("loop.last or messages[loop.index0 + 1]")

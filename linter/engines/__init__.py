@@ -4,9 +4,11 @@ engine.
 A proof is only as true as the token ids it compares, and an engine does not hand the
 request to the template untouched. ``hf`` is transformers' ``apply_chat_template`` as
 called directly; ``vllm`` is vLLM 0.33's chat preprocessing (vllm.py), and its gpt-oss
-path renders with openai-harmony instead of the template (harmony.py); ``llamacpp`` is
-llama-server, whose own template engine renders (llamacpp.py). This module picks which one
-renders a request.
+path renders with openai-harmony instead of the template (harmony.py); ``sglang`` is
+SGLang 0.5.23's (sglang.py); ``llamacpp`` is llama-server's, whose own template engine
+renders (llamacpp.py), as it renders every GGUF's template. Each module ends
+in its engine's profile: version, renderer, tokenization, cache model. This module picks
+which one renders a request (``request_prompt`` for a request as a client sent it).
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from datetime import datetime
 from typing import Any
 
 from ..render import DEFAULT_LIMITS, RenderLimits, render
-from . import hf, vllm
-from .base import ENGINES, HARMONY, HARMONY_MARKUP, LLAMACPP, Prompt
+from . import hf, llamacpp, sglang, vllm
+from .base import ENGINES, HARMONY, HARMONY_MARKUP, LLAMACPP, EngineProfile, EngineRefusal, Prompt
+
+PROFILES: dict[str, EngineProfile] = {
+    profile.name: profile for profile in (vllm.PROFILE, sglang.PROFILE, llamacpp.PROFILE, hf.PROFILE)
+}
 
 
 def prepare(
@@ -35,10 +41,14 @@ def prepare(
     any effort but "none".
     """
     merged = {**(server_kwargs or {}), **(kwargs or {})}
-    if engine in ("hf", LLAMACPP):  # llama-server: the messages as sent (llamacpp.py says what is not modelled)
+    if engine == "hf":
         return hf.prepare(messages, merged)
     if engine == "vllm":
         return vllm.prepare(template, messages, merged, kwargs or {}, reasoning_effort)
+    if engine == "sglang":
+        return sglang.prepare(messages, merged)
+    if engine == "llamacpp":
+        return llamacpp.prepare(messages, merged)
     raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
 
 
@@ -55,11 +65,14 @@ def render_prompt(
     limits: RenderLimits = DEFAULT_LIMITS,
     reasoning_effort: str | None = None,
     server_kwargs: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> Prompt:
     """The prompt ``engine`` would tokenize for a request.
 
     Without a generation prompt the conversation is taken to end in the model's latest
-    reply as it was generated (the prover's "reply as generated").
+    reply as it was generated (the prover's "reply as generated"). ``continue_final_message``:
+    the render stops where the last message's text ends, as transformers cuts it (vLLM and
+    SGLang call transformers for it).
     """
     if engine == HARMONY:
         # openai-harmony loads its vocabulary on import: only for gpt-oss
@@ -68,22 +81,21 @@ def render_prompt(
         ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
         return Prompt(harmony_encoding().decode_utf8(ids), tuple(ids))
     prepared, merged = prepare(engine, template, messages, kwargs, server_kwargs, reasoning_effort)
+    if continue_final_message:
+        prepared = [*prepared[:-1], hf.tagged(prepared[-1] if prepared else None)]
+        add_generation_prompt = False
     if engine == LLAMACPP:
-        # wasmtime and the engine's module load only where a request is rendered as llama.cpp does
-        from .llamacpp import render_request
-
-        return Prompt(
-            render_request(
-                template,
-                prepared,
-                clock=clock,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                special_tokens=special_tokens,
-                template_kwargs=merged,
-                limits=limits,
-            )
+        text = llamacpp.render_request(
+            template,
+            prepared,
+            clock=clock,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=special_tokens,
+            template_kwargs=merged,
+            limits=limits,
         )
+        return Prompt(hf.cut_at_tag(text) if continue_final_message else text)
     text = render(
         template,
         prepared,
@@ -95,7 +107,7 @@ def render_prompt(
         limits=limits,
         reasoning_aliases=engine != "vllm",
     )
-    return Prompt(text)
+    return Prompt(hf.cut_at_tag(text) if continue_final_message else text)
 
 
 def resolve_engine(engine: str, template: str, model_type: str | None = None, gguf: bool = False) -> str:
@@ -113,17 +125,6 @@ def resolve_engine(engine: str, template: str, model_type: str | None = None, gg
     return HARMONY if all(marker in template for marker in HARMONY_MARKUP) else engine
 
 
-def source_engine(engine: str, source) -> str:
-    """``resolve_engine`` for a template source: its model's config.json beside it, and
-    whether it is a GGUF's."""
-    # Where the GGUF and config.json are looked for: only when proving
-    from ..gguf import model_for
-    from ..sources import model_type_beside
-
-    gguf = source.container == "gguf" or model_for(source) is not None  # a Hub GGUF's too
-    return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
-
-
 def engine_tokenizer(engine: str):
     """The tokenizer an engine brings itself, when it renders without the template."""
     if engine != HARMONY:
@@ -132,3 +133,59 @@ def engine_tokenizer(engine: str):
     from .harmony import HarmonyTokenizer
 
     return HarmonyTokenizer()
+
+
+def profile_of(engine: str) -> EngineProfile:
+    """The profile of an --engine value, or of what resolve_engine made of it."""
+    return vllm.PROFILE if engine == HARMONY else PROFILES[engine]
+
+
+def engine_for_cache(engine: str | None, cache_model: str | None) -> tuple[str, str]:
+    """The engine and cache model of a run: the cache model follows the engine, and
+    ``--cache-model sglang`` alone means SGLang serves the model (its request handling)."""
+    if engine is None:
+        engine = "sglang" if cache_model == "sglang" else "vllm"
+    return engine, cache_model or PROFILES[engine].cache_model
+
+
+def request_prompt(
+    engine: str,
+    template: str,
+    body: dict[str, Any],
+    *,
+    clock: Callable[[], datetime],
+    special_tokens: dict[str, Any] | None = None,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    server_kwargs: dict[str, Any] | None = None,
+) -> Prompt:
+    """What ``engine`` feeds the model for a chat-completions request body: the engine's
+    refusal (EngineRefusal) or its prompt. ``render``, ``diff``, ``replay`` and ``validate``
+    all render a request through here."""
+    profile = profile_of(engine)
+    refused = profile.refusal(body)
+    if refused is not None:
+        raise refused
+    continuing = bool(body.get("continue_final_message"))
+    generation_prompt = bool(body.get("add_generation_prompt", True))
+    if engine == HARMONY:
+        # vLLM renders gpt-oss for completion whatever the request says
+        # (online_renderer.py _make_request_with_harmony: render_for_completion)
+        generation_prompt, continuing = True, False
+    elif continuing and generation_prompt and profile.validators:
+        raise EngineRefusal(profile, "continue_final_message", "cannot be true together with add_generation_prompt")
+    kwargs = body.get("chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    return render_prompt(
+        engine,
+        template,
+        body["messages"],
+        clock=clock,
+        tools=body.get("tools"),
+        kwargs=kwargs if isinstance(kwargs, dict) else None,
+        add_generation_prompt=generation_prompt and not continuing,
+        special_tokens=special_tokens,
+        limits=limits,
+        reasoning_effort=effort if isinstance(effort, str) else None,
+        server_kwargs=server_kwargs,
+        continue_final_message=continuing,
+    )

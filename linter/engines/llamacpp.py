@@ -1,4 +1,5 @@
-"""llama.cpp's own chat-template engine: a template rendered as llama-server renders it.
+"""llama.cpp b10775's llama-server: its own chat-template engine renders (below), its slot
+cache is kv_cache's ``LlamaCppSlots``, and its profile ends this module.
 
 llama.cpp does not render with Jinja2. Its ``common/jinja`` (lexer, parser, runtime, caps)
 and ``common_chat_template_direct_apply_impl`` (common/chat.cpp) run the template: a
@@ -49,6 +50,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from ..render import DEFAULT_LIMITS, RenderError, RenderLimitExceeded, RenderLimits, copy_request
+from .base import EngineProfile
 
 BUILD = "b10775"  # llama.cpp's build the module was compiled from (commit 67a17c17)
 PACKAGE = "ggufdoctor"
@@ -463,3 +465,29 @@ def with_clock(template: str) -> tuple[str, frozenset[str] | None]:
     return _DEFINITION + ("\n" if text.startswith(("\n", "\r\n")) else "") + text, frozenset(
         form for form in formats if isinstance(form, str)
     )
+
+
+# -- the profile ------------------------------------------------------------------------------
+
+
+def prepare(messages: list[dict[str, Any]], merged: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and template variables rendered for llama-server: the request's own
+    (what its ``common_chat_msg`` round trip changes is not modelled; see above)."""
+    return list(messages), merged
+
+
+def as_template_sees(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the template sees it here: as sent (a null content is the engine's to
+    make "")."""
+    return copy_request(message)
+
+
+PROFILE = EngineProfile(
+    name="llamacpp",
+    product="llama.cpp",
+    version=BUILD,
+    cache_model="llamacpp",
+    renderer=f"llama.cpp {BUILD}'s own template engine (common/jinja, WebAssembly from {PACKAGE} {PACKAGE_VERSION})",
+    tokenization="the rendered text",
+    template_message=as_template_sees,
+)

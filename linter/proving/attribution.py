@@ -126,7 +126,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
             if verify_switch(finding, rule.RULE, report, others):
                 refuted.add(id(finding))
-        if hasattr(rule, "prove"):
+        if rule.prove is not None:
             finding.proof = rule.prove(report, finding)
             if finding.proof.is_proven:
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
@@ -178,8 +178,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
 def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
     """A divergence that is only the model's format (the reasoning or empty reasoning block
     it wrote, which history leaves out), in a scenario that leaves the finding's switch
-    unset: not what the switch turns on (QA8: Qwen3's "only when enable_thinking=false"
-    listed a scenario without it). It stays informational, found by the proof."""
+    unset: not what the switch turns on (Qwen3's "only when enable_thinking=false" must not
+    list a scenario without it). It stays informational, found by the proof."""
     switch = finding.switch
     if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
         return False
@@ -196,7 +196,7 @@ def shows(finding: Finding, divergence: Divergence) -> bool:
     rule = BY_CODE[finding.code]
     if not rule.RULE.proves(divergence):
         return False
-    return not hasattr(rule, "shown_by") or rule.shown_by(finding, divergence)
+    return rule.shown_by is None or rule.shown_by(finding, divergence)
 
 
 def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
@@ -210,7 +210,7 @@ def rule_found_by_proof(divergence: Divergence):
     """The rule that reports ``divergence`` where no finding explains it: the first that can
     be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
     for unexplained divergences)."""
-    return next((rule for rule in RULES if hasattr(rule, "found_by_proof") and rule.RULE.proves(divergence)), None)
+    return next((rule for rule in RULES if rule.found_by_proof is not None and rule.RULE.proves(divergence)), None)
 
 
 def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:

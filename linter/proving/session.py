@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from ..engines import engine_tokenizer, render_prompt
@@ -29,7 +30,7 @@ from ..rules import BY_CODE
 from ..scenarios import SWITCH_NAME, THINKING_ON_OFF, Call, Scenario, ScenarioKind, drop_reasoning, scenarios
 from ..tokenizer import Tokenizer, common_prefix_length
 from .divergence import compare_prompts, first_difference, generation_prompt_span, last_message_mark, reply_start
-from .measure import Measure, ServedRequest, resolve_special_tokens, served_requests, tokenizer_identity
+from .measure import Measure, ServedRequest, concatenated, resolve_special_tokens, served_requests, tokenizer_identity
 from .replies import Reply, argument_separators_of, as_written, as_written_in, stop_after_reply, unmarked
 
 
@@ -117,8 +118,12 @@ class ProofReport:
         was not tried on (DeepSeek-R1 concatenates tool-call arguments as a string, and
         every tool-calling request fails once vLLM passes them as a mapping)."""
         rendered = set(self.tried())  # a scenario whose fallback rendered was tried
-        failed = [result for result in self.results if result.error is not None and result.scenario.name not in rendered]
-        return tuple(dict.fromkeys((result.scenario.name, result.error) for result in failed))
+        failed = [
+            (result.scenario.name, result.error)
+            for result in self.results
+            if result.error is not None and result.scenario.name not in rendered
+        ]
+        return tuple(dict.fromkeys(failed))
 
     def scenario(self, name: str) -> Scenario | None:
         return next((result.scenario for result in self.results if result.scenario.name == name), None)
@@ -230,7 +235,7 @@ class Prover:
             draws = random_draws() - draws
             if draws > self._drawing[0]:
                 self._drawing = (draws, (scenario, messages, at, generation_prompt))
-        if key is not None:
+        if key is not None and self._renders is not None:
             self._renders[key] = prompt
         return prompt
 
@@ -334,7 +339,7 @@ class Prover:
                 checks = [("a", text, ids[index], [(text, ids[index])])]
                 if reply is not None:
                     pieces = [(text, ids[index]), (reply.text, generated[index])]
-                    checks.append(("b", text + reply.text, ids[index] + generated[index], pieces))
+                    checks.append(("b", text + reply.text, concatenated(ids[index], generated[index]), pieces))
                     # Check d: the reply as it renders while it is the newest message, with what
                     # the template prints after its end-of-turn marker then (an eos_token, the
                     # next turn's header), where history prints something else: what a
@@ -346,7 +351,12 @@ class Prover:
                     if trailing and following_text.startswith(text + reply.text) and not following_text.startswith(cached_d):
                         trailing_ids = self.measure.units(trailing)
                         checks.append(
-                            ("d", cached_d, ids[index] + generated[index] + trailing_ids, pieces + [(trailing, trailing_ids)])
+                            (
+                                "d",
+                                cached_d,
+                                concatenated(concatenated(ids[index], generated[index]), trailing_ids),
+                                pieces + [(trailing, trailing_ids)],
+                            )
                         )
                 for check, cached_text, cached_ids, pieces in checks:
                     opener = None
@@ -372,7 +382,7 @@ class Prover:
                             opener,
                             scenario.kind,
                             latest=reply,
-                            token_start=lambda position, pieces=pieces: self.measure.start_of(position, pieces),
+                            token_start=partial(self.measure.start_of, pieces=pieces),
                         )
                     )
         except RenderError as error:
@@ -389,12 +399,13 @@ class Prover:
         result = ScenarioResult(scenario)
         try:
             for index, call in enumerate(scenario.calls[:-1]):
-                if not (call.reply or {}).get("tool_calls"):
+                reply = call.reply
+                if reply is None or not reply.get("tool_calls"):
                     continue
                 following = scenario.calls[index + 1]
                 next_prompt = self.render(scenario, following.messages, following.clock, True)
                 next_text = next_prompt.text
-                cached_text = as_written_in(next_text, call.reply, self.model_separators())
+                cached_text = as_written_in(next_text, reply, self.model_separators())
                 if cached_text is None:
                     continue  # printed in a form of its own (XML parameters...): nothing to compare
                 result.divergences.append(

@@ -139,6 +139,7 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
     common = _escaped(os.path.commonprefix([before, after]))
     lines.append(f"  N   | {_escaped(before)}")
     lines.append(f"  N+1 | {_escaped(after)}")
+    assert first is not None, "only prompts that part are shown"
     lines.append(f"      | {' ' * len(common)}^ {unit} {first}; its block starts at {unit} {first // block * block}")
     return lines
 
@@ -189,6 +190,6 @@ def level(finding: Finding, strict: bool = False) -> str:
 def file_position(finding: Finding) -> tuple[int, int]:
     """Where the finding is in the file on disk; the file's start where the template has
     no place in it as text (a GGUF's metadata)."""
-    if finding.file_line is not None:
+    if finding.file_line is not None and finding.file_column is not None:
         return finding.file_line, finding.file_column
     return 1, 1
