@@ -163,18 +163,19 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from .engines import resolve_engine
-    from .engines.base import HARMONY, EngineError
+    from .engines.base import HARMONY, LLAMACPP, EngineError
     from .proving import attribution, session  # noqa: F401
-    from .sources import model_type_beside
 
-    if load_harmony and any(
-        resolve_engine(prove.engine, source.text, model_type_beside(source.path)) == HARMONY for source in sources
-    ):
+    engines = {source_engine(prove.engine, source) for source in sources}
+    if load_harmony and HARMONY in engines:
         from .engines.harmony import harmony_encoding
 
         with contextlib.suppress(EngineError):  # not installed: each template says so
             harmony_encoding()
+    if LLAMACPP in engines:  # compiled once here (a second or two), not in every worker
+        from .engines.llamacpp import ready
+
+        ready()
 
 
 def lint_source(
@@ -452,6 +453,19 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     return ProverInputs(tokenizer, special, note)
 
 
+def source_engine(engine: str, source: TemplateSource) -> str:
+    """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
+    config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
+    beside one for ``--chat-template-file``)."""
+    # Imported here: the static lint must not pay for rendering
+    from .engines import resolve_engine
+    from .gguf.models import model_for
+    from .sources import model_type_beside
+
+    gguf = source.container == "gguf" or model_for(source) is not None
+    return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
+
+
 def prove_findings(
     source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions, recalled: Recorded | None = None
 ) -> list[Finding]:
@@ -459,7 +473,6 @@ def prove_findings(
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import resolve_engine
     from .engines.base import HARMONY
     from .engines.vllm import content_format
     from .gguf.models import model_for
@@ -467,9 +480,8 @@ def prove_findings(
     from .proving.attribution import attach_proofs, engine_findings
     from .proving.session import Prover, clocked_switches, switch_values
     from .render import RenderError, compile_template
-    from .sources import model_type_beside
 
-    engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+    engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
     switches = switch_values(findings, facts.variables, compared), clocked_switches(findings)

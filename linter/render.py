@@ -132,6 +132,11 @@ def keep_compiled_code(enabled: bool) -> None:
     _kept = enabled
 
 
+def kept_compiled_code() -> bool:
+    """Whether this run reads and writes compiled code (not under --no-cache)."""
+    return _kept
+
+
 def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.nodes.Template | None):
     found = _code_cache() if _kept else None
     if found is None:

@@ -5,7 +5,8 @@ A proof is only as true as the token ids it compares, and an engine does not han
 request to the template untouched. ``hf`` is transformers' ``apply_chat_template`` as
 called directly; ``vllm`` is vLLM 0.33's chat preprocessing (vllm.py), and its gpt-oss
 path renders with openai-harmony instead of the template (harmony.py); ``sglang`` is
-SGLang 0.5.23's (sglang.py); ``llamacpp`` is llama-server's (llamacpp.py). Each module ends
+SGLang 0.5.23's (sglang.py); ``llamacpp`` is llama-server's, whose own template engine
+renders (llamacpp.py), as it renders every GGUF's template. Each module ends
 in its engine's profile: version, renderer, tokenization, cache model. This module picks
 which one renders a request (``request_prompt`` for a request as a client sent it).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..render import DEFAULT_LIMITS, RenderLimits, render
 from . import hf, llamacpp, sglang, vllm
-from .base import ENGINES, HARMONY, HARMONY_MARKUP, EngineProfile, EngineRefusal, Prompt
+from .base import ENGINES, HARMONY, HARMONY_MARKUP, LLAMACPP, EngineProfile, EngineRefusal, Prompt
 
 PROFILES: dict[str, EngineProfile] = {
     profile.name: profile for profile in (vllm.PROFILE, sglang.PROFILE, llamacpp.PROFILE, hf.PROFILE)
@@ -83,6 +84,18 @@ def render_prompt(
     if continue_final_message:
         prepared = [*prepared[:-1], hf.tagged(prepared[-1] if prepared else None)]
         add_generation_prompt = False
+    if engine == LLAMACPP:
+        text = llamacpp.render_request(
+            template,
+            prepared,
+            clock=clock,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=special_tokens,
+            template_kwargs=merged,
+            limits=limits,
+        )
+        return Prompt(hf.cut_at_tag(text) if continue_final_message else text)
     text = render(
         template,
         prepared,
@@ -97,10 +110,14 @@ def render_prompt(
     return Prompt(hf.cut_at_tag(text) if continue_final_message else text)
 
 
-def resolve_engine(engine: str, template: str, model_type: str | None = None) -> str:
+def resolve_engine(engine: str, template: str, model_type: str | None = None, gguf: bool = False) -> str:
     """What renders a request for this model under ``engine``: vLLM renders gpt-oss
     (``model_type`` "gpt_oss", as its config.json says) with openai-harmony. Without a
-    config.json, a template written in harmony's markup stands for gpt-oss."""
+    config.json, a template written in harmony's markup stands for gpt-oss. A GGUF's
+    template (``gguf``: read from a GGUF, or beside one for ``--chat-template-file``) is
+    rendered as llama.cpp renders it, unless ``hf`` asks for transformers'."""
+    if gguf and engine != "hf":
+        return LLAMACPP
     if engine != "vllm":
         return engine
     if model_type is not None:

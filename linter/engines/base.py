@@ -7,7 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ENGINES = ("vllm", "sglang", "llamacpp", "hf")
+# llama-server (llamacpp.py): llama.cpp's own template engine renders, as it renders every
+# template read from a GGUF (``resolve_engine``).
+LLAMACPP = "llamacpp"
+ENGINES = ("vllm", "sglang", LLAMACPP, "hf")
 
 
 class EngineError(ValueError):

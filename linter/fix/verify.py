@@ -15,9 +15,8 @@ from typing import Any
 
 from ..analysis.facts import LabelKind
 from ..analysis.separators import model_separators
-from ..checker import as_reported, lint_with_facts, prover_inputs
+from ..checker import as_reported, lint_with_facts, prover_inputs, source_engine
 from ..edits import FROZEN_TIME_OF_DAY
-from ..engines import resolve_engine
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
 from ..findings import Finding
@@ -31,7 +30,6 @@ from ..render import FrozenClock, RenderError, RenderLimitExceeded, compile_temp
 from ..rules import BY_CODE
 from ..scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from ..selection import Selection
-from ..sources import model_type_beside
 from ..tokenizer import Tokenizer, common_prefix_length
 from .options import FixOptions, Linted, applies_by_default
 
@@ -49,7 +47,7 @@ class ProvingInputs:
         tokenizer, config, _ = prover_inputs(source, options.tokenizer)
         # The fix is proven as the check proves the template: where vLLM renders the model
         # without it (openai-harmony), the template is proven as transformers renders it.
-        engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+        engine = source_engine(options.engine, source)
         return cls(tokenizer, resolve_special_tokens(tokenizer, config), "hf" if engine == HARMONY else engine)
 
 
