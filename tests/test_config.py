@@ -66,6 +66,32 @@ def test_unknown_key_is_an_error_naming_it(tmp_path, monkeypatch):
     assert err.startswith(f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unknown key 'selekt'")
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"), [("selekt", "select"), ("block_size", "block-size"), ("unsafe-fix", "unsafe-fixes"), ("strikt", "strict")]
+)
+def test_a_mistyped_key_gets_a_did_you_mean(tmp_path, monkeypatch, key, meant):
+    setup(tmp_path, monkeypatch, "pyproject.toml", f"[tool.tmpl-lint]\n{key} = true\n")
+    code, out, err = run("a.jinja")
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unknown key {key!r}: did you mean {meant!r}?\n"
+
+
+def test_a_key_like_no_known_one_lists_the_known_keys(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "colour: red\n")
+    code, _, err = run("a.jinja")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: unknown key 'colour' (known: select, ignore, per-file-ignores, "
+        "block-size, frozen-date, tokenizer, strict, tool-args-style, unsafe-fixes)\n"
+    )
+
+
+def test_unsafe_fixes_must_be_a_boolean(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nunsafe-fixes = "yes"\n')
+    code, _, err = run("a.jinja")
+    assert (code, err) == (2, f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unsafe-fixes must be true or false\n")
+
+
 def test_bad_value_is_an_error(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "block-size: -3\n")
     code, _, err = run("a.jinja")
