@@ -174,6 +174,21 @@ def test_an_unreadable_turn_is_one_error_line(tmp_path):
     assert result.stderr == f"tmpl-lint: error: {second}: permission denied\n"
 
 
+def test_a_template_that_does_not_parse_is_blamed_not_the_request(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }\n{% endfor %}\n")  # the stray } is at column 37
+    code, out, err = run(*turns, "--template", str(bad))
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {bad}:1:37: the template does not parse: unexpected '}}'\n"
+    # inside tokenizer_config.json: the template's own line and column, after the file
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": "hi\n" + bad.read_text()}))
+    code, _, err = run(*turns, "--template", str(config))
+    assert code == 2
+    assert err == (f"tmpl-lint: error: {config}: template line 2, column 37: the template does not parse: unexpected '}}'\n")
+
+
 def test_needs_a_template_or_server(tmp_path):
     turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
     code, _, err = run(*turns)
