@@ -150,6 +150,9 @@ config_option = click.option(
 )
 
 
+TEXT_FORMATS = ("concise", "full", "text")
+
+
 def use_colour() -> bool:
     return "NO_COLOR" not in os.environ and sys.stdout.isatty()
 
@@ -157,7 +160,14 @@ def use_colour() -> bool:
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=file_path())
 @click.option(
-    "--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True
+    "--output-format",
+    "--format",
+    "output_format",
+    type=click.Choice(["concise", "full", "text", "json", "sarif", "github"]),
+    default="concise",
+    show_default=True,
+    help="concise: a line per finding and one for its proof; full: the source line, both renders where the prompts "
+    "part, related places and notes under each proof (as ruff's --output-format full); text is concise.",
 )
 @click.option("-o", "--output", type=file_path(dir_okay=False), help="Write the report to FILE instead of standard output.")
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
@@ -183,7 +193,15 @@ def use_colour() -> bool:
     type=click.IntRange(1, MAX_BLOCK_SIZE),
     help="KV cache block size for reusable-token figures (default: the configuration's, else 16).",
 )
-@click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
+@click.option(
+    "--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified safe fixes (only the template changes)."
+)
+@click.option(
+    "--unsafe-fixes/--no-unsafe-fixes",
+    default=None,
+    help="With --fix or --diff, make unsafe fixes too: those that change what the model sees (a frozen date, "
+    "reasoning kept in history); --no-unsafe-fixes overrides unsafe-fixes = true in the configuration.",
+)
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
 @click.option(
     "--frozen-date",
@@ -248,6 +266,7 @@ def check(
     tokenizer,
     block_size,
     apply_fixes,
+    unsafe_fixes,
     show_diff,
     frozen_date,
     render_timeout,
@@ -263,7 +282,7 @@ def check(
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
     if statistics and output_format in ("sarif", "github"):
-        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use text or json)")
+        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use concise or json)")
     options = CheckOptions(
         paths=tuple(paths),
         select=select,
@@ -284,10 +303,11 @@ def check(
         jobs=jobs,
         gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,
+        unsafe_fixes=unsafe_fixes,
     )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
-    machine = output_format != "text" and output is None
+    machine = output_format not in TEXT_FORMATS and output is None
 
     def print_fix_line(line: FixLine) -> None:
         if line.patch:
@@ -327,6 +347,12 @@ def check(
             unread=result.unread,
             unwritten=result.unwritten,
             unapplied=result.would_change,
+            full=output_format == "full",
+            # pre-commit sets PRE_COMMIT=1 for its hooks: there a commit's output shows what
+            # fails it, and informational findings are counted, not printed.
+            hide_info=bool(os.environ.get("PRE_COMMIT")),
+            fixed=result.fixed if result.fix is FixMode.WRITE else None,
+            unsafe_fixes=result.unsafe_fixes,
         )
     if output is not None:
         from .writes import WriteError
@@ -356,13 +382,13 @@ def rule(code) -> None:
 
 @main.command()
 def rules() -> None:
-    """List every rule: code, name, default severity and summary."""
+    """List every rule: code, name, default severity, its fix (safe or unsafe) and summary."""
     from .rules import RULES
 
     for rule in RULES:
         info = rule.RULE
-        fix = "fix" if rule.fix is not None else "   "
-        click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix}  {info.summary}")
+        fix = f"{info.fix_safety}-fix" if info.fix_safety is not None else "-"
+        click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix:10}  {info.summary}")
 
 
 @main.command()

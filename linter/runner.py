@@ -76,6 +76,7 @@ class CheckOptions:
     jobs: int = 1
     gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
+    unsafe_fixes: bool | None = None  # None: as the configuration says (false without one)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,9 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     strict: bool = False  # as the options and the configuration decide it
     exit_zero: bool = False
+    fix: FixMode = FixMode.NONE
+    fixed: int = 0  # findings --fix fixed
+    unsafe_fixes: bool = False  # --unsafe-fixes, or the configuration's unsafe-fixes
 
     @property
     def findings(self) -> list[Finding]:
@@ -187,7 +191,8 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     selection = replace(selection, tool_args_style=tool_args_style)
     block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
-    result = CheckResult(strict=strict, exit_zero=options.exit_zero)
+    unsafe_fixes = config.unsafe_fixes if options.unsafe_fixes is None else options.unsafe_fixes
+    result = CheckResult(strict=strict, exit_zero=options.exit_zero, fix=options.fix, unsafe_fixes=unsafe_fixes)
     pinned = options.chat_template_kwargs if options.chat_template_kwargs is not None else config.chat_template_kwargs
     pinned_items = tuple(sorted((pinned or {}).items()))
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
@@ -228,6 +233,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             options.limits,
             unreproduced,
             send_renders=prove is not None,
+            unsafe_fixes=unsafe_fixes,
         )
         fixing = _Fixing(
             fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line, options.jobs
@@ -262,7 +268,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
                 bar.advance()
                 return found
 
-            with ProgressBar("proving templates", len(sources)) as bar:
+            with ProgressBar("proving templates", len(sources), quiet=options.quiet) as bar:
                 found_by_source = parallel_map(proven, sources, options.jobs)
         else:
             found_by_source = lint_many_isolated(sources, selection, options.jobs)
@@ -314,6 +320,12 @@ class _Fixing:
     # By (path, template): what verifying its fixes recorded proving the template as it now
     # is, for the check's proof (which takes it only for the same template and inputs).
     recorded: dict[tuple[str, str | None], Recorded] = field(default_factory=dict)
+    # Why a finding's fix was not made, by (path, template, code): said once the check has
+    # proven the template, for the findings it reports (not for one it shows as another's
+    # related location), each at its place then.
+    skipped: dict[tuple[str, str | None, str], list[tuple[int, str]]] = field(default_factory=dict)
+    # (path, template, code) of the findings whose unsafe fix was left: counted, not said.
+    withheld: set[tuple[str, str | None, str]] = field(default_factory=set)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -334,7 +346,7 @@ class _Fixing:
             sources = [metadata_template(source) or source for source in sources]
         files = [source for source in sources if source.container != "gguf"]
         try:
-            with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
+            with ProgressBar("fixing templates", len({source.path for source in files}), quiet=self.quiet) as bar:
                 fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
         except FixesInterrupted as stopped:
             # The files written before Ctrl-C or SIGTERM are named, then the run says it was
@@ -471,15 +483,25 @@ class _Fixing:
         done = done or ("fixed" if self.write else "would fix")
         for finding, title in fix.applied:
             self.say_finding(finding, done, title)
+        if done == "fixed":
+            self.result.fixed += len(fix.applied)
+        if fix.applied and fix.changed and not self.quiet:
+            # The template's own lines, before and after: a template held on one line of a
+            # JSON file is reviewed here, where the file's patch shows the whole line.
+            for line in edited_lines(fix.source.text, fix.patched):
+                self.say(line)
 
     def say_skipped(self, fix: TemplateFix) -> None:
         from .fix.options import NO_AUTOMATIC_FIX
 
+        for finding in fix.withheld:
+            self.withheld.add((str(finding.path), finding.template, finding.code))
         for finding, reason in fix.skipped if not self.quiet else ():
             # An informational finding of a rule without a fix fails nothing and had nothing
             # to try: "not fixed" read as a failure left behind. Its own line says the rest.
             if finding.severity != "info" or reason != NO_AUTOMATIC_FIX:
-                self.say_finding(finding, "not fixed", reason)
+                key = (str(finding.path), finding.template, finding.code)
+                self.skipped.setdefault(key, []).append((finding.line, reason))
 
     def say_refused(self, fix: TemplateFix) -> None:
         """A template none of whose fixes can be written (adjacent Python literals, a YAML
@@ -500,6 +522,17 @@ class _Fixing:
         run after ``--fix``, so it says why it was left."""
         from .fix.options import NO_AUTOMATIC_FIX
 
+        for item in linted:
+            for finding in item.findings:
+                key = (str(finding.path), finding.template, finding.code)
+                left = self.skipped.get(key)
+                if not left or (*key, finding.hypothesis) in self.addressed:
+                    continue
+                # The skipped fix of this code nearest the finding (a fix above it may have
+                # moved its line).
+                nearest = min(left, key=lambda entry: abs(entry[0] - finding.line))
+                left.remove(nearest)
+                self.say_finding(finding, "not fixed", nearest[1])
         unaddressed = [
             finding
             for item in linted
@@ -507,6 +540,7 @@ class _Fixing:
             if finding.fails(self.result.strict)
             and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
             and (str(finding.path), finding.template) not in self.refused
+            and (str(finding.path), finding.template, finding.code) not in self.withheld
         ]
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
@@ -522,6 +556,20 @@ class _Fixing:
             if at_one_place[(finding.location(), finding.code)] > 1 and finding.proof is not None:
                 why += f" (the {finding.proof.cause} divergence)"  # two causes at one place (PC103's date and analysis)
             self.say_finding(finding, "not fixed", why)
+
+
+def edited_lines(before: str, after: str) -> list[str]:
+    """The lines of a template a fix edited, as ``    5 - old`` and ``    5 + new`` (each
+    numbered in its own text)."""
+    import difflib
+
+    old, new = before.splitlines(), after.splitlines()
+    lines = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            lines += [f"{number:>5} - {old[number - 1]}" for number in range(i1 + 1, i2 + 1)]
+            lines += [f"{number:>5} + {new[number - 1]}" for number in range(j1 + 1, j2 + 1)]
+    return lines
 
 
 def _headline(finding: Finding, verb: str) -> str:

@@ -45,7 +45,11 @@ def check(facts: Facts) -> list[Finding]:
     if error is None:
         return []
     line = error.lineno or 1
-    return [RULE.at(Site(line, "", fixed_column=_column(facts, line, error.message or "")), f"template does not parse: {error.message}")]
+    return [
+        RULE.at(
+            Site(line, "", fixed_column=_column(facts, line, error.message or "")), f"template does not parse: {error.message}"
+        )
+    ]
 
 
 def _column(facts: Facts, line: int, message: str) -> int:

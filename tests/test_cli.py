@@ -189,7 +189,7 @@ def test_statistics_say_each_verdict_as_the_summary_counts_it():
 def test_statistics_in_sarif_or_github_is_a_usage_error(output_format):
     code, out, err = run("--statistics", "--format", output_format, str(CORPUS / "PC001_live_clock.jinja"))
     assert (code, out) == (2, "")
-    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use text or json)"
+    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use concise or json)"
 
 
 def test_explicit_check_subcommand_and_module_entry_point():

@@ -717,7 +717,7 @@ def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp
     code, out, _ = run(str(config), "--format", "json", "--no-prove")
     (advice,) = [finding["message"] for finding in json.loads(out) if finding["code"] == "PC004"]
     assert advice.endswith(
-        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+        'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
     )
     code, out, err = run(str(config), "--fix", "--no-prove", "--tool-args-style", style, "--format", "json")
     fixed = (

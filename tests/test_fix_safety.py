@@ -80,7 +80,9 @@ def test_the_check_ends_with_what_is_fixable(tmp_path, monkeypatch):
 
 
 def test_a_finding_without_a_fix_counts_as_none():
-    code, out, _ = run(str(CORPUS / "PC006_generation_prompt_mismatch.jinja"), str(CORPUS / "PC005_nondeterministic_render.jinja"))
+    code, out, _ = run(
+        str(CORPUS / "PC006_generation_prompt_mismatch.jinja"), str(CORPUS / "PC005_nondeterministic_render.jinja")
+    )
     assert code == 1
     assert not any(line.startswith("[*]") for line in out.splitlines())
 

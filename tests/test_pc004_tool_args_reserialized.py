@@ -352,7 +352,7 @@ def test_a_string_encoded_again_is_what_the_message_says():
     assert finding.message == (
         "tool-call arguments pass through `tojson`, which JSON-encodes an argument string a second time: the replay "
         'shows "{\\"city\\":\\"Paris\\"}" where the model wrote {"city":"Paris"}; '
-        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+        'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
     )
     (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "vllm")[1]
     assert 'which re-serialises them with ", " and ": " separators' in finding.message
