@@ -683,7 +683,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     assert sha(model) == model_bytes
 
 
-@pytest.mark.parametrize("mode", ["--fix", "--diff"])
+@pytest.mark.parametrize("mode", ["--fix", "--unsafe-fixes", "--diff", "--unsafe-fixes"])
 def test_fixed_is_never_said_of_a_companion_that_is_not_written(tmp_path, monkeypatch, mode):
     write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
@@ -837,7 +837,7 @@ def test_gguf_copy_never_overwrites(tmp_path):
 
 def test_gguf_copy_needs_fix(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    for flags in ([], ["--diff"], ["--fix", "--diff"]):
+    for flags in ([], ["--diff", "--unsafe-fixes"], ["--fix", "--unsafe-fixes", "--diff", "--unsafe-fixes"]):
         code, _, err = run(model, *flags, "--gguf-copy", tmp_path / "c.gguf")
         assert code == 2 and "--gguf-copy writes a fixed model: it needs --fix (and no --diff)" in err
     assert not (tmp_path / "c.gguf").exists()

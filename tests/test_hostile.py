@@ -209,8 +209,8 @@ def test_every_command_runs_a_hostile_template_under_the_limits(tmp_path, comman
     arguments = {
         "check": [template],
         "check --no-prove": [template, "--no-prove"],
-        "--fix": [template, "--fix", "--frozen-date", "2026-01-15"],
-        "--diff": [template, "--diff", "--frozen-date", "2026-01-15"],
+        "--fix": [template, "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"],
+        "--diff": [template, "--diff", "--unsafe-fixes", "--frozen-date", "2026-01-15"],
         "replay": ["replay", tmp_path / "log.jsonl", "--template", template],
         "diff": ["diff", tmp_path / "turn1.json", tmp_path / "turn2.json", "--template", template],
         "audit": ["audit", model, "--no-cache", "--format", "jsonl"],

@@ -203,7 +203,7 @@ def test_fix_leaves_a_switched_opener_it_has_no_fix_for_failing(tmp_path, monkey
     )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.jinja").write_text(source)
-    fixed = CliRunner().invoke(main, ["t.jinja", "--fix"])
+    fixed = CliRunner().invoke(main, ["t.jinja", "--fix", "--unsafe-fixes"])
     _, line, column = at("PC006", source, "<think></think>")
     assert fixed.exit_code == 1
     (said,) = [text for text in fixed.stdout.splitlines() if text.startswith(f"t.jinja:{line}:{column}: PC006")]
@@ -433,7 +433,7 @@ def test_the_place_is_the_same_in_json_sarif_and_the_fix_lines(tmp_path, monkeyp
     (result,) = sarif["runs"][0]["results"]
     region = result["locations"][0]["physicalLocation"]["region"]
     assert (region["startLine"], region["startColumn"]) == (line, column)
-    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix"])
+    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix", "--unsafe-fixes"])
     assert f"t.jinja:{line}:{column}: not fixed PC006 [generation-prompt-mismatch]" in fixed.stdout
 
 
