@@ -213,7 +213,9 @@ class Finding:
         """The message as every report shows it: a finding no render showed says so first,
         and one whose rule makes no edit for it says why."""
         label = f"({self.unproven_reason()}) " if self.unproven else ""
-        refused = f"; no automatic fix: {self.fix.message}" if self.fix is not None and not self.fix.available else ""
+        # (A finding the proof did not reproduce fails nothing: nothing to fix.)
+        declined = self.fix is not None and not self.fix.available and self.verdict() is not Verdict.UNPROVEN
+        refused = f"; no automatic fix: {self.fix.message}" if declined and self.fix is not None else ""
         return label + self.full_message(short) + refused
 
     def fixable(self, strict: bool = False) -> bool:
