@@ -526,7 +526,7 @@ class _Fixing:
             for finding in item.findings:
                 key = (str(finding.path), finding.template, finding.code)
                 left = self.skipped.get(key)
-                if not left or (*key, finding.hypothesis) in self.addressed:
+                if not left:
                     continue
                 # The skipped fix of this code nearest the finding (a fix above it may have
                 # moved its line).

@@ -660,7 +660,7 @@ def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path
     path = tmp_path / "config.py"
     before = 'chat_template = (\n    "{{ strftime_now(\'%Y\') }}"\n    "{% for m in messages %}{{ m.content }}{% endfor %}"\n)\n'
     path.write_text(before)
-    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--output-format", "full")
     assert path.read_text() == before
     assert err == ""
     assert out.splitlines()[0] == (

@@ -112,8 +112,8 @@ def text_report(
         if by_hand and fixed is not None:
             # What --fix left: how to get the run to pass.
             out.append(
-                f"No automatic fix for {', '.join(by_hand)}: `tmpl-lint rule CODE` shows what to write instead, "
-                "or `{# tmpl-lint: ignore[CODE] #}` on its line suppresses one."
+                f"Left to fix by hand: {', '.join(by_hand)} (`tmpl-lint rule CODE` shows what to write instead; "
+                "`{# tmpl-lint: ignore[CODE] #}` on its line suppresses one)."
             )
     return "\n".join(out) + ("\n" if out else "")
 
