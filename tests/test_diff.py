@@ -816,7 +816,7 @@ def test_a_turn_2_that_drops_turn_1s_last_messages_is_no_prefix_and_says_the_cli
         "(turn 1's message 2, assistant, content), where turn 1 goes on; cause client: message removed "
         "(turn 1's message 2, assistant), not the template",
         f"       {reusable} of {len(first)} chars reusable in 16-char blocks, 0 recomputed; "
-        "without rollback (hybrid models) 0 reusable",
+        "0 on a model that cannot roll back its state (a hybrid model reuses all of a prefix or none)",
     ]
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     result = json.loads(out)

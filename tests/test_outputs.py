@@ -215,7 +215,7 @@ def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
         verb = "fixed" if mode[0] == "--fix" else "would fix"
         assert f"a.jinja:11:87: {verb} PC002 [history-rewrite]" in err
     expected_patch = "--- a/a.jinja" in err
-    assert expected_patch == (mode[:1] == ["--diff", "--unsafe-fixes"])  # the patch goes where the report does not
+    assert expected_patch == (mode[:1] == ["--diff"])  # the patch goes where the report does not
 
 
 @pytest.mark.parametrize("output_format", ["sarif", "github"])
@@ -247,7 +247,7 @@ def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
     assert out == "No findings; 1 input could not be read (see the errors above).\n"
     assert err == f"tmpl-lint: error: {missing}: no such file or directory\n"
     code, out, _ = run(str(missing), str(CORPUS / "PC001_live_clock.jinja"), "--no-prove")
-    assert out.splitlines()[-1] == (
+    assert out.splitlines()[-2] == (
         "Found 1 finding (1 failing; 1 of the failing unproven); 1 input could not be read (see the errors above)."
     )
 
@@ -280,7 +280,7 @@ def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
     for name in ("clean_chatml.jinja", "PC001_live_clock.jinja"):
         shutil.copyfile(CORPUS / name, templates / name)
     shutil.copyfile(CORPUS.parent / "tests" / "hostile" / "nested_loops.jinja", templates / "nested_loops.jinja")
-    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q", "--render-timeout", "2"]
+    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "--render-timeout", "2"]
     environment = {**os.environ, "COLUMNS": "100"}
     # stderr a terminal: the bar is drawn there, and standard output is the report alone.
     primary, secondary = pty.openpty()
@@ -299,3 +299,13 @@ def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
     assert "PC101" in out  # the run lasted the render limit
     assert quiet_err == ""
     assert quiet_out == out
+    # -q on a terminal: quiet, no bar either
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen([*command, "-q"], stdout=subprocess.PIPE, stderr=secondary, env=environment)
+    os.close(secondary)
+    drawn = read_terminal(primary)
+    out = process.stdout.read().decode()
+    process.wait()
+    os.close(primary)
+    assert "PC101" in out
+    assert drawn == b""

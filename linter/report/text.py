@@ -63,7 +63,7 @@ def text_report(
         named = finding.template_label()
         if not full:
             head = f"{finding.location()}: {finding.code} [{finding.name}] {named}{finding.reported_message(short=True)}"
-            lines = _wrapped(head, "    ")
+            lines = [head] if quiet else _wrapped(head, "    ")  # -q: a line per finding, for scripts
             lines[0] = (
                 lines[0]
                 .replace(finding.location(), style(finding.location(), bold=True), 1)
