@@ -128,7 +128,9 @@ def test_a_newline_in_a_file_name_is_quoted_as_git_quotes_it_and_splits_no_line(
         "current time into the prompt: the prefix cache goes cold whenever the rendered date changes"
     ]
     assert err == f'tmpl-lint: error: "{tmp_path}/gone\\tz.jinja": no such file or directory\n'
-    code, out, _ = run("--output-format", "full", str(template), "-q", "--no-prove", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15")
+    code, out, _ = run(
+        "--output-format", "full", str(template), "-q", "--no-prove", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"
+    )
     assert out.splitlines()[0].startswith(f'"{tmp_path}/nl\\nx.jinja":3:28: fixed PC001 [live-clock]: ')
 
 
@@ -501,7 +503,9 @@ def test_a_template_name_holding_a_newline_is_quoted_and_splits_no_line(tmp_path
         f'{config}:1:55: PC001 [live-clock] (template "a\\nb\\"") (not proven: --no-prove) `strftime_now(...)` puts the '
         "current time into the prompt: the prefix cache goes cold whenever the rendered date changes",
     ]
-    code, out, _ = run("--output-format", "full", str(config), "--no-prove", "-q", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15")
+    code, out, _ = run(
+        "--output-format", "full", str(config), "--no-prove", "-q", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"
+    )
     assert out.splitlines()[0] == (
         f'{config}:1:55: fixed PC001 [live-clock] (template "a\\nb\\""): the model sees the date 2026 instead of '
         "today's unless the caller passes date_string"

@@ -325,7 +325,9 @@ def test_templates_that_render_alike_get_one_verdict_for_the_style_the_model_wri
         path.write_text(
             (CORPUS / "PC004_tool_args_reserialized.jinja").read_text().replace("call.arguments | tojson", expression)
         )
-        result = CliRunner().invoke(main, [str(path), "--output-format", "full", *(["--tool-args-style", style] if style else [])])
+        result = CliRunner().invoke(
+            main, [str(path), "--output-format", "full", *(["--tool-args-style", style] if style else [])]
+        )
         found[name] = result.exit_code
         if result.exit_code:
             assert result.stdout.startswith(f"{path}:5:89: PC004 [tool-args-reserialized]")

@@ -99,16 +99,7 @@ def text_report(
         fixable = fixable_line(findings, strict, unsafe_fixes, fixing=fixed is not None or unapplied)
         if fixable:
             out.append(fixable)
-        by_hand = sorted(
-            {
-                finding.code
-                for finding in findings
-                if finding.fails(strict)
-                and not (finding.fixable(strict) and finding.fix is not None and finding.fix.safety is FixSafety.UNSAFE)
-            }
-            if not unsafe_fixes
-            else {finding.code for finding in findings if finding.fails(strict)}
-        )
+        by_hand = sorted({finding.code for finding in findings if finding.fails(strict) and not finding.fixable(strict)})
         if by_hand and fixed is not None:
             # What --fix left: how to get the run to pass.
             out.append(
