@@ -62,6 +62,11 @@ def main() -> None:
 
     `tmpl-lint PATH...` lints tokenizer_config.json, chat_template.jinja / .json, *.jinja
     files, model directories and directories of them.
+
+    \b
+    Example:
+      tmpl-lint path/to/model/            # lint and prove
+      tmpl-lint path/to/model/ --fix      # apply the safe fixes
     """
 
 
@@ -278,7 +283,12 @@ def check(
     no_cache,
     chat_template_kwargs,
 ) -> None:
-    """Lint chat templates and prove each finding by rendering turn pairs."""
+    """Lint chat templates and prove each finding by rendering turn pairs.
+
+    \b
+    Example:
+      tmpl-lint check path/to/model/ --diff --unsafe-fixes | git apply
+    """
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
     if statistics and output_format in ("sarif", "github"):
@@ -370,7 +380,12 @@ def check(
 @main.command()
 @click.argument("code")
 def rule(code) -> None:
-    """Print a rule's page: what it does, why it breaks the cache, examples, the fix."""
+    """Print a rule's page: what it does, why it breaks the cache, examples, the fix.
+
+    \b
+    Example:
+      tmpl-lint rule PC002
+    """
     from .rules import lookup, page
 
     found = lookup(code)
@@ -382,7 +397,12 @@ def rule(code) -> None:
 
 @main.command()
 def rules() -> None:
-    """List every rule: code, name, default severity, its fix (safe or unsafe) and summary."""
+    """List every rule: code, name, default severity, its fix (safe or unsafe) and summary.
+
+    \b
+    Example:
+      tmpl-lint rules
+    """
     from .rules import RULES
 
     for rule in RULES:
@@ -410,7 +430,12 @@ def rules() -> None:
 @server_kwargs_option
 @config_option
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine, server_kwargs, config_path) -> None:
-    """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
+    """Where two consecutive requests of a session diverge (first token, reusable blocks, cause).
+
+    \b
+    Example:
+      tmpl-lint diff turn1.json turn2.json --tokenizer path/to/model
+    """
     from .commands import DiffOptions, run_diff
     from .diff import client_change, diff_text, dumps
 
@@ -441,7 +466,12 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 def render(request, template, tokenizer, output_format, engine, server_kwargs, config_path) -> None:
     """What the engine would feed the model for a chat-completions REQUEST: the prompt text
     and token ids, or the engine's refusal (exit 2). The offline twin of vLLM's
-    /v1/chat/completions/render."""
+    /v1/chat/completions/render.
+
+    \b
+    Example:
+      tmpl-lint render request.json --tokenizer path/to/model --engine sglang
+    """
     from .commands import Refused, RenderOptions, run_render
 
     options = RenderOptions(request, template, tokenizer, engine, config_path, server_kwargs)
@@ -492,7 +522,12 @@ def render(request, template, tokenizer, output_format, engine, server_kwargs, c
 def validate(log, server, model, template, tokenizer, deadline, output_format, engine, server_kwargs, config_path) -> None:
     """Send each request of LOG to a running engine's render endpoint and compare its token
     ids with the offline profile: the agreement, and the first disagreements with their
-    places. How to check tmpl-lint's model against your own engine version."""
+    places. How to check tmpl-lint's model against your own engine version.
+
+    \b
+    Example:
+      tmpl-lint validate traffic.jsonl --server http://localhost:8000 --tokenizer path/to/model
+    """
     from .commands import ValidateOptions, run_validate
     from .validate import text_report, to_json
 
@@ -556,7 +591,12 @@ def audit(
     engine,
     config_path,
 ) -> None:
-    """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
+    """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders.
+
+    \b
+    Example:
+      tmpl-lint audit Qwen/Qwen3-8B --tokens
+    """
     from .commands import AuditOptions, run_audit
     from .report.audit import html_page, print_audit
     from .report.progress import ProgressBar
@@ -701,7 +741,12 @@ def replay(
     config_path,
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
-    recomputed token was recomputed; before and after a fix."""
+    recomputed token was recomputed; before and after a fix.
+
+    \b
+    Example:
+      tmpl-lint replay traffic.jsonl --tokenizer path/to/model --compare fixed/chat_template.jinja
+    """
     from . import replay as replaying
     from .commands import ReplayOptions, run_replay
 
