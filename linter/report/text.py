@@ -72,7 +72,7 @@ def text_report(
             out.extend(lines)
             if quiet or finding.proof is None:
                 continue
-            out.extend(_wrapped("    " + proof_summary(finding.proof), "      "))
+            out.append("    " + proof_summary(finding.proof))  # one line: its words are ours, its length bounded
             if finding.proof.note:
                 proof_notes[finding.proof.note] = None
             continue
@@ -139,9 +139,8 @@ def proof_summary(proof: Proof) -> str:
         return f"proof: proven ({proof.evidence})"
     unit, cached = divergence.unit, divergence.prompt_tokens[0]
     return (
-        f"proof: {divergence.lost_tokens} of {cached} {unit}s recomputed every turn: calls "
-        f'{divergence.call + 1}->{divergence.call + 2} of "{divergence.scenario}" part at {unit} '
-        f"{divergence.first_divergence}, {divergence.place}"
+        f'proof: calls {divergence.call + 1}->{divergence.call + 2} of "{divergence.scenario}" part at {unit} '
+        f"{divergence.first_divergence}, {divergence.place}: {divergence.lost_tokens} of {cached} {unit}s recomputed"
     )
 
 
@@ -284,7 +283,7 @@ def summary(
         f"{verdicts[verdict]} {VERDICT_WORDS[verdict]}" for verdict in (Verdict.UNPROVEN, Verdict.INFO) if verdicts[verdict]
     ]
     if hidden_info and verdicts[Verdict.INFO]:
-        parts[-1] += " (not shown in a pre-commit run)"
+        parts[-1] += ", not shown in a pre-commit run"
     unproven_part = f"; {unproven} of the failing unproven" if unproven else ""
     if fixed:
         total = fixed + len(findings)
