@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import CORPUS
+from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.cli import main
 from tmpl_lint.rules import RULES
@@ -149,8 +150,10 @@ def test_a_one_line_json_template_is_reviewed_by_its_own_lines(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     code, patch, err = run("tokenizer_config.json", "--diff", "--frozen-date", FROZEN)
     assert code == 1
-    # The patch is of the file: its one line holding the template, removed and added.
+    # The patch is of the file: its one line holding the template, removed and added; it applies.
     assert patch.count("\n-{") == 1 and patch.count("\n+{") == 1
+    applies = subprocess.run(["git", "apply", "--check"], input=patch, text=True, cwd=tmp_path, capture_output=True)
+    assert (applies.returncode, applies.stderr) == (0, "")
     # The fix lines (on standard error under --diff) show the template's own lines 5 and 8.
     lines = err.splitlines()
     assert lines[0].startswith("tokenizer_config.json:1:")
@@ -175,3 +178,35 @@ def test_machine_formats_carry_each_fix_s_applicability(tmp_path, monkeypatch, o
     assert fixes["PC007"]["applicability"] == "safe"
     assert fixes["PC002"]["applicability"] == "unsafe"
     assert fixes["PC006"] is None
+
+
+@needs_shared
+def test_mistral_nemo_promises_no_fix_its_fixer_declines_and_fix_speaks_of_what_check_lists(tmp_path, monkeypatch):
+    """Mistral Nemo: its PC004 message promised that --fix rewrites the arguments, and --fix
+    then said "not fixed"; --fix also said "not fixed" of a PC003 at 51:16, which the check
+    shows only as the 27:50 finding's related location."""
+    shutil.copyfile(SHARED_TEMPLATES / "mistralai--Mistral-Nemo-Instruct-2407.jinja", tmp_path / "chat_template.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("chat_template.jinja", "--format", "json")
+    assert code == 1
+    findings = json.loads(out)
+    assert [(f["code"], f["line"], f["column"]) for f in findings] == [("PC003", 27, 50), ("PC004", 59, 46)]
+    assert [(r["line"], r["column"]) for r in findings[0]["related"]] == [(51, 16)]
+    assert [f["fix"] for f in findings] == [None, None]  # neither rule makes an edit here
+    pc004 = findings[1]
+    assert "--fix" not in pc004["message"]
+    code, text, _ = run("chat_template.jinja", "-q")
+    pc004_line = text.splitlines()[1]
+    assert pc004_line.endswith(
+        "; no automatic fix: the whole tool call is serialised (its name with its arguments), so the arguments cannot be "
+        "written on their own: write them apart, as the rule's page shows, or pass --tool-args-style spaced if the model "
+        "writes spaced JSON"
+    )
+    code, out, _ = run("chat_template.jinja", "--fix", "--unsafe-fixes")
+    assert code == 1
+    said = [line for line in out.splitlines() if ": not fixed " in line]
+    assert [line.split(": not fixed ")[0] for line in said] == ["chat_template.jinja:27:50", "chat_template.jinja:59:46"]
+    assert out.splitlines()[-1] == (
+        "Left to fix by hand: PC003, PC004 (`tmpl-lint rule CODE` shows what to write instead; "
+        "`{# tmpl-lint: ignore[CODE] #}` on its line suppresses one)."
+    )
