@@ -11,6 +11,7 @@ for importing no more than check needs.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -561,16 +562,46 @@ class _Fixing:
 
 def edited_lines(before: str, after: str) -> list[str]:
     """The lines of a template a fix edited, as ``    5 - old`` and ``    5 + new`` (each
-    numbered in its own text)."""
+    numbered in its own text). A long line (a template written on one line) is shown around
+    what changed in it, as ``git diff --word-diff`` would point there."""
     import difflib
 
     old, new = before.splitlines(), after.splitlines()
     lines = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if tag != "equal":
-            lines += [f"{number:>5} - {old[number - 1]}" for number in range(i1 + 1, i2 + 1)]
-            lines += [f"{number:>5} + {new[number - 1]}" for number in range(j1 + 1, j2 + 1)]
+        if tag == "equal":
+            continue
+        removed, added = old[i1:i2], new[j1:j2]
+        pairs = zip(removed, added) if len(removed) == len(added) else ()
+        windows = [_changed_window(one, other) for one, other in pairs]
+        removed = [window[0] for window in windows] or [_cut(line) for line in removed]
+        added = [window[1] for window in windows] or [_cut(line) for line in added]
+        lines += [f"{number:>5} - {line}" for number, line in zip(range(i1 + 1, i2 + 1), removed)]
+        lines += [f"{number:>5} + {line}" for number, line in zip(range(j1 + 1, j2 + 1), added)]
     return lines
+
+
+# Context kept on each side of what a fix changed in a long line.
+EDIT_CONTEXT = 40
+
+
+def _changed_window(old: str, new: str) -> tuple[str, str]:
+    """Both lines cut to what differs between them and some context, "…" where cut."""
+    if max(len(old), len(new)) <= 2 * EDIT_CONTEXT + 40:
+        return old, new
+    prefix = len(os.path.commonprefix([old, new]))
+    suffix = len(os.path.commonprefix([old[prefix:][::-1], new[prefix:][::-1]]))
+    start = max(0, prefix - EDIT_CONTEXT)
+
+    def window(line: str) -> str:
+        end = min(len(line), len(line) - suffix + EDIT_CONTEXT)
+        return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
+
+    return window(old), window(new)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= 2 * EDIT_CONTEXT + 40 else line[: 2 * EDIT_CONTEXT + 40] + "…"
 
 
 def _headline(finding: Finding, verb: str) -> str:

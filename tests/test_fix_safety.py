@@ -164,6 +164,24 @@ def test_a_one_line_json_template_is_reviewed_by_its_own_lines(tmp_path, monkeyp
     assert lines[3] == f"    8 - {original[7]}"
 
 
+def test_a_template_written_on_one_line_is_shown_around_what_changed(tmp_path, monkeypatch):
+    # The fixture's lines joined: one template line of 1,500 characters, edited in two places.
+    text = (CORPUS / "PC007_text_after_history.jinja").read_text().replace("\n", "")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": text}, ensure_ascii=False))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run("tokenizer_config.json", "--diff")
+    assert code == 1
+    removed, added = err.splitlines()[1:3]
+    # The lines part after "{%- " of the first `{%- set ns.is_tool = false %}` (the fix
+    # writes "{%- if ns.is_tool %}..." there), and meet again at the second's "{%- set".
+    first_edit = text.index("{%- set ns.is_tool = false %}") + len("{%- ")
+    last_edit_end = text.rindex("{%- set ns.is_tool = false %}", 0, text.index("{%- for tool in"))
+    # from 40 characters before the first edit to 40 after the last, cut with "…" either side
+    assert removed == f"    1 - …{text[first_edit - 40 : last_edit_end + 40]}…"
+    assert added.startswith(f"    1 + …{text[first_edit - 40 : first_edit]}if ns.is_tool %}}")
+    assert added.endswith("…") and len(added) < len(text)
+
+
 @pytest.mark.parametrize("output_format", ["json", "sarif"])
 def test_machine_formats_carry_each_fix_s_applicability(tmp_path, monkeypatch, output_format):
     three_files(tmp_path, monkeypatch)
