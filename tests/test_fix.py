@@ -109,7 +109,7 @@ def test_diff_counts_what_remains_once_its_fixes_are_applied(tmp_path):
     code, _, err = run(str(path), "--diff", "--unsafe-fixes", "--no-prove")
     assert code == 1
     assert err.splitlines()[-1] == "All checks pass once the fixes above are applied."
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert (code, out.splitlines()[-1]) == (0, "All checks passed!")
 
 
@@ -118,7 +118,7 @@ def test_second_fix_is_a_no_op(tmp_path):
     run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     once = path.read_bytes()
     assert b"(keep_history_reasoning or loop.index0 > -1)" in once
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert path.read_bytes() == once
     assert "fixed" not in out.replace("not fixed", "")
     assert (code, out.splitlines()[-1]) == (0, "All checks passed!")
