@@ -15,7 +15,9 @@ from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 from tmpl_lint.cli import main
 
 CLOCK = str(CORPUS / "PC001_live_clock.jinja")
-INFO = str(CORPUS / "PC006_generation_prompt_mismatch.jinja")  # informational: only when enable_thinking=false
+# informational: what follows the newest reply's end marker differs, a bounded loss
+INFO = str(CORPUS / "PC006_eos_after_newest_reply.jinja")
+SWITCHED = str(CORPUS / "PC006_generation_prompt_mismatch.jinja")  # breaks when enable_thinking=false
 # The fixture's system block holds the date: "Current date: 2026-03-02" against "...03", the
 # first character that differs is the day's last digit, char 68 (counted by hand: the
 # knowledge line is 26 characters, "<|im_start|>system\n" 19, "Current date: 2026-03-0" 23).
@@ -48,17 +50,17 @@ def test_concise_is_the_default_a_finding_s_line_and_its_proof_s(tmp_path, monke
 
 
 def test_long_messages_are_wrapped_and_the_switch_advice_is_short():
-    code, out, _ = run(INFO)
-    assert code == 0
+    code, out, _ = run(SWITCHED)
+    assert code == 1
     head = [line for line in out.splitlines() if not line.startswith("    proof: ")][:-1]
     assert all(len(line) <= 120 for line in head), head
-    assert head[0].startswith(f"{INFO}:12:13: PC006 [generation-prompt-mismatch] ")
+    assert head[0].startswith(f"{SWITCHED}:12:13: PC006 [generation-prompt-mismatch] ")
     assert all(line.startswith("    ") for line in head[1:])
     # the advice, without how to pass the value (per request, server-wide): that is full's
     joined = " ".join(line.strip() for line in head)
-    assert joined.endswith("only when enable_thinking=false: leave enable_thinking unset or pass true")
+    assert joined.endswith("breaks when enable_thinking=false (stable when true or unset); set enable_thinking=true to avoid it")
     assert "chat_template_kwargs" not in out
-    full = run(INFO, "--output-format", "full")[1]
+    full = run(SWITCHED, "--output-format", "full")[1]
     assert '(per request: chat_template_kwargs={"enable_thinking": true}; vLLM server-wide:' in full
 
 
@@ -82,7 +84,7 @@ def test_quiet_is_one_line_per_finding():
     lines = out.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{CLOCK}:3:28: PC001 [live-clock] ") and lines[0].endswith("when the clock moved a day")
-    assert lines[1].startswith(f"{INFO}:12:13: PC006 ")
+    assert lines[1].startswith(f"{INFO}:5:8: PC006 ")
 
 
 def test_a_pre_commit_run_counts_informational_findings_without_printing_them():
@@ -95,7 +97,7 @@ def test_a_pre_commit_run_counts_informational_findings_without_printing_them():
     ]
     # outside pre-commit it is printed, with its proof
     code, out, _ = run(CLOCK, INFO)
-    assert f"{INFO}:12:13: PC006 " in out
+    assert f"{INFO}:5:8: PC006 " in out
     assert out.splitlines()[-2] == "Found 2 findings (1 failing, 1 info)."
 
 

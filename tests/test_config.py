@@ -82,7 +82,7 @@ def test_a_key_like_no_known_one_lists_the_known_keys(tmp_path, monkeypatch):
     assert code == 2
     assert err == (
         f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: unknown key 'colour' (known: select, ignore, per-file-ignores, "
-        "block-size, frozen-date, tokenizer, strict, tool-args-style, unsafe-fixes)\n"
+        "block-size, frozen-date, tokenizer, strict, tool-args-style, chat-template-kwargs, unsafe-fixes)\n"
     )
 
 

@@ -110,7 +110,7 @@ def test_diff_counts_what_remains_once_its_fixes_are_applied(tmp_path):
     assert code == 1
     assert err.splitlines()[-1] == "All checks pass once the fixes above are applied."
     code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
-    assert (code, out.splitlines()[-1]) == (0, "All checks passed!")
+    assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (1 fixed, 0 remaining).")
 
 
 def test_second_fix_is_a_no_op(tmp_path):

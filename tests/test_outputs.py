@@ -204,7 +204,7 @@ def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
     monkeypatch.chdir(tmp_path)
     code, out, err = run("a.jinja", "b.jinja", "missing.jinja", "--format", "json", "--no-prove", *mode)
     findings = json.loads(out)
-    fixing = bool(mode) and mode[0] in ("--fix", "--unsafe-fixes", "--diff", "--unsafe-fixes")
+    fixing = bool(mode) and mode[0] in ("--fix", "--diff")
     # --fix and --diff keep every turn's reasoning whatever PC002's switch says; PC006 (only
     # with enable_thinking=false, a value a deployment may set) has no fix and stays
     found = {(finding["code"], finding["severity"]) for finding in findings}
@@ -215,7 +215,7 @@ def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
         verb = "fixed" if mode[0] == "--fix" else "would fix"
         assert f"a.jinja:11:87: {verb} PC002 [history-rewrite]" in err
     expected_patch = "--- a/a.jinja" in err
-    assert expected_patch == (mode[:1] == ["--diff", "--unsafe-fixes"])  # the patch goes where the report does not
+    assert expected_patch == (mode[:1] == ["--diff"])  # the patch goes where the report does not
 
 
 @pytest.mark.parametrize("output_format", ["sarif", "github"])
