@@ -484,8 +484,7 @@ class _Fixing:
         done = done or ("fixed" if self.write else "would fix")
         for finding, title in fix.applied:
             self.say_finding(finding, done, title)
-        if done == "fixed" and fix.source.container != "gguf":
-            # (A GGUF's fix goes beside the model, whose metadata the lint still reads.)
+        if done == "fixed":
             self.result.fixed += len(fix.applied)
         if fix.applied and fix.changed and not self.quiet:
             # The template's own lines, before and after: a template held on one line of a
