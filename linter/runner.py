@@ -327,6 +327,9 @@ class _Fixing:
     skipped: dict[tuple[str, str | None, str], list[tuple[int, str]]] = field(default_factory=dict)
     # (path, template, code) of the findings whose unsafe fix was left: counted, not said.
     withheld: set[tuple[str, str | None, str]] = field(default_factory=set)
+    # The template a GGUF model's fix was made in, by the (path, template) the check reads
+    # instead: the companion file beside the model.
+    read_as: dict[tuple[str, str | None], tuple[str, str | None]] = field(default_factory=dict)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -458,8 +461,8 @@ class _Fixing:
                 if placed.error is None:
                     note = companion_note(model, fix.source.name) if self.write else diff_note(model, fix.source.name)
                     now.append(replace(placed.now, note=note))
-                    for finding, _reason in fix.skipped:  # said of the model's template: not again of the file
-                        self.addressed.add((str(placed.now.path), placed.now.name, finding.code, finding.hypothesis))
+                    # what was not fixed in the model's template is said of the file the check reads
+                    self.read_as[(str(placed.now.path), placed.now.name)] = (str(fix.source.path), fix.source.name)
                 else:
                     now.append(fix.source)
             if self.write and self.gguf_copy is not None:
@@ -486,7 +489,7 @@ class _Fixing:
             self.say_finding(finding, done, title)
         if done == "fixed":
             self.result.fixed += len(fix.applied)
-        if fix.applied and fix.changed and not self.quiet:
+        if done in ("fixed", "would fix") and fix.applied and fix.changed and not self.quiet:
             # The template's own lines, before and after: a template held on one line of a
             # JSON file is reviewed here, where the file's patch shows the whole line.
             for line in edited_lines(fix.source.text, fix.patched):
@@ -525,7 +528,8 @@ class _Fixing:
 
         for item in linted:
             for finding in item.findings:
-                key = (str(finding.path), finding.template, finding.code)
+                fixed_in = self.read_as.get((str(finding.path), finding.template), (str(finding.path), finding.template))
+                key = (*fixed_in, finding.code)
                 left = self.skipped.get(key)
                 if not left:
                     continue
@@ -541,7 +545,8 @@ class _Fixing:
             if finding.fails(self.result.strict)
             and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
             and (str(finding.path), finding.template) not in self.refused
-            and (str(finding.path), finding.template, finding.code) not in self.withheld
+            and (*self.read_as.get((str(finding.path), finding.template), (str(finding.path), finding.template)), finding.code)
+            not in self.withheld
         ]
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():

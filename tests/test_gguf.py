@@ -568,9 +568,11 @@ def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path
     code, out, _ = run(model, "--fix", *FROZEN_FIX)
     declined = [line for line in out.splitlines() if "not fixed PC007" in line]
     assert code == 1
+    # said where the check finds it: in the fixed template beside the model, which the check
+    # reads (PC001's fix added a line above it)
     assert declined == [
-        f"{model}:default:{CLOCK[:prompt].count(chr(10)) + 1}:1: not fixed PC007 [text-after-history]: no edit keeps the model's trained format: "
-        "it was trained to see this after the messages"
+        f"{tmp_path / 'm.chat_template.jinja'}:{CLOCK[:prompt].count(chr(10)) + 2}:1: not fixed PC007 [text-after-history]: "
+        "no edit keeps the model's trained format: it was trained to see this after the messages"
     ]
 
 
@@ -600,7 +602,7 @@ def test_fix_writes_the_template_beside_the_model_and_the_check_reads_it_as_llam
         f"{model}:default: wrote the fixed template to {companion}",
         f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {companion}",
         checked_instead,
-        "All checks passed!",
+        "Found 1 finding (1 fixed, 0 remaining).",
     ]
     # again, and the check: the fixed file is what is read; nothing to fix, nothing "fixed"
     for flags in (["--fix"], []):
@@ -828,7 +830,8 @@ def test_gguf_copy_never_overwrites(tmp_path):
     code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
-    assert out.splitlines()[-1] == "No findings; 1 file could not be written (see the errors above)."
+    # the fix beside the model was written (and is what the check reads); the copy was not
+    assert out.splitlines()[-1] == "Found 1 finding (1 fixed, 0 remaining); 1 file could not be written (see the errors above)."
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
     code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", tmp_path)
@@ -1290,7 +1293,7 @@ def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_comma
     code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
     companion, copy = tmp_path / "a\nb.chat_template.jinja", tmp_path / "out" / "a\nb.gguf"
     assert code == 0 and companion.is_file() and copy.is_file()
-    lines = out.splitlines()
+    lines = without_edits(out).splitlines()
     quoted = '"' + str(tmp_path) + "/a\\nb"
     assert lines[1] == f'{quoted}.gguf":default: wrote the fixed template to {quoted}.chat_template.jinja"'
     assert lines[3].startswith(f'{quoted}.gguf": wrote "{tmp_path}/out/a\\nb.gguf", a copy')
