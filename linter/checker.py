@@ -242,13 +242,20 @@ def lint_with_facts(
     return facts, findings
 
 
+@dataclass(frozen=True)
+class OfferOptions:
+    """What a rule's fix reads of --fix's options (``fix.options.FixOptions``, a layer above)
+    to say what it would edit."""
+
+    frozen_date: date
+    tool_args_style: str | None = None
+
+
 def offer_fixes(facts: Facts, findings: list[Finding], tool_args_style: str | None) -> None:
     """Say on each finding what its rule's fix would do, or why it makes none: the check
     counts what ``--fix`` can do, and a finding promises no fix its rule declines. (The edit
     is verified only when ``--fix`` makes it.)"""
-    from .fix.options import FixOptions
-
-    options = FixOptions(date.today(), tool_args_style=tool_args_style)
+    options = OfferOptions(date.today(), tool_args_style)
     for finding in findings:
         rule = BY_CODE.get(finding.code)
         if rule is None or rule.RULE.fix_safety is None or rule.fix is None:
