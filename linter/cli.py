@@ -660,10 +660,11 @@ def replay(
     else:
         click.echo(replaying.text_report(result.summaries), nl=False)
     if html_file:
+        from .replay.chart import html_report
         from .writes import WriteError
 
         try:
-            write_report(html_file, replaying.html_report(result.summaries))
+            write_report(html_file, html_report(result.summaries))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)

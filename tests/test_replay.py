@@ -885,7 +885,7 @@ def test_the_configuration_gives_the_block_size(tmp_path, monkeypatch):
 
 def test_a_departure_before_the_first_message_says_so_and_names_no_message():
     from tmpl_lint.proofs import BEFORE_MESSAGES
-    from tmpl_lint.replay import Departure, TokenCause
+    from tmpl_lint.replay.attribution import Departure, TokenCause
 
     departure = Departure(TokenCause.TEMPLATE, "PC100 system", None, None, BEFORE_MESSAGES)
     assert departure.describe() == "template PC100 system, before the first message"
