@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import MAX_BLOCK_SIZE
+from .config import MAX_BLOCK_SIZE, MAX_SLOTS
 from .engines import ENGINES
 from .render import RenderLimits
 from .reporters import (
@@ -576,7 +576,9 @@ def audit(
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM's --kv-cache-dtype (auto: the model's dtype).")
 @click.option("--page-size", type=click.IntRange(1), default=1, show_default=True, help="SGLang's page size.")
 @click.option(
-    "--slots", type=click.IntRange(1), help="llama.cpp: slots the sessions share (--parallel); default one per session."
+    "--slots",
+    type=click.IntRange(1, MAX_SLOTS),
+    help="llama.cpp: slots the sessions share (--parallel); default one per session.",
 )
 @click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
 @click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checker import ProveOptions
+from .config import MAX_SLOTS
 from .findings import quoted_name
 from .render import RenderLimits
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError, read_config
@@ -166,6 +167,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     # A flag of another engine's cache would be read as if it changed these figures.
     if options.page_size != 1 and options.cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
+    if options.slots is not None and not 1 <= options.slots <= MAX_SLOTS:
+        raise OptionsError(f"--slots {options.slots} is not in the range 1 to {MAX_SLOTS}")
     if (options.slots is not None or options.cache_reuse) and options.cache_model != "llamacpp":
         flag = "--slots" if options.slots is not None else "--cache-reuse"
         raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
@@ -186,28 +189,30 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         if options.cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
         settings = replaying.CacheSettings(options.cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
-        calls, unread = replaying.read_log(options.log)
-        if not calls and not unread:  # (lines that are not requests are each an error of their own)
-            raise RunError(f"{options.log}: no requests to replay")
-        loaded = load_tokenizer(tokenizer) if tokenizer else None
-        templates = [("template", template, *read_template(template))]
-        if options.compare:
-            templates.append(("compare", options.compare, *read_template(options.compare)))
-        if vllm is not None:
-            vllm.discover(call.body.get("model") for call in calls)
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        groups = replaying.sessions(calls, options.session_key)
-        summaries, failed = [], []
-        for label, path, text, special in templates:
-            renderer = engine_for(options.engine, text, path, note)
-            tracer = replaying.Tracer(
-                text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
-            )
-            summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
-            summaries.append((label, summary))
-            # With --compare two templates replay the same lines: the line says whose failure it is.
-            whose = f"{quoted_name(path)}: " if options.compare else ""
-            failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
+        with replaying.read_log(options.log, options.session_key) as log:
+            if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
+                raise RunError(f"{options.log}: no requests to replay")
+            loaded = load_tokenizer(tokenizer) if tokenizer else None
+            templates = [("template", template, *read_template(template))]
+            if options.compare:
+                templates.append(("compare", options.compare, *read_template(options.compare)))
+            if vllm is not None:
+                vllm.discover(log.models)
+            server_ids = vllm.prompt_token_ids if vllm is not None else None
+            groups = replaying.sessions(log, options.session_key)
+            summaries, failed = [], []
+            for label, path, text, special in templates:
+                renderer = engine_for(options.engine, text, path, note)
+                tracer = replaying.Tracer(
+                    text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
+                )
+                jobs = 1 if options.server else options.jobs
+                summary, refused = replaying.replay(tracer, log, groups, settings, capacities, jobs)
+                summaries.append((label, summary))
+                # With --compare two templates replay the same lines: the line says whose failure it is.
+                whose = f"{quoted_name(path)}: " if options.compare else ""
+                failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
+            unread = log.problems
     except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 # The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
 MAX_BLOCK_SIZE = 1 << 20
+# llama-server's --parallel for replay: each slot is allocated up front; no server runs more.
+MAX_SLOTS = 65536
 KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict", "tool-args-style")
 # How a model writes tool-call arguments (as --tool-args-style): compact {"city":"Paris"}, spaced {"city": "Paris"}.
 TOOL_ARGS_STYLES = ("compact", "spaced")

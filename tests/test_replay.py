@@ -655,8 +655,9 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
         + json.dumps({"request": {"messages": second, "user": "u"}, "timestamp": "60"})
         + "\n"
     )
-    calls, problems = read_log(log)
-    assert problems == []
+    with read_log(log) as read:
+        assert read.problems == []
+        calls = [read.call(entry) for entry in read.entries]
     assert [call.timestamp for call in calls] == [datetime(1970, 1, 1, 0, 0), datetime(1970, 1, 1, 0, 1)]
     text, special = read_template(template)
     assert Tracer(text, None, special, "vllm").prompt(calls[0], None).text.startswith("Today: 1970-01-01\n<|im_start|>user\n")
@@ -1010,6 +1011,6 @@ def test_a_compare_template_that_fails_everywhere_is_named_and_rates_nothing(tmp
     assert "  steady state, each session's first request left out: n/a (no session sent a second request)" in lines
     compare = lines[lines.index(next(line for line in lines if line.startswith("compare: "))) :]
     assert compare[:2] == [
-        "compare: 0 requests in 2 sessions, vLLM prefix cache (blocks of 16, unbounded pool)",
+        "compare: 0 requests in 0 sessions, vLLM prefix cache (blocks of 16, unbounded pool)",
         "  Prefix cache hit rate: n/a (no request could be rendered)",
     ]

@@ -3,7 +3,7 @@
 Every request is rendered as the engine renders it and tokenized, only the text after what
 it shares with the session's previous prompt (``PrefixEncoder``); the reply as the model
 generated it: its logged ids or message, else the assistant message the session's next
-request sends back after it (``log.carried_replies``), else none, which the report says.
+request sends back after it (``log.carried_reply``), else none, which the report says.
 Where a prompt stops extending what the session's previous request left computed, the
 request is rendered once more with the client's own changes undone (the previous messages
 and reply as they were, its tools and options), to tell the tokens the client cost from
@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import re
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -42,7 +43,19 @@ from ..prover import (
 from ..render import FrozenClock, RenderError
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
-from .log import REASONING_KEYS, Call, Session, carried_replies, generated_ids, plain, reply_message, without_reasoning
+from .log import (
+    REASONING_KEYS,
+    Call,
+    Entry,
+    Log,
+    ReplayError,
+    Session,
+    carried_reply,
+    generated_ids,
+    plain,
+    reply_message,
+    without_reasoning,
+)
 
 # Below this many requests, forking workers costs more than it saves.
 PARALLEL_MINIMUM = 200
@@ -200,9 +213,9 @@ class Trace:
     line: int
     session: int
     shared: int
-    tail: list[int]
+    tail: array  # token ids (ids_array)
     prompt_tokens: int
-    generated: list[int] = field(default_factory=list)
+    generated: array = field(default_factory=lambda: array("I"))
     salt: str | None = None
     first: bool = True
     reply: ReplySource = ReplySource.LOGGED
@@ -366,38 +379,63 @@ class Tracer:
         text = with_reply[start:]
         return Reply(text, with_reply, start + len(_as_generated(text, reply)))
 
-    def trace(self, index: int, session: Session) -> tuple[list[Trace], list[tuple[int, str]]]:
-        """The session's traces, and (line, why) for each request the template cannot render:
-        the engine answers 400 and caches nothing, and the session goes on without it."""
+    def trace(self, index: int, session: Session, log: Log) -> tuple[list[Trace], list[tuple[int, str]]]:
+        """The session's traces, and (line, why) for each request the template cannot render
+        (the engine answers 400 and caches nothing) or that cannot be replayed: the session
+        goes on without it. Its requests are read from the log one at a time."""
         traces, problems = [], []
         previous: _Previous | None = None
-        carried = carried_replies(session.calls)
-        for position, call in enumerate(session.calls):
+        upcoming = _read(log, session.entries[0]) if session.entries else None
+        for position, entry in enumerate(session.entries):
+            call = upcoming
+            last = position == len(session.entries) - 1
+            upcoming = None if last else _read(log, session.entries[position + 1])
+            if isinstance(call, ReplayError):
+                problems.append((entry.line, str(call)))
+                continue
             try:
-                prompt = self.prompt(call, previous.prompt if previous else None)
+                carried = carried_reply(log, entry, upcoming if isinstance(upcoming, Call) else None)
+                trace, previous = self.trace_one(index, call, previous, carried, last, problems)
             except RenderError as error:
                 problems.append((call.line, f"the template fails on this request: {error}"))
                 continue
-            last = position == len(session.calls) - 1
-            reply, source = self.reply_of(call, carried[position], last)
-            try:
-                generated, generated_text = self.generated(call, prompt.text, reply)
-            except RenderError as error:
-                problems.append((call.line, f"the template fails on this request's reply: {error}"))
-                generated, generated_text = [], ""
-                if source is ReplySource.LATER_REQUEST:
-                    source = ReplySource.UNKNOWN
-            shared = common_prefix_length(previous.prompt.ids, prompt.ids) if previous else 0
-            trace = Trace(call.order, call.line, index, shared, prompt.ids[shared:], len(prompt.ids), generated, call.salt)
-            trace.reply = source
-            if previous is not None:
-                try:
-                    self.attribute(trace, previous, call, prompt)
-                except RenderError as error:  # the request with the client's changes undone
-                    problems.append((call.line, f"the template fails on this request as first sent: {error}"))
+            except Exception as error:  # noqa: BLE001 - one request nothing above foresaw: it is left out, not the session
+                if isinstance(error, ReplayError):
+                    problems.append((call.line, str(error)))
+                    continue
+                problems.append((call.line, f"cannot replay this request: {type(error).__name__}: {error}"))
+                continue
             traces.append(trace)
-            previous = _Previous(call, prompt, generated, generated_text, reply, carried[position])
         return traces, problems
+
+    def trace_one(
+        self,
+        index: int,
+        call: Call,
+        previous: _Previous | None,
+        carried: dict[str, Any] | None,
+        last: bool,
+        problems: list[tuple[int, str]],
+    ) -> tuple[Trace, _Previous]:
+        prompt = self.prompt(call, previous.prompt if previous else None)
+        reply, source = self.reply_of(call, carried, last)
+        try:
+            generated, generated_text = self.generated(call, prompt.text, reply)
+        except RenderError as error:
+            problems.append((call.line, f"the template fails on this request's reply: {error}"))
+            generated, generated_text = [], ""
+            if source is ReplySource.LATER_REQUEST:
+                source = ReplySource.UNKNOWN
+        shared = common_prefix_length(previous.prompt.ids, prompt.ids) if previous else 0
+        trace = Trace(call.order, call.line, index, shared, ids_array(prompt.ids[shared:]), len(prompt.ids), ids_array(generated))
+        trace.salt = call.salt
+        trace.reply = source
+        if previous is not None:
+            try:
+                self.attribute(trace, previous, call, prompt)
+            except RenderError as error:  # the request with the client's changes undone
+                problems.append((call.line, f"the template fails on this request as first sent: {error}"))
+        return trace, _Previous(call, prompt, generated, generated_text, reply, carried)
 
     def attribute(self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded) -> None:
         trace.first = False
@@ -577,36 +615,52 @@ def template_findings(template: str) -> list[Finding]:
     return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 
 
-def _trace_group(tracer: Tracer, groups: list[Session], indices: list[int]) -> tuple[list[Trace], list[tuple[int, str]]]:
+def _read(log: Log, entry: Entry) -> Call | ReplayError:
+    try:
+        return log.call(entry)
+    except ReplayError as error:
+        return error
+
+
+def ids_array(ids: list[int]) -> array:
+    """Token ids as 4 bytes each, not a Python int each: the traces of a whole log are held
+    until its last request has been through the cache."""
+    return array("I", ids)
+
+
+def _trace_group(
+    tracer: Tracer, log: Log, groups: list[Session], indices: list[int]
+) -> tuple[list[Trace], list[tuple[int, str]]]:
     traces, problems = [], []
     for index in indices:
-        traced, failed = tracer.trace(index, groups[index])
+        traced, failed = tracer.trace(index, groups[index], log)
         traces.extend(traced)
         problems.extend(failed)
     return traces, problems
 
 
-def trace_sessions(tracer: Tracer, groups: list[Session], jobs: int = 1) -> tuple[list[Trace], list[tuple[int, str]]]:
+def trace_sessions(tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1) -> tuple[list[Trace], list[tuple[int, str]]]:
     """Every request's trace in arrival order, and the requests the template refused.
 
     Rendering runs untrusted template code, so it runs in limited child processes
     (isolation.py), ``jobs`` of them at once, each with a share of the sessions (the
-    sessions with the most requests first, each to the least loaded share)."""
+    sessions with the most requests first, each to the least loaded share); each child
+    reads its sessions' requests from the log itself."""
     from ..isolation import parallel_map, run_isolated
 
-    requests = sum(len(group.calls) for group in groups)
+    requests = sum(len(group.entries) for group in groups)
     shares = max(1, min(jobs, len(groups))) if requests >= PARALLEL_MINIMUM else 1
     loads, parts = [0] * shares, [[] for _ in range(shares)]
-    for index in sorted(range(len(groups)), key=lambda i: len(groups[i].calls), reverse=True):
+    for index in sorted(range(len(groups)), key=lambda i: len(groups[i].entries), reverse=True):
         lightest = loads.index(min(loads))
         parts[lightest].append(index)
-        loads[lightest] += len(groups[index].calls)
+        loads[lightest] += len(groups[index].entries)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
     import gc
 
-    gc.freeze()  # the log's objects, inherited: no collection in a child walks (and copies) them
+    gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
-        done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, groups, part), seconds=None), parts, shares)
+        done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, log, groups, part), seconds=None), parts, shares)
     finally:
         gc.unfreeze()
     traces = [trace for traced, _ in done for trace in traced]

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
-from .log import ReplayError, Session
+from .log import Log, ReplayError, Session
 
 # --- pass 2: all requests through one cache ------------------------------------------
 
@@ -74,8 +74,9 @@ class Summary:
     unit: str
     granularity: int
     capacity_blocks: int | None
-    requests: int = 0
-    sessions: int = 0
+    requests: int = 0  # replayed
+    sessions: int = 0  # with a request replayed
+    grouped: int = 0  # in the log, replayed or not
     queries: int = 0
     hits: int = 0
     steady_queries: int = 0
@@ -212,18 +213,24 @@ def _session_json(figures: SessionFigures) -> dict[str, Any]:
 def simulate(
     traces: list[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
 ) -> Summary:
-    """Every request, in arrival order, through ``cache``."""
-    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(keys))
+    """Every request, in arrival order, through ``cache``. A session counts once one of its
+    requests is replayed (one whose every request the template refused is no session of
+    the figures); its prompt is held until its last request."""
+    final = {trace.session: number for number, trace in enumerate(traces)}
+    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(final))
+    summary.grouped = len(keys)
     summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
     figures = [SessionFigures(key) for key in keys]
     prompts: dict[int, list[int]] = {}
-    for trace in traces:
-        earlier = prompts.get(trace.session)
-        prompt = earlier[: trace.shared] + trace.tail if earlier is not None and trace.shared else trace.tail
-        prompts[trace.session] = prompt
+    for number, trace in enumerate(traces):
+        earlier = prompts.pop(trace.session, None)
+        tail = trace.tail.tolist()
+        prompt = earlier[: trace.shared] + tail if earlier is not None and trace.shared else tail
+        if final[trace.session] != number:
+            prompts[trace.session] = prompt
         try:
             served = cache.serve(
-                CacheRequest(trace.session, prompt, trace.generated, trace.salt, None if trace.first else trace.shared)
+                CacheRequest(trace.session, prompt, trace.generated.tolist(), trace.salt, None if trace.first else trace.shared)
             )
         except CacheError as error:
             summary.error = f"line {trace.line}: {error}"
@@ -280,7 +287,7 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
         if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request
-            why = "no request could be rendered" if summary.sessions else "no request in the log could be read"
+            why = "no request could be rendered" if summary.grouped else "no request in the log could be read"
             lines.append(f"  {name}: n/a ({why})")
         else:
             lines.append(
@@ -331,11 +338,11 @@ class CacheSettings:
 
 
 def replay(
-    tracer: Tracer, groups: list[Session], settings: CacheSettings, capacities: list[int | None], jobs: int = 1
+    tracer: Tracer, log: Log, groups: list[Session], settings: CacheSettings, capacities: list[int | None], jobs: int = 1
 ) -> tuple[Summary, list[tuple[int, str]]]:
     """The log through ``settings``' cache at each capacity: the summary of the first
     capacity that holds every request, with all of them as its sweep."""
-    traces, problems = trace_sessions(tracer, groups, jobs)
+    traces, problems = trace_sessions(tracer, log, groups, jobs)
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:

@@ -1,0 +1,180 @@
+"""`tmpl-lint replay` on hostile or mistaken input: one bad log line is one error line and the
+report covers the rest; resources are bounded before they are allocated; a killed replay
+leaves no child computing. No ../shared needed: templates are written here and measured in
+characters (no tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+
+from tmpl_lint.cli import main
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def replay(*args):
+    return CliRunner().invoke(main, ["replay", *map(str, args)])
+
+
+def request(user, content, timestamp="2026-03-01T09:00:00Z", **extra):
+    return {"timestamp": timestamp, "request": {"user": user, "messages": [{"role": "user", "content": content}]}, **extra}
+
+
+def write_log(path, entries):
+    path.write_text("".join((entry if isinstance(entry, str) else json.dumps(entry)) + "\n" for entry in entries))
+    return path
+
+
+def template(tmp_path, text=CHATML):
+    path = tmp_path / "chatml.jinja"
+    path.write_text(text)
+    return path
+
+
+# "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n": 55 characters.
+HELLO_CHARS = 55
+
+
+def test_one_bad_line_of_each_kind_is_one_error_line_and_the_rest_is_reported(tmp_path):
+    """Tool-call arguments nested 1,500 deep, a token id of 10^30, an ISO timestamp whose
+    offset takes it before year 1, and a number of 5,000 digits: each line gets exactly
+    one error line naming it, and the two good requests are reported."""
+    deep = "[" * 1500 + "]" * 1500
+    tool_call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": ' + deep + "}"}}
+    nested = {
+        "timestamp": "2026-03-01T09:00:01Z",
+        "request": {
+            "user": "b",
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+                {"role": "tool", "content": "ok"},
+            ],
+        },
+    }
+    huge_id = request("c", "hi", "2026-03-01T09:00:02Z", response={"token_ids": [1, 10**30]})
+    edge = request("d", "hi", "0001-01-01T00:00:00+01:00")
+    huge_number = '{"timestamp": 1' + "0" * 5000 + ', "request": {"user": "e", "messages": [{"role": "user", "content": "hi"}]}}'
+    log = write_log(tmp_path / "log.jsonl", [request("a", "hello"), nested, huge_id, edge, huge_number, request("f", "hello")])
+    result = replay(log, "--template", template(tmp_path), "--session-key", "user", "--format", "json")
+    assert result.stderr.splitlines() == [
+        f"tmpl-lint: error: {log}:2: tool-call arguments nested too deeply to read",
+        f"tmpl-lint: error: {log}:3: response token_ids: token id 1000000000000000000000000000000 is over 4294967295, beyond any vocabulary",
+        f"tmpl-lint: error: {log}:4: timestamp '0001-01-01T00:00:00+01:00' is out of range: in UTC it falls outside years 1 to 9999",
+        f"tmpl-lint: error: {log}:5: invalid JSON: a number of over 4,300 digits",
+    ]
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)["template"]
+    assert (report["requests"], report["sessions"]) == (2, 2)
+    # Two sessions, one request each: all cold but the 16-character block of the other's.
+    assert report["prefix_cache_queries"] == 2 * HELLO_CHARS
+    assert report["prefix_cache_hits"] == 48
+
+
+def test_a_json_array_is_one_error_line(tmp_path):
+    """A pretty-printed JSON array of requests (as `json.dump(requests, f, indent=2)` writes
+    it) is one error naming what it is, not an error per line and an all-zero report."""
+    log = tmp_path / "requests.json"
+    log.write_text(json.dumps([request("a", "hello")["request"], request("b", "hello")["request"]], indent=2))
+    result = replay(log, "--template", template(tmp_path))
+    assert result.stderr.splitlines() == [
+        f"tmpl-lint: error: {log}: a JSON array, not JSON Lines: replay reads one request object per line "
+        f"(jq -c '.[]' {log} writes them so)"
+    ]
+    assert (result.exit_code, result.stdout) == (2, "")
+
+
+def test_the_headline_counts_the_sessions_replayed(tmp_path):
+    """A session whose only request the template refuses is no session of the figures: never
+    "1 request in 2 sessions"."""
+    text = "{% if messages[0].content == 'boom' %}{{ raise_exception('no') }}{% endif %}" + CHATML
+    log = write_log(tmp_path / "log.jsonl", [request("a", "hello"), request("b", "boom", "2026-03-01T09:00:01Z")])
+    result = replay(log, "--template", template(tmp_path, text), "--session-key", "user")
+    assert result.exit_code == 2
+    assert result.stdout.splitlines()[0] == "template: 1 request in 1 session, vLLM prefix cache (blocks of 16, unbounded pool)"
+
+
+def test_slots_are_bounded_before_they_are_allocated(tmp_path):
+    log = write_log(tmp_path / "log.jsonl", [request("a", "hello")])
+    result = replay(log, "--template", template(tmp_path), "--cache-model", "llamacpp", "--slots", "1000000000")
+    assert result.exit_code == 2
+    assert "Invalid value for '--slots': 1000000000 is not in the range 1<=x<=65536." in result.output
+    assert "MemoryError" not in result.output
+
+
+def _descendants(pid):
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else ():
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as stream:
+                    children = [int(child) for child in stream.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            stack.extend(children)
+    return found
+
+
+def _running(pid):
+    """Alive and not a zombie waiting for a reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_render_children_die_with_a_killed_replay(tmp_path):
+    """SIGKILL of `tmpl-lint replay` while its children render: within a few seconds no
+    child is left computing (they used to run on for a minute)."""
+    # Each render loops for a while, under the render limit: the children are busy for long.
+    slow = (
+        "{% set ns = namespace(n=0) %}{% for i in range(500) %}{% for j in range(300) %}{% set ns.n = ns.n + 1 %}"
+        "{% endfor %}{% endfor %}" + CHATML
+    )
+    log = write_log(
+        tmp_path / "log.jsonl",
+        [
+            request(f"u{number}", f"question {number}", f"2026-03-01T09:{number // 60:02d}:{number % 60:02d}Z")
+            for number in range(240)
+        ],
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--template", str(template(tmp_path, slow)), "--jobs", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(children) < 2 and process.poll() is None:
+            time.sleep(0.1)
+            children = _descendants(process.pid)
+        assert len(children) == 2, "replay did not start its two render children"
+        time.sleep(0.5)  # rendering now
+        assert all(_running(child) for child in children)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_running(child) for child in children):
+            time.sleep(0.1)
+        assert [child for child in children if _running(child)] == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for child in children:  # a failed run leaves nothing behind either
+            if _running(child):
+                os.kill(child, signal.SIGKILL)
