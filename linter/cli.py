@@ -666,7 +666,7 @@ def replay(
         from .writes import WriteError
 
         try:
-            write_report(html_file, html_report(result.summaries))
+            write_report(html_file, html_report(result.named(), str(log), options.described()))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)

@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,11 +144,42 @@ class ReplayOptions:
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
+    def described(self) -> str:
+        """The options that decide the figures, as a command line would give them."""
+        given = [
+            ("--template", self.template),
+            ("--compare", self.compare),
+            ("--tokenizer", self.tokenizer),
+            ("--session-key", self.session_key),
+            ("--server", self.server),
+            ("--model", self.model),
+            ("--engine", self.engine),
+            ("--cache-model", self.cache_model),
+            ("--block-size", self.block_size),
+            ("--cache-blocks", self.cache_blocks),
+            ("--kv-cache-gib", self.kv_cache_gib),
+            ("--model-config", self.model_config),
+            ("--num-layers", self.num_layers),
+            ("--num-kv-heads", self.num_kv_heads),
+            ("--head-dim", self.head_dim),
+            ("--kv-cache-dtype", None if self.kv_cache_dtype == "auto" else self.kv_cache_dtype),
+            ("--page-size", None if self.page_size == 1 else self.page_size),
+            ("--slots", self.slots),
+            ("--cache-reuse", self.cache_reuse or None),
+            ("--default-chat-template-kwargs", json.dumps(self.server_kwargs) if self.server_kwargs else None),
+        ]
+        return " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value is not None)
+
 
 @dataclass
 class ReplayResult:
     summaries: list[tuple[str, Summary]]  # ("template", ...) and, with --compare, ("compare", ...)
     problems: list[str]  # the log's lines not replayed, each said once: "LOG:LINE: why"
+    files: dict[str, str] = field(default_factory=dict)  # label -> the template's file, as given
+
+    def named(self) -> list[tuple[str, Summary]]:
+        """The summaries under their templates' file names."""
+        return [(self.files.get(label, label), summary) for label, summary in self.summaries]
 
     @property
     def status(self) -> int:
@@ -161,6 +194,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .diff import RequestError, read_template
     from .isolation import IsolationError
     from .prover import resolve_special_tokens
+    from .replay.attribution import TemplateError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -207,7 +241,12 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                     text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
                 )
                 jobs = 1 if options.server else options.jobs
-                summary, refused = replaying.replay(tracer, log, groups, settings, capacities, jobs)
+                try:
+                    summary, refused = replaying.replay(
+                        tracer, log, groups, settings, capacities, jobs, f"replaying {quoted_name(path)}"
+                    )
+                except TemplateError as error:  # said once, not for every request
+                    raise RunError(f"{quoted_name(path)}: {error}") from None
                 summaries.append((label, summary))
                 # With --compare two templates replay the same lines: the line says whose failure it is.
                 whose = f"{quoted_name(path)}: " if options.compare else ""
@@ -217,7 +256,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None
-    return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])))
+    files = {label: quoted_name(path) for label, path, *_ in templates}
+    return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])), files)
 
 
 # --- tmpl-lint audit ----------------------------------------------------------------------

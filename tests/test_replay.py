@@ -214,7 +214,22 @@ def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
     assert "tokens lost, cumulative" in html_page and "request of the session" in html_page
     sweep_chart = html_page.split("<h2>Hit rate by cache capacity</h2>")[1].split("<h2>")[0]
     assert sweep_chart.count("<polyline") == 2  # both templates
-    assert "<li>" in sweep_chart and "template: vllm" in sweep_chart and "compare: vllm" in sweep_chart
+    # The page names what it replayed: the files, the log and the options.
+    assert "<li>" in sweep_chart and f"{original}: vllm" in sweep_chart and f"{fixed}: vllm" in sweep_chart
+    assert f"<p>Log: <code>{log}</code></p>" in html_page
+    assert (
+        f"<p>Options: <code>--template {original} --compare {fixed} --tokenizer {QWEN3} --session-key user "
+        "--engine vllm --cache-model vllm --cache-blocks 50,90,100000</code></p>"
+    ) in html_page
+    # A row for each capacity of each template, not the smallest alone; at 50 blocks the
+    # original's rate is the independent pool's.
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>vllm</td><td>blocks of 16, (\d+) blocks</td><td>([0-9.]+)%</td>", html_page)
+    assert [(name, int(blocks)) for name, blocks, _ in rows] == [
+        (str(path), blocks) for path in (original, fixed) for blocks in (50, 90, 100000)
+    ]
+    assert rows[0][2] == f"{hits / queries:.1%}"[:-1]
+    for (_, _, shown), point in zip(rows, before["sweep"] + after["sweep"]):
+        assert shown == f"{point['prefix_cache_hit_rate']:.1%}"[:-1]
     sessions_chart = html_page.split("<h2>Worst sessions")[1]
     legend = re.findall(r"<li>.*?</li>", sessions_chart)
     assert any(f"session {DROPPING}" in item for item in legend)  # named in the legend, not only in tooltips

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,3 +179,82 @@ def test_render_children_die_with_a_killed_replay(tmp_path):
         for child in children:  # a failed run leaves nothing behind either
             if _running(child):
                 os.kill(child, signal.SIGKILL)
+
+
+def two_turns(tmp_path):
+    """One session: "hello", then "hello", the reply "hi", "again"; no reply logged (the
+    first one's is taken from the second request)."""
+    first = [{"role": "user", "content": "hello"}]
+    second = first + [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
+    return write_log(
+        tmp_path / "log.jsonl",
+        [
+            {"timestamp": "2026-03-01T09:00:00Z", "request": {"user": "u", "messages": first}},
+            {"timestamp": "2026-03-01T09:01:00Z", "request": {"user": "u", "messages": second}},
+        ],
+    )
+
+
+def test_compare_prints_the_delta(tmp_path):
+    """CHATML: the second prompt (123 characters) extends the first (55) and its reply
+    "hi<|im_end|>", of which 66 characters are cached (the last generated one never is): 4
+    blocks, 64 hits of 178, 36.0%. A template that prints the message count first departs
+    at character 0: no hit, and the 64 characters the session had computed are the
+    template's loss."""
+    log = two_turns(tmp_path)
+    counting = tmp_path / "counting.jinja"
+    counting.write_text("{{ messages | length }}" + CHATML)
+    result = replay(log, "--template", template(tmp_path), "--compare", counting, "--session-key", "user")
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[-1] == (
+        "compare against template: hit rate 36.0% -> 0.0% (-36.0 points); chars lost 0 -> 64, to the template 0 -> 64"
+    )
+
+
+def test_a_template_that_does_not_parse_is_one_error(tmp_path):
+    log = two_turns(tmp_path)
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }\n")
+    result = replay(log, "--template", broken, "--session-key", "user")
+    assert result.stderr.splitlines() == [f"tmpl-lint: error: {broken}: template does not parse: unexpected '}}' (line 1)"]
+    assert (result.exit_code, result.stdout) == (2, "")
+
+
+def test_a_progress_bar_on_a_terminal(tmp_path):
+    """On a terminal, a replay that lasts over a second shows a bar naming the template and
+    counting requests; piped, it shows none (the other tests)."""
+    import pty
+
+    slow = (
+        "{% set ns = namespace(n=0) %}{% for i in range(400) %}{% for j in range(300) %}{% set ns.n = ns.n + 1 %}"
+        "{% endfor %}{% endfor %}" + CHATML
+    )
+    log = write_log(
+        tmp_path / "log.jsonl",
+        [request(f"u{number}", f"question {number}", f"2026-03-01T09:00:{number:02d}Z") for number in range(6)],
+    )
+    path = template(tmp_path, slow)
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--template", str(path), "--jobs", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "200", "TERM": "xterm"},
+    )
+    os.close(terminal)
+    shown = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        process.wait(timeout=120)
+        os.close(controller)
+    assert process.returncode == 0
+    assert f"replaying {path}".encode() in shown
+    assert re.search(rb"\d+/6", shown)

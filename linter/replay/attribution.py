@@ -629,25 +629,52 @@ def ids_array(ids: list[int]) -> array:
 
 
 def _trace_group(
-    tracer: Tracer, log: Log, groups: list[Session], indices: list[int]
+    tracer: Tracer, log: Log, groups: list[Session], indices: list[int], done: Any = None, share: int = 0
 ) -> tuple[list[Trace], list[tuple[int, str]]]:
     traces, problems = [], []
     for index in indices:
         traced, failed = tracer.trace(index, groups[index], log)
         traces.extend(traced)
         problems.extend(failed)
+        if done is not None:
+            done[share] += len(groups[index].entries)
     return traces, problems
 
 
-def trace_sessions(tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1) -> tuple[list[Trace], list[tuple[int, str]]]:
+class TemplateError(ReplayError):
+    """The template renders no request: said once, not once per request."""
+
+
+def _compiles(template: str) -> str | None:
+    from ..render import compile_template
+
+    try:
+        compile_template(template)
+    except RenderError as error:
+        return str(error)
+    return None
+
+
+def trace_sessions(
+    tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1, description: str = "replaying requests"
+) -> tuple[list[Trace], list[tuple[int, str]]]:
     """Every request's trace in arrival order, and the requests the template refused.
 
     Rendering runs untrusted template code, so it runs in limited child processes
     (isolation.py), ``jobs`` of them at once, each with a share of the sessions (the
     sessions with the most requests first, each to the least loaded share); each child
-    reads its sessions' requests from the log itself."""
-    from ..isolation import parallel_map, run_isolated
+    reads its sessions' requests from the log itself, and counts the requests it is done
+    with where the parent's progress bar reads them. A template that does not compile
+    raises TemplateError before any request is rendered."""
+    import multiprocessing
 
+    from ..isolation import parallel_map, run_isolated
+    from ..progress import ProgressBar
+
+    if tracer.engine != HARMONY:  # openai-harmony renders gpt-oss without the template
+        failure = run_isolated(_compiles, (tracer.template,))
+        if failure is not None:
+            raise TemplateError(failure)
     requests = sum(len(group.entries) for group in groups)
     shares = max(1, min(jobs, len(groups))) if requests >= PARALLEL_MINIMUM else 1
     loads, parts = [0] * shares, [[] for _ in range(shares)]
@@ -658,11 +685,46 @@ def trace_sessions(tracer: Tracer, log: Log, groups: list[Session], jobs: int = 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
     import gc
 
+    done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
-        done = parallel_map(lambda part: run_isolated(_trace_group, (tracer, log, groups, part), seconds=None), parts, shares)
+        with ProgressBar(description, requests) as bar, _Following(done, bar):
+            finished = parallel_map(
+                lambda share: run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share), seconds=None),
+                range(shares),
+                shares,
+            )
     finally:
         gc.unfreeze()
-    traces = [trace for traced, _ in done for trace in traced]
+    traces = [trace for traced, _ in finished for trace in traced]
     traces.sort(key=lambda trace: trace.order)
-    return traces, sorted(problem for _, failed in done for problem in failed)
+    return traces, sorted(problem for _, failed in finished for problem in failed)
+
+
+class _Following:
+    """Within: a thread moves ``bar`` on as the children's counters in ``done`` grow."""
+
+    def __init__(self, done: Any, bar: Any, every: float = 0.2):
+        import threading
+
+        self.done, self.bar, self.every = done, bar, every
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def _follow(self) -> None:
+        shown = 0
+        while not self.stopped.wait(self.every):
+            total = sum(self.done)
+            for _ in range(total - shown):
+                self.bar.advance()
+            shown = total
+
+    def __enter__(self) -> _Following:
+        if self.bar.total:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join()

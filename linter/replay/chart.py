@@ -121,21 +121,32 @@ def _sessions_chart(results: list[tuple[str, Summary]]) -> str:
     )
 
 
-def html_report(results: list[tuple[str, Summary]]) -> str:
-    """One self-contained page: the headline figures, the hit-rate curve over the capacities
-    swept, and the tokens the worst sessions lost, request by request."""
-    rows = "".join(
-        f"<tr><td>{html.escape(label)}</td><td>{html.escape(summary.cache_model)}</td>"
-        f"<td>{html.escape(capacity_text(summary))}</td><td>{summary.hit_rate:.1%}</td>"
-        f"<td>{summary.steady_hit_rate:.1%}</td><td>{summary.ideal_hit_rate:.1%}</td></tr>"
-        for label, summary in results
-    )
+def html_report(results: list[tuple[str, Summary]], log: str = "", options: str = "") -> str:
+    """One self-contained page: what was replayed (the log, the options, each template by
+    its file name, the label of its series), the figures at each capacity, the hit-rate
+    curve over the capacities swept, and the tokens the worst sessions lost, request by
+    request."""
+    rows = []
+    for label, summary in results:
+        for point in summary.sweep or [summary]:
+            figures = (
+                ["does not fit a request", "", ""]
+                if point.error
+                else [f"{point.hit_rate:.1%}", f"{point.steady_hit_rate:.1%}", f"{point.ideal_hit_rate:.1%}"]
+            )
+            cells = [label, point.cache_model, capacity_text(point), *figures]
+            rows.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
     table = (
         "<table><tr><th>template</th><th>cache</th><th>capacity</th><th>prefix cache hit rate (every request)</th>"
-        f"<th>steady state</th><th>ideal</th></tr>{rows}</table>"
+        f"<th>steady state</th><th>ideal</th></tr>{''.join(rows)}</table>"
     )
+    what = ""
+    if log:
+        what += f"<p>Log: <code>{html.escape(log)}</code></p>"
+    if options:
+        what += f"<p>Options: <code>{html.escape(options)}</code></p>"
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint replay</title>'
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style></head><body>"
-        f"<h1>tmpl-lint replay</h1>{table}{_sweep_chart(results)}{_sessions_chart(results)}</body></html>\n"
+        f"<h1>tmpl-lint replay</h1>{what}{table}{_sweep_chart(results)}{_sessions_chart(results)}</body></html>\n"
     )

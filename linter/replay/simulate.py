@@ -322,7 +322,23 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
                 for point in summary.sweep
             )
             lines.append(f"  hit rate by --cache-blocks: {points}")
+    if len(results) == 2:
+        lines.append(delta_line(results))
     return "\n".join(lines) + "\n"
+
+
+def delta_line(results: list[tuple[str, Summary]]) -> str:
+    """What the second template changes against the first, at the same cache."""
+    (first_label, first), (second_label, second) = results
+    rates = ("n/a" if not summary.queries else f"{summary.hit_rate:.1%}" for summary in (first, second))
+    line = f"{second_label} against {first_label}: hit rate {' -> '.join(rates)}"
+    if first.queries and second.queries:
+        line += f" ({(second.hit_rate - first.hit_rate) * 100:+.1f} points)"
+    unit = first.unit
+    lost = [sum(summary.tokens[cause] for cause in LOST) for summary in (first, second)]
+    template = [summary.tokens[TokenCause.TEMPLATE] for summary in (first, second)]
+    line += f"; {unit}s lost {lost[0]:,} -> {lost[1]:,}, to the template {template[0]:,} -> {template[1]:,}"
+    return line
 
 
 # --- the command ---------------------------------------------------------------------
@@ -338,11 +354,18 @@ class CacheSettings:
 
 
 def replay(
-    tracer: Tracer, log: Log, groups: list[Session], settings: CacheSettings, capacities: list[int | None], jobs: int = 1
+    tracer: Tracer,
+    log: Log,
+    groups: list[Session],
+    settings: CacheSettings,
+    capacities: list[int | None],
+    jobs: int = 1,
+    description: str = "replaying requests",
 ) -> tuple[Summary, list[tuple[int, str]]]:
     """The log through ``settings``' cache at each capacity: the summary of the first
-    capacity that holds every request, with all of them as its sweep."""
-    traces, problems = trace_sessions(tracer, log, groups, jobs)
+    capacity that holds every request, with all of them as its sweep. ``description``
+    names the progress bar."""
+    traces, problems = trace_sessions(tracer, log, groups, jobs, description)
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:
