@@ -194,7 +194,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .diff import RequestError, read_template
     from .isolation import IsolationError
     from .prover import resolve_special_tokens
-    from .replay.attribution import TemplateError
+    from .replay.attribution import TemplateError, reasoning_note
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -234,6 +234,9 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 vllm.discover(log.models)
             server_ids = vllm.prompt_token_ids if vllm is not None else None
             groups = replaying.sessions(log, options.session_key)
+            said = reasoning_note(log.reasoning, options.engine)
+            if said:
+                note(said)
             summaries, failed = [], []
             for label, path, text, special in templates:
                 renderer = engine_for(options.engine, text, path, note)

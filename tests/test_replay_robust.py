@@ -258,3 +258,59 @@ def test_a_progress_bar_on_a_terminal(tmp_path):
     assert process.returncode == 0
     assert f"replaying {path}".encode() in shown
     assert re.search(rb"\d+/6", shown)
+
+
+REASONING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def reasoning_log(tmp_path, reply_field, history_field="reasoning", name="log.jsonl"):
+    """One session: "hello", answered "hi" after reasoning "think hard" (logged under
+    ``reply_field``), then the history sent back with it under ``history_field``."""
+    first = [{"role": "user", "content": "hello"}]
+    second = first + [
+        {"role": "assistant", "content": "hi", history_field: "think hard"},
+        {"role": "user", "content": "again"},
+    ]
+    reply = {"role": "assistant", "content": "hi", reply_field: "think hard"}
+    return write_log(
+        tmp_path / name,
+        [
+            {
+                "timestamp": "2026-03-01T09:00:00Z",
+                "request": {"user": "u", "messages": first},
+                "response": {"choices": [{"message": reply}]},
+            },
+            {"timestamp": "2026-03-01T09:01:00Z", "request": {"user": "u", "messages": second}},
+        ],
+    )
+
+
+def test_a_reply_s_reasoning_is_read_under_any_of_its_names(tmp_path):
+    """The model generated "<think>think hard</think>hi<|im_end|>" (37 characters) whatever
+    the log calls the field: after the 55-character prompt, 91 characters are cached (the
+    last generated one never is), 5 blocks; the second prompt (148) extends them: 80 hits
+    of 203, nothing lost. Read under `reasoning_content` alone, a `thinking` reply was
+    rendered without its reasoning, and the template was blamed for the difference."""
+    path = template(tmp_path, REASONING_TEMPLATE)
+    for field in ("reasoning_content", "reasoning", "thinking"):
+        log = reasoning_log(tmp_path, field, name=f"{field}.jsonl")
+        result = replay(log, "--template", path, "--session-key", "user", "--format", "json")
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)["template"]
+        assert (report["prefix_cache_hits"], report["prefix_cache_queries"], report["lost_tokens"]) == (80, 203, 0), field
+
+
+def test_the_reasoning_fields_of_the_log_are_said_once(tmp_path):
+    """Which fields the log carries, and what the engine passes of each to the template
+    (asked of the engine profile; vLLM reads no `thinking`), in one note line."""
+    log = reasoning_log(tmp_path, "thinking", history_field="thinking")
+    result = replay(log, "--template", template(tmp_path, REASONING_TEMPLATE), "--session-key", "user", "--engine", "vllm")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template; "
+        "1 logged reply carries `thinking`, read as the reply's reasoning"
+    ]

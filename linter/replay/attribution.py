@@ -317,12 +317,27 @@ class Tracer:
         none."""
         logged = reply_message(call.response)
         if logged is not None:
-            return logged, ReplySource.LOGGED
+            return self.generated_reasoning(logged), ReplySource.LOGGED
         if generated_ids(call.response) is not None:
             return None, ReplySource.LOGGED  # its message is found where a prompt departs (``attribute``)
         if carried is not None:
             return carried, ReplySource.LATER_REQUEST
         return None, ReplySource.LAST if last else ReplySource.UNKNOWN
+
+    @functools.cached_property
+    def reasoning_field(self) -> str | None:
+        """The name under which the engine hands a message's reasoning to the template: the
+        first of REASONING_KEYS it passes on (asked of the engine, ``passed_reasoning``)."""
+        return next((key for key in REASONING_KEYS if passed_reasoning(self.engine, key)), None)
+
+    def generated_reasoning(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """A logged reply with its reasoning, under whichever name the engine returned it
+        (``reasoning_content``, ``reasoning``, ``thinking``), where the template is handed
+        it: the model generated that reasoning, whatever the log calls it."""
+        found = next((key for key in REASONING_KEYS if isinstance(reply.get(key), str)), None)
+        if found is None or self.reasoning_field is None or found == self.reasoning_field:
+            return reply
+        return without_reasoning(reply) | {self.reasoning_field: reply[found]}
 
     def message_of_ids(self, call: Call, prompt: str, ids: list[int], carried: dict[str, Any] | None) -> dict[str, Any] | None:
         """The message a reply logged as token ids only is, where one renders as exactly
@@ -522,6 +537,46 @@ class Tracer:
             divergence.before,
             divergence.after,
         )
+
+
+_PROBE = "\0reasoning\0"
+# Prints the names under which the first message holds the probe: what the template sees.
+_NAMES_SEEN = "{% for key, value in messages[0].items() %}{% if value == probe %}{{ key }} {% endif %}{% endfor %}"
+
+
+@functools.cache
+def passed_reasoning(engine: str, field: str) -> tuple[str, ...]:
+    """The names under which ``engine`` hands the template an assistant message's ``field``
+    as a client sent it; empty where it drops it. Asked of the engine's own request path
+    (``render_prompt``), so it says what the renders do."""
+    if engine == HARMONY:
+        return ()
+    message = {"role": "assistant", "content": "", field: _PROBE}
+    clock = FrozenClock(datetime(2026, 1, 1))
+    text = render_prompt(engine, _NAMES_SEEN, [message], clock=clock, kwargs={"probe": _PROBE}, add_generation_prompt=False).text
+    return tuple(sorted(text.split()))
+
+
+def reasoning_note(counts: dict[tuple[str, str], int], engine: str) -> str | None:
+    """What the log carries of reasoning, and what the engine passes of it to the template,
+    said once per run: ``counts`` maps ("request"|"reply", field) to how many messages."""
+    parts = []
+    for name in REASONING_KEYS:
+        requests, replies = counts.get(("request", name), 0), counts.get(("reply", name), 0)
+        if requests:
+            passed = passed_reasoning(engine, name)
+            names = " and ".join(f"`{name}`" for name in passed)
+            fate = (
+                f"which --engine {engine} passes to the template as {names}"
+                if passed
+                else (f"which --engine {engine} does not pass to the template")
+            )
+            parts.append(f"{requests:,} request {'messages carry' if requests != 1 else 'message carries'} `{name}`, {fate}")
+        if replies:
+            parts.append(
+                f"{replies:,} logged {'replies carry' if replies != 1 else 'reply carries'} `{name}`, read as the reply's reasoning"
+            )
+    return "; ".join(parts) or None
 
 
 # A reasoning block's closing tag: </think>, </thinking>, </reasoning>...

@@ -132,6 +132,8 @@ class Log:
         self.entries: list[Entry] = []
         self.problems: list[ReplayError] = []
         self.models: dict[str | None, None] = {}  # the "model" fields (None: absent), in file order, for --server
+        # ("request" or "reply", field) -> messages carrying reasoning under that field
+        self.reasoning: dict[tuple[str, str], int] = {}
         self._file: Any = None
         self._read(session_key)
 
@@ -180,10 +182,19 @@ class Log:
                         key = None if found is None else str(found)
                     model = call.body.get("model")
                     self.models.setdefault(model if isinstance(model, str) else None)
+                    self._count_reasoning(call)
                     self.entries.append(Entry(number, offset, len(line), call.timestamp, key))
             offset += len(line)
         if copy is not None:
             copy.flush()
+
+    def _count_reasoning(self, call: Call) -> None:
+        reply = reply_message(call.response)
+        for side, messages in (("request", call.messages), ("reply", [reply] if reply is not None else [])):
+            for message in messages:
+                for name in REASONING_KEYS:
+                    if message.get(name):
+                        self.reasoning[(side, name)] = self.reasoning.get((side, name), 0) + 1
 
     def call(self, entry: Entry) -> Call:
         """The request of ``entry``, read again from its line."""
