@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 
 from tmpl_lint.checker import ProveOptions, lint_source, lint_with_facts
-from tmpl_lint.engines import HARMONY, EngineError, render_prompt, resolve_engine
-from tmpl_lint.prover import Prover, switch_values
+from tmpl_lint.engines import render_prompt, resolve_engine
+from tmpl_lint.engines.base import HARMONY, EngineError
+from tmpl_lint.proving.session import Prover, switch_values
 from tmpl_lint.render import FrozenClock, RenderError
 from tmpl_lint.sources import collect
 from tmpl_lint.tokenizer import HarmonyVocabularyTokenizer, load_tokenizer

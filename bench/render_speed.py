@@ -5,7 +5,7 @@ as the audit proves): recorded once, then each rendered by tmpl-lint as a proof 
 (the engine's preprocessing, the copy, the limits: ``render_prompt``; alone, and inside one
 ``render_session`` per template, as a proof can open it), and by the compiled template
 alone on the request already prepared (the floor: what the template's own code costs,
-all that render.py and engines.py add left out). transformers' ``render_jinja_template``
+all that render.py and engines/ add left out). transformers' ``render_jinja_template``
 of the same request is printed for reference. Requests that either refuses are left out.
 The ways run in turn, best of 5 rounds; CPU time.
 Run: python bench/render_speed.py
@@ -20,8 +20,9 @@ from pathlib import Path
 
 from tmpl_lint import render
 from tmpl_lint.checker import lint_with_facts
-from tmpl_lint.engines import HARMONY, EngineError, prepare, render_prompt, resolve_engine
-from tmpl_lint.prover import Prover, switch_values
+from tmpl_lint.engines import prepare, render_prompt, resolve_engine
+from tmpl_lint.engines.base import HARMONY, EngineError
+from tmpl_lint.proving.session import Prover, switch_values
 from tmpl_lint.render import FrozenClock, RenderError, compile_template, copy_request, prepare_messages, render_session
 from tmpl_lint.sources import collect
 

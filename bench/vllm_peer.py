@@ -23,11 +23,12 @@ from pathlib import Path
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.diff import read_template
 from tmpl_lint.engines import render_prompt, resolve_engine
-from tmpl_lint.prover import switch_values
+from tmpl_lint.inputs import TemplateSource
+from tmpl_lint.proving.session import switch_values
 from tmpl_lint.render import FrozenClock
 from tmpl_lint.scenarios import scenarios
 from tmpl_lint.server import ServerError, prompt_token_ids
-from tmpl_lint.sources import TemplateSource, model_type_beside
+from tmpl_lint.sources import model_type_beside
 from tmpl_lint.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import html
 import json
 import os
 import re
@@ -24,11 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checker import ProveOptions, Selection, lint_isolated, ready_to_fork
+from .checker import ProveOptions, lint_isolated, ready_to_fork
 from .config import cache_directory
-from .engines import ENGINE_ENVIRONMENT
+from .engines.base import ENGINE_ENVIRONMENT
+from .inputs import SourceError, TemplateSource
 from .isolation import calls_as_submitted, long_lived_workers, start_workers
-from .sources import SourceError, TemplateSource, collect, model_type_beside
+from .selection import Selection
+from .sources import collect, model_type_beside
 from .tokenizer import find_tokenizer_directory
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
@@ -451,141 +452,12 @@ def _tokens_problem(sources: list[TemplateSource]) -> str | None:
     return None
 
 
-# -- reports -----------------------------------------------------------------------------
-
-
-def rows(audit: Audit) -> list[dict[str, Any]]:
-    out = []
-    for repo in audit.repos:
-        if repo.error or not repo.templates:  # a row of its own, before the templates it has
-            out.append(
-                {
-                    "repo": repo.repo,
-                    "revision": repo.revision,
-                    "template": None,
-                    "codes": [],
-                    "error": repo.error,
-                    # a base model holds none: said on its row, and it fails nothing
-                    "warning": repo.warning or (None if repo.error else "no chat template"),
-                    "first_divergence": None,
-                    "hit_rate": None,
-                    "ideal_hit_rate": None,
-                    "hit_rate_note": None,
-                    "hit_rate_opt_in": None,
-                    "findings": [],
-                }
-            )
-        for name, key in repo.templates:
-            analysis = audit.analyses[key]
-            proof, by_default = analysis.worst_proof()
-            out.append(
-                {
-                    "repo": repo.repo,
-                    "revision": repo.revision,
-                    "template": name,
-                    "codes": analysis.codes,
-                    "error": None,
-                    "warning": repo.warning,
-                    "first_divergence": proof["first_divergence"] if proof else None,
-                    "unit": proof["unit"] if proof else None,
-                    "hit_rate": proof.get("hit_rate") if proof else None,
-                    "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
-                    "hit_rate_note": _no_hit_rate(proof),
-                    # where only a caller's opt-in meets the divergence: the scenario that shows it
-                    "hit_rate_opt_in": None if by_default else proof["scenario"],
-                    "findings": analysis.findings,
-                }
-            )
-    return out
-
-
-def _no_hit_rate(proof: dict[str, Any] | None) -> str | None:
-    """Why a template with a proven divergence has no projected hit rate: its proof's
-    scenario replays one tool call's arguments (PC004's), not a session of requests whose
-    hits vLLM would count. None when there is a rate, or no proven divergence to rate."""
-    if proof is None or proof.get("hit_rate") is not None:
-        return None
-    if proof.get("check") == "c":
-        return "n/a: proven on a tool call, not a session"
-    return f"n/a: {proof.get('scenario')!r} is not a session of requests"
-
-
-def cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    """One report row as text: repo, template, findings, first divergence, hit rate."""
-    # As --statistics and the summary say them: a code none of whose findings fails the run
-    # is marked "(not reproduced)" or "(info)", or both.
-    said: dict[str, set[str]] = {}
-    for finding in row.get("findings", ()):
-        said.setdefault(finding["code"], set()).add(_verdict_word(finding))
-    codes = ", ".join(_marked(code, said.get(code, {"info"})) for code in row["codes"])
-    if row["error"]:
-        findings = f"error: {row['error']}"
-    elif row["template"] is None:
-        findings = row["warning"] or "no chat template"
-    else:
-        findings = codes or "clean"
-    divergence = "" if row["first_divergence"] is None else f"{row['unit']} {row['first_divergence']}"
-    if row["hit_rate"] is not None:
-        rate = f"{row['hit_rate']:.1%} (ideal {row['ideal_hit_rate']:.1%})"
-        if row.get("hit_rate_opt_in"):
-            rate += f" only in {row['hit_rate_opt_in']!r}"
-    else:
-        rate = row["hit_rate_note"] or ""
-    return row["repo"], row["template"] or "", findings, divergence, rate
-
-
-def _verdict_word(finding: dict[str, Any]) -> str:
-    """A finding's verdict (as JSON) in the summary's words."""
-    if finding.get("fails"):
-        return "failing"
-    return "info" if finding.get("severity") == "info" else "not reproduced"
-
-
-def _marked(code: str, words: set[str]) -> str:
-    if "failing" in words:
-        return code
-    return f"{code} ({', '.join(word for word in ('not reproduced', 'info') if word in words)})"
-
-
-def markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["| repo | template | findings | first divergence | projected hit rate |", "| --- | --- | --- | --- | --- |"]
-    lines += ["| " + " | ".join(cells(row)) + " |" for row in table]
-    return "\n".join(lines) + "\n"
-
-
-def html_page(table: list[dict[str, Any]]) -> str:
-    """One self-contained page: the table and an inline SVG chart of hit rate per model."""
-    body = ["<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells(row)) + "</tr>" for row in table]
-    # What a default deployment gets: a figure only a caller's opt-in meets is not ranked.
-    charted = [row for row in table if row["hit_rate"] is not None and not row.get("hit_rate_opt_in")]
-    bar_height, width = 18, 640
-    bars = []
-    for index, row in enumerate(charted):
-        y = index * (bar_height + 4)
-        label = html.escape(f"{row['repo']}{':' + row['template'] if row['template'] else ''}")
-        bars.append(
-            f'<text x="0" y="{y + 13}" font-size="11">{label}</text>'
-            f'<rect x="260" y="{y}" width="{row["ideal_hit_rate"] * (width - 300):.1f}" height="{bar_height}" fill="#ddd"/>'
-            f'<rect x="260" y="{y}" width="{row["hit_rate"] * (width - 300):.1f}" height="{bar_height}" fill="#3a7"/>'
-            f'<text x="{262 + row["hit_rate"] * (width - 300):.1f}" y="{y + 13}" font-size="11">{row["hit_rate"]:.0%}</text>'
-        )
-    chart = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{max(1, len(charted)) * (bar_height + 4)}">{"".join(bars)}</svg>'
-    return (
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint audit</title>'
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}</style>"
-        "</head><body><h1>tmpl-lint audit</h1>"
-        "<h2>Projected prefix-cache hit rate per model (green; grey: clean-extension ideal)</h2>"
-        f'{chart}<h2>Templates</h2><table id="audit"><thead><tr><th>repo</th><th>template</th><th>findings</th>'
-        f"<th>first divergence</th><th>projected hit rate</th></tr></thead><tbody>{''.join(body)}</tbody></table></body></html>\n"
-    )
-
-
 def default_cache_path() -> Path:
     return cache_directory() / "audit.jsonl"
 
 
 def read_repo_list(path: Path) -> list[str]:
-    from .sources import read_text
+    from .inputs import read_text
 
     try:
         lines = read_text(path).splitlines()

@@ -12,19 +12,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jinja2 import nodes
 
-from .analysis import CLOCK_GLOBALS, UNDEFINED, Facts, Site, analyze, model_separators, parse_with_tokens, top_level_scan
+from .analysis.facts import CLOCK_GLOBALS, Facts, Site
+from .analysis.interpreter import analyze
+from .analysis.locations import SourceMap
+from .analysis.parsing import parse_with_tokens
+from .analysis.reuse import top_level_scan
+from .analysis.separators import model_separators
+from .analysis.values import UNDEFINED
 from .findings import Finding, Outcome, Switch
+from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap
 from .placement import placement
 from .proofs import Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
 from .selection import Selection, Suppression, suppressions
-from .sources import TemplateSource
 
 if TYPE_CHECKING:
-    from .prover import Recorded
+    from .proving.session import Recorded
 
 DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
 
@@ -36,7 +41,7 @@ class ProveOptions:
     tokenizer: Path | None = None  # a directory; None looks beside the template
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
-    engine: str = "vllm"  # whose request preprocessing to apply (see engines.py)
+    engine: str = "vllm"  # whose request preprocessing to apply (see engines/)
 
 
 def lint_isolated(
@@ -125,14 +130,15 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from . import prover  # noqa: F401
-    from .engines import HARMONY, EngineError, resolve_engine
+    from .engines import resolve_engine
+    from .engines.base import HARMONY, EngineError
+    from .proving import attribution, session  # noqa: F401
     from .sources import model_type_beside
 
     if load_harmony and any(
         resolve_engine(prove.engine, source.text, model_type_beside(source.path)) == HARMONY for source in sources
     ):
-        from .harmony import harmony_encoding
+        from .engines.harmony import harmony_encoding
 
         with contextlib.suppress(EngineError):  # not installed: each template says so
             harmony_encoding()
@@ -391,7 +397,7 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
     from .gguf import model_for, own_tokenizer
-    from .sources import SourceError, load_json
+    from .inputs import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
     tokenizer, note = None, None
@@ -425,9 +431,12 @@ def prove_findings(
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import HARMONY, content_format, resolve_engine
+    from .engines import resolve_engine
+    from .engines.base import HARMONY
+    from .engines.vllm import content_format
     from .gguf import model_for, own_tokenizer
-    from .prover import Prover, attach_proofs, clocked_switches, engine_findings, switch_values
+    from .proving.attribution import attach_proofs, engine_findings
+    from .proving.session import Prover, clocked_switches, switch_values
     from .render import RenderError, compile_template
     from .sources import model_type_beside
 

@@ -13,17 +13,14 @@ import click
 
 from . import __version__
 from .config import MAX_BLOCK_SIZE, MAX_SLOTS
-from .engines import ENGINES
+from .engines.base import ENGINES
 from .render import RenderLimits
-from .reporters import (
-    github_report,
-    json_report,
-    sarif_report,
-    statistics_json,
-    statistics_report,
-    text_report,
-    write_report,
-)
+from .report.github import github_report
+from .report.json import json_report
+from .report.output import write_report
+from .report.sarif import sarif_report
+from .report.statistics import statistics_json, statistics_report
+from .report.text import text_report
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
 
 
@@ -116,7 +113,7 @@ engine_option = click.option(
     type=click.Choice(list(ENGINES)),
     default="vllm",
     show_default=True,
-    help="Whose request preprocessing to apply before rendering (see `engines.py`).",
+    help="Whose request preprocessing to apply before rendering (see `tmpl_lint.engines`).",
 )
 
 
@@ -438,8 +435,9 @@ def audit(
     config_path,
 ) -> None:
     """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
-    from . import audit as auditing
     from .commands import AuditOptions, run_audit
+    from .report.audit import html_page, print_audit
+    from .report.progress import ProgressBar
 
     options = AuditOptions(
         repo_ids=tuple(spec for spec in specs if not Path(spec).is_dir()),
@@ -458,55 +456,16 @@ def audit(
         engine=engine,
         config_path=config_path,
     )
-    progress_bar = None
-    if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
-        from rich.progress import Progress
-
-        progress_bar = Progress(transient=True)
-    task = None
-
-    def advance():
-        if progress_bar is not None:
-            progress_bar.advance(task)
-
     try:
-        if progress_bar is not None:
-            progress_bar.start()
-            task = progress_bar.add_task("analysing templates", total=None)
-        run = run_audit(options, advance)
+        with ProgressBar("analysing templates", None) as bar:
+            run = run_audit(options, bar.advance)
     except OptionsError as error:
         raise click.UsageError(str(error)) from None
     except RunError as error:
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
-    finally:
-        if progress_bar is not None:
-            progress_bar.stop()
     result, table = run.audit, run.rows
-    if output_format == "json":
-        click.echo(
-            json.dumps(
-                {"analysed_templates": result.analysed_now, "distinct_templates": len(result.analyses), "rows": table}, indent=2
-            )
-        )
-    elif output_format == "jsonl":
-        for row in table:
-            click.echo(json.dumps(row))
-    elif output_format == "markdown":
-        click.echo(auditing.markdown(table), nl=False)
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        view = Table("repo", "template", "findings", "first divergence", "projected hit rate")
-        for row in table:
-            view.add_row(*auditing.cells(row))
-        Console(no_color="NO_COLOR" in os.environ, width=200 if not sys.stdout.isatty() else None).print(view)
-        repos, distinct = len(result.repos), len(result.analyses)
-        click.echo(
-            f"{repos} repo{'s' if repos != 1 else ''}, {distinct} distinct template{'s' if distinct != 1 else ''}, "
-            f"{result.analysed_now} analysed now"
-        )
+    print_audit(result, table, output_format)
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
@@ -519,7 +478,7 @@ def audit(
         from .writes import WriteError
 
         try:
-            write_report(html_file, auditing.html_page(table))
+            write_report(html_file, html_page(table))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             status = EXIT_ERROR

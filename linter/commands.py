@@ -48,10 +48,11 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     would (or as a running vLLM tokenizes them). ``note`` hears what the user should know
     (a model vLLM renders without the template, a served model replaced). Raises
     OptionsError or RunError."""
-    from .diff import RequestError, diff_requests, read_request, read_template
-    from .engines import EngineError
+    from .diff import diff_requests, read_template
+    from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
+    from .requests import RequestError, read_request
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -93,9 +94,9 @@ def configured(config_path: Path | None, block_size: int | None, tokenizer: Path
 
 def _diff_or_error(function, args):
     """``function(*args)``, or the message of the error it raised (to cross from the child)."""
-    from .diff import RequestError
-    from .engines import EngineError
+    from .engines.base import EngineError
     from .render import RenderError
+    from .requests import RequestError
     from .server import ServerError
 
     try:
@@ -106,7 +107,8 @@ def _diff_or_error(function, args):
 
 def engine_for(engine: str, template: str, path: Path, note: Callable[[str], None]) -> str:
     """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
-    from .engines import HARMONY, resolve_engine
+    from .engines import resolve_engine
+    from .engines.base import HARMONY
     from .sources import model_type_beside
 
     resolved = resolve_engine(engine, template, model_type_beside(path))
@@ -191,10 +193,11 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
     from . import replay as replaying
-    from .diff import RequestError, read_template
+    from .diff import read_template
     from .isolation import IsolationError
-    from .prover import resolve_special_tokens
+    from .proving.measure import resolve_special_tokens
     from .replay.attribution import TemplateError, reasoning_note
+    from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -305,8 +308,9 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
     """Audit the repos and folders ``options`` names; ``advance`` is called as each template
     is analysed. Raises OptionsError or RunError."""
     from . import audit as auditing
+    from .inputs import SourceError
     from .render import keep_compiled_code
-    from .sources import SourceError
+    from .report.audit import rows
 
     block_size, _ = configured(options.config_path, None, None)
     keep_compiled_code(options.use_cache)
@@ -341,4 +345,4 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
         )
     except auditing.NoHubCache as error:  # raised before anything is fetched or analysed
         raise RunError(str(error)) from None
-    return AuditRun(audit, auditing.rows(audit), cache.problems)
+    return AuditRun(audit, rows(audit), cache.problems)

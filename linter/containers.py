@@ -207,7 +207,7 @@ def _target_name(node) -> str | None:
     return None
 
 
-def _python_literals(module):
+def python_literals(module):
     """(name, literal node) of every string literal assigned to chat_template. A name is the
     key and the literal's line, ``chat_template@12``, and its column too where one line
     holds two (``chat_template@12:40``). A literal may be two or more adjacent strings."""
@@ -258,7 +258,7 @@ def _python_literals(module):
     return wrapper.module, named, passed_over
 
 
-def _parse_python(text: str):
+def parse_python(text: str):
     import libcst as cst
 
     try:
@@ -270,10 +270,10 @@ def _parse_python(text: str):
 
 
 def python_templates(text: str) -> tuple[list[tuple[str, str]], list[str]]:
-    """(name, template) pairs, see ``_python_literals`` for the names; and why each template
+    """(name, template) pairs, see ``python_literals`` for the names; and why each template
     built by code (an f-string, a ``+``) was passed over."""
     try:
-        _, found, passed_over = _python_literals(_parse_python(text))
+        _, found, passed_over = python_literals(parse_python(text))
     except RecursionError:
         raise ContainerError("not readable as Python: nested too deeply") from None
     if not found and passed_over:
@@ -315,7 +315,7 @@ def replace_python_template(text: str, name: str, template: str) -> str:
     import libcst as cst
 
     try:
-        module, found, _ = _python_literals(_parse_python(text))
+        module, found, _ = python_literals(parse_python(text))
     except RecursionError:
         raise ContainerError("not readable as Python: nested too deeply") from None
     targets = [literal for key, literal in found if key == name]
@@ -350,7 +350,8 @@ def replace_python_template(text: str, name: str, template: str) -> str:
 # -- YAML --------------------------------------------------------------------------------
 
 
-def _yaml():
+def round_trip_yaml():
+    """ruamel.yaml in round-trip mode, keeping quotes and long lines as the file has them."""
     from ruamel.yaml import YAML
 
     yaml = YAML(typ="rt")
@@ -359,7 +360,7 @@ def _yaml():
     return yaml
 
 
-def _yaml_places(node, path=(), seen=None):
+def yaml_places(node, path=(), seen=None):
     """(path, mapping, key) of every template key at any depth, each where it is written: a
     mapping an alias repeats is walked once, and a key a merge (`<<: *defaults`) brings in
     is its anchor's, not another template."""
@@ -378,10 +379,10 @@ def _yaml_places(node, path=(), seen=None):
             if key in TEMPLATE_KEYS and isinstance(value, str):
                 yield path + (str(key),), node, key
             else:
-                yield from _yaml_places(value, path + (str(key),), seen)
+                yield from yaml_places(value, path + (str(key),), seen)
     elif isinstance(node, CommentedSeq):
         for index, value in enumerate(node):
-            yield from _yaml_places(value, path + (str(index),), seen)
+            yield from yaml_places(value, path + (str(index),), seen)
 
 
 def _yaml_problem(error: Exception) -> str:
@@ -395,8 +396,8 @@ def yaml_templates(text: str) -> list[tuple[str, str]]:
     from ruamel.yaml import YAMLError
 
     try:
-        document = _yaml().load(text)
-        return [(".".join(path), str(mapping[key])) for path, mapping, key in _yaml_places(document)]
+        document = round_trip_yaml().load(text)
+        return [(".".join(path), str(mapping[key])) for path, mapping, key in yaml_places(document)]
     except YAMLError as error:
         raise ContainerError(_yaml_problem(error)) from None
     except RecursionError:
@@ -515,7 +516,7 @@ def replace_yaml_template(text: str, name: str, template: str) -> str:
 
     safe = YAML(typ="safe", pure=True)
     try:
-        root = _yaml().compose(text)
+        root = round_trip_yaml().compose(text)
         found = _yaml_node(root, name) if root is not None else None
         original = safe.load(text)
     except YAMLError as error:

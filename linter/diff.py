@@ -11,80 +11,26 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .engines import EngineError, Prompt, engine_tokenizer, render_prompt
-from .proofs import BEFORE_MESSAGES, Cause, Divergence
-from .prover import (
-    Measure,
-    classify,
-    compare_prompts,
-    generation_prompt_span,
-    locate,
-    message_fields,
-    resolve_special_tokens,
-    snippet,
-)
+from .engines import engine_tokenizer, render_prompt
+from .engines.base import EngineError, Prompt
+from .inputs import load_json
+from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
+from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
+from .proving.measure import Measure, resolve_special_tokens
+from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
-from .sources import ADDITIONAL_TEMPLATES_DIR, SourceError, collect, load_json
+from .requests import Request, RequestError, read_request
+from .sources import ADDITIONAL_TEMPLATES_DIR, collect
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from .replay import Departure
-
-
-class RequestError(Exception):
-    pass
-
-
-@dataclass
-class Request:
-    path: Path
-    body: dict[str, Any]
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self.body["messages"]
-
-    @property
-    def tools(self) -> list[dict[str, Any]] | None:
-        return self.body.get("tools")
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return self.body.get("chat_template_kwargs") or {}
-
-
-def read_request(path: Path) -> Request:
-    try:
-        body = load_json(path)
-    except SourceError as error:
-        raise RequestError(str(error)) from None
-    problem = request_problem(body)
-    if problem:
-        raise RequestError(f"{path}: {problem}")
-    return Request(path, body)
-
-
-def request_problem(body: Any) -> str | None:
-    """Why ``body`` is not a chat completion request tmpl-lint can render, or None."""
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-        return "expected a chat completion request with a non-empty messages list"
-    if not all(isinstance(message, dict) and isinstance(message.get("role"), str) for message in body["messages"]):
-        return "every message must be an object with a role"
-    if body.get("tools") is not None and not (
-        isinstance(body["tools"], list) and all(isinstance(tool, dict) for tool in body["tools"])
-    ):
-        return "tools must be a list of objects"
-    if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
-        return "chat_template_kwargs must be an object"
-    if body.get("reasoning_effort") is not None and not isinstance(body["reasoning_effort"], str):
-        return "reasoning_effort must be a string"
-    return None
 
 
 def read_template(path: Path) -> tuple[str, dict[str, Any]]:
@@ -332,7 +278,7 @@ def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[s
 
 
 def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
-    from .reporters import divergence_lines
+    from .report.text import divergence_lines
 
     unit = divergence.unit
     first, second = divergence.prompt_tokens

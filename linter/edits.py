@@ -14,8 +14,9 @@ from datetime import time
 
 from jinja2 import nodes
 
-from .analysis import KNOWN_GLOBALS, Facts, Site, parse
-from .locations import SourceMap, Token, leftmost_name
+from .analysis.facts import KNOWN_GLOBALS, Facts, Site
+from .analysis.locations import SourceMap, Token, leftmost_name
+from .analysis.parsing import parse
 
 # The time of day of a fix's frozen date: a fix that freezes a clock freezes it then, and
 # the fix's verifier renders the original with its clock then, so that a fixed clock that

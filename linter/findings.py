@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .analysis import Label, LabelKind, Site
+from .analysis.facts import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
 from .proofs import Cause, Divergence, Proof, ProofStatus
 

@@ -41,7 +41,7 @@ from typing import Any
 from . import writes
 from .config import cache_directory
 from .findings import quoted_name
-from .sources import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource
+from .inputs import GGUF_SUFFIX, NothingToLint, SourceError, TemplateSource
 from .writes import WriteError
 
 INSTALL_HINT = "pip install 'tmpl-lint[gguf]'"
@@ -944,7 +944,7 @@ def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict
 
 @dataclass
 class PlacedFix:
-    """One GGUF template's fix (fixer.TemplateFix) beside the model: what ``--fix`` did with
+    """One GGUF template's fix (fix.apply.TemplateFix) beside the model: what ``--fix`` did with
     it, or what ``--diff`` shows it would do."""
 
     target: Path  # the file the fix goes to
@@ -1005,7 +1005,7 @@ def shell_word(path: Path) -> str:
 
 
 def copy_with_fixes(model: Path, changed: list, copy_to: CopyTarget) -> list[str]:
-    """``--gguf-copy``: a new GGUF carrying the ``changed`` fixes (fixer.TemplateFix); the
+    """``--gguf-copy``: a new GGUF carrying the ``changed`` fixes (fix.apply.TemplateFix); the
     lines to print. Raises WriteError."""
     if not changed:
         return [f"{model}: nothing fixed; no copy written"]

@@ -195,7 +195,7 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
 # How many times this thread's renders drew from a random source: the ``random`` filter
 # and ``lipsum()`` are the only ones a sandboxed template reaches (the clock is the
 # caller's). A proof whose renders drew nothing has its answer to "is the render
-# deterministic?" without rendering a request twenty times (prover.Prover.deterministic).
+# deterministic?" without rendering a request twenty times (proving.session.Prover.deterministic).
 _draws = threading.local()
 
 

@@ -114,9 +114,9 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 
 
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
-    from .containers import QUOTED_LITERAL, _parse_python, _python_literals
+    from .containers import QUOTED_LITERAL, parse_python, python_literals
 
-    _, found, _ = _python_literals(_parse_python(text))
+    _, found, _ = python_literals(parse_python(text))
     literal = next((node for key, node in found if key == name), None)
     parts = _simple_strings(literal)
     if not parts:
@@ -189,9 +189,9 @@ def _string_offsets(text: str, start: int, value: str) -> list[int]:
 def _yaml_placement(text: str, name: str | None, starts: list[int], file_starts: list[int]) -> Placement | None:
     from ruamel.yaml.scalarstring import LiteralScalarString
 
-    from .containers import _yaml, _yaml_places
+    from .containers import round_trip_yaml, yaml_places
 
-    for path, mapping, key in _yaml_places(_yaml().load(text)):
+    for path, mapping, key in yaml_places(round_trip_yaml().load(text)):
         if ".".join(path) != name:
             continue
         key_line = mapping.lc.key(key)[0] + 1

@@ -22,16 +22,19 @@ from typing import TYPE_CHECKING
 from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_fork
 from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding, quoted_name
-from .progress import ProgressBar
+from .inputs import NothingToLint, SourceError, TemplateSource
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
+from .report.progress import ProgressBar
 from .rules import BY_CODE
 from .selection import Selection, SelectionError
-from .sources import NothingToLint, SourceError, TemplateSource, collect
+from .sources import collect
 
 if TYPE_CHECKING:
-    from .fixer import FileFix, FixOptions, TemplateFix
+    from .fix.apply import TemplateFix
+    from .fix.files import FileFix
+    from .fix.options import FixOptions
     from .gguf import CopyTarget
-    from .prover import Recorded
+    from .proving.session import Recorded
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -207,7 +210,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         result.warnings.append("no chat templates found in the given paths")
     fixing = None
     if options.fix is not FixMode.NONE:
-        from .fixer import FixOptions
+        from .fix.options import FixOptions
 
         frozen = options.frozen_date or config.frozen_date or datetime.now().date()
         # A fix is made for what fails the run: a finding the proof does not reproduce fails it
@@ -311,7 +314,7 @@ class _Fixing:
 
     def run(self, sources: list[TemplateSource]) -> list[TemplateSource]:
         """Fix every file; return the templates as they now are, for the lint that follows."""
-        from .fixer import FixesInterrupted, fix_files
+        from .fix.files import FixesInterrupted, fix_files
 
         now: list[TemplateSource] = []
         files = [source for source in sources if source.container != "gguf"]
@@ -335,7 +338,7 @@ class _Fixing:
 
     def say_file(self, fixed: FileFix) -> list[TemplateSource]:
         """Say what became of one file's fixes; return its templates as they now are."""
-        from .fixer import unified_diff
+        from .fix.files import unified_diff
 
         unfixed = None
         if fixed.error is not None:
@@ -372,7 +375,8 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``). What is
         linted after is the model's metadata as it stays."""
-        from .fixer import Verdicts, fix_recalling, unified_diff
+        from .fix.files import fix_recalling, unified_diff
+        from .fix.verify import Verdicts
         from .gguf import companion_line, copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
         from .stopping import Terminated
         from .writes import WriteError
@@ -452,7 +456,7 @@ class _Fixing:
             self.say_finding(finding, done, title)
 
     def say_skipped(self, fix: TemplateFix) -> None:
-        from .fixer import NO_AUTOMATIC_FIX
+        from .fix.options import NO_AUTOMATIC_FIX
 
         for finding, reason in fix.skipped if not self.quiet else ():
             # An informational finding of a rule without a fix fails nothing and had nothing
@@ -477,7 +481,7 @@ class _Fixing:
         itself (arguments re-serialised where no `tojson` shows it, a header history never
         prints, a rewrite no rule names) has no pattern for them to edit. It still fails the
         run after ``--fix``, so it says why it was left."""
-        from .fixer import NO_AUTOMATIC_FIX
+        from .fix.options import NO_AUTOMATIC_FIX
 
         unaddressed = [
             finding

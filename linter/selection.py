@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .locations import SourceMap
+from .analysis.locations import SourceMap
 
 
 class SelectionError(ValueError):

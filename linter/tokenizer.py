@@ -93,7 +93,7 @@ class HarmonyVocabularyTokenizer(Tokenizer):
         self._backend = value
 
     def encode(self, text: str) -> list[int]:
-        from .harmony import harmony_encoding
+        from .engines.harmony import harmony_encoding
 
         encoding = harmony_encoding()
         ids: list[int] = []
@@ -119,8 +119,8 @@ def _harmony_vocabulary(directory: Path, tokenizer_file: Path, special: dict[str
         return None
     if (len(data), hashlib.sha256(data).hexdigest()) not in HARMONY_VOCABULARY_FILES:
         return None
-    from .engines import EngineError
-    from .harmony import harmony_encoding
+    from .engines.base import EngineError
+    from .engines.harmony import harmony_encoding
 
     try:
         harmony_encoding()  # loaded here, once, as a parsed file would be: proving processes inherit it
@@ -185,7 +185,7 @@ def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_tokenizer_config(directory: Path) -> dict[str, Any]:
-    from .sources import SourceError, load_json
+    from .inputs import SourceError, load_json
 
     path = directory / "tokenizer_config.json"
     if not path.is_file():

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sources import SourceError, decode, read_bytes
+from .inputs import SourceError, decode, read_bytes
 
 # How long a --fix waits for another process (another tmpl-lint) that holds the lock.
 LOCK_WAIT_SECONDS = 600.0

@@ -27,7 +27,7 @@ No automatic fix: only the author knows what the template meant.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts, Site
+from tmpl_lint.analysis.facts import Facts, Site
 from tmpl_lint.findings import Finding, Outcome, RuleInfo
 
 RULE = RuleInfo("PC000", "syntax-error", "error", "the template does not parse", reports=Outcome.SYNTAX_ERROR)

@@ -49,7 +49,7 @@ from datetime import datetime
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, LabelKind, expression_text
+from tmpl_lint.analysis.facts import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Proof

@@ -53,7 +53,7 @@ prompt grows by the kept reasoning.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts, LabelKind
+from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause

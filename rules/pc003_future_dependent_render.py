@@ -85,10 +85,11 @@ import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Control, Facts, Label, LabelKind, Sink, only_literals
+from tmpl_lint.analysis.facts import Control, Facts, Label, LabelKind, Sink
+from tmpl_lint.analysis.interpreter import only_literals
+from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.locations import descendants
 from tmpl_lint.proofs import Cause
 
 # A look-ahead can move text to the very start (Mistral's tool list before the first user

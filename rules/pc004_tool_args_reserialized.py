@@ -93,14 +93,8 @@ import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import (
-    TOJSON_SEPARATORS,
-    TOOL_ARGS_STYLES,
-    Facts,
-    LabelKind,
-    Site,
-    model_separators,
-)
+from tmpl_lint.analysis.facts import Facts, LabelKind, Site
+from tmpl_lint.analysis.separators import TOJSON_SEPARATORS, TOOL_ARGS_STYLES, model_separators
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Cause, Divergence

@@ -23,7 +23,7 @@ No automatic fix: choosing one of the alternatives changes what the model sees.
 
 from __future__ import annotations
 
-from tmpl_lint.analysis import Facts, LabelKind
+from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.findings import Finding, RuleInfo
 from tmpl_lint.proofs import Proof
 

@@ -62,9 +62,11 @@ import re
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import KNOWN_GLOBALS, UNDEFINED, Facts, LabelKind, Sink, Site, analyze
+from tmpl_lint.analysis.facts import KNOWN_GLOBALS, Facts, LabelKind, Sink, Site
+from tmpl_lint.analysis.interpreter import analyze
+from tmpl_lint.analysis.locations import children_in_source_order, descendants
+from tmpl_lint.analysis.values import UNDEFINED
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.locations import children_in_source_order, descendants
 from tmpl_lint.proofs import Cause, Divergence
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a

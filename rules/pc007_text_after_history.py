@@ -70,10 +70,10 @@ from __future__ import annotations
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis import Facts, FlagReset, Label, LabelKind, Sink, Site
+from tmpl_lint.analysis.facts import Facts, FlagReset, Label, LabelKind, Sink, Site
+from tmpl_lint.analysis.locations import leftmost_name
 from tmpl_lint.edits import Edit, Fix, jinja_literal
 from tmpl_lint.findings import Finding, RuleInfo
-from tmpl_lint.locations import leftmost_name
 from tmpl_lint.proofs import Cause
 
 RULE = RuleInfo(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from tmpl_lint.findings import Finding, Outcome, RuleInfo
 
-# Produced by the prover (tmpl_lint.prover.attach_proofs), not by a static check.
+# Produced by the prover (tmpl_lint.proving.attribution.attach_proofs), not by a static check.
 RULE = RuleInfo(
     "PC100",
     "unstable-render",

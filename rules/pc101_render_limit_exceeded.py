@@ -36,7 +36,7 @@ RULE = RuleInfo(
 
 
 def check(facts) -> list:
-    from tmpl_lint.analysis import Site
+    from tmpl_lint.analysis.facts import Site
 
     if not facts.too_deep:
         return []

@@ -48,7 +48,7 @@ from __future__ import annotations
 from tmpl_lint.findings import Outcome, RuleInfo
 from tmpl_lint.proofs import Cause
 
-# Produced by the prover (tmpl_lint.prover.engine_findings), not by a static check.
+# Produced by the prover (tmpl_lint.proving.attribution.engine_findings), not by a static check.
 RULE = RuleInfo(
     "PC103",
     "engine-render-unstable",

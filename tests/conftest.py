@@ -2,7 +2,7 @@
 
 pre-commit installs a hook repository into an environment of its own, which takes most of
 the time of a pre-commit test: one repository (this working tree, committed and tagged
-with the README's rev) and one environment serve the whole session. The environment is
+with the version) and one environment serve the whole session. The environment is
 also this project installed the way a user installs it, without extras (test_packaging).
 
 Under pytest-xdist each worker has its own session, so both are built in a folder the
@@ -48,6 +48,8 @@ SESSION_ENVIRONMENT = dict(os.environ)
 
 from helpers import PROJECT, built_once  # noqa: E402
 
+from tmpl_lint import __version__  # noqa: E402
+
 PRE_COMMIT = shutil.which("pre-commit") or shutil.which("pre-commit", path=os.path.dirname(sys.executable))
 needs_pre_commit = pytest.mark.skipif(
     not PRE_COMMIT or not (PROJECT / ".git").exists(), reason="needs pre-commit and a git checkout"
@@ -60,8 +62,17 @@ def readme_snippet() -> str:
     return re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", readme, re.DOTALL).group(1)
 
 
-def snippet_rev() -> str:
-    return re.search(r"^\s+rev: (\S+)$", readme_snippet(), re.MULTILINE).group(1)
+# The tag the hook repository is given: the version, as a release would be tagged.
+HOOK_REV = f"v{__version__}"
+# pre-commit installing this repository's hooks (.pre-commit-hooks.yaml) itself, as the
+# publishers' guide shows it for a repository URL: both hooks, which the tests run by id.
+MANAGED_CONFIG = """repos:
+  - repo: {repository}
+    rev: {rev}
+    hooks:
+      - id: tmpl-lint
+      - id: tmpl-lint-fix
+"""
 
 
 def git(*args, cwd, env=None):
@@ -86,7 +97,7 @@ def shared_folder(tmp_path_factory) -> Path:
 
 def snapshot_this_tree(snapshot: Path) -> None:
     """This working tree as pre-commit fetches a hook repository: committed (uncommitted
-    changes included) and tagged with the README's rev."""
+    changes included) and tagged with the version."""
     listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=PROJECT).stdout.split("\0")
     for name in filter(None, listed):
         source = PROJECT / name
@@ -97,7 +108,7 @@ def snapshot_this_tree(snapshot: Path) -> None:
     git("init", "-q", cwd=snapshot)
     git("add", ".", cwd=snapshot)
     git("commit", "-qm", "snapshot", cwd=snapshot, env=environment)
-    git("tag", snippet_rev(), cwd=snapshot)
+    git("tag", HOOK_REV, cwd=snapshot)
 
 
 def hook_repository_in(shared: Path) -> Path:
@@ -156,11 +167,16 @@ def environment(shared_folder) -> dict[str, str]:
 
 
 def consumer(root: Path, hook_repository: Path, files: dict[str, Path]) -> Path:
-    """A git repository with the README's pre-commit config and ``files`` (name: source),
-    committed."""
+    """A git repository whose pre-commit config installs ``hook_repository``'s hooks, with
+    ``files`` (name: source), committed."""
+    return configured(root, MANAGED_CONFIG.format(repository=hook_repository, rev=HOOK_REV), files)
+
+
+def configured(root: Path, config: str, files: dict[str, Path]) -> Path:
+    """A git repository with ``config`` as its .pre-commit-config.yaml and ``files`` (name:
+    source), committed."""
     repo = root / "repo"
     repo.mkdir(parents=True)
-    config = readme_snippet().replace(re.search(r"repo: (\S+)", readme_snippet()).group(1), str(hook_repository))
     (repo / ".pre-commit-config.yaml").write_text(config)
     for name, source in files.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import pytest
 from filelock import FileLock
 
 from tmpl_lint.checker import ProveOptions, lint_source
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.inputs import TemplateSource
 
 PROJECT = Path(__file__).resolve().parents[1]
 CORPUS = PROJECT / "corpus"
@@ -121,7 +121,7 @@ def run_unprivileged(*args: str, **options) -> subprocess.CompletedProcess:
 def log_verifiers(monkeypatch, log: Path, name: Callable = lambda source: source.path.name) -> Path:
     """Write a line to ``log`` for each fix Verifier made, naming its template by
     ``name(source)``: the fixes run in forked workers, so they are counted in a file."""
-    from tmpl_lint.fixer import Verifier
+    from tmpl_lint.fix.verify import Verifier
 
     real_init = Verifier.__init__
 

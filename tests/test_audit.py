@@ -230,7 +230,7 @@ def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
 def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch, tmp_path):
     from tmpl_lint.audit import template_key
     from tmpl_lint.checker import ProveOptions, Selection
-    from tmpl_lint.sources import TemplateSource
+    from tmpl_lint.inputs import TemplateSource
 
     source = TemplateSource(tmp_path / "chat_template.jinja", None, "{{ x }}", "jinja")
     monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
@@ -243,7 +243,7 @@ def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch, tmp_path):
 def test_cache_key_changes_with_the_model_type_and_tokenizer_beside_the_template(tmp_path):
     from tmpl_lint.audit import template_key
     from tmpl_lint.checker import ProveOptions, Selection
-    from tmpl_lint.sources import TemplateSource
+    from tmpl_lint.inputs import TemplateSource
 
     keys = []
     for name, files in {

@@ -433,6 +433,7 @@ def test_37_shared_characters_reuse_two_blocks(tmp_path):
     assert (result["prompt_tokens"], result["reusable_tokens"], result["lost_tokens"]) == ([57, 48], 32, 0)
 
 
+@needs_shared
 def test_qwen3_the_same_request_twice_hits_all_but_the_block_of_its_last_token(tmp_path):
     pytest.importorskip("transformers")
     body = {"messages": [USER_1, REPLY, USER_2]}
@@ -699,6 +700,7 @@ def tool_edited_between(tmp_path, template_text: str):
     return template, turns
 
 
+@needs_shared
 def test_a_tools_change_qwen3_prints_in_the_system_turn_is_placed_there(tmp_path):
     """Qwen3 prints the tools in the system turn, after the system prompt: a tool's edited
     description parts the prompts there, in message 0, not in the user message's markup.

@@ -9,8 +9,10 @@ from click.testing import CliRunner
 from helpers import CORPUS
 
 from tmpl_lint.cli import main
-from tmpl_lint.engines import EngineError, content_format, parse_arguments, prepare
-from tmpl_lint.prover import Prover
+from tmpl_lint.engines import prepare
+from tmpl_lint.engines.base import EngineError
+from tmpl_lint.engines.vllm import content_format, parse_arguments
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.render import RenderError
 
 PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -145,7 +147,7 @@ def test_only_vllm_s_two_names_for_reasoning_reach_the_template_under_vllm():
 def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
     # QA8: ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
     # parameters)).model_dump(): declared fields first, unset ones null, extras after.
-    from tmpl_lint.engines import vllm_tools
+    from tmpl_lint.engines.vllm import vllm_tools
 
     sent = [{"function": {"parameters": {}, "name": "f", "strict": True}, "type": "function"}]
     assert vllm_tools(sent) == [

@@ -20,10 +20,11 @@ from helpers import CORPUS, PROJECT, SHARED, SHARED_TEMPLATES, SHARED_TOKENIZERS
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
-from tmpl_lint.fixer import Verifier
-from tmpl_lint.prover import Prover
+from tmpl_lint.fix.verify import Verifier
+from tmpl_lint.inputs import TemplateSource
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.render import FrozenClock, render
-from tmpl_lint.sources import TemplateSource, collect
+from tmpl_lint.sources import collect
 
 FIXTURES = PROJECT / "tests" / "fixtures"
 FROZEN = "2026-01-15"
@@ -234,7 +235,7 @@ def test_a_fix_that_leaves_out_the_documents_is_refused(tmp_path):
         first,
     )
     assert match is not None, first
-    from tmpl_lint.fixer import DOCUMENTS
+    from tmpl_lint.fix.verify import DOCUMENTS
 
     # the quoted text is one of the documents the verifier sends, which the original prints
     # on the last user message
@@ -518,7 +519,7 @@ def test_fixed_tokenizer_config_loads_in_transformers(shared_folder):
     ],
 )
 def test_fix_is_verified_with_the_engine_of_the_check(template, engine, verified_with):
-    from tmpl_lint.fixer import FixOptions
+    from tmpl_lint.fix.options import FixOptions
 
     (source,), _ = collect([CORPUS / template])
     verifier = Verifier(source, FixOptions(datetime(2026, 1, 1).date(), engine=engine))
@@ -526,7 +527,7 @@ def test_fix_is_verified_with_the_engine_of_the_check(template, engine, verified
 
 
 def test_a_patch_that_leaves_out_the_tool_definitions_is_refused(tmp_path):
-    from tmpl_lint.fixer import FixOptions
+    from tmpl_lint.fix.options import FixOptions
 
     template = tmp_path / "tools.jinja"
     tools_block = "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}</tools>{% endif %}"
@@ -737,19 +738,21 @@ def test_a_config_folder_does_not_cost_the_fix_a_second_lint(monkeypatch):
     # folder (the usual pre-commit set-up) selects the same codes and must reuse it too.
     from datetime import date
 
-    from tmpl_lint import fixer
+    from tmpl_lint.fix import apply, verify
+    from tmpl_lint.fix.options import FixOptions
     from tmpl_lint.selection import Selection
 
     (source,), _ = collect([CORPUS / "PC001_live_clock.jinja"])
     counts = []
     for selection in (Selection(), Selection.parse(None, None, {}, PROJECT)):
         lints = []
-        monkeypatch.setattr(
-            fixer,
-            "lint_with_facts",
-            lambda *a, _real=fixer.lint_with_facts, _lints=lints, **k: _lints.append(1) or _real(*a, **k),
-        )
-        fixed = fixer.fix_template(source, fixer.FixOptions(date(2026, 1, 15)), selection)
+        for module in (apply, verify):  # the fix's own lint and the verifier's
+            monkeypatch.setattr(
+                module,
+                "lint_with_facts",
+                lambda *a, _real=module.lint_with_facts, _lints=lints, **k: _lints.append(1) or _real(*a, **k),
+            )
+        fixed = apply.fix_template(source, FixOptions(date(2026, 1, 15)), selection)
         monkeypatch.undo()
         counts.append((len(lints), len(fixed.applied)))
     assert counts[1] == counts[0]
@@ -946,7 +949,7 @@ def test_files_are_fixed_jobs_at_a_time_and_copies_of_a_text_one_after_another(t
 
 def test_files_sharing_a_text_are_one_chain_in_file_order():
     """A file holding a text of two chains (two named templates) ties them into one."""
-    from tmpl_lint.fixer import _chains
+    from tmpl_lint.fix.files import _chains
 
     def source(path: str, text: str) -> TemplateSource:
         return TemplateSource(Path(path), None, text, "jinja")
@@ -968,7 +971,9 @@ def test_recalled_verdicts_answer_only_the_same_text_and_inputs(tmp_path):
     the same questions."""
     from datetime import date
 
-    from tmpl_lint.fixer import FixOptions, Verdicts, fix_template
+    from tmpl_lint.fix.apply import fix_template
+    from tmpl_lint.fix.options import FixOptions
+    from tmpl_lint.fix.verify import Verdicts
 
     text = (CORPUS / "PC001_live_clock.jinja").read_text()
     (tmp_path / "jinja").mkdir()
@@ -1005,7 +1010,8 @@ def test_answers_of_a_verifier_over_a_render_limit_are_not_kept():
     such a verification answered is not recalled for the next file."""
     from datetime import date
 
-    from tmpl_lint.fixer import FixOptions, fix_template
+    from tmpl_lint.fix.apply import fix_template
+    from tmpl_lint.fix.options import FixOptions
     from tmpl_lint.render import RenderLimits
 
     (source,), _ = collect([CORPUS / "PC001_live_clock.jinja"])
@@ -1020,7 +1026,7 @@ def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_pat
     the fixed template is rendered once in the run."""
     from collections import Counter
 
-    from tmpl_lint import prover as proving
+    from tmpl_lint.proving import session as proving
 
     log = tmp_path / "requests rendered"
     render_prompt = proving.render_prompt
@@ -1045,7 +1051,7 @@ def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_pat
 def test_the_verifiers_renders_come_back_only_for_a_check_that_proves(tmp_path, monkeypatch, flags, sent_back):
     """What the verifier rendered is sent back from the worker for the check to take over;
     a check without proofs has no use for it (several MB over a corpus in tokens)."""
-    from tmpl_lint import fixer
+    from tmpl_lint.fix import files as fixer
 
     log = tmp_path / "sent back"
     fix_template = fixer.fix_template

@@ -28,13 +28,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tmpl_lint.analysis import parse
+from tmpl_lint.analysis.parsing import parse
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
-from tmpl_lint.fixer import FixOptions, fix_template
-from tmpl_lint.prover import Prover
+from tmpl_lint.fix.apply import fix_template
+from tmpl_lint.fix.options import FixOptions
+from tmpl_lint.inputs import TemplateSource
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.render import FrozenClock, RenderError, render
-from tmpl_lint.sources import TemplateSource
 
 CONDITIONS = [
     "message.role == 'user'",

@@ -30,7 +30,8 @@ from helpers import (
 )
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import NothingToLint, SourceError, collect
+from tmpl_lint.inputs import NothingToLint, SourceError
+from tmpl_lint.sources import collect
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -491,7 +492,7 @@ def test_the_cache_directory_follows_the_override_then_xdg(tmp_path, monkeypatch
 
 def test_bos_and_eos_come_from_the_metadata_when_its_tokenizer_cannot_be_built(tmp_path):
     from tmpl_lint.checker import prover_inputs
-    from tmpl_lint.prover import DEFAULT_SPECIAL_TOKENS
+    from tmpl_lint.proving.measure import DEFAULT_SPECIAL_TOKENS
 
     bos = "<|begin_of_text|>"
     template = "{{ bos_token }}" + CLOCK

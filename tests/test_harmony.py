@@ -12,8 +12,9 @@ from datetime import datetime
 import pytest
 from helpers import CORPUS, needs_shared, shared_tokenizer
 
-from tmpl_lint.engines import HARMONY, EngineError, engine_tokenizer, render_prompt, resolve_engine
-from tmpl_lint.harmony import (
+from tmpl_lint.engines import engine_tokenizer, render_prompt, resolve_engine
+from tmpl_lint.engines.base import HARMONY, EngineError
+from tmpl_lint.engines.harmony import (
     HarmonyTokenizer,
     harmony_encoding,
     harmony_history,
@@ -211,7 +212,7 @@ def test_special_token_text_inside_a_message_is_measured_as_harmony_encodes_it()
     # Harmony encodes a message's text as text: a literal "<|end|>" there is three ordinary
     # tokens, while its decoded text would encode to the special token. Checked against
     # vLLM 0.33's server.
-    from tmpl_lint.prover import Measure
+    from tmpl_lint.proving.measure import Measure
 
     chat = [{"role": "user", "content": "say <|end|> please"}]
     expected = harmony_prompt_ids(chat, None, NOON)

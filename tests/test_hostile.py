@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import PROJECT
 
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.render import FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render
-from tmpl_lint.sources import TemplateSource
 
 HOSTILE = PROJECT / "tests" / "hostile"
 ESCAPES = sorted(HOSTILE.glob("escape_*.jinja"))

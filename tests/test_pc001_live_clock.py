@@ -8,7 +8,7 @@ from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_te
 
 from tmpl_lint.cli import main
 from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
-from tmpl_lint.prover import Prover
+from tmpl_lint.proving.session import Prover
 
 
 def test_fixture_clock_through_macro():

@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from helpers import SHARED_TOKENIZERS, at, lint_fixture, lint_text, needs_shared, prove_fixture, prove_text
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.inputs import TemplateSource
 
 
 def test_fixture_last_user_message_blocks():
@@ -79,7 +79,7 @@ def test_last_assistant_turn_changes_only_the_reply_when_rendered():
 
     from tmpl_lint.checker import ProveOptions, lint_source
     from tmpl_lint.proofs import Cause
-    from tmpl_lint.prover import Prover
+    from tmpl_lint.proving.session import Prover
 
     source = ASSISTANT_LAST.replace("{{ content }}", "<think>{{ m.reasoning_content }}</think>{{ content }}")
     causes = {d.cause for d in Prover(source, None).run({}).divergences()}
@@ -104,7 +104,7 @@ def test_last_in_other_branches_is_still_reported(branch):
 @pytest.mark.parametrize("opener", ["\\n<|assistant|>", "<|assistant|>"])
 def test_separator_after_every_message_but_the_last_is_not_a_history_rewrite(opener):
     from tmpl_lint.proofs import Cause
-    from tmpl_lint.prover import Prover
+    from tmpl_lint.proving.session import Prover
 
     source = (
         "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% if not loop.last %}{{ '\\n' }}{% endif %}"

@@ -8,9 +8,9 @@ from helpers import CORPUS, SHARED_TOKENIZERS, at, lint_fixture, lint_text, need
 
 from tmpl_lint.checker import lint_with_facts
 from tmpl_lint.cli import main
-from tmpl_lint.prover import Prover
+from tmpl_lint.inputs import TemplateSource
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.rules import BY_CODE
-from tmpl_lint.sources import TemplateSource
 
 
 def test_fixture_unguarded_is_a_warning():

@@ -16,9 +16,9 @@ from helpers import (
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
-from tmpl_lint.fixer import found_by_proof
-from tmpl_lint.prover import Prover
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.fix.verify import found_by_proof
+from tmpl_lint.inputs import TemplateSource
+from tmpl_lint.proving.session import Prover
 
 
 def test_fixture_with_default_stable_switch():

@@ -6,8 +6,8 @@ from helpers import CORPUS, SHARED_TEMPLATES, at, lint_fixture, lint_text, needs
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.cli import main
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proofs import Cause, ProofStatus
-from tmpl_lint.sources import TemplateSource
 
 FIXTURE = "PC007_text_after_history.jinja"
 

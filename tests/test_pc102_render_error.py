@@ -5,7 +5,7 @@ from pathlib import Path
 from helpers import CORPUS
 
 from tmpl_lint.checker import ProveOptions, lint_source
-from tmpl_lint.sources import TemplateSource
+from tmpl_lint.inputs import TemplateSource
 
 
 def test_fixture_reports_the_templates_own_error():

@@ -74,7 +74,7 @@ def test_gpt_oss_template_findings_are_proven_on_the_template_with_a_note(monkey
 
 def test_the_note_is_printed_under_the_proof():
     from tmpl_lint.proofs import Proof
-    from tmpl_lint.reporters import proof_lines
+    from tmpl_lint.report.text import proof_lines
 
     proof = Proof.not_reproduced("token", ("chat", "agent")).with_note("rendered elsewhere")
     lines = proof_lines(proof)
@@ -85,7 +85,7 @@ def test_the_note_is_printed_under_the_proof():
 
 
 def test_without_openai_harmony_the_engine_render_is_not_provable_and_says_why(monkeypatch):
-    from tmpl_lint.harmony import harmony_encoding
+    from tmpl_lint.engines.harmony import harmony_encoding
 
     harmony_encoding.cache_clear()
     monkeypatch.setitem(__import__("sys").modules, "openai_harmony", None)

@@ -87,8 +87,8 @@ def test_a_code_the_run_does_not_check_is_not_judged_unused():
     from pathlib import Path
 
     from tmpl_lint.checker import lint_source
+    from tmpl_lint.inputs import TemplateSource
     from tmpl_lint.selection import Selection
-    from tmpl_lint.sources import TemplateSource
 
     source = '{{ messages[0].content }} {# tmpl-lint: ignore[PC004, PC001] #}\n{{ strftime_now("%Y") }}\n'
     template = TemplateSource(Path("inline.jinja"), None, source, "jinja")

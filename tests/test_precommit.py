@@ -1,16 +1,19 @@
-"""The real pre-commit program runs this repository's hooks, configured with the README's
-snippet, in temporary git repositories: a bad template fails, the fix hook repairs it, and
-stock Qwen3 and gpt-oss configs pass once fixed. (The hook repository and pre-commit's
-environment, built once per session, are in conftest.py.)"""
+"""The real pre-commit program runs this repository's hooks in temporary git repositories:
+the README's snippet as written, and the hooks of .pre-commit-hooks.yaml installed by
+pre-commit itself. A bad template fails, the fix hook repairs it, and stock Qwen3 and
+gpt-oss configs pass once fixed. (The hook repository and pre-commit's environment, built
+once per session, are in conftest.py.)"""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import PRE_COMMIT, consumer, needs_pre_commit
+from conftest import PRE_COMMIT, SESSION_ENVIRONMENT, configured, consumer, needs_pre_commit, readme_snippet, with_store
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
 pytestmark = needs_pre_commit
@@ -47,6 +50,34 @@ def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path, hook_repository, e
 
     again = run_hooks(repo, environment, "tmpl-lint")
     assert again.returncode == 0, again.stdout
+    assert hook_lines(again) == [("tmpl-lint", "Passed")]
+
+
+def test_the_readme_snippet_works_as_written(tmp_path):
+    # Copied as it is: no URL or tag to fill in, only the check hook on. It runs the
+    # tmpl-lint installed where the commit is made (here, this test's).
+    environment = {
+        **with_store(tmp_path / "home"),
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), SESSION_ENVIRONMENT.get("PATH", "")]),
+    }
+    snippet = readme_snippet()
+    repo = configured(tmp_path, snippet, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    checked = run_hooks(repo, environment)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert hook_lines(checked) == [("tmpl-lint", "Failed")]
+    assert checked.stdout.count("chat_template.jinja:3:28: PC001 [live-clock]") == 1
+
+    # the alternative the snippet names in its comment: the same hook, fixing
+    fixing = re.search(r"# to rewrite templates with verified fixes instead: (.+)\n", snippet).group(1)
+    (repo / ".pre-commit-config.yaml").write_text(re.sub(r"entry: .+", f"entry: {fixing}", snippet))
+    fixed = run_hooks(repo, environment)
+    assert fixed.returncode == 1  # pre-commit fails a hook that modifies files
+    assert "files were modified by this hook" in fixed.stdout
+    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
+
+    (repo / ".pre-commit-config.yaml").write_text(snippet)
+    again = run_hooks(repo, environment)
+    assert again.returncode == 0, again.stdout + again.stderr
     assert hook_lines(again) == [("tmpl-lint", "Passed")]
 
 

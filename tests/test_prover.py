@@ -9,19 +9,13 @@ import pytest
 from helpers import CORPUS, prove_text
 
 from tmpl_lint.checker import ProveOptions, lint_source
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
-from tmpl_lint.prover import (
-    Prover,
-    compare_prompts,
-    first_difference,
-    full_blocks,
-    last_message_mark,
-    locate,
-    reply_start,
-    stop_after_reply,
-)
+from tmpl_lint.proving.divergence import compare_prompts, first_difference, last_message_mark, locate, reply_start
+from tmpl_lint.proving.measure import full_blocks
+from tmpl_lint.proving.replies import stop_after_reply
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.scenarios import scenarios
-from tmpl_lint.sources import TemplateSource
 
 
 def prove(name):
@@ -269,7 +263,7 @@ def test_a_tool_result_as_the_last_message_then_an_assistant_turn_shows_an_after
 def test_each_distinct_request_is_rendered_once(monkeypatch):
     import json
 
-    from tmpl_lint import prover as proving
+    from tmpl_lint.proving import session as proving
 
     requests = []
     render_prompt = proving.render_prompt
@@ -289,7 +283,7 @@ def test_each_distinct_request_is_rendered_once(monkeypatch):
 
 
 def test_renders_that_draw_nothing_random_are_not_repeated_to_show_they_are_deterministic(monkeypatch):
-    from tmpl_lint import prover as proving
+    from tmpl_lint.proving import session as proving
 
     rendered = []
     render_prompt = proving.render_prompt
@@ -333,7 +327,7 @@ def test_a_reply_rewritten_once_it_is_history_is_told_from_a_generation_prompt_m
 
 
 def test_served_requests_count_as_vllms_prefix_cache_stats():
-    from tmpl_lint.prover import ServedRequest, served_requests
+    from tmpl_lint.proving.measure import ServedRequest, served_requests
 
     first, reply = list(range(20)), list(range(100, 130))  # 20 + 29 fed back: 3 blocks cached
     second = first + reply + [7, 8, 9]  # 53 tokens: 52 looked up, 3 blocks hit
@@ -430,7 +424,7 @@ def test_a_proof_takes_what_another_recorded_only_for_the_same_template_and_inpu
     tokens, limits, engine or tokenizer, which prove as if nothing were recorded."""
     from dataclasses import replace
 
-    from tmpl_lint.engines import Prompt
+    from tmpl_lint.engines.base import Prompt
     from tmpl_lint.render import RenderLimits
     from tmpl_lint.tokenizer import Tokenizer
 

@@ -9,7 +9,8 @@ from datetime import datetime
 import pytest
 from helpers import SHARED_TEMPLATES, SHARED_TOKENIZERS, shared_tokenizer, transformers_tokenizer
 
-from tmpl_lint.prover import Prover, first_difference
+from tmpl_lint.proving.divergence import first_difference
+from tmpl_lint.proving.session import Prover
 from tmpl_lint.scenarios import scenarios
 
 pytestmark = pytest.mark.skipif(not SHARED_TOKENIZERS.is_dir(), reason="../shared is not present (fresh clone)")

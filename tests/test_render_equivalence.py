@@ -15,10 +15,10 @@ import pytest
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 from tmpl_lint.checker import lint_with_facts
+from tmpl_lint.inputs import TemplateSource
 from tmpl_lint.jinja_env import make_environment
 from tmpl_lint.render import FrozenClock, RenderError, render
 from tmpl_lint.scenarios import scenarios
-from tmpl_lint.sources import TemplateSource
 
 pytestmark = needs_shared
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")

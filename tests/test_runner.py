@@ -283,9 +283,9 @@ def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of
     # A template where --fix fixed one PC004 pattern (a `tojson` it saw) and the proof found
     # another re-serialisation no pattern shows: the second still fails, and says why.
     from tmpl_lint.findings import Finding
+    from tmpl_lint.inputs import TemplateSource
     from tmpl_lint.proofs import Proof
     from tmpl_lint.runner import CheckResult, LintedSource, _Fixing
-    from tmpl_lint.sources import TemplateSource
 
     def finding(line: int, found_by_proof: bool) -> Finding:
         made = Finding("PC004", "tool-args-reserialized", "warning", line, 1, "m", path="t.jinja")

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from tmpl_lint.cli import main
-from tmpl_lint.sources import NothingToLint, SourceError, TemplateSource, collect, read_bytes
+from tmpl_lint.inputs import NothingToLint, SourceError, TemplateSource, read_bytes
+from tmpl_lint.sources import collect
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 

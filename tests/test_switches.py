@@ -13,10 +13,11 @@ from helpers import CORPUS, SHARED_TEMPLATES, needs_shared, prove_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tmpl_lint.analysis import analyze, parse_with_tokens
+from tmpl_lint.analysis.interpreter import analyze
+from tmpl_lint.analysis.locations import SourceMap
+from tmpl_lint.analysis.parsing import parse_with_tokens
 from tmpl_lint.checker import SwitchTrials, name_switches, run_rules
 from tmpl_lint.jinja_env import PARSE_ENVIRONMENT
-from tmpl_lint.locations import SourceMap
 from tmpl_lint.rules import STATIC
 
 

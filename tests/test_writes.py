@@ -19,9 +19,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import CORPUS, PROJECT, signal_after, wait_for_children
 
-from tmpl_lint import fixer, writes
+from tmpl_lint import writes
 from tmpl_lint.cli import main
 from tmpl_lint.containers import json_template_span
+from tmpl_lint.fix import files as fixer
 from tmpl_lint.writes import WriteError
 
 CLOCK = "{{- 'Today: ' + strftime_now('%Y-%m-%d') + '\\n' }}{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}"
@@ -528,7 +529,7 @@ def test_create_writes_nothing_when_the_fill_fails(tmp_path, monkeypatch):
 SLOW_TOOL_USE = """
 import sys, time
 from pathlib import Path
-from tmpl_lint import fixer
+from tmpl_lint.fix import files as fixer
 marker, fix_template = Path(sys.argv.pop(1)), fixer.fix_template
 def held(source, *args, **kwargs):
     if source.name == "tool_use":

@@ -25,21 +25,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..engines import ENGINES, HARMONY, EngineError, Prompt, engine_tokenizer, prepare, render_prompt
+from ..engines import engine_tokenizer, prepare, render_prompt
+from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
-from ..prover import (
-    STOP_MARKER,
-    Measure,
-    Reply,
-    compare_prompts,
-    explaining_code,
-    generation_prompt_span,
-    last_message_mark,
-    reply_start,
-    stop_after_reply,
-    unmarked,
-)
+from ..proving.attribution import explaining_code
+from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
+from ..proving.measure import Measure
+from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
 from ..render import FrozenClock, RenderError
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
@@ -665,7 +658,7 @@ def _departure(prompt: list[int], computed: list[int], following: list[int], sha
 def template_findings(template: str) -> list[Finding]:
     """The findings a check of ``template`` reports: the same that name each divergence in check."""
     from ..checker import lint_source
-    from ..sources import TemplateSource
+    from ..inputs import TemplateSource
 
     return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 
@@ -724,7 +717,7 @@ def trace_sessions(
     import multiprocessing
 
     from ..isolation import parallel_map, run_isolated
-    from ..progress import ProgressBar
+    from ..report.progress import ProgressBar
 
     if tracer.engine != HARMONY:  # openai-harmony renders gpt-oss without the template
         failure = run_isolated(_compiles, (tracer.template,))

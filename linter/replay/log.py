@@ -223,7 +223,7 @@ def read_log(path: Path, session_key: str | None = None) -> Log:
 
 def parse_line(number: int, line: bytes) -> Call | None:
     """The call of one line, None for a blank one; ReplayError says why it is none."""
-    from ..diff import request_problem
+    from ..requests import request_problem
 
     if not line.strip():
         return None

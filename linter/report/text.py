@@ -1,24 +1,20 @@
-"""Writing findings out: ruff-style text and JSON."""
+"""Findings as ruff-style text: one line per finding, its source line, its proof, and a
+summary."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote_from_bytes
 
 import click
 
-from .findings import Finding, Verdict
-from .proofs import Divergence, Proof, ProofStatus
+from ..findings import Finding, Verdict
+from ..proofs import Divergence, Proof, ProofStatus
 
 if TYPE_CHECKING:
-    from .runner import InputError
+    pass
 
 SEVERITY_COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 MAX_SHOWN_LINE = 120
@@ -189,203 +185,9 @@ def level(finding: Finding, strict: bool = False) -> str:
     return finding.severity if finding.fails(strict) else "info"
 
 
-@dataclass(frozen=True)
-class CodeCount:
-    """One row of --statistics: how many findings of a code have one verdict (fail the run,
-    are not reproduced, are info)."""
-
-    code: str
-    name: str
-    verdict: Verdict
-    count: int
-
-    @property
-    def fails(self) -> bool:
-        return self.verdict is Verdict.FAILS
-
-
-def code_counts(findings: Sequence[Finding], strict: bool = False) -> list[CodeCount]:
-    """Findings per code, as ruff counts them; those that do not fail the run on rows of
-    their own after the code's failing ones: not reproduced, then info (as the summary
-    counts them)."""
-    order = list(Verdict)
-    counts = Counter((finding.code, finding.name, order.index(finding.verdict(strict))) for finding in findings)
-    return [CodeCount(code, name, order[index], count) for (code, name, index), count in sorted(counts.items())]
-
-
-def statistics_report(findings: Sequence[Finding], strict: bool = False) -> str:
-    """--statistics as text: a row per code and verdict, those that do not fail marked as
-    the summary counts them: (not reproduced) or (info)."""
-    return "".join(
-        f"{row.count:>5}\t{row.code}\t[{row.name}]{'' if row.fails else f' ({VERDICT_WORDS[row.verdict]})'}\n"
-        for row in code_counts(findings, strict)
-    )
-
-
-def statistics_json(findings: Sequence[Finding], strict: bool = False) -> str:
-    """--statistics --format json: a list of rows, as ruff prints its statistics in JSON;
-    ``verdict`` in the summary's words."""
-    rows = [
-        {"code": row.code, "name": row.name, "count": row.count, "fails": row.fails, "verdict": VERDICT_WORDS[row.verdict]}
-        for row in code_counts(findings, strict)
-    ]
-    return json.dumps(rows, indent=2) + "\n"
-
-
-def json_report(findings: Sequence[Finding], strict: bool = False) -> str:
-    return json.dumps([finding.to_json(strict) for finding in findings], indent=2, ensure_ascii=False) + "\n"
-
-
-# -- SARIF and GitHub annotations --------------------------------------------------------
-
-SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
-
-
-def _artifact(path: str | Path) -> dict:
-    """SARIF's artifactLocation: a URI as RFC 3986 writes it (SARIF 2.1.0 3.10), percent-encoded
-    ("#" would start a fragment): relative to the working directory, as GitHub code scanning
-    takes it from the repository's root (``uriBaseId`` %SRCROOT%), when the file is under
-    it; else an absolute ``file:`` URI."""
-    candidate = Path(path).resolve()
-    try:
-        relative = candidate.relative_to(Path.cwd().resolve())
-    except ValueError:
-        return {"uri": candidate.as_uri()}  # percent-encoded too
-    return {"uri": quote_from_bytes(os.fsencode(relative.as_posix())), "uriBaseId": "%SRCROOT%"}
-
-
-def _first_paragraph(doc: str) -> str:
-    body = doc.split("## What it does", 1)[-1].split("##", 1)[0]
-    return " ".join(body.split())
-
-
 def file_position(finding: Finding) -> tuple[int, int]:
     """Where the finding is in the file on disk; the file's start where the template has
     no place in it as text (a GGUF's metadata)."""
     if finding.file_line is not None:
         return finding.file_line, finding.file_column
     return 1, 1
-
-
-def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequence[InputError] = ()) -> str:
-    """SARIF 2.1.0 with what GitHub code scanning reads; regions are in the file on disk. The
-    inputs that could not be read are the invocation's error notifications, each at its file."""
-    from . import __version__
-    from .rules import RULES
-
-    rules = [
-        {
-            "id": rule.RULE.code,
-            "name": rule.RULE.name,
-            "shortDescription": {"text": rule.RULE.summary},
-            "fullDescription": {"text": _first_paragraph(rule.__doc__)},
-            "help": {"text": rule.__doc__.strip(), "markdown": rule.__doc__.strip()},
-            "defaultConfiguration": {"level": SARIF_LEVELS[rule.RULE.severity]},
-        }
-        for rule in RULES
-    ]
-    index = {rule["id"]: position for position, rule in enumerate(rules)}
-    results = []
-    seen: Counter = Counter()
-    for finding in findings:
-        artifact = _artifact(finding.path)
-        key = f"{finding.code}:{artifact['uri']}:{finding.template or ''}:{finding.source_line.strip()}"
-        seen[key] += 1
-        fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] + f":{seen[key]}"
-        result = {
-            "ruleId": finding.code,
-            "ruleIndex": index[finding.code],
-            "level": SARIF_LEVELS[level(finding, strict)],
-            "message": {"text": finding.reported_message()},
-            "locations": [
-                {
-                    "physicalLocation": {
-                        "artifactLocation": artifact,
-                        "region": dict(zip(("startLine", "startColumn"), file_position(finding))),
-                    }
-                }
-            ],
-            "partialFingerprints": {"primaryLocationLineHash": fingerprint},
-            **(
-                {
-                    "relatedLocations": [
-                        {
-                            "id": number,
-                            "physicalLocation": {
-                                "artifactLocation": artifact,
-                                "region": dict(zip(("startLine", "startColumn"), file_position(other))),
-                            },
-                            "message": {"text": f"{other.code} [{other.name}] shows the same divergence: {other.message}"},
-                        }
-                        for number, other in enumerate(finding.related_findings)
-                    ]
-                }
-                if finding.related_findings
-                else {}
-            ),
-            "properties": {
-                "template": finding.template,
-                "templateLine": finding.line,
-                "templateColumn": finding.column,
-                "fails": finding.fails(strict),
-                "unproven": finding.unproven,
-                "proof": finding.proof.to_json() if finding.proof else None,
-            },
-        }
-        results.append(result)
-    invocation: dict = {"executionSuccessful": not errors}
-    if errors:
-        invocation["toolExecutionNotifications"] = [
-            {
-                "level": "error",
-                "message": {"text": error.message},
-                "locations": [{"physicalLocation": {"artifactLocation": _artifact(error.path)}}],
-            }
-            for error in errors
-        ]
-    document = {
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {"driver": {"name": "tmpl-lint", "version": __version__, "rules": rules}},
-                "invocations": [invocation],
-                "results": results,
-            }
-        ],
-    }
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-
-
-def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def github_report(findings: Sequence[Finding], strict: bool = False, errors: Sequence[InputError] = ()) -> str:
-    """GitHub Actions workflow commands: an error annotation on each input that could not be
-    read, then one annotation per finding."""
-    levels = {"error": "error", "warning": "warning", "info": "notice"}
-    lines = [f"::error file={_escape_property(str(error.path))}::{_escape_data(error.message)}" for error in errors]
-    for finding in findings:
-        properties = ",".join(
-            [
-                f"file={_escape_property(finding.path)}",
-                f"line={file_position(finding)[0]}",
-                f"col={file_position(finding)[1]}",
-                f"title={_escape_property(f'{finding.code} [{finding.name}]')}",
-            ]
-        )
-        where = f"{finding.template}:{finding.line}: " if finding.template else ""
-        lines.append(f"::{levels[level(finding, strict)]} {properties}::{_escape_data(where + finding.reported_message())}")
-    return "".join(line + "\n" for line in lines)
-
-
-def write_report(path: Path, text: str) -> None:
-    """Write a report file whole or not at all (a WriteError says why not)."""
-    from .writes import write_file
-
-    write_file(path, text)

@@ -1,8 +1,4 @@
-"""What a serving engine does to a chat request before the template sees it.
-
-A proof is only as true as the token ids it compares, and an engine does not hand the
-request to the template untouched. ``hf`` is transformers' ``apply_chat_template`` as
-called directly. ``vllm`` mirrors vLLM 0.33's chat preprocessing:
+"""vLLM 0.33's chat preprocessing, before the template sees a request.
 
 - ``vllm/renderers/chat_utils/chat_message.py`` ``_postprocess_messages``: in assistant
   messages, tool-call ``arguments`` strings are parsed into mappings (empty or null
@@ -34,21 +30,11 @@ measures the match against a running server.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from jinja2 import nodes
 
-from .render import DEFAULT_LIMITS, RenderLimits, render
-
-ENGINES = ("vllm", "hf")
-
-
-class EngineError(ValueError):
-    """The engine would reject the request (vLLM answers 400)."""
-
+from .base import EngineError
 
 _CONTENT_FORMATS: dict[str, str] = {}
 _CONTENT_FORMATS_KEPT = 64
@@ -61,7 +47,7 @@ def content_format(template: str, tree: nodes.Template | None = None) -> str:
     form = _CONTENT_FORMATS.get(template)
     if form is None:
         if tree is None:
-            from .analysis import parse
+            from ..analysis.parsing import parse
 
             tree, _ = parse(template)
         form = _content_format_of(tree)
@@ -224,112 +210,22 @@ def vllm_tools(tools: list[Any] | None) -> list[Any] | None:
 
 
 def prepare(
-    engine: str,
     template: str,
     messages: list[dict[str, Any]],
-    kwargs: dict[str, Any] | None = None,
-    server_kwargs: dict[str, Any] | None = None,
-    reasoning_effort: str | None = None,
+    merged: dict[str, Any],
+    request_kwargs: dict[str, Any],
+    reasoning_effort: str | None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The messages and template variables ``engine`` would render for a request.
-
-    ``reasoning_effort`` is the request's own field (not a template variable): vLLM hands it
-    to the template and, unless the request sets ``enable_thinking``, turns thinking on for
-    any effort but "none".
-    """
-    merged = {**(server_kwargs or {}), **(kwargs or {})}
+    """The messages and template variables vLLM renders for a request. ``merged``: the
+    request's ``chat_template_kwargs`` over the server's defaults; ``reasoning_effort``, the
+    request's own field, is handed to the template and, unless the request sets
+    ``enable_thinking``, turns thinking on for any effort but "none"."""
     # What changes below is replaced, never changed in place: ``render`` copies what it is
-    # given (the copy a template cannot reach the caller's data through), and copying here
-    # as well was a tenth of a proof.
-    if engine == "hf":
-        return list(messages), merged
-    if engine != "vllm":
-        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    # given (the copy a template cannot reach the caller's data through), so a second copy
+    # here would only cost time.
     if reasoning_effort is not None:
         merged["reasoning_effort"] = reasoning_effort
-        if "enable_thinking" not in (kwargs or {}):
+        if "enable_thinking" not in request_kwargs:
             merged["enable_thinking"] = reasoning_effort != "none"
     form = content_format(template)
     return [_rebuilt(message, form) for message in messages], merged
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A rendered prompt: its text, and the token ids the engine itself produced where it
-    tokenizes piece by piece (harmony encodes message text as text: a literal "<|end|>" in
-    a message is not the special token its decoded text would encode to). ``token_ids`` is
-    None where the engine tokenizes the whole text, as vLLM does a template's render."""
-
-    text: str
-    token_ids: tuple[int, ...] | None = None
-
-
-def render_prompt(
-    engine: str,
-    template: str,
-    messages: list[dict[str, Any]],
-    *,
-    clock: Callable[[], datetime],
-    tools: list[dict[str, Any]] | None = None,
-    kwargs: dict[str, Any] | None = None,
-    add_generation_prompt: bool = True,
-    special_tokens: dict[str, Any] | None = None,
-    limits: RenderLimits = DEFAULT_LIMITS,
-    reasoning_effort: str | None = None,
-    server_kwargs: dict[str, Any] | None = None,
-) -> Prompt:
-    """The prompt ``engine`` would tokenize for a request.
-
-    Without a generation prompt the conversation is taken to end in the model's latest
-    reply as it was generated (the prover's "reply as generated").
-    """
-    if engine == HARMONY:
-        from .harmony import harmony_encoding, harmony_prompt_ids
-
-        ids = harmony_prompt_ids(messages, tools, clock(), add_generation_prompt, reasoning_effort)
-        return Prompt(harmony_encoding().decode_utf8(ids), tuple(ids))
-    prepared, merged = prepare(engine, template, messages, kwargs, server_kwargs, reasoning_effort)
-    text = render(
-        template,
-        prepared,
-        clock=clock,
-        tools=vllm_tools(tools) if engine == "vllm" else tools,
-        add_generation_prompt=add_generation_prompt,
-        special_tokens=special_tokens,
-        template_kwargs=merged,
-        limits=limits,
-        reasoning_aliases=engine != "vllm",
-    )
-    return Prompt(text)
-
-
-# --- gpt-oss on vLLM: openai-harmony, not the template -------------------------------
-
-HARMONY_MARKUP = ("<|start|>", "<|channel|>", "<|message|>")
-# vLLM's settings that change a harmony render, read from the environment as the server does.
-ENGINE_ENVIRONMENT = ("VLLM_SYSTEM_START_DATE", "VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS")
-
-
-# The renderer vLLM's server uses for gpt-oss, in place of the template. Not an --engine
-# choice: resolve_engine picks it for "vllm" where vLLM would.
-HARMONY = "vllm-harmony"
-
-
-def resolve_engine(engine: str, template: str, model_type: str | None = None) -> str:
-    """What renders a request for this model under ``engine``: vLLM renders gpt-oss
-    (``model_type`` "gpt_oss", as its config.json says) with openai-harmony. Without a
-    config.json, a template written in harmony's markup stands for gpt-oss."""
-    if engine != "vllm":
-        return engine
-    if model_type is not None:
-        return HARMONY if model_type == "gpt_oss" else engine
-    return HARMONY if all(marker in template for marker in HARMONY_MARKUP) else engine
-
-
-def engine_tokenizer(engine: str):
-    """The tokenizer an engine brings itself, when it renders without the template."""
-    if engine != HARMONY:
-        return None
-    from .harmony import HarmonyTokenizer
-
-    return HarmonyTokenizer()

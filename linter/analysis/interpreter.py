@@ -1,4 +1,5 @@
-"""One pass over a template's Jinja AST that builds the facts every rule queries.
+"""The abstract interpreter: one pass over a template's Jinja AST that builds the facts
+every rule queries.
 
 The pass is an abstract interpretation: each expression evaluates to a ``Value``, the set
 of ``Label``s saying what it depends on (the clock, the number of messages, a scan over all
@@ -8,375 +9,54 @@ value, or prints anything under a condition, is a ``Sink`` that records the labe
 it prints and of every decision that led to it. Rules then ask questions of the sinks: does
 the clock reach output, does a message's render depend on where the last user query is.
 
-Known constants fold (``and``/``or`` short-circuit, ``if`` takes one branch), which is how
-a switch is checked: analyse again with ``clear_thinking=False`` and see whether the
-finding is gone.
+Known constants fold (``and``/``or`` short-circuit, ``if`` takes one branch; see folding.py),
+which is how a switch is checked: analyse again with ``clear_thinking=False`` and see whether
+the finding is gone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from functools import cached_property
 
-import jinja2
 from jinja2 import nodes
-from jinja2.lexer import TokenStream
-from jinja2.nodes import EvalContext
-from jinja2.parser import Parser
 
-from .jinja_env import PARSE_ENVIRONMENT
-from .locations import SourceMap, child_nodes, descendants, preorder
-
-
-class _Sentinel:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-UNKNOWN = _Sentinel("UNKNOWN")
-# A template variable the caller did not pass: ``is defined`` is false, ``default()`` applies.
-UNDEFINED = _Sentinel("UNDEFINED")
-
-# Globals that read the wall clock. transformers installs strftime_now; the others are
-# names other runtimes (or custom renderers) expose with the same meaning.
-CLOCK_GLOBALS = frozenset(
-    {"strftime_now", "now", "today", "utcnow", "datetime_now", "current_date", "current_time", "get_current_date"}
+from ..jinja_env import PARSE_ENVIRONMENT
+from .facts import (
+    CLOCK_GLOBALS,
+    KNOWN_GLOBALS,
+    LIST_FILTERS,
+    LOOP_LAST_ATTRS,
+    SCANS,
+    Control,
+    Facts,
+    JsonUse,
+    Label,
+    LabelKind,
+    Sink,
+    expression_text,
+    printed_literals,
+    tested_roles,
 )
-KNOWN_GLOBALS = frozenset({"raise_exception", "strftime_now", "dict", "namespace", "range", "lipsum", "cycler", "joiner"})
-
-
-# Label kinds that describe what a value *is* (the messages list, one message, its tool
-# calls) rather than what it depends on: they do not survive arithmetic or printing.
-class LabelKind(StrEnum):
-    """What a label says about a value: where it comes from, or what it depends on."""
-
-    MESSAGES = "messages"
-    MESSAGE = "message"
-    TOOL_CALLS = "tool_calls"
-    TOOL_CALL = "tool_call"
-    TOOL_ARGS = "tool_args"
-    VARIABLE = "variable"
-    LOOKAHEAD = "lookahead"
-    LOOP_INDEX = "loop_index"
-    SCAN_POSITION = "scan_position"
-    SCAN_FLAG = "scan_flag"
-    # Text a loop over messages builds up in a namespace (``ns.out = ns.out + ...``): where
-    # it is printed, each message's piece is printed, as if inside that loop.
-    ACCUMULATED = "accumulated"
-    # A decision that admits, in an inner loop over messages, only the messages before the
-    # one the outer loop renders (DeepSeek-V3.2's `loop.index0 < outer_index`).
-    BEFORE_CURRENT = "before_current"
-    NAMESPACE_READ = "namespace_read"
-    LAST = "last"
-    NEXT = "next"
-    FIRST_MESSAGE = "first_message"
-    CLOCK = "clock"
-    # A value that holds a clock function itself, not the time it reads (`[strftime_now]`,
-    # `namespace(clock=strftime_now)`): whatever is called out of it reads the clock.
-    CLOCK_FUNCTION = "clock_function"
-    RANDOM = "random"
-    COUNT = "count"
-    STRING_GUARD = "string_guard"
-
-
-STRUCTURAL = frozenset({LabelKind.MESSAGES, LabelKind.MESSAGE, LabelKind.TOOL_CALLS, LabelKind.TOOL_CALL, LabelKind.TOOL_ARGS})
-SCANS = frozenset({LabelKind.SCAN_POSITION, LabelKind.SCAN_FLAG})
-# Sequence filters that keep the messages list a messages list.
-LIST_FILTERS = frozenset(
-    {"list", "reverse", "selectattr", "rejectattr", "select", "reject", "sort", "unique", "batch", "slice", "map"}
+from .folding import FOLDABLE_FILTERS, MAX_FOLDED_ITEMS, fold_binary, fold_compare, fold_test
+from .locations import SourceMap, child_nodes
+from .parsing import parse
+from .reuse import Trace, top_level_scan
+from .values import (
+    NOTHING,
+    UNDEFINED,
+    UNKNOWN,
+    GlobalRef,
+    LoopRef,
+    MacroRef,
+    NamespaceRef,
+    Record,
+    Value,
+    after_branch,
+    either_of,
+    merge_labels,
+    truth_of,
+    union_of,
 )
-# Loop attributes and what they depend on in a loop over messages.
-LOOP_LAST_ATTRS = frozenset({LabelKind.LAST, "length", "revindex", "revindex0"})
-
-
-@dataclass(frozen=True)
-class Site:
-    """A place in the template. The column is found only when asked for (see SourceMap)."""
-
-    line: int
-    text: str
-    node: nodes.Node | None = field(default=None, compare=False, repr=False)
-    source_map: SourceMap | None = field(default=None, compare=False, repr=False)
-    fixed_column: int | None = field(default=None, compare=False, repr=False)
-
-    @cached_property
-    def column(self) -> int:
-        if self.fixed_column is not None:
-            return self.fixed_column
-        if self.node is None or self.source_map is None:
-            return 1
-        line, column = self.source_map.position(self.node)
-        return column if line == self.line else 1
-
-
-@dataclass(frozen=True)
-class Label:
-    kind: LabelKind
-    site: Site | None = None
-    name: str | None = None
-    loop: int | None = None  # id of the loop over messages the label is about
-    origin: Site | None = None  # for a scan read: where the scan assigned it
-
-
-@dataclass(frozen=True)
-class Value:
-    labels: frozenset[Label] = frozenset()
-    const: object = UNKNOWN
-
-    @property
-    def known(self) -> bool:
-        return self.const is not UNKNOWN
-
-    def data(self) -> frozenset[Label]:
-        """Labels that describe dependence, not structure."""
-        cached = self.__dict__.get("_data")
-        if cached is None:
-            if any(label.kind in STRUCTURAL for label in self.labels):
-                cached = frozenset(label for label in self.labels if label.kind not in STRUCTURAL)
-            else:
-                cached = self.labels  # the same set: no need to hash every label again
-            self.__dict__["_data"] = cached  # frozen, and data() is asked again and again
-        return cached
-
-    def has(self, kind: LabelKind) -> bool:
-        kinds = self.__dict__.get("_kinds")
-        if kinds is None:
-            kinds = self.__dict__["_kinds"] = frozenset(label.kind for label in self.labels)
-        return kind in kinds
-
-
-NOTHING = Value()
-
-
-class Record(dict):
-    """A dict literal with constant string keys, each key to what the analysis knows of its
-    value: reading a key back (``{'content': call}['content']``, or in a macro the dict was
-    passed to) gives that value, where a union of them lost what it is (a tool call).
-
-    A dict, so that its truth, length, ``in`` and ``is mapping`` fold as the literal's do;
-    hashed by identity, as a Value holding it may be (a frozen dataclass hashes its const)."""
-
-    __hash__ = object.__hash__
-
-
-@dataclass(frozen=True)
-class MacroRef:
-    node: nodes.Macro
-
-
-@dataclass(frozen=True)
-class GlobalRef:
-    name: str
-
-
-@dataclass(frozen=True)
-class NamespaceRef:
-    key: int
-    loops: tuple[int, ...]  # message loops active where the namespace was created
-
-
-@dataclass(frozen=True)
-class LoopRef:
-    loop: int
-    over_messages: bool
-    looks_ahead: bool = False
-    backwards: bool = False  # `messages|reverse`, `messages[::-1]`, a range stepping down
-    node: nodes.For | None = field(default=None, compare=False, repr=False)
-
-    def loops_inside(self, source_map: SourceMap) -> frozenset[int]:
-        """This loop and the loops nested in its body, by id."""
-        if self.node is None:
-            return frozenset({self.loop})
-        node = self.node
-        return source_map.memo(
-            ("loops_inside", self.loop),
-            lambda: frozenset({self.loop} | {id(inner) for inner in descendants(node) if isinstance(inner, nodes.For)}),
-        )
-
-    def assigned_once(self, source_map: SourceMap) -> frozenset[int]:
-        """Assignments that run for one message only: before a `{% break %}`, or under a guard
-        the same branch turns off (`{% if ns.searching and ... %}{% set ns.searching = false %}`).
-        Asked only of a position a scan assigns: found then, not for every loop."""
-        if self.node is None:
-            return frozenset()
-        body = self.node.body
-        return source_map.memo(("assigned_once", self.loop), lambda: _assigned_once(body))
-
-
-@dataclass(frozen=True)
-class Control:
-    """A decision that output depends on: an ``if`` chain, a ``for`` iterable, a ternary."""
-
-    node: nodes.Node
-    labels: frozenset[Label]
-
-
-@dataclass(frozen=True)
-class Sink:
-    """A ``{{ ... }}`` (or literal text) that reaches the rendered prompt."""
-
-    node: nodes.Node
-    labels: frozenset[Label]
-    controls: tuple[Control, ...]
-    loops: tuple[int, ...]  # message loops active here, outermost first
-    text: str  # the literal text it prints, where known
-    # The roles of the message being rendered for which it prints, where the branches that
-    # lead to it compare the loop's message role with constants (None: any role).
-    roles: frozenset[str] | None = None
-    # The expressions it prints whose value only the render knows (a clock, a template
-    # variable): ``text`` holds none of their value, only their string literals.
-    unknown: tuple[nodes.Expr, ...] = ()
-
-    def all_labels(self) -> frozenset[Label]:
-        merged = self.__dict__.get("_all_labels")  # frozen, and every rule asks
-        if merged is None:
-            merged = set(self.labels)
-            for control in self.controls:
-                merged |= control.labels
-            merged = self.__dict__["_all_labels"] = frozenset(merged)
-        return merged
-
-
-@dataclass(frozen=True)
-class JsonUse:
-    """A ``|tojson`` and what its input is."""
-
-    node: nodes.Filter
-    labels: frozenset[Label]
-    controls: tuple[Control, ...]
-
-    @property
-    def separators(self) -> tuple[str, str] | None:
-        """The separators the call names (``tojson(separators=(",", ":"))``), else None."""
-        return declared_separators(self.node)
-
-    @property
-    def names_layout(self) -> bool:
-        """The call names its JSON layout (separators or indent): the template states how
-        the JSON it writes looks."""
-        return any(keyword.key in ("separators", "indent") for keyword in self.node.kwargs) or len(self.node.args) >= 2
-
-
-def declared_separators(node: nodes.Filter) -> tuple[str, str] | None:
-    for keyword in node.kwargs:
-        if keyword.key == "separators":
-            try:
-                value = keyword.value.as_const(EvalContext(PARSE_ENVIRONMENT))  # the tree has no environment
-            except nodes.Impossible:
-                return None
-            if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(part, str) for part in value):
-                return (value[0], value[1])
-    return None
-
-
-def argument_separators(facts: Facts) -> tuple[str, str] | None:
-    """The separators a template names for ``tojson`` of tool-call arguments, if it names
-    any: a template that states how it writes arguments is taken to write them as its model
-    does."""
-    for use in facts.json_uses:
-        if use.separators is not None and any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
-            return use.separators
-    return None
-
-
-# How a model writes tool-call arguments (``--tool-args-style``, the ``tool-args-style`` key):
-# compact, {"city":"Paris"}, or spaced, {"city": "Paris"}, as `tojson` writes by default.
-TOOL_ARGS_STYLES: dict[str, tuple[str, str]] = {"compact": (",", ":"), "spaced": (", ", ": ")}
-DEFAULT_TOOL_ARGS_STYLE = "compact"
-TOJSON_SEPARATORS = (", ", ": ")  # transformers' `tojson` names none: json.dumps' own
-
-
-def model_separators(facts: Facts) -> tuple[str, str]:
-    """How the model writes tool-call arguments: as the run says (``--tool-args-style``, the
-    ``tool-args-style`` key: ``facts.tool_args_style``), else as the template says where it
-    names the separators it writes them with, else compact."""
-    if facts.tool_args_style is not None:
-        return TOOL_ARGS_STYLES[facts.tool_args_style]
-    return argument_separators(facts) or TOOL_ARGS_STYLES[DEFAULT_TOOL_ARGS_STYLE]
-
-
-@dataclass(frozen=True)
-class FlagReset:
-    """``{% set ns.flag = false %}`` in a loop: where a group of messages that turned a
-    namespace flag on (DeepSeek's ``ns.is_tool`` over consecutive tool results) ends."""
-
-    name: str  # "ns.flag", as a scan label names it
-    loop: int  # id of the loop it is in
-    node: nodes.Assign
-    text: str  # the literal text its branch prints: what closes the group there
-    roles: frozenset[str] | None  # the message roles its branch is for, where the tests say
-
-
-@dataclass
-class Facts:
-    text: str
-    tree: nodes.Template | None
-    source_map: SourceMap
-    syntax_error: jinja2.TemplateSyntaxError | None = None
-    sinks: list[Sink] = field(default_factory=list)
-    json_uses: list[JsonUse] = field(default_factory=list)
-    variables: set[str] = field(default_factory=set)  # undeclared names the template reads
-    assumptions: Mapping[str, object] = field(default_factory=dict)
-    too_deep: bool = False  # the analysis stopped at Python's recursion limit
-    trace: Trace | None = None  # the top-level states, when recorded (see Trace)
-    taken_over: int = 0  # top-level statements taken from another analysis' trace
-    # The format each clock call was given, by id of the call, where the analysis folded it
-    # to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`); None
-    # where it is not one constant. Only statements this analysis ran itself record here.
-    clock_formats: dict[int, str | None] = field(default_factory=dict)
-    # How the run says the model writes tool-call arguments, None where it does not (see
-    # ``model_separators``): set by the lint from its selection, before the rules run.
-    tool_args_style: str | None = None
-
-    def site(self, node: nodes.Node, text: str) -> Site:
-        return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
-
-    def nodes_of(self, *types: type[nodes.Node]) -> list[nodes.Node]:
-        """The template's nodes of ``types`` in ``find_all``'s order: every question a rule or
-        the switch trials ask of the tree filters one shared walk instead of walking again."""
-        if self.tree is None:
-            return []
-        every = self.walk()[0]
-        return self.source_map.memo(("nodes_of", types), lambda: [node for node in every if isinstance(node, types)])
-
-    def walk(self) -> tuple[list[nodes.Node], list[int]]:
-        """Every node of the template in ``find_all``'s order, with where each one's
-        subtree ends (see ``locations.preorder``): the one walk of the whole tree."""
-        return self.source_map.memo("preorder", lambda: preorder(self.tree))
-
-    def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
-        """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
-        if self.tree is None:
-            return ()
-        return self.source_map.memo("flag_resets", lambda: _flag_resets(self.tree)).get(loop, ())
-
-
-def parse(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None]:
-    tree, error, _ = parse_with_tokens(text)
-    return tree, error
-
-
-def parse_with_tokens(text: str) -> tuple[nodes.Template | None, jinja2.TemplateSyntaxError | None, list | None]:
-    """Parse from one lexing pass whose raw tokens are kept: the source map reuses them
-    for exact columns instead of lexing the template a second time."""
-    environment = PARSE_ENVIRONMENT
-    raw: list | None = None
-    try:
-        raw = list(environment.lexer.tokeniter(text, None))
-        parser = Parser(environment, text)  # lexes lazily: only its first token
-        parser.stream = TokenStream(environment.lexer.wrap(iter(raw)), None, None)
-        # ``parser.parse()`` would also walk the tree to set each node's environment, which
-        # only compiling and ``as_const`` without a context use (a twelfth of a parse).
-        return nodes.Template(parser.subparse(), lineno=1), None, raw
-    except jinja2.TemplateSyntaxError as error:
-        return None, error, raw
-    except RecursionError:
-        return None, jinja2.TemplateSyntaxError("the template is nested too deeply to parse", 1), raw
 
 
 def analyze(
@@ -401,238 +81,11 @@ def analyze(
         if record:
             facts.trace = Trace(facts)
         try:
-            _Interpreter(facts).run(tree, reusing)
+            Interpreter(facts).run(tree, reusing)
         except RecursionError:
             facts.too_deep = True  # what was recorded before stands; the rest is not analysed
             facts.trace = None
     return facts
-
-
-@dataclass
-class _State:
-    """The interpreter's state before a top-level statement (at the top level no control,
-    loop, capture or macro call is active)."""
-
-    variables: dict[str, Value]
-    namespaces: dict[tuple[int, str], Value]
-    macro_cache: dict[tuple, Value]
-    sinks: int
-    json_uses: int
-
-
-class Trace:
-    """The states of one analysis between the template's top-level statements.
-
-    An analysis that assumes a value for one variable differs from another only where
-    what a statement reads differs: a statement that reads the same values (apart from
-    the assumed variable's own ``variable`` label, which no step of the analysis looks at:
-    it only names switch candidates) does the same thing, so its effect is taken from the
-    other analysis' trace instead of analysed again. The facts taken over keep that label,
-    which no rule's finding position depends on; the trial's ``variables`` are not kept.
-    """
-
-    def __init__(self, facts: Facts):
-        self.facts = facts
-        self.states: list[_State] = []
-
-    def record(self, interpreter: _Interpreter) -> None:
-        self.states.append(
-            _State(
-                dict(interpreter.scope.vars),
-                dict(interpreter.namespaces),
-                dict(interpreter.macro_cache),
-                len(self.facts.sinks),
-                len(self.facts.json_uses),
-            )
-        )
-
-    def usable_for(self, own: Label) -> bool:
-        """Whether an analysis without the label ``own`` may take statements over: the
-        trace is complete, and no two calls it cached differ only by that label (the
-        macro call cache is keyed by the arguments' labels)."""
-        if len(self.states) != len(self.facts.tree.body) + 1:
-            return False
-        keys = self.states[-1].macro_cache
-        return len({_key_without(key, own) for key in keys}) == len(keys)
-
-    def matches(self, interpreter: _Interpreter, index: int, reads: _Reads, own: Label) -> bool:
-        """Whether top-level statement ``index`` reads in ``interpreter`` what it read in
-        this trace's analysis, up to the label ``own``."""
-        before = self.states[index]
-        here = interpreter.scope.vars
-        namespaces = set(reads.created_namespaces)
-        for name in reads.names:
-            theirs, mine = before.variables.get(name), here.get(name)
-            if theirs is None or mine is None:
-                if theirs is not mine or name == own.name:
-                    return False  # set in one analysis only, or read as the assumption
-            elif not _same_value(theirs, mine, own):
-                return False
-            elif isinstance(mine.const, NamespaceRef):
-                namespaces.add(mine.const.key)
-        if namespaces and not _same_namespaces(before.namespaces, interpreter.namespaces, namespaces, own):
-            return False
-        if reads.macros is not None and not reads.macros:
-            return True
-        theirs = {
-            _key_without(key, own): value
-            for key, value in before.macro_cache.items()
-            if reads.macros is None or key[0] in reads.macros
-        }
-        mine = {key: value for key, value in interpreter.macro_cache.items() if reads.macros is None or key[0] in reads.macros}
-        return _same_values(theirs, mine, own)
-
-    def replay(self, interpreter: _Interpreter, index: int, own: Label) -> None:
-        """Do in ``interpreter`` what top-level statement ``index`` did in this trace."""
-        before, after = self.states[index], self.states[index + 1]
-        for name, value in after.variables.items():
-            if before.variables.get(name) is not value:
-                interpreter.scope.vars[name] = _without(value, own)
-        for key, value in after.namespaces.items():
-            if before.namespaces.get(key) is not value:
-                interpreter.namespaces[key] = _without(value, own)
-        for key, value in after.macro_cache.items():
-            if before.macro_cache.get(key) is not value:
-                interpreter.macro_cache[_key_without(key, own)] = _without(value, own)
-        interpreter.facts.sinks.extend(self.facts.sinks[before.sinks : after.sinks])
-        interpreter.facts.json_uses.extend(self.facts.json_uses[before.json_uses : after.json_uses])
-
-
-def _key_without(key: tuple, own: Label) -> tuple:
-    """A macro call cache key without the label ``own`` in its arguments' labels."""
-    macro, positional, keywords = key
-    if not any(own in labels for labels in positional) and not any(own in labels for _, labels in keywords):
-        return key
-    return (macro, tuple(labels - {own} for labels in positional), tuple((name, labels - {own}) for name, labels in keywords))
-
-
-@dataclass(frozen=True)
-class _Reads:
-    """What one top-level statement may read of the state the analysis carries between
-    statements: scope names (read or written: a branch merges with what was there), the
-    macros it may run (None: any), whose cached calls it may reuse and whose bodies read
-    the top-level scope, and the namespaces it creates (a macro's namespace keeps the
-    entries of its earlier calls)."""
-
-    names: frozenset[str]
-    macros: frozenset[int] | None
-    created_namespaces: frozenset[int]
-
-
-def top_level_scan(facts: Facts) -> tuple[list[_Reads], list[nodes.Compare]]:
-    """The reads of each top-level statement, and every comparison in the template in
-    document order (the constants a switch is compared with are values worth trying):
-    one walk, shared by the switch trials."""
-    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree, *facts.walk()))
-
-
-def _scan_top_level(tree: nodes.Template, every: list[nodes.Node], ends: list[int]) -> tuple[list[_Reads], list[nodes.Compare]]:
-    """The reads of each top-level statement, found in its syntax (and that of the macros
-    it may call): a superset of what any analysis of it reads. ``every`` and ``ends``:
-    the tree's nodes in order, and where each subtree ends (``Facts.walk``)."""
-    compares: list[nodes.Compare] = []
-    macros: dict[str, list[nodes.Macro]] = {}
-    assigned: set[str] = set()  # a name also assigned may hold any macro when called
-    scans: dict[int, tuple[set[str], set[str] | None, set[int]]] = {}
-
-    def scan(start: int) -> tuple[set[str], set[str] | None, set[int]]:
-        """Names, the names of the callees (None: a callee that may be any macro) and
-        the namespace() calls under the node at ``start`` (in document order, as find_all
-        walks); macro bodies are scanned on their own."""
-        names: set[str] = set()
-        callees: set[str] | None = set()
-        created: set[int] = set()
-        index, end = start, ends[start]
-        while index < end:
-            node = every[index]
-            if isinstance(node, nodes.Macro) and index != start:
-                names.add(node.name)  # defined here: its body runs only when called
-                macros.setdefault(node.name, []).append(node)
-                scans[id(node)] = scan(index)
-                index = ends[index]
-                continue
-            index += 1
-            if isinstance(node, (nodes.Name, nodes.NSRef)):
-                names.add(node.name)
-                if isinstance(node, nodes.Name) and node.ctx in ("store", "param"):
-                    assigned.add(node.name)
-            elif isinstance(node, nodes.Call):
-                callee = node.node
-                if isinstance(callee, nodes.Name):
-                    if callee.name == "namespace":
-                        created.add(id(node))
-                    if callees is not None:
-                        callees.add(callee.name)
-                elif not isinstance(callee, nodes.Getattr):  # a method call never runs a macro
-                    callees = None
-            elif isinstance(node, nodes.Compare):
-                compares.append(node)
-        return names, callees, created
-
-    starts, index = [], 0  # where each top-level statement is in ``every``
-    for _ in tree.body:
-        starts.append(index)
-        index = ends[index]
-    statements = [scan(start) for start in starts]
-    for statement, scanned in zip(tree.body, statements):
-        if isinstance(statement, nodes.Macro):  # a top-level macro was scanned as its statement
-            macros.setdefault(statement.name, []).append(statement)
-            scans[id(statement)] = scanned
-    every_macro = [macro for found in macros.values() for macro in found]
-
-    def macros_called(callees: set[str] | None) -> list[nodes.Macro] | None:
-        if callees is None or callees & assigned:
-            return None
-        return [macro for name in callees if name in macros for macro in macros[name]]
-
-    reads = []
-    for statement, (names, callees, created) in zip(tree.body, statements):
-        if isinstance(statement, nodes.Macro):
-            reads.append(_Reads(frozenset(), frozenset(), frozenset()))  # binds its name, reads nothing
-            continue
-        names, created = set(names), set(created)
-        pending = macros_called(callees)
-        run_any = pending is None
-        pending = every_macro if pending is None else pending
-        run: set[int] = set()
-        while pending:
-            macro = pending.pop()
-            if id(macro) in run:
-                continue
-            run.add(id(macro))
-            body_names, body_callees, body_created = scans[id(macro)]
-            names |= body_names
-            created |= body_created
-            called = macros_called(body_callees)
-            if called is None:
-                run_any = True
-                called = every_macro
-            pending = pending + called
-        reads.append(_Reads(frozenset(names), None if run_any else frozenset(run), frozenset(created)))
-    return reads, compares
-
-
-def expression_text(node: nodes.Node) -> str:
-    """A short source-like rendering of a name or attribute chain, for messages."""
-    if isinstance(node, nodes.Name):
-        return node.name
-    if isinstance(node, nodes.Getattr):
-        return f"{expression_text(node.node)}.{node.attr}"
-    if isinstance(node, nodes.Getitem):
-        if isinstance(node.arg, nodes.Const):
-            inner = repr(node.arg.value)
-        elif isinstance(node.arg, nodes.Neg) and isinstance(node.arg.node, nodes.Const):
-            inner = f"-{node.arg.node.value!r}"
-        else:
-            inner = "..."
-        return f"{expression_text(node.node)}[{inner}]"
-    if isinstance(node, nodes.NSRef):
-        return f"{node.name}.{node.attr}"
-    if isinstance(node, nodes.Call):
-        return f"{expression_text(node.node)}(...)"
-    if isinstance(node, nodes.Filter):
-        return f"{expression_text(node.node) if node.node else ''}|{node.name}"
-    return type(node).__name__
 
 
 class _Scope:
@@ -649,86 +102,7 @@ class _Scope:
         return None
 
 
-def _union(*values: Value) -> Value:
-    labels: set[Label] = set()
-    for value in values:
-        labels |= value.data()
-    return Value(frozenset(labels))
-
-
-def _either(*values: Value) -> Value:
-    """A value that is one of ``values`` (``a or b``, ``a if t else b``): structure is kept."""
-    labels: set[Label] = set()
-    for value in values:
-        labels |= value.labels
-    return Value(frozenset(labels))
-
-
-def _merge(old: Value | None, new: Value) -> Value:
-    """The value after a branch that may or may not have run."""
-    if old is None:
-        return Value(new.labels, UNKNOWN)
-    const = old.const if old.known and new.known and _same(old.const, new.const) else UNKNOWN
-    return Value(old.labels | new.labels, const)
-
-
-def _without(value: Value, label: Label) -> Value:
-    return Value(value.labels - {label}, value.const) if label in value.labels else value
-
-
-def _same_value(theirs: Value, mine: Value, own: Label) -> bool:
-    """``mine`` is ``theirs`` without the label ``own``."""
-    if theirs is mine:
-        return True
-    if theirs.const is not mine.const and not _same(theirs.const, mine.const):
-        return False
-    return mine.labels == (theirs.labels - {own} if own in theirs.labels else theirs.labels)
-
-
-def _same_values(theirs: dict, mine: dict, own: Label) -> bool:
-    if theirs.keys() != mine.keys():
-        return False
-    return all(_same_value(value, mine[key], own) for key, value in theirs.items())
-
-
-def _same_namespaces(theirs: dict, mine: dict, reachable: set[int], own: Label) -> bool:
-    """The entries of the namespaces ``reachable`` (and of those their entries hold) are the
-    same up to the label ``own``."""
-    pending, seen = list(reachable), set()
-    while pending:
-        key = pending.pop()
-        if key in seen:
-            continue
-        seen.add(key)
-        their_entries = {name: value for (space, name), value in theirs.items() if space == key}
-        my_entries = {name: value for (space, name), value in mine.items() if space == key}
-        if not _same_values(their_entries, my_entries, own):
-            return False
-        pending.extend(value.const.key for value in my_entries.values() if isinstance(value.const, NamespaceRef))
-    return True
-
-
-def _same(a: object, b: object) -> bool:
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:
-        return False
-
-
-def _truth(value: Value) -> bool | None:
-    if not value.known:
-        return None
-    if value.const is UNDEFINED:
-        return False
-    if isinstance(value.const, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
-        return True
-    try:
-        return bool(value.const)
-    except Exception:
-        return None
-
-
-class _Interpreter:
+class Interpreter:
     MAX_MACRO_DEPTH = 4
 
     def __init__(self, facts: Facts):
@@ -822,10 +196,10 @@ class _Interpreter:
         self.emit(node, frozenset(labels), "".join(text), tuple(unknown))
 
     def literal_strings(self, node: nodes.Node) -> list[str]:
-        """``_literal_strings(node)``, worked out once for every analysis of the template."""
+        """``printed_literals(node)``, worked out once for every analysis of the template."""
         strings = self.literals.get(id(node))
         if strings is None:
-            strings = self.literals[id(node)] = _literal_strings(node)
+            strings = self.literals[id(node)] = printed_literals(node)
         return strings
 
     def emit(self, node: nodes.Node, labels: frozenset[Label], text: str, unknown: tuple[nodes.Expr, ...] = ()) -> None:
@@ -848,7 +222,7 @@ class _Interpreter:
     def stmt_AssignBlock(self, node: nodes.AssignBlock) -> None:
         captured = self.capture(node.body)
         if node.filter is not None:
-            captured = _union(captured, self.expr_filter_chain(node.filter))
+            captured = union_of(captured, self.expr_filter_chain(node.filter))
         self.assign(node.target, captured, node)
 
     def assign(self, target: nodes.Node, value: Value, node: nodes.Node) -> None:
@@ -871,7 +245,7 @@ class _Interpreter:
                 value = self.scanned(scanning[-1], target, value, node)
             key = (namespace.key, target.attr)
             if self.controls or scanning:
-                value = _merge(self.namespaces.get(key), value)
+                value = after_branch(self.namespaces.get(key), value)
             if scanning and _accumulates(node, target):
                 for active in scanning:
                     self.accumulating.setdefault(active.loop, set()).add(key)
@@ -931,7 +305,7 @@ class _Interpreter:
         certain = False
         for test, body in branches:
             value = _presence_of_next(self.expr(test))
-            truth = _truth(value)
+            truth = truth_of(value)
             if truth is False:
                 continue
             chain |= value.data()
@@ -952,11 +326,11 @@ class _Interpreter:
         return frozenset(chain)
 
     def roles_of(self, test: nodes.Node, subject: str) -> tuple[frozenset[str] | None, frozenset[str] | None]:
-        """``_roles`` of a test, and its exact roles: worked out once for every analysis."""
+        """``tested_roles`` of a test, and its exact roles: worked out once for every analysis."""
         key = (id(test), subject)
         found = self.test_roles.get(key)
         if found is None:
-            found = self.test_roles[key] = (_roles(test, subject=subject), _roles(test, exact=True, subject=subject))
+            found = self.test_roles[key] = (tested_roles(test, subject=subject), tested_roles(test, exact=True, subject=subject))
         return found
 
     def branches(
@@ -996,10 +370,10 @@ class _Interpreter:
             # What the branch assigned (most of the state it carries is as it was before).
             assigned = [(key, value) for key, value in variables.items() if before_vars.get(key) is not value]
             for key, value in assigned:
-                merged_vars[key] = _merge(merged_vars.get(key), value) if key in merged_vars else value
+                merged_vars[key] = after_branch(merged_vars.get(key), value) if key in merged_vars else value
             assigned = [(key, value) for key, value in namespaces.items() if before_ns.get(key) is not value]
             for key, value in assigned:
-                merged_ns[key] = _merge(merged_ns.get(key), value) if key in merged_ns else value
+                merged_ns[key] = after_branch(merged_ns.get(key), value) if key in merged_ns else value
         # A name first set in only some branches is unknown afterwards.
         for key in [key for key in merged_vars if key not in before_vars]:
             if not all(key in variables for variables, _ in results):
@@ -1058,7 +432,7 @@ class _Interpreter:
         # The loop may run zero times: what it set in namespaces merges with what was there.
         for key, value in list(self.namespaces.items()):
             if before_ns.get(key) is not value:
-                self.namespaces[key] = _merge(before_ns.get(key), value) if key in before_ns else Value(value.labels)
+                self.namespaces[key] = after_branch(before_ns.get(key), value) if key in before_ns else Value(value.labels)
         for key in self.accumulating.pop(loop.loop, ()):
             copy = self.namespaces.get(key)
             if over_messages and copy is not None and copy.has(LabelKind.MESSAGES):
@@ -1123,7 +497,7 @@ class _Interpreter:
         handler = _EXPRESSIONS.get(type(node))
         if handler is not None:
             return handler(self, node)
-        return _union(*(self.expr(child) for child in child_nodes(node) if isinstance(child, nodes.Expr)))
+        return union_of(*(self.expr(child) for child in child_nodes(node) if isinstance(child, nodes.Expr)))
 
     def expr_Const(self, node: nodes.Const) -> Value:
         return Value(const=node.value)
@@ -1171,7 +545,7 @@ class _Interpreter:
         arg = node.arg
         if isinstance(arg, nodes.Slice):
             bounds = [self.expr(part) for part in (arg.start, arg.stop, arg.step) if part is not None]
-            labels = set(base.labels) | set(_union(*bounds).labels)
+            labels = set(base.labels) | set(union_of(*bounds).labels)
             if base.has(LabelKind.MESSAGES) and arg.start is not None and self.mentions_current_index(arg.start):
                 labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, expression_text(node.node) + "[...:]")))
             elif base.has(LabelKind.MESSAGES) and _negative(arg.start) and not _negative(arg.step):
@@ -1205,8 +579,8 @@ class _Interpreter:
         if isinstance(key.const, str):
             return self.member(base, key.const)
         if base.has(LabelKind.TOOL_CALLS):
-            return Value(_union(base, key).labels | {Label(LabelKind.TOOL_CALL)})
-        return _union(base, key)
+            return Value(union_of(base, key).labels | {Label(LabelKind.TOOL_CALL)})
+        return union_of(base, key)
 
     def member(self, base: Value, attr: str) -> Value:
         data = set(base.data())
@@ -1322,8 +696,8 @@ class _Interpreter:
                     return NOTHING
                 key = args[0].const
                 if isinstance(key, str):
-                    return _merge_labels(self.member(base, key), *args[1:])
-            return _union(base, *args, *kwargs.values(), *extra)
+                    return merge_labels(self.member(base, key), *args[1:])
+            return union_of(base, *args, *kwargs.values(), *extra)
         if (
             isinstance(func, nodes.Name)
             and func.name in CLOCK_GLOBALS
@@ -1349,7 +723,7 @@ class _Interpreter:
                 return Value(const=namespace)
             if target.name == "lipsum":
                 return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
-        return _union(callee, *args, *kwargs.values(), *extra)
+        return union_of(callee, *args, *kwargs.values(), *extra)
 
     def clock_call(self, node: nodes.Call, func: nodes.Expr, args: list[Value], kwargs: dict[str, Value]) -> Value:
         """A call that reads the clock: labelled where it is called (``func``, named as the
@@ -1360,7 +734,7 @@ class _Interpreter:
         if id(node) in calls and calls[id(node)] != format:
             format = None  # a loop run twice, or branches, gave it two formats
         calls[id(node)] = format
-        return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | _union(*args).labels)
+        return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | union_of(*args).labels)
 
     def is_clock(self, callee: Value) -> bool:
         """Whether a value called is a clock global: `strftime_now` (a known global, also
@@ -1383,8 +757,8 @@ class _Interpreter:
         if key in self.macro_cache:
             return self.macro_cache[key]
         if self.macro_depth >= self.MAX_MACRO_DEPTH:
-            return _union(*args, *kwargs.values())
-        self.macro_cache[key] = _union(*args, *kwargs.values())  # recursion sees the arguments only
+            return union_of(*args, *kwargs.values())
+        self.macro_cache[key] = union_of(*args, *kwargs.values())  # recursion sees the arguments only
         outer_scope, outer_controls, outer_loops = self.scope, self.controls, self.loops
         outer_roles, outer_names = self.roles, self.message_names
         self.roles, self.message_names = [], []
@@ -1426,10 +800,10 @@ class _Interpreter:
                 return fallback
             if value.known:
                 return value
-            return _either(value, fallback)
+            return either_of(value, fallback)
         if name == "tojson":
             self.facts.json_uses.append(JsonUse(node, value.labels, tuple(self.controls)))
-            return _union(value, *args)
+            return union_of(value, *args)
         if name in (LabelKind.RANDOM, "shuffle"):
             site = self.facts.site(node, f"|{name}")
             return Value(value.data() | {Label(LabelKind.RANDOM, site, name)})
@@ -1442,13 +816,13 @@ class _Interpreter:
             if name == "first":
                 return Value(value.data() | {Label(LabelKind.MESSAGE), Label(LabelKind.FIRST_MESSAGE)})
             if name in LIST_FILTERS:
-                return Value(value.labels | _union(*args).labels)
-        if value.known and not args and name in _FOLDABLE_FILTERS and not isinstance(value.const, Record):
+                return Value(value.labels | union_of(*args).labels)
+        if value.known and not args and name in FOLDABLE_FILTERS and not isinstance(value.const, Record):
             try:
-                return Value(const=_FOLDABLE_FILTERS[name](value.const))
+                return Value(const=FOLDABLE_FILTERS[name](value.const))
             except Exception:
                 pass
-        return _union(value, *args)
+        return union_of(value, *args)
 
     def expr_Test(self, node: nodes.Test) -> Value:
         value = self.expr(node.node)
@@ -1460,48 +834,48 @@ class _Interpreter:
                 return Value(const=defined if name == "defined" else not defined)
             return Value(value.data())
         if value.known and value.const is not UNDEFINED and all(arg.known for arg in args):
-            folded = _fold_test(name, value.const, [arg.const for arg in args])
+            folded = fold_test(name, value.const, [arg.const for arg in args])
             if folded is not None:
                 return Value(const=folded)
         if name in ("none", "defined", "undefined"):
             value = _presence_of_next(value)
-        labels = set(_union(value, *args).labels)
+        labels = set(union_of(value, *args).labels)
         if name == "string" and value.has(LabelKind.TOOL_ARGS):
             labels.add(Label(LabelKind.STRING_GUARD))
         return Value(frozenset(labels))
 
     def expr_And(self, node: nodes.And) -> Value:
         left = self.expr(node.left)
-        truth = _truth(left)
+        truth = truth_of(left)
         if truth is False:
             return left
         right = self.expr(node.right)
         if truth is True:
             return right
-        if _truth(right) is False:
+        if truth_of(right) is False:
             # False whichever side it returns (`is_after_last_user and thinking` with thinking
             # false): a branch it guards never runs. Printed, it is one of two falsy values.
             return Value(left.data() | right.data(), right.const)
-        return _union(left, right)
+        return union_of(left, right)
 
     def expr_Or(self, node: nodes.Or) -> Value:
         left = self.expr(node.left)
-        truth = _truth(left)
+        truth = truth_of(left)
         if truth is True:
             return left
         right = self.expr(node.right)
         if truth is False:
             return right
-        return _either(left, right)
+        return either_of(left, right)
 
     def expr_Not(self, node: nodes.Not) -> Value:
         value = _presence_of_next(self.expr(node.node))
-        truth = _truth(value)
+        truth = truth_of(value)
         return Value(const=not truth) if truth is not None else Value(value.data())
 
     def expr_CondExpr(self, node: nodes.CondExpr) -> Value:
         test = self.expr(node.test)
-        truth = _truth(test)
+        truth = truth_of(test)
         if truth is True:
             return self.expr(node.expr1)
         if truth is False:
@@ -1512,15 +886,15 @@ class _Interpreter:
             second = self.expr(node.expr2) if node.expr2 is not None else NOTHING
         finally:
             self.controls.pop()
-        return Value(_either(first, second).labels | test.data())
+        return Value(either_of(first, second).labels | test.data())
 
     def expr_Compare(self, node: nodes.Compare) -> Value:
         values = [self.expr(node.expr)] + [self.expr(operand.expr) for operand in node.ops]
         if all(value.known and value.const is not UNDEFINED for value in values):
-            folded = _fold_compare(values[0].const, [(op.op, value.const) for op, value in zip(node.ops, values[1:])])
+            folded = fold_compare(values[0].const, [(op.op, value.const) for op, value in zip(node.ops, values[1:])])
             if folded is not None:
                 return Value(const=folded)
-        compared = self.positions_compared(_union(*values))
+        compared = self.positions_compared(union_of(*values))
         inner = self.before_current(node, values)
         return Value(compared.labels | {Label(LabelKind.BEFORE_CURRENT, loop=inner)}, compared.const) if inner else compared
 
@@ -1546,21 +920,21 @@ class _Interpreter:
         left, right = self.expr(node.left), self.expr(node.right)
         if left.known and right.known and UNDEFINED not in (left.const, right.const):
             try:
-                return Value(const=_fold_binary(node.operator, left.const, right.const))
+                return Value(const=fold_binary(node.operator, left.const, right.const))
             except Exception:
                 pass
         if isinstance(node, nodes.Add) and (left.has(LabelKind.MESSAGES) or right.has(LabelKind.MESSAGES)):
             # Messages joined with more messages (`ns.msgs + [message]`, Mistral's
             # `loop_messages + [{'role': '__sentinel__'}]`) are still a list of messages.
-            return Value(_union(left, right).labels | {Label(LabelKind.MESSAGES)})
-        return _union(left, right)
+            return Value(union_of(left, right).labels | {Label(LabelKind.MESSAGES)})
+        return union_of(left, right)
 
     def expr_List(self, node: nodes.List) -> Value:
         """A list literal: with a message in it (`[message]`, or a dict literal with a role,
         as a template merging messages writes one), a list of messages, which a namespace copy
         of the messages is built from."""
         items = [self.expr(item) for item in node.items]
-        merged = _union(*items)
+        merged = union_of(*items)
         if any(item.has(LabelKind.MESSAGE) or (isinstance(item.const, Record) and "role" in item.const) for item in items):
             return Value(merged.labels | {Label(LabelKind.MESSAGES)})
         return merged
@@ -1576,7 +950,7 @@ class _Interpreter:
         strings = all(value.known and isinstance(value.const, str) for value in values)
         if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
             return Value(const="".join(value.const for value in values))
-        return _union(*values)
+        return union_of(*values)
 
 
 def _presence_of_next(value: Value) -> Value:
@@ -1643,127 +1017,11 @@ def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
     return bool(own) and not numeric
 
 
-def _flag_resets(tree: nodes.Template) -> dict[int, tuple[FlagReset, ...]]:
-    """Every ``{% set ns.flag = <false> %}`` inside a loop, filed under each loop around it
-    (a reset in a loop over tool calls runs while the loop over messages renders one)."""
-    found: dict[int, list[FlagReset]] = {}
-
-    def walk(statements: list[nodes.Node], loops: tuple[nodes.For, ...], roles: frozenset[str] | None) -> None:
-        printed = "".join(text for statement in statements for text in _printed_text(statement))
-        for statement in statements:
-            if isinstance(statement, nodes.For):
-                walk(statement.body, (*loops, statement), roles)
-                walk(statement.else_, loops, roles)
-            elif isinstance(statement, nodes.If):
-                taken: set[str] = set()  # roles an earlier branch takes whatever else holds
-                for test, body in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    walk(body, loops, _roles(test) or roles)
-                    taken |= _roles(test, exact=True) or set()
-                # `else` after `if role == "assistant"`: no assistant message gets there
-                walk(statement.else_, loops, frozenset({"other"}) if "assistant" in taken else roles)
-            elif (
-                loops
-                and isinstance(statement, nodes.Assign)
-                and isinstance(statement.target, nodes.NSRef)
-                and isinstance(statement.node, nodes.Const)
-                and not statement.node.value
-            ):
-                name = f"{statement.target.name}.{statement.target.attr}"
-                for loop in loops:
-                    found.setdefault(id(loop), []).append(FlagReset(name, id(loop), statement, printed, roles))
-            elif isinstance(statement, nodes.Macro):
-                walk(statement.body, (), None)
-            else:
-                walk([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)], loops, roles)
-
-    walk(tree.body, (), None)
-    return {loop: tuple(resets) for loop, resets in found.items()}
-
-
-def _printed_text(statement: nodes.Node):
-    """The literal text a statement prints, in source order, through its ``if`` branches."""
-    if isinstance(statement, nodes.Output):
-        for child in statement.nodes:
-            yield from [child.data] if isinstance(child, nodes.TemplateData) else _literal_strings(child)
-    elif isinstance(statement, nodes.If):
-        for body in [statement.body, *(e.body for e in statement.elif_), statement.else_]:
-            for inner in body:
-                yield from _printed_text(inner)
-
-
-def _roles(test: nodes.Node, exact: bool = False, subject: str | None = None) -> frozenset[str] | None:
-    """The message roles a test admits, where it compares a ``.role`` (of ``subject``, when
-    given) with constants; ``exact``: only where it admits every message of those roles."""
-    if isinstance(test, nodes.And):
-        if exact:
-            return None
-        left, right = _roles(test.left, subject=subject), _roles(test.right, subject=subject)
-        return left & right if left is not None and right is not None else left or right
-    if isinstance(test, nodes.Or):
-        left, right = _roles(test.left, exact, subject), _roles(test.right, exact, subject)
-        return left | right if left is not None and right is not None else None
-    if isinstance(test, nodes.Compare) and len(test.ops) == 1 and test.ops[0].op == "eq":
-        sides = [test.expr, test.ops[0].expr]
-        constants = [side.value for side in sides if isinstance(side, nodes.Const) and isinstance(side.value, str)]
-        if constants and any(_is_role(side, subject) for side in sides):
-            return frozenset(constants)
-    return None
-
-
-def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
-    if isinstance(node, nodes.Filter) and node.name == "lower" and node.node is not None:
-        node = node.node
-    by_attribute = isinstance(node, nodes.Getattr) and node.attr == "role"
-    by_key = isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
-    if not (by_attribute or by_key):
-        return False
-    return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
-
-
 def _keeps_first(loop: LoopRef, assignment: nodes.Node, source_map: SourceMap) -> bool:
     """Whether a position assigned in ``loop`` ends as the first match in message order (a
     forward loop that stops at its match, a backward one that does not): appending
     messages does not move it, once there is a match."""
     return loop.backwards != (id(assignment) in loop.assigned_once(source_map))
-
-
-def _assigned_once(body: list[nodes.Node]) -> frozenset[int]:
-    """The namespace assignments in a loop body that run for one item only: in a block
-    that ends the loop (``{% break %}``), or in an ``if`` branch that turns off a
-    namespace flag its own test reads."""
-    once: set[int] = set()
-
-    def assignments(statements: list[nodes.Node]):
-        for statement in statements:
-            if isinstance(statement, nodes.Assign) and isinstance(statement.target, nodes.NSRef):
-                yield statement
-            elif isinstance(statement, nodes.If):
-                for branch in [statement.body, *(elif_.body for elif_ in statement.elif_), statement.else_]:
-                    yield from assignments(branch)
-            elif not isinstance(statement, (nodes.For, nodes.Macro)):
-                yield from assignments([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)])
-
-    def walk(statements: list[nodes.Node]) -> None:
-        if any(isinstance(statement, nodes.Break) for statement in statements):
-            once.update(id(assignment) for assignment in assignments(statements))
-        for statement in statements:
-            if isinstance(statement, nodes.If):
-                for test, branch in [(statement.test, statement.body), *((e.test, e.body) for e in statement.elif_)]:
-                    read = {
-                        (n.node.name, n.attr)
-                        for n in descendants(test)
-                        if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name)
-                    }
-                    set_here = [a for a in assignments(branch) if (a.target.name, a.target.attr) in read]
-                    if set_here:
-                        once.update(id(assignment) for assignment in assignments(branch))
-                    walk(branch)
-                walk(statement.else_)
-            elif not isinstance(statement, (nodes.For, nodes.Macro)):
-                walk([child for child in child_nodes(statement) if isinstance(child, nodes.Stmt)])
-
-    walk(body)
-    return frozenset(once)
 
 
 def _backwards(iterable: nodes.Node) -> bool:
@@ -1792,7 +1050,7 @@ def _handlers(prefix: str) -> dict[type, object]:
     where building the method name for every node cost a tenth of the analysis)."""
     return {
         getattr(nodes, name[len(prefix) :]): handler
-        for name, handler in vars(_Interpreter).items()
+        for name, handler in vars(Interpreter).items()
         if name.startswith(prefix) and isinstance(getattr(nodes, name[len(prefix) :], None), type)
     }
 
@@ -1813,29 +1071,9 @@ _EXPRESSIONS = _handlers("expr_")
 _EXPRESSIONS.update(
     dict.fromkeys(
         (nodes.Add, nodes.Sub, nodes.Mul, nodes.Div, nodes.FloorDiv, nodes.Mod, nodes.Pow),
-        _Interpreter.expr_BinExpr,
+        Interpreter.expr_BinExpr,
     )
 )
-
-
-def _merge_labels(value: Value, *others: Value) -> Value:
-    return Value(value.labels | _union(*others).labels)
-
-
-def _literal_strings(node: nodes.Node) -> list[str]:
-    """The string literals an expression concatenates into what it prints, in source order."""
-    if isinstance(node, nodes.Const):
-        return [node.value] if isinstance(node.value, str) else []
-    if isinstance(node, (nodes.Add, nodes.Concat, nodes.CondExpr, nodes.Filter)):
-        parts = []
-        for child in child_nodes(node):
-            if isinstance(node, nodes.CondExpr) and child is node.test:
-                continue
-            if isinstance(node, nodes.Filter) and child is not node.node:
-                continue
-            parts.extend(_literal_strings(child))
-        return parts
-    return []
 
 
 def only_literals(node: nodes.Node | None) -> bool:
@@ -1883,103 +1121,3 @@ def _namespace_loops(tree: nodes.Template) -> set[int]:
             loops = (*loops, id(node))
         stack.extend((child, loops) for child in child_nodes(node) if isinstance(child, nodes.Stmt))
     return found
-
-
-_BINARY = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b if not isinstance(a, str) else _raise(),  # '%0999999999d' % 1
-    "**": lambda a, b: a**b if abs(b) < 64 else _raise(),
-}
-# Folding is analysis, not rendering: a constant larger than this is left unknown, so that
-# `'a' * 10**9` or a string doubled by each of forty `{% set %}`s costs nothing here.
-MAX_FOLDED_ITEMS = 100_000
-MAX_FOLDED_BITS = 100_000
-
-
-def _fold_binary(operator: str, left: object, right: object) -> object:
-    sized = (str, list, tuple)
-    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
-        if len(left) + len(right) > MAX_FOLDED_ITEMS:
-            _raise()
-    elif operator == "*":
-        for sequence, count in ((left, right), (right, left)):
-            if isinstance(sequence, sized) and isinstance(count, int) and len(sequence) * abs(count) > MAX_FOLDED_ITEMS:
-                _raise()
-        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_FOLDED_BITS:
-            _raise()
-    elif (
-        operator == "**" and isinstance(left, int) and isinstance(right, int) and left.bit_length() * abs(right) > MAX_FOLDED_BITS
-    ):
-        _raise()
-    return _BINARY[operator](left, right)
-
-
-_FOLDABLE_FILTERS = {
-    "string": str,
-    "lower": lambda v: v.lower(),
-    "upper": lambda v: v.upper(),
-    "trim": lambda v: v.strip(),
-    "length": len,
-    "bool": bool,
-    "int": int,
-}
-
-
-def _raise():
-    raise ValueError("too large")
-
-
-_TESTS = {
-    "none": lambda value, args: value is None,
-    "true": lambda value, args: value is True,
-    "false": lambda value, args: value is False,
-    "boolean": lambda value, args: isinstance(value, bool),
-    "string": lambda value, args: isinstance(value, str),
-    "number": lambda value, args: isinstance(value, (int, float)) and not isinstance(value, bool),
-    "integer": lambda value, args: isinstance(value, int) and not isinstance(value, bool),
-    "mapping": lambda value, args: isinstance(value, dict),
-    "equalto": lambda value, args: value == args[0],
-    "eq": lambda value, args: value == args[0],
-    "sameas": lambda value, args: value is args[0],
-}
-
-
-def _fold_test(name: str, value: object, args: list[object]) -> bool | None:
-    test = _TESTS.get(name)
-    if test is None or isinstance(value, (MacroRef, GlobalRef, NamespaceRef, LoopRef)):
-        return None
-    try:
-        return bool(test(value, args))
-    except Exception:
-        return None
-
-
-_COMPARISONS = {
-    "eq": lambda a, b: a == b,
-    "ne": lambda a, b: a != b,
-    "lt": lambda a, b: a < b,
-    "lteq": lambda a, b: a <= b,
-    "gt": lambda a, b: a > b,
-    "gteq": lambda a, b: a >= b,
-    "in": lambda a, b: a in b,
-    "notin": lambda a, b: a not in b,
-}
-
-
-def _fold_compare(first: object, ops: list[tuple[str, object]]) -> bool | None:
-    operators = _COMPARISONS
-    left = first
-    try:
-        for op, right in ops:
-            if isinstance(left, (MacroRef, GlobalRef, NamespaceRef, LoopRef)) or op not in operators:
-                return None
-            if not operators[op](left, right):
-                return False
-            left = right
-    except Exception:
-        return None
-    return True

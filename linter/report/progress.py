@@ -14,7 +14,8 @@ DELAY = 1.0  # seconds before a bar appears: quick runs print nothing extra
 
 
 class ProgressBar:
-    def __init__(self, description: str, total: int, delay: float = DELAY):
+    def __init__(self, description: str, total: int | None, delay: float = DELAY):
+        """``total``: the steps to come; None when unknown (a bar without an end)."""
         self.description = description
         self.total = total
         self.done = 0
@@ -22,7 +23,7 @@ class ProgressBar:
         self._bar = None
         self._task = None
         self._timer: threading.Timer | None = None
-        if total and sys.stderr.isatty():
+        if total != 0 and sys.stderr.isatty():
             self._timer = threading.Timer(delay, self._show)
             self._timer.daemon = True
 

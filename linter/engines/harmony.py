@@ -18,7 +18,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from .engines import EngineError
+from .base import EngineError
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,374 @@
+"""Which finding a proof's divergences prove: a finding is proven when some pair diverges
+for the cause its rule describes, under the switch values the template supports; a
+divergence no finding explains is reported through the rule for unexplained divergences."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..analysis.facts import Site
+from ..findings import Finding, Outcome, Switch
+from ..proofs import Cause, Divergence, Proof
+from ..rules import BY_CODE, RULES, reporting
+from .session import ProofReport
+
+
+def _worst(divergences: list[Divergence]) -> Divergence:
+    return max(divergences, key=lambda d: (d.lost_tokens, -d.call))
+
+
+def _typical_worst(divergences: list[Divergence], report: ProofReport, switch: Switch | None = None) -> Divergence:
+    """The worst divergence of a request as callers send it by default, if any shows it; for
+    a finding that applies only when a caller sets ``switch`` (its default stable), the
+    worst of a request that sets it, if any shows it."""
+    if switch is not None and switch.default_is_stable:
+        switched = [d for d in divergences if switch.name in _kwargs(d, report)]
+        return _worst(switched or divergences)
+    default = [d for d in divergences if not _kwargs(d, report)]
+    return _worst(default or divergences)
+
+
+def _first_shown(divergences: list[Divergence], report: ProofReport) -> Divergence:
+    """The worst divergence of the first scenario that shows one (the plainest: a chat before
+    an agent, a request as callers send it before a variable set): what a finding the proof
+    found describes."""
+    order = {result.scenario.name: position for position, result in enumerate(report.results)}
+    first = min(order.get(d.scenario, len(order)) for d in divergences)
+    return _worst([d for d in divergences if order.get(d.scenario, len(order)) == first])
+
+
+def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
+    scenario = report.scenario(divergence.scenario)
+    return scenario.kwargs if scenario is not None else {}
+
+
+def name_other_switches(finding: Finding, report: ProofReport) -> None:
+    """An informational finding shown by renders that set another variable, its own left
+    unset (`enable_thinking=true`, which DeepSeek-V3.2 copies into `thinking`): "leave it
+    unset" alone would not avoid it; its message names them all."""
+    switch = finding.switch
+    if switch is None or not switch.default_is_stable or finding.proof is None:
+        return
+    others = {}
+    for name, _ in finding.proof.explains:
+        scenario = report.scenario(name)
+        kwargs = scenario.kwargs if scenario is not None else {}
+        if kwargs and switch.name not in kwargs:
+            others.update(kwargs)
+    if others:
+        finding.switch = replace(switch, also=tuple(sorted(others.items())))
+
+
+def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
+    """A finding whose divergences all come from a template variable set to a value (none
+    from a request as callers send it) applies only when a caller opts in: informational,
+    with the switch that shows it (the analysis's own switch, its default now called stable
+    since the renders show that, where it named one)."""
+    if not divergences or (finding.switch is not None and finding.switch.default_is_stable):
+        return
+    asked = [_kwargs(d, report) for d in divergences]
+    if not all(asked):
+        return
+    switch = finding.switch
+    if switch is not None:
+        unstable = next((kwargs[switch.name] for kwargs in asked if switch.name in kwargs), switch.unstable_value)
+        finding.switch = Switch(switch.name, switch.stable_value, True, unstable, demoted_from=finding.severity)
+    else:
+        (name, value), *_ = sorted(asked[0].items())
+        finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
+    finding.severity = "info"
+
+
+def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> list[Finding]:
+    """Give each finding its proof, and return the findings the proof itself found.
+
+    A divergence that several findings' rules prove is explained by one of them (the rule
+    that names its cause, then the one that names what moved it, then the first in the
+    template); the others point at it and are folded into that finding as related
+    locations. A divergence no finding explains becomes a finding of the rule that can be
+    found by proof for it (a generation-prompt mismatch), or else of the rule for
+    unexplained divergences, which says where the render changed.
+    """
+    unit = report.unit
+    limited = [result for result in report.results if result.limit_exceeded]
+    if limited:
+        reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
+        for finding in findings:
+            finding.proof = Proof.not_provable(unit, reason)
+        extra = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
+        extra.proof = Proof.not_provable(unit, reason)
+        return [extra]
+    divergences = report.divergences()
+    errors = [result.error for result in report.results if result.error]
+    extra: list[Finding] = []
+    if not report.rendered:
+        reason = errors[0] if errors else "the template does not parse"
+        if errors:
+            failure = reporting(Outcome.RENDER_ERROR).RULE.at(
+                _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
+            )
+            failure.proof = Proof.not_provable(unit, errors[0])
+            extra.append(failure)
+        for finding in findings:
+            finding.proof = Proof.not_provable(unit, reason)
+        return extra
+    explained: set[int] = set()
+    if not report.deterministic:
+        # Random output diverges anywhere; the rule that found the randomness accounts for all of it.
+        explained |= set(range(len(divergences)))
+    generic = []
+    refuted: set[int] = set()  # findings whose "leave it unset" the renders refuted
+    for finding in findings:
+        rule = BY_CODE[finding.code]
+        if finding.switch is not None:
+            others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
+            if verify_switch(finding, rule.RULE, report, others):
+                refuted.add(id(finding))
+        if hasattr(rule, "prove"):
+            finding.proof = rule.prove(report, finding)
+            if finding.proof.is_proven:
+                shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
+                explained |= shown
+                finding.proof = finding.proof.explaining([divergences[index] for index in sorted(shown)])
+        else:
+            generic.append(finding)
+    # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
+    # another rule's to explain.
+    matching = {
+        id(finding): {
+            i
+            for i, d in enumerate(divergences)
+            if i not in explained and shows(finding, d) and not _unswitched_format(finding, d, report)
+        }
+        for finding in generic
+    }
+    explainer: dict[int, Finding] = {}
+    for index, divergence in enumerate(divergences):
+        candidates = [finding for finding in generic if index in matching[id(finding)]]
+        if candidates:
+            explainer[index] = best_explainer(candidates, divergence)
+    explained |= set(explainer)
+    for finding in generic:
+        own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
+        if own:
+            worst = _typical_worst(own, report, finding.switch)
+        elif matching[id(finding)]:
+            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report, finding.switch)
+            finding.explained_by = explainer[divergences.index(worst)]
+        else:
+            finding.proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
+            continue
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
+        if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
+            only_when_asked(finding, own or [worst], report)
+    for finding in findings:
+        name_other_switches(finding, report)
+    extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
+    if report.note:
+        for finding in findings + extra:
+            if finding.proof is not None:
+                finding.proof = finding.proof.with_note(report.note)
+    return extra
+
+
+def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
+    """A divergence that is only the model's format (the reasoning or empty reasoning block
+    it wrote, which history leaves out), in a scenario that leaves the finding's switch
+    unset: not what the switch turns on (QA8: Qwen3's "only when enable_thinking=false"
+    listed a scenario without it). It stays informational, found by the proof."""
+    switch = finding.switch
+    if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
+        return False
+    if divergence.reply_as_trained not in ("reasoning", "reasoning-block"):
+        return False
+    scenario = report.scenario(divergence.scenario)
+    return scenario is not None and switch.name not in scenario.kwargs
+
+
+def shows(finding: Finding, divergence: Divergence) -> bool:
+    """Whether ``divergence`` shows ``finding``: its rule proves it, and, where the rule
+    narrows what one finding of its stands for (``shown_by``: PC006's opener finding is shown
+    only where the opener differs, not by any reply rewrite), the finding's claim does."""
+    rule = BY_CODE[finding.code]
+    if not rule.RULE.proves(divergence):
+        return False
+    return not hasattr(rule, "shown_by") or rule.shown_by(finding, divergence)
+
+
+def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
+    """Of findings whose rules all prove ``divergence``, the one that explains it: the rule
+    that names its cause, then the one that names what moved it, then the first in the
+    template."""
+    return max(candidates, key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column))
+
+
+def rule_found_by_proof(divergence: Divergence):
+    """The rule that reports ``divergence`` where no finding explains it: the first that can
+    be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
+    for unexplained divergences)."""
+    return next((rule for rule in RULES if hasattr(rule, "found_by_proof") and rule.RULE.proves(divergence)), None)
+
+
+def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
+    """The code of the rule a check of the template names for ``divergence``, chosen as
+    ``attach_proofs`` chooses: the finding whose rule explains it best, else the rule found
+    by proof for it, else the rule for unexplained divergences. Replay names the rule of a
+    divergence in logged traffic with it, so check and replay never disagree."""
+    explaining = [finding for finding in findings if shows(finding, divergence)]
+    if explaining:
+        return best_explainer(explaining, divergence).code
+    rule = rule_found_by_proof(divergence) or reporting(Outcome.UNEXPLAINED_DIVERGENCE)
+    return rule.RULE.code
+
+
+def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[Finding]:
+    """Findings for divergences no static finding explains: one per rule that can be found by
+    its proof (it says where in the template), else one per cause of the rule for
+    unexplained divergences, saying which message and field changed."""
+    found = []
+    for rule in RULES:
+        claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
+        if not claimed:
+            continue
+        worst = _first_shown(claimed, report)
+        finding = rule.found_by_proof(facts, worst)
+        finding.hypothesis = False  # the render found it: no pattern in the template stands for it
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
+        only_when_asked(finding, claimed, report)
+        model_format(finding, claimed)
+        found.append(finding)
+        divergences = [d for d in divergences if d not in claimed]
+    unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
+    for cause in sorted({d.cause for d in divergences}):
+        claimed = [d for d in divergences if d.cause == cause]
+        worst = _first_shown(claimed, report)
+        where = worst.place if worst.message_index is not None else f"the text {worst.place}"
+        finding = unexplained.unexplained(
+            _TEMPLATE_START,
+            f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
+            f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
+            claimed,
+        )
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
+        only_when_asked(finding, claimed, report)
+        found.append(finding)
+    return found
+
+
+def model_format(finding: Finding, claimed: list[Divergence]) -> None:
+    """A finding whose divergences are all how the model's format writes a reply once it is
+    history (gpt-oss drops a final answer's analysis and ends it with <|end|> for the
+    <|return|> it generated, Qwen3 drops an empty <think></think>) costs that reply, not the
+    history before it, and changing it would show the model a history it was not trained
+    on. It is reported, and informational."""
+    if claimed and all(divergence.reply_as_trained for divergence in claimed):
+        finding.severity = "info"
+        finding.message = (
+            f"{finding.message}; here only as the model's format writes a past reply (its reasoning left out, "
+            "its end marker history's own): informational"
+        )
+
+
+def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> bool:
+    """Check a switch's advice by the renders: the default is called stable only if the
+    scenarios rendered without the variable show none of the rule's divergences, and a value
+    is advised only if the scenarios rendered with it show none. A claim the renders refute
+    is withdrawn (and a finding made informational by it gets its severity back), and so is
+    one naming a value every render with it fails on; one no scenario could check stays as
+    the analysis made it.
+
+    A divergence in the reply generated after the generation prompt that the rule of another
+    finding in ``others`` explains better (Qwen3's reasoning, dropped once a user message
+    arrives, is PC002's, not the switched generation prompt's of PC006) is that finding's:
+    it refutes nothing here. So is one that starts in the text the generation prompt printed
+    where history dropped the model's reasoning with it (Qwen3.5's "<think>\n" opener): only
+    one that drops the prompt's own text alone is the prompt's whoever else explains it. True when the renders without the variable show the rule's
+    divergences: the finding is no caller's opt-in."""
+    switch = finding.switch
+
+    def explained_elsewhere(divergence: Divergence) -> bool:
+        if divergence.in_generation_prompt and divergence.cause is not Cause.REPLY_REWRITE:
+            return False
+        rank = rule.explanation_rank(divergence)
+        return any(other.proves(divergence) and other.explanation_rank(divergence) > rank for other in others)
+
+    def diverges(kwargs: dict[str, Any]) -> bool | None:
+        rendered = [
+            result
+            for result in report.rendered
+            if result.scenario.kwargs == kwargs and (not rule.proven_in or result.scenario.kind in rule.proven_in)
+        ]
+        if not rendered:
+            return None
+        # An empty reasoning block or an end marker history writes its own way is the model's
+        # format, not what a switch decides (see model_format), unless the generation prompt
+        # printed it: then the template opened it.
+        return any(
+            d.first_divergence is not None
+            and shows(finding, d)
+            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker"))
+            and not explained_elsewhere(d)
+            for result in rendered
+            for d in result.divergences
+        )
+
+    def fails(value: Any) -> bool:
+        # Every scenario rendered with the variable at ``value`` failed: a request that sets it
+        # gets an error, not a prompt, so the value is nothing to advise nor to warn of.
+        tried = [result for result in report.results if result.scenario.kwargs == {switch.name: value}]
+        return bool(tried) and all(result.error is not None for result in tried)
+
+    if switch.stable_value is not None and fails(switch.stable_value):
+        if not switch.default_is_stable:
+            finding.switch = None  # "set it to a value that fails" is no advice
+            return False
+        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
+    if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
+        # "only when <a value the template fails on>": no caller meets the pattern that way.
+        finding.switch = None
+        finding.severity = switch.demoted_from or finding.severity
+        return False
+    advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
+    if switch.default_is_stable and diverges({}):
+        if switch.stable_value is not None and advised_diverges is False:
+            finding.switch = Switch(switch.name, switch.stable_value, False, switch.unstable_value)
+        else:
+            finding.switch = None
+        finding.severity = switch.demoted_from or finding.severity
+        return True
+    if advised_diverges:
+        # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
+        finding.switch = (
+            Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from) if switch.default_is_stable else None
+        )
+    return False
+
+
+# Where findings about the render as a whole stand: the cause is not at one place in the source.
+_TEMPLATE_START = Site(1, "", fixed_column=1)
+
+
+def engine_findings(report: ProofReport) -> list[Finding]:
+    """A finding for each cause of divergence in a render the engine makes without the template."""
+    engine_render = reporting(Outcome.ENGINE_RENDER_UNSTABLE)
+    if not report.rendered:
+        reason = next((result.error for result in report.results if result.error), "nothing rendered")
+        finding = engine_render.RULE.at(
+            _TEMPLATE_START, f"the engine renders this model without the template, and its render could not be checked: {reason}"
+        )
+        finding.proof = Proof.not_provable(report.unit, reason)
+        return [finding]
+    found = []
+    divergences = report.divergences()
+    # A reply rewritten once it is history is the engine dropping what it drops from history.
+    grouped = {d: Cause.HISTORY_REWRITE if d.cause is Cause.REPLY_REWRITE else d.cause for d in divergences}
+    for cause in sorted(set(grouped.values())):
+        worst = _worst([d for d in divergences if grouped[d] == cause])
+        finding = engine_render.RULE.at(
+            _TEMPLATE_START,
+            f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}",
+        )
+        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
+        found.append(finding)
+    return found
