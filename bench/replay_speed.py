@@ -31,7 +31,7 @@ from pathlib import Path
 from tmpl_lint.diff import read_template
 from tmpl_lint.engines import render_prompt
 from tmpl_lint.render import FrozenClock
-from tmpl_lint.replay import read_log
+from tmpl_lint.replay.log import read_log
 from tmpl_lint.tokenizer import load_tokenizer
 tokenizer = load_tokenizer(Path(sys.argv[2]))
 template, _ = read_template(Path(sys.argv[2]))

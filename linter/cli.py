@@ -579,8 +579,8 @@ def replay(
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
     recomputed token was recomputed; before and after a fix."""
-    from . import replay as replaying
     from .commands import ReplayOptions, run_replay
+    from .replay.simulate import text_report as replay_text
 
     options = ReplayOptions(
         log,
@@ -619,9 +619,9 @@ def replay(
     if output_format == "json":
         click.echo(json.dumps({label: summary.to_json() for label, summary in result.summaries}, indent=2))
     else:
-        click.echo(replaying.text_report(result.summaries), nl=False)
+        click.echo(replay_text(result.summaries), nl=False)
     if html_file:
-        from .replay.chart import html_report
+        from .report.replay import html_report
         from .writes import WriteError
 
         try:

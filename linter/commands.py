@@ -23,7 +23,7 @@ from .tokenizer import TokenizerError
 if TYPE_CHECKING:
     from .audit import Audit
     from .proofs import Divergence
-    from .replay import Summary
+    from .replay.simulate import Summary
 
 
 # --- tmpl-lint diff -----------------------------------------------------------------------
@@ -192,11 +192,12 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
-    from . import replay as replaying
     from .diff import read_template
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
-    from .replay.attribution import TemplateError, reasoning_note
+    from .replay.attribution import TemplateError, Tracer, reasoning_note
+    from .replay.log import ReplayError, read_log, sessions
+    from .replay.simulate import CacheSettings, replay
     from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
@@ -225,8 +226,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if options.cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(options.cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
-        with replaying.read_log(options.log, options.session_key) as log:
+        settings = CacheSettings(options.cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
+        with read_log(options.log, options.session_key) as log:
             if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
                 raise RunError(f"{options.log}: no requests to replay")
             loaded = load_tokenizer(tokenizer) if tokenizer else None
@@ -236,21 +237,19 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             if vllm is not None:
                 vllm.discover(log.models)
             server_ids = vllm.prompt_token_ids if vllm is not None else None
-            groups = replaying.sessions(log, options.session_key)
+            groups = sessions(log, options.session_key)
             said = reasoning_note(log.reasoning, options.engine)
             if said:
                 note(said)
             summaries, failed = [], []
             for label, path, text, special in templates:
                 renderer = engine_for(options.engine, text, path, note)
-                tracer = replaying.Tracer(
+                tracer = Tracer(
                     text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
                 )
                 jobs = 1 if options.server else options.jobs
                 try:
-                    summary, refused = replaying.replay(
-                        tracer, log, groups, settings, capacities, jobs, f"replaying {quoted_name(path)}"
-                    )
+                    summary, refused = replay(tracer, log, groups, settings, capacities, jobs, f"replaying {quoted_name(path)}")
                 except TemplateError as error:  # said once, not for every request
                     raise RunError(f"{quoted_name(path)}: {error}") from None
                 summaries.append((label, summary))
@@ -258,7 +257,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 whose = f"{quoted_name(path)}: " if options.compare else ""
                 failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
             unread = log.problems
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
+    except (ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None

@@ -447,7 +447,8 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     """What the model wrote: the arguments as it wrote them and the closing markup up to
     <|im_end|> (the last token, never fed back, is left out of the cache later)."""
     from tmpl_lint.diff import read_template
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text, special = read_template(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")
     tracer = Tracer(text, None, special, "vllm")
@@ -457,7 +458,9 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}],
     }
     call = Call(
-        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+        line=1,
+        response={"choices": [{"message": reply}]},
     )
     prompt = tracer.prompt(call, None)
     ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -483,7 +486,8 @@ def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(pri
     """The cache holds what the model generated: the arguments string of the log, not the
     template's re-serialisation of the mapping the engine parsed it into, whatever the
     template's separators, key order or indentation."""
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text = QWEN25.read_text().replace("tool_call.arguments | tojson", printed)
     assert printed in text
@@ -494,7 +498,9 @@ def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(pri
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": SPACED_ARGUMENTS}}],
     }
     call = Call(
-        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+        line=1,
+        response={"choices": [{"message": reply}]},
     )
     prompt = tracer.prompt(call, None)
     _ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -569,7 +575,8 @@ def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     the reply, the user message loses its mark, so the render parts from the prompt before
     the prompt ends. The model still wrote only its answer and <|im_end|>, after prompt N's
     generation prompt, and never the mark the render gives the reply as the newest."""
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text = (
         "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -578,7 +585,7 @@ def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     )
     tracer = Tracer(text, None, {}, "vllm")
     reply = {"role": "assistant", "content": "Answer 1."}
-    call = Call(1, {"messages": [{"role": "user", "content": "Question 1?"}]}, {"choices": [{"message": reply}]})
+    call = Call({"messages": [{"role": "user", "content": "Question 1?"}]}, line=1, response={"choices": [{"message": reply}]})
     prompt = tracer.prompt(call, None)
     assert prompt.text == "<|im_start|>user\nQuestion 1? (latest)<|im_end|>\n<|im_start|>assistant\n"
     ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -654,7 +661,8 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
     request's clock showed today and the next one's 1970, a date change the template never
     made. A string of digits is seconds too."""
     from tmpl_lint.diff import read_template
-    from tmpl_lint.replay import Tracer, read_log
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import read_log
 
     template = tmp_path / "dated.jinja"
     template.write_text(
@@ -685,7 +693,7 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
 
 
 def test_a_choice_that_is_not_an_object_is_no_reply():
-    from tmpl_lint.replay import reply_message
+    from tmpl_lint.replay.log import reply_message
 
     assert reply_message({"choices": [5]}) is None
     assert reply_message({"choices": [{"message": {"role": "assistant", "content": "x"}}]}) == {
@@ -773,7 +781,8 @@ def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
     ],
 )
 def test_what_the_client_changed(change, detail, index, described):
-    from tmpl_lint.replay import Call, client_change
+    from tmpl_lint.replay.attribution import Departure
+    from tmpl_lint.requests import Request, client_change
 
     history = [
         {"role": "system", "content": "Be helpful."},
@@ -782,30 +791,30 @@ def test_what_the_client_changed(change, detail, index, described):
         {"role": "user", "content": "Red."},
     ]
     reply = {"role": "assistant", "content": "Red it is.", "reasoning_content": "Confirm.", "refusal": None}
-    previous = Call(1, {"messages": history})
+    previous = Request({"messages": history})
     sent = [*history, {key: value for key, value in reply.items() if value is not None}]
-    assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
-    found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
-    assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
-    assert found.describe() == described
+    assert client_change(previous, reply, Request({"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
+    found = client_change(previous, reply, Request({"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
+    assert (found.to_json()["cause"], found.detail, found.message_index) == ("client", detail, index)
+    assert Departure.of_client(found).describe() == described
 
 
 def test_what_else_the_client_changed():
-    from tmpl_lint.replay import Call, client_change
+    from tmpl_lint.requests import Request, client_change
 
     messages = [{"role": "user", "content": "Weather?"}]
     reply = {
         "role": "assistant",
         "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Paris"}'}}],
     }
-    previous = Call(1, {"messages": messages, "tools": TOOLS})
+    previous = Request({"messages": messages, "tools": TOOLS})
     echoed = {**reply, "tool_calls": [{**reply["tool_calls"][0], "function": {"name": "w", "arguments": '{"city": "Paris"}'}}]}
-    found = client_change(previous, reply, Call(2, {"messages": [*messages, echoed], "tools": TOOLS}))
+    found = client_change(previous, reply, Request({"messages": [*messages, echoed], "tools": TOOLS}))
     assert (found.detail, found.message_index) == ("tool-call arguments re-serialized", 1)
-    found = client_change(previous, reply, Call(2, {"messages": [*messages, reply], "tools": TOOLS[:0]}))
+    found = client_change(previous, reply, Request({"messages": [*messages, reply], "tools": TOOLS[:0]}))
     assert (found.detail, found.message_index) == ("tools changed", None)
     options = {"messages": [*messages, reply], "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
-    assert client_change(previous, reply, Call(2, options)).detail == "request options changed"
+    assert client_change(previous, reply, Request(options)).detail == "request options changed"
 
 
 def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path):

@@ -12,7 +12,6 @@ those the template costs, and the rule and message responsible.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -34,21 +33,10 @@ from ..proving.divergence import compare_prompts, generation_prompt_span, last_m
 from ..proving.measure import Measure
 from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
 from ..render import FrozenClock, RenderError
+from ..requests import REASONING_KEYS, ClientChange, client_change, without_reasoning
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
-from .log import (
-    REASONING_KEYS,
-    Call,
-    Entry,
-    Log,
-    ReplayError,
-    Session,
-    carried_reply,
-    generated_ids,
-    plain,
-    reply_message,
-    without_reasoning,
-)
+from .log import Call, Entry, Log, ReplayError, Session, carried_reply, generated_ids, reply_message
 
 # Below this many requests, forking workers costs more than it saves.
 PARALLEL_MINIMUM = 200
@@ -107,6 +95,17 @@ class Departure:
     in_previous: bool = False
     moved_to: int | None = None  # where a moved message is in this request
 
+    @classmethod
+    def of_client(cls, change: ClientChange) -> Departure:
+        return cls(
+            TokenCause.CLIENT,
+            change.detail,
+            change.message_index,
+            change.role,
+            in_previous=change.in_previous,
+            moved_to=change.moved_to,
+        )
+
     def describe(self) -> str:
         where = ""
         if self.message_index is not None:
@@ -136,61 +135,6 @@ class Departure:
 
 
 UNCERTAIN = "(cause uncertain: the reply is logged as token ids that no message renders as)"
-
-
-def client_change(previous: Call, reply: dict[str, Any] | None, call: Call) -> Departure | None:
-    """What the client changed, if anything: the earliest change it made to the previous
-    request's messages (and the reply, where logged), tools and options."""
-    if (previous.tools or None) != (call.tools or None):
-        return Departure(TokenCause.CLIENT, "tools changed")
-    expected = previous.messages + ([reply] if reply is not None else [])
-    sent = call.messages
-    for index, (old, new) in enumerate(zip(expected, sent)):
-        old_plain, new_plain = plain(old), plain(new)
-        if old_plain == new_plain:
-            continue
-        role = old.get("role")
-        if index == 0 and role in ("system", "developer"):
-            detail = "system prompt changed"
-        elif without_reasoning(old) == without_reasoning(new) and any(old_plain.get(key) for key in REASONING_KEYS):
-            detail = "reasoning dropped" if not any(new_plain.get(key) for key in REASONING_KEYS) else "reasoning edited"
-        elif _same_arguments(old_plain, new_plain):
-            detail = "tool-call arguments re-serialized"
-        else:
-            # The expected message sent later, and the one sent here expected later: moved;
-            # only the first: one put before it; only the second: it is gone.
-            sent_later = next((later for later in range(index + 1, len(sent)) if plain(sent[later]) == old_plain), None)
-            expected_later = any(plain(later) == new_plain for later in expected[index + 1 :])
-            if sent_later is not None and expected_later:
-                return Departure(TokenCause.CLIENT, "messages reordered", index, role, in_previous=True, moved_to=sent_later)
-            if sent_later is not None:
-                return Departure(TokenCause.CLIENT, "message inserted", index, new.get("role"))
-            if expected_later or new.get("role") != role:  # another kind of message in its place: it is gone
-                return Departure(TokenCause.CLIENT, "message removed", index, role, in_previous=True)
-            detail = "message edited"
-        return Departure(TokenCause.CLIENT, detail, index, role)
-    if len(sent) < len(expected):
-        index = len(sent)
-        return Departure(TokenCause.CLIENT, "message removed", index, expected[index].get("role"), in_previous=True)
-    if previous.options != call.options:
-        return Departure(TokenCause.CLIENT, "request options changed")
-    return None
-
-
-def _same_arguments(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Equal but for how tool-call arguments are written."""
-
-    def parsed(message: dict[str, Any]) -> Any:
-        calls = []
-        for call in message.get("tool_calls") or ():
-            function = dict(call.get("function") or {}) if isinstance(call, dict) else {}
-            if isinstance(function.get("arguments"), str):
-                with contextlib.suppress(json.JSONDecodeError):
-                    function["arguments"] = json.loads(function["arguments"])
-            calls.append({**call, "function": function} if isinstance(call, dict) else call)
-        return {**message, "tool_calls": calls}
-
-    return bool(old.get("tool_calls")) and old != new and parsed(old) == parsed(new)
 
 
 # --- pass 1: each session alone ------------------------------------------------------
@@ -474,7 +418,7 @@ class Tracer:
         trace.template_departure = template_departure
         reasons = []
         if change is not None and (template_departure is None or template_departure > departure):
-            reasons.append(change)
+            reasons.append(Departure.of_client(change))
         if template_departure is not None:
             reasons.append(self.template_reason(previous, clean, clean_messages))
         if previous.reply is None and ids is not None:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..requests import REASONING_KEYS, Request, request_problem, without_reasoning
 from ..tokenizer import common_prefix_length
 
 
@@ -32,30 +33,13 @@ class ReplayError(Exception):
 
 
 @dataclass
-class Call:
-    line: int
-    body: dict[str, Any]
+class Call(Request):
+    """A logged request: its line, the response the model gave, and when it arrived."""
+
+    line: int = 0
     response: Any = None
     timestamp: datetime | None = None
     order: int = 0  # arrival position
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self.body["messages"]
-
-    @property
-    def tools(self) -> list[dict[str, Any]] | None:
-        return self.body.get("tools")
-
-    @property
-    def options(self) -> tuple[Any, Any]:
-        """What else of the request reaches the template."""
-        return self.body.get("chat_template_kwargs") or {}, self.body.get("reasoning_effort")
-
-    @property
-    def salt(self) -> str | None:
-        salt = self.body.get("cache_salt")
-        return salt if isinstance(salt, str) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +207,6 @@ def read_log(path: Path, session_key: str | None = None) -> Log:
 
 def parse_line(number: int, line: bytes) -> Call | None:
     """The call of one line, None for a blank one; ReplayError says why it is none."""
-    from ..requests import request_problem
-
     if not line.strip():
         return None
     try:
@@ -259,7 +241,7 @@ def parse_line(number: int, line: bytes) -> Call | None:
         timestamp = _timestamp(body.get("created") if logged is None else logged)
     except ValueError as error:
         raise ReplayError(str(error)) from None
-    return Call(number, body, response, timestamp)
+    return Call(body, line=number, response=response, timestamp=timestamp)
 
 
 def _check_arguments(body: dict[str, Any]) -> None:
@@ -313,25 +295,6 @@ def _lookup(document: dict[str, Any], dotted: str) -> Any:
             return None
         value = value.get(part)
     return value
-
-
-REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-
-
-def plain(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as a template would see it: no empty fields, and a content of one text
-    part as its text (vLLM hands a template the same for both: engines._content)."""
-    plain = {key: value for key, value in message.items() if value is not None and value != [] and value != {}}
-    content = plain.get("content")
-    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
-        part = content[0]
-        if part.get("type", "text") == "text" and set(part) <= {"type", "text"} and isinstance(part.get("text"), str):
-            plain["content"] = part["text"]
-    return plain
-
-
-def without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in plain(message).items() if key not in REASONING_KEYS}
 
 
 def sessions(log: Log, session_key: str | None) -> list[Session]:

@@ -1,11 +1,10 @@
-"""The HTML page of ``tmpl-lint replay --html``: its table and SVG charts. (Kept in the replay
-package until the report package exists; it belongs with the other reports.)"""
+"""The HTML page of ``tmpl-lint replay --html``: its table and SVG charts."""
 
 from __future__ import annotations
 
 import html
 
-from .simulate import Summary, capacity_text
+from ..replay.simulate import Summary, capacity_text
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 760, 380, 70, 50, 20, 20
