@@ -49,10 +49,11 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     (a model vLLM renders without the template, a served model replaced). Raises
     OptionsError or RunError."""
     from .diff import diff_requests, read_template
+    from .engines import reasoning_note
     from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
-    from .requests import RequestError, read_request
+    from .requests import RequestError, read_request, reasoning_fields
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -63,6 +64,9 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         raise OptionsError(str(error)) from None
     try:
         first, second = read_request(options.first), read_request(options.second)
+        said = reasoning_note(reasoning_fields(first.messages + second.messages), {}, options.engine)
+        if said:
+            note(said)
         template_source = options.template or tokenizer
         text, special = read_template(template_source) if template_source is not None else (None, {})
         if text is None and options.server is None:
@@ -193,9 +197,10 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
     from .diff import read_template
+    from .engines import reasoning_note
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
-    from .replay.attribution import TemplateError, Tracer, reasoning_note
+    from .replay.attribution import TemplateError, Tracer
     from .replay.log import ReplayError, read_log, sessions
     from .replay.simulate import CacheSettings, replay
     from .requests import RequestError
@@ -238,7 +243,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 vllm.discover(log.models)
             server_ids = vllm.prompt_token_ids if vllm is not None else None
             groups = sessions(log, options.session_key)
-            said = reasoning_note(log.reasoning, options.engine)
+            said = reasoning_note(log.requests_carry, log.replies_carry, options.engine)
             if said:
                 note(said)
             summaries, failed = [], []

@@ -314,3 +314,26 @@ def test_the_reasoning_fields_of_the_log_are_said_once(tmp_path):
         "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template; "
         "1 logged reply carries `thinking`, read as the reply's reasoning"
     ]
+
+
+def test_diff_says_the_reasoning_fields_once(tmp_path):
+    """diff reads its requests' reasoning fields as replay does, and says the same once."""
+    first = {"messages": [{"role": "user", "content": "hello"}]}
+    second = {
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi", "thinking": "think hard"},
+            {"role": "user", "content": "again"},
+        ]
+    }
+    paths = []
+    for name, body in (("first.json", first), ("second.json", second)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(body))
+    result = CliRunner().invoke(
+        main, ["diff", *map(str, paths), "--template", str(template(tmp_path, REASONING_TEMPLATE)), "--engine", "vllm"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template"
+    ]

@@ -10,11 +10,13 @@ which one renders a request.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ..render import DEFAULT_LIMITS, RenderLimits, render
+from ..render import DEFAULT_LIMITS, FrozenClock, RenderLimits, render
+from ..requests import REASONING_KEYS
 from . import hf, vllm
 from .base import ENGINES, HARMONY, HARMONY_MARKUP, Prompt
 
@@ -100,3 +102,42 @@ def engine_tokenizer(engine: str):
     from .harmony import HarmonyTokenizer
 
     return HarmonyTokenizer()
+
+
+# --- what an engine passes of a message's reasoning ------------------------------------
+
+_PROBE = "\0reasoning\0"
+# Prints the names under which the first message holds the probe: what the template sees.
+_NAMES_SEEN = "{% for key, value in messages[0].items() %}{% if value == probe %}{{ key }} {% endif %}{% endfor %}"
+
+
+@functools.cache
+def passed_reasoning(engine: str, field: str) -> tuple[str, ...]:
+    """The names under which ``engine`` hands the template an assistant message's ``field``
+    as a client sent it; empty where it drops it. Asked of the engine's own request path
+    (``render_prompt``), so it says what the renders do."""
+    if engine == HARMONY:
+        return ()
+    message = {"role": "assistant", "content": "", field: _PROBE}
+    clock = FrozenClock(datetime(2026, 1, 1))
+    text = render_prompt(engine, _NAMES_SEEN, [message], clock=clock, kwargs={"probe": _PROBE}, add_generation_prompt=False).text
+    return tuple(sorted(text.split()))
+
+
+def reasoning_note(requests_carry: dict[str, int], replies_carry: dict[str, int], engine: str) -> str | None:
+    """What the requests and the logged replies carry of reasoning (messages per field,
+    ``requests.reasoning_fields``), and what ``engine`` passes of it to the template: said
+    once per run, by replay and diff alike."""
+    parts = []
+    for name in REASONING_KEYS:
+        requests, replies = requests_carry.get(name, 0), replies_carry.get(name, 0)
+        if requests:
+            passed = " and ".join(f"`{seen}`" for seen in passed_reasoning(engine, name))
+            fate = f"passes to the template as {passed}" if passed else "does not pass to the template"
+            fate = f"which --engine {engine} {fate}"
+            parts.append(f"{requests:,} request {'messages carry' if requests != 1 else 'message carries'} `{name}`, {fate}")
+        if replies:
+            parts.append(
+                f"{replies:,} logged {'replies carry' if replies != 1 else 'reply carries'} `{name}`, read as the reply's reasoning"
+            )
+    return "; ".join(parts) or None

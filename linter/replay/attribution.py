@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..engines import engine_tokenizer, prepare, render_prompt
+from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
@@ -33,7 +33,7 @@ from ..proving.divergence import compare_prompts, generation_prompt_span, last_m
 from ..proving.measure import Measure
 from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
 from ..render import FrozenClock, RenderError
-from ..requests import REASONING_KEYS, ClientChange, client_change, without_reasoning
+from ..requests import REASONING_KEYS, ClientChange, client_change, reasoning_of, without_reasoning
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
 from .log import Call, Entry, Log, ReplayError, Session, carried_reply, generated_ids, reply_message
@@ -271,10 +271,10 @@ class Tracer:
         """A logged reply with its reasoning, under whichever name the engine returned it
         (``reasoning_content``, ``reasoning``, ``thinking``), where the template is handed
         it: the model generated that reasoning, whatever the log calls it."""
-        found = next((key for key in REASONING_KEYS if isinstance(reply.get(key), str)), None)
-        if found is None or self.reasoning_field is None or found == self.reasoning_field:
+        found = reasoning_of(reply)
+        if found is None or self.reasoning_field is None or found[0] == self.reasoning_field:
             return reply
-        return without_reasoning(reply) | {self.reasoning_field: reply[found]}
+        return without_reasoning(reply) | {self.reasoning_field: found[1]}
 
     def message_of_ids(self, call: Call, prompt: str, ids: list[int], carried: dict[str, Any] | None) -> dict[str, Any] | None:
         """The message a reply logged as token ids only is, where one renders as exactly
@@ -474,46 +474,6 @@ class Tracer:
             divergence.before,
             divergence.after,
         )
-
-
-_PROBE = "\0reasoning\0"
-# Prints the names under which the first message holds the probe: what the template sees.
-_NAMES_SEEN = "{% for key, value in messages[0].items() %}{% if value == probe %}{{ key }} {% endif %}{% endfor %}"
-
-
-@functools.cache
-def passed_reasoning(engine: str, field: str) -> tuple[str, ...]:
-    """The names under which ``engine`` hands the template an assistant message's ``field``
-    as a client sent it; empty where it drops it. Asked of the engine's own request path
-    (``render_prompt``), so it says what the renders do."""
-    if engine == HARMONY:
-        return ()
-    message = {"role": "assistant", "content": "", field: _PROBE}
-    clock = FrozenClock(datetime(2026, 1, 1))
-    text = render_prompt(engine, _NAMES_SEEN, [message], clock=clock, kwargs={"probe": _PROBE}, add_generation_prompt=False).text
-    return tuple(sorted(text.split()))
-
-
-def reasoning_note(counts: dict[tuple[str, str], int], engine: str) -> str | None:
-    """What the log carries of reasoning, and what the engine passes of it to the template,
-    said once per run: ``counts`` maps ("request"|"reply", field) to how many messages."""
-    parts = []
-    for name in REASONING_KEYS:
-        requests, replies = counts.get(("request", name), 0), counts.get(("reply", name), 0)
-        if requests:
-            passed = passed_reasoning(engine, name)
-            names = " and ".join(f"`{name}`" for name in passed)
-            fate = (
-                f"which --engine {engine} passes to the template as {names}"
-                if passed
-                else (f"which --engine {engine} does not pass to the template")
-            )
-            parts.append(f"{requests:,} request {'messages carry' if requests != 1 else 'message carries'} `{name}`, {fate}")
-        if replies:
-            parts.append(
-                f"{replies:,} logged {'replies carry' if replies != 1 else 'reply carries'} `{name}`, read as the reply's reasoning"
-            )
-    return "; ".join(parts) or None
 
 
 # A reasoning block's closing tag: </think>, </thinking>, </reasoning>...

@@ -18,13 +18,13 @@ import json
 import os
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..requests import REASONING_KEYS, Request, request_problem, without_reasoning
+from ..requests import Request, reasoning_fields, request_problem, without_reasoning
 from ..tokenizer import common_prefix_length
 
 
@@ -116,8 +116,9 @@ class Log:
         self.entries: list[Entry] = []
         self.problems: list[ReplayError] = []
         self.models: dict[str | None, None] = {}  # the "model" fields (None: absent), in file order, for --server
-        # ("request" or "reply", field) -> messages carrying reasoning under that field
-        self.reasoning: dict[tuple[str, str], int] = {}
+        # field -> messages carrying reasoning under it, in the requests and in the logged replies
+        self.requests_carry: Counter[str] = Counter()
+        self.replies_carry: Counter[str] = Counter()
         self._file: Any = None
         self._read(session_key)
 
@@ -173,12 +174,10 @@ class Log:
             copy.flush()
 
     def _count_reasoning(self, call: Call) -> None:
+        self.requests_carry.update(reasoning_fields(call.messages))
         reply = reply_message(call.response)
-        for side, messages in (("request", call.messages), ("reply", [reply] if reply is not None else [])):
-            for message in messages:
-                for name in REASONING_KEYS:
-                    if message.get(name):
-                        self.reasoning[(side, name)] = self.reasoning.get((side, name), 0) + 1
+        if reply is not None:
+            self.replies_carry.update(reasoning_fields([reply]))
 
     def call(self, entry: Entry) -> Call:
         """The request of ``entry``, read again from its line."""
