@@ -13,10 +13,12 @@ resumes where it stopped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -116,7 +118,33 @@ def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     # config.json: its model_type tells how vLLM renders the model (gpt-oss: openai-harmony).
     patterns = TEMPLATE_FILES + ["config.json"] + (TOKENIZER_FILES if with_tokenizer else [])
     folder = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=patterns))
-    return folder, folder.name if len(folder.name) == 40 else revision
+    problem = snapshot_problem(folder)
+    if problem:
+        raise InvalidSpec(problem)
+    return folder, folder.name
+
+
+# A commit as the Hub names it: what a snapshot folder's name is.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def snapshot_problem(folder: Path) -> str | None:
+    """Why a snapshot folder of the Hugging Face cache is not read, or None. The cache is
+    untrusted input: offline, huggingface_hub takes the commit from a refs/ file as written
+    and joins it to snapshots/ (``../../x`` named a folder outside the cache), and a
+    snapshot's files are links that may point anywhere. A snapshot is a folder named by a
+    commit in its entry's snapshots/, whose files are inside that entry."""
+    snapshots = folder.parent
+    if snapshots.name != "snapshots" or not _COMMIT.fullmatch(folder.name) or ".." in folder.parts:
+        return f"the Hugging Face cache names {folder} as its snapshot, which is no commit's folder: not read"
+    entry = snapshots.parent.resolve()
+    for where, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = Path(where) / name
+            target = path.resolve()
+            if target != entry and entry not in target.parents:
+                return f"the Hugging Face cache's {path.relative_to(folder)} links outside its entry ({target}): not read"
+    return None
 
 
 class InvalidSpec(ValueError):
@@ -259,25 +287,76 @@ def _tokenizer_digest(source: TemplateSource) -> str | None:
 
 
 class ResultsCache:
-    """Analyses on disk, one JSON line each, appended as they finish."""
+    """Analyses on disk, one line each, appended as they finish. The file is untrusted input
+    (sealed.py): a line is ``MAC JSON``, and one whose MAC does not verify under this user's
+    key (planted, damaged, cut short by an interruption, or from another machine) is a miss,
+    analysed again. The file is never followed through a symbolic link, and is read line by
+    line within limits."""
+
+    PURPOSE = b"tmpl-lint audit result 1"
+    MAX_LINE_BYTES = 16 * 1024 * 1024
+    MAX_FILE_BYTES = 512 * 1024 * 1024  # read no further: what lies beyond is analysed again
 
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict[str, list[dict[str, Any]]] = {}
         self.problems: list[str] = []  # a cache that cannot be read or written: said once, the audit goes on
         self.lock = threading.Lock()  # analyses finish in several threads; lines must not interleave
-        if path and path.is_file():
-            try:
-                lines = path.read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as error:
-                self.problems.append(f"{path}: cannot read the results cache: {error}")
-                lines = []
-            for line in lines:
-                try:
-                    entry = json.loads(line)
-                    self.entries[entry["key"]] = entry["findings"]
-                except (ValueError, KeyError, TypeError, RecursionError):
-                    continue  # a line cut short by an interruption
+        if path is None:
+            return
+        from . import sealed
+
+        try:
+            sealed.secret()
+        except sealed.NoKey as error:
+            self.problems.append(f"{path}: cannot keep a results cache without a key to authenticate it: {error}")
+            return
+        try:
+            self._read(path)
+        except OSError as error:
+            self.problems.append(f"{path}: cannot read the results cache: {_os_problem(error)}")
+
+    def _read(self, path: Path) -> None:
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+        except FileNotFoundError:
+            return
+        with os.fdopen(descriptor, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return  # a device or a FIFO named as the file: nothing to read (written to, as asked)
+            read = 0
+            while read < self.MAX_FILE_BYTES:
+                line = stream.readline(self.MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                read += len(line)
+                if len(line) > self.MAX_LINE_BYTES:  # too long to be one of ours: passed over to its end
+                    while line and not line.endswith(b"\n") and read < self.MAX_FILE_BYTES:
+                        line = stream.readline(self.MAX_LINE_BYTES + 1)
+                        read += len(line)
+                    continue
+                self._take(line)
+
+    def _take(self, line: bytes) -> None:
+        """Keep the analysis on ``line`` if it is one this user's key sealed."""
+        from . import sealed
+
+        seal, _, data = line.rstrip(b"\n").partition(b" ")
+        try:
+            if not sealed.verifies(self.PURPOSE, "", data, bytes.fromhex(seal.decode("ascii"))):
+                return
+            entry = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return
+        if not isinstance(entry, dict):
+            return
+        findings = entry.get("findings")
+        if (
+            isinstance(entry.get("key"), str)
+            and isinstance(findings, list)
+            and all(isinstance(finding, dict) and isinstance(finding.get("code"), str) for finding in findings)
+        ):
+            self.entries[entry["key"]] = findings
 
     def add(self, key: str, findings: list[dict[str, Any]]) -> None:
         with self.lock:
@@ -286,12 +365,28 @@ class ResultsCache:
                 self._append(key, findings)
 
     def _append(self, key: str, findings: list[dict[str, Any]]) -> None:
+        from . import sealed
+
+        data = json.dumps({"key": key, "findings": findings}).encode("utf-8")
+        line = sealed.mac(self.PURPOSE, "", data).hex().encode("ascii") + b" " + data + b"\n"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as stream:
-                stream.write(json.dumps({"key": key, "findings": findings}) + "\n")
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+            descriptor = os.open(self.path, flags, 0o600)
+            try:
+                view = memoryview(line)
+                while view:  # one write for the line where it fits (O_APPEND: lines of other audits do not interleave)
+                    view = view[os.write(descriptor, view) :]
+            finally:
+                os.close(descriptor)
         except OSError as error:
-            self.problems.append(f"{self.path}: cannot write the results cache: {error.strerror or error}")
+            self.problems.append(f"{self.path}: cannot write the results cache: {_os_problem(error)}")
+
+
+def _os_problem(error: OSError) -> str:
+    if error.errno == errno.ELOOP:
+        return "it is a symbolic link (a cache file is never followed)"
+    return error.strerror or str(error)
 
 
 def run_audit(
@@ -351,6 +446,9 @@ def _places(
                 continue
             if cached.folder is None:
                 result.error = cached.problem
+                continue
+            result.error = snapshot_problem(cached.folder)
+            if result.error:
                 continue
             yield result, cached.folder, False
     for spec in specs:

@@ -45,22 +45,51 @@ class ProveOptions:
 
 
 def lint_isolated(
-    source: TemplateSource, selection: Selection, prove: ProveOptions | None, recalled: Recorded | None = None
+    source: TemplateSource,
+    selection: Selection,
+    prove: ProveOptions | None,
+    recalled: Recorded | None = None,
+    tokenizer_errors: bool = False,
 ) -> list[Finding]:
     """``lint_source`` in a child process with time and memory limits (see isolation.py);
-    a template that exceeds them is reported as a render limit exceeded."""
+    a template that exceeds them is reported as a render limit exceeded. A tokenizer that
+    fails on a rendered text (a panic in the tokenizers library) is a TokenizerError where
+    ``tokenizer_errors`` asks for one (the caller's error line), else reported so too."""
     from .isolation import IsolationError, run_isolated
+    from .tokenizer import TokenizerError
 
     try:
-        return run_isolated(lint_source, (source, selection, prove, recalled))
+        found = run_isolated(_lint_or_tokenizer_failure, (source, selection, prove, recalled))
+        if not isinstance(found, TokenizerFailure):
+            return found
+        if tokenizer_errors:
+            raise TokenizerError(found.message)
+        stopped = f"TokenizerError: {found.message}"
     except IsolationError as error:
-        limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
-        finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {error}")
-        finding.path, finding.template = str(source.path), source.name
-        placed = placement(source.path, source.container, source.name, source.text, source.file_text)
-        if placed is not None:
-            finding.file_line, finding.file_column = placed.position(1, 1)
-        return [finding] if selection.includes(finding.code) else []
+        stopped = str(error)
+    limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
+    finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {stopped}")
+    finding.path, finding.template = str(source.path), source.name
+    placed = placement(source.path, source.container, source.name, source.text, source.file_text)
+    if placed is not None:
+        finding.file_line, finding.file_column = placed.position(1, 1)
+    return [finding] if selection.includes(finding.code) else []
+
+
+@dataclass(frozen=True)
+class TokenizerFailure:
+    """A TokenizerError of a child, crossing to its parent as such."""
+
+    message: str
+
+
+def _lint_or_tokenizer_failure(source, selection, prove, recalled):
+    from .tokenizer import TokenizerError
+
+    try:
+        return lint_source(source, selection, prove, recalled)
+    except TokenizerError as error:
+        return TokenizerFailure(str(error))
 
 
 # Templates the static lint sends to a worker at a time, about: the long-lived workers

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 
+from .inputs import SourceError, read_bytes
+
 # The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
 MAX_BLOCK_SIZE = 1 << 20
 # llama-server's --parallel for replay: each slot is allocated up front; no server runs more.
@@ -69,14 +71,24 @@ def find_config(start: Path) -> Path | None:
     return None
 
 
+# A configuration is a few hundred bytes; a pyproject.toml a few kilobytes.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A configuration file's bytes: a regular file, read no further than MAX_CONFIG_BYTES
+    (a FIFO named with --config waited for a writer forever; /dev/zero was read without end)."""
+    try:
+        return read_bytes(path, MAX_CONFIG_BYTES, "a configuration")[0]
+    except SourceError as error:
+        raise ConfigError(f"{path}: cannot read: {error.message}") from None
+
+
 def _pyproject_table(path: Path) -> dict | None:
     """The ``[tool.tmpl-lint]`` table of a pyproject.toml, or None when it has none."""
     import tomllib  # only where a pyproject.toml is met: most pre-commit runs in a repo meet one
 
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    data = _read_bytes(path)
     try:
         document = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as error:
@@ -104,8 +116,8 @@ def _read(path: Path) -> dict:
             raise ConfigError(f"{path}: no [tool.tmpl-lint] table")
         return table
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        text = _read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: cannot read: {error}") from None
     try:
         from ruamel.yaml import YAML, YAMLError

@@ -225,8 +225,15 @@ def python_literals(module):
         if key in TEMPLATE_KEYS and literal:
             start = positions[value].start
             found.append((key, start.line, start.column + 1, value))
-        elif key in TEMPLATE_KEYS and isinstance(value, (cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation)):
-            what = "an expression built with +" if isinstance(value, cst.BinaryOperation) else "an f-string"
+        elif key in TEMPLATE_KEYS and isinstance(
+            value, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation)
+        ):
+            if isinstance(value, cst.BinaryOperation):
+                what = "an expression built with +"
+            elif isinstance(value, (cst.SimpleString, cst.ConcatenatedString)) and isinstance(value.evaluated_value, bytes):
+                what = "a bytes literal"  # a tokenizer takes a str
+            else:
+                what = "an f-string"
             unread.append((key, positions[value].start.line, what))
 
     class Finder(cst.CSTVisitor):
@@ -265,8 +272,22 @@ def parse_python(text: str):
         return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         raise ContainerError(f"not valid Python: {error.message} (line {error.raw_line})") from None
+    except cst.CSTValidationError as error:
+        # What libcst parses and Python does not compile ("a" b"b": adjacent str and bytes
+        # literals): Python's own words and line, which libcst's error does not give.
+        raise ContainerError(f"not valid Python: {_python_syntax_error(text) or error}") from None
     except RecursionError:
         raise ContainerError("not readable as Python: nested too deeply") from None
+
+
+def _python_syntax_error(text: str) -> str | None:
+    try:
+        ast.parse(text)
+    except SyntaxError as error:
+        return f"{error.msg} (line {error.lineno})"
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return None
 
 
 def python_templates(text: str) -> tuple[list[tuple[str, str]], list[str]]:

@@ -70,7 +70,7 @@ class NothingToLint(SourceError):
     an error."""
 
 
-def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> tuple[bytes, os.stat_result]:
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES, kind: str = "a template") -> tuple[bytes, os.stat_result]:
     """A regular file's bytes, at most ``limit`` of them, and its status as read.
 
     A FIFO is opened without waiting for a writer and a device is never read: both are
@@ -106,7 +106,7 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> tuple[bytes, os.stat_
     finally:
         os.close(descriptor)
     if size > limit:
-        raise SourceError(path, f"file is over the {limit}-byte limit for a template")
+        raise SourceError(path, f"file is over the {limit}-byte limit for {kind}")
     return b"".join(chunks), status
 
 

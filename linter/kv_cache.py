@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .inputs import SourceError, read_bytes
 from .tokenizer import common_prefix_length
 
 CACHE_MODELS = ("vllm", "sglang", "llamacpp")
@@ -134,10 +135,18 @@ class KVShape:
         return int(gib * GIB) // self.bytes_per_token
 
 
+# A model's config.json is a few kilobytes.
+MAX_MODEL_CONFIG_BYTES = 1024 * 1024
+
+
 def read_model_config(path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        # A regular file, read no further than the cap: a FIFO waited for a writer forever,
+        # /dev/zero was read without end.
+        config = json.loads(read_bytes(Path(path), MAX_MODEL_CONFIG_BYTES, "a model config")[0].decode("utf-8"))
+    except SourceError as error:
+        raise CacheError(f"{path}: cannot read model config: {error.message}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise CacheError(f"{path}: cannot read model config: {error}") from None
     if not isinstance(config, dict):
         raise CacheError(f"{path}: a model config is a JSON object")

@@ -16,21 +16,25 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import marshal
 import os
+import re
 import signal
+import sys
 import threading
+import types
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, partial
+from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.bccache
 
-from . import jinja_env
+from . import jinja_env, sealed
 from .config import cache_directory
 from .jinja_env import Clock, make_environment
 
@@ -88,9 +92,10 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
     template = _COMPILED.get(key)
     if template is None:
         environment = make_environment(_render_clock_now)
-        environment.intercepted_binops = frozenset({"*", "**", "+"})
+        environment.intercepted_binops = frozenset({"*", "**", "+", "%"})
         environment.call_binop = partial(_bounded_binop, environment, limits)
         environment.joined = partial(_bounded_join, limits)
+        _bound_sizes(environment, limits)
         code = _compiled_code(environment, text, tree)
         # The globals as a plain dict, not jinja2's ChainMap over the environment's: every
         # render starts its context from them, and reading a ChainMap key by key was a tenth
@@ -107,14 +112,17 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
 # -- compiled code kept between runs -----------------------------------------------------
 # Compiling a template to Python is a third of proving it (jinja generates and compiles
 # its code: 50 ms for a long template), and a linter meets the same files run after run
-# (pre-commit on every commit, CI, --fix and then the check). jinja2's own file cache keeps
-# the code per template text in "code" under tmpl-lint's cache (config.cache_directory),
-# written atomically; tmpl-lint keys it by jinja2's version and by the bytes of the two
-# modules that make the environment and compile with it, so a code generator changed in
-# development is never served old code. TMPL_LINT_NO_CACHE=1 turns it off for every run,
-# --no-cache for one (keep_compiled_code).
+# (pre-commit on every commit, CI, --fix and then the check). The code is kept per template
+# text in "code" under tmpl-lint's cache (config.cache_directory), keyed by jinja2's version
+# and by the bytes of the two modules that make the environment and compile with it, so a
+# code generator changed in development is never served old code. Code read back runs
+# outside the sandbox, so an entry is loaded only when its MAC verifies (sealed.py): jinja2's
+# own file cache unpickles whatever the file holds. TMPL_LINT_NO_CACHE=1 turns it off for
+# every run, --no-cache for one (keep_compiled_code).
 
 _kept = True  # this run's choice: False under --no-cache
+_CODE_PURPOSE = b"tmpl-lint compiled template code 1"
+MAX_CODE_BYTES = 64 * 1024 * 1024  # a template is at most 10 MB; its code a few times that
 
 
 def keep_compiled_code(enabled: bool) -> None:
@@ -128,38 +136,49 @@ def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.node
     found = _code_cache() if _kept else None
     if found is None:
         return environment.compile(text if tree is None else tree)
-    cache, code_key = found
+    directory, code_key = found
     # surrogatepass: a template read with a lone surrogate is linted as read, so cached too
-    text_key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    bucket = jinja2.bccache.Bucket(environment, f"{code_key}-{text_key}", "")
+    name = f"{code_key}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}.code"
+    code = _load_code(directory, name)
+    if code is None:
+        code = environment.compile(text if tree is None else tree)
+        with contextlib.suppress(OSError, sealed.NoKey), sealed.private_directory(directory) as folder:
+            sealed.write_entry(folder, name, sealed.seal(_CODE_PURPOSE, name, marshal.dumps(code)))
+    return code
+
+
+def _load_code(directory: Path, name: str):
+    """The code kept as ``name``, or None: missing, unauthenticated, damaged or foreign."""
     try:
-        cache.load_bytecode(bucket)
-    except Exception:  # noqa: BLE001 - a damaged or foreign file is a miss, compiled again
-        bucket.reset()
-    if bucket.code is None:
-        bucket.code = environment.compile(text if tree is None else tree)
-        with contextlib.suppress(OSError):  # a full disk or a read-only directory: no cache
-            cache.dump_bytecode(bucket)
-    return bucket.code
+        with sealed.private_directory(directory) as folder:
+            kept = sealed.read_entry(folder, name, MAX_CODE_BYTES)
+        data = sealed.unseal(_CODE_PURPOSE, name, kept) if kept is not None else None
+        code = marshal.loads(data) if data is not None else None
+    except (OSError, sealed.NoKey, ValueError, EOFError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
 
 
 @cache
-def _code_cache() -> tuple[jinja2.BytecodeCache, str] | None:
-    """The cache and the key of this code generator, or None: turned off, or no directory.
-    Looked for once a process (its workers, forked later, inherit the answer)."""
+def _code_cache() -> tuple[Path, str] | None:
+    """The cache's folder and the key of this code generator, or None: turned off, no
+    directory, or no key to authenticate code with (sealed.secret). Looked for once a
+    process (its workers, forked later, inherit the answer)."""
     if os.environ.get("TMPL_LINT_NO_CACHE"):
         return None
     try:
         directory = cache_directory() / "code"
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return jinja2.FileSystemBytecodeCache(str(directory), "%s.code"), _code_key()
-    except (OSError, RuntimeError):  # RuntimeError: no home directory to find a cache in
+        with sealed.private_directory(directory):
+            pass
+        sealed.secret()
+        return directory, _code_key()
+    except (OSError, RuntimeError, sealed.NoKey):  # RuntimeError: no home directory to find a cache in
         return None
 
 
 def _code_key() -> str:
     """What the compiled code depends on besides the template's text."""
-    digest = hashlib.sha256(jinja2.__version__.encode())
+    digest = hashlib.sha256(f"{jinja2.__version__} {sys.version}".encode())
     for module in (__file__, jinja_env.__file__):
         with open(module, "rb") as source:
             digest.update(source.read())
@@ -174,8 +193,9 @@ def _bounded_join(limits: RenderLimits, value):
 
 
 def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):
-    """``*``, ``**`` and ``+`` as usual, unless the result would be larger than a render may
-    print (a string doubled forty times was gigabytes before the time limit stopped it)."""
+    """``*``, ``**``, ``+`` and ``%`` as usual, unless the result would be larger than a
+    render may print (a string doubled forty times was gigabytes before the time limit
+    stopped it; ``'%3000000000s' % x`` is as large as its width)."""
     if operator == "+":
         if (
             isinstance(left, (str, list, tuple))
@@ -192,7 +212,240 @@ def _bounded_binop(environment, limits: RenderLimits, context, operator: str, le
                 )
     if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 256:
         raise RenderLimitExceeded(f"{left} ** {right} is too large to compute")
+    if operator == "%" and isinstance(left, str):
+        _check_percent_format(limits, left, right)
     return environment.binop_table[operator](left, right)
+
+
+# -- sizes checked before they are allocated ------------------------------------------------
+# A filter or a str method that makes a string of a size it is given (a width, a count, a
+# separator repeated per item) is checked against the render's size limit before it runs:
+# the limit on what a render prints acts only after the string exists, and
+# ``'a'|center(3000000000)`` is 3 GB by then.
+
+
+def _over(limits: RenderLimits, size: int, what: str, unit: str = "characters", at_least: str = "") -> None:
+    if size > limits.max_bytes:
+        raise RenderLimitExceeded(f"{what} asks for {at_least}{size} {unit}, over the {limits.max_bytes} limit")
+
+
+def _width(value) -> int:
+    return value if isinstance(value, int) else 0
+
+
+# The widths and precisions of %-conversions (``%10s``, ``%-*.*f``, ``%(name)08d``).
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_DIGITS = re.compile(r"\d+")
+
+
+def _check_digits(limits: RenderLimits, digits: str, what: str) -> None:
+    if len(digits) > 18 or int(digits) > limits.max_bytes:  # a width of a thousand digits is no width either
+        raise RenderLimitExceeded(f"{what} has a width or precision of {digits[:20]}, over the {limits.max_bytes} limit")
+
+
+def _check_widths_given(limits: RenderLimits, values, what: str) -> None:
+    """A width taken from the values (``*``, or a nested ``{}`` in a format spec): any
+    integer among them is taken to be one."""
+    for value in values:
+        if type(value) is int and value > limits.max_bytes:
+            raise RenderLimitExceeded(f"{what} has a width or precision of {value}, over the {limits.max_bytes} limit")
+
+
+def _check_percent_format(limits: RenderLimits, text: str, values) -> None:
+    starred = False
+    for match in _PERCENT_SPEC.finditer(text) if "%" in text else ():
+        for group in match.groups():
+            if group == "*":
+                starred = True
+            elif group:
+                _check_digits(limits, group, "a %-format")
+    if starred:
+        given = values.values() if isinstance(values, dict) else values if isinstance(values, tuple) else (values,)
+        _check_widths_given(limits, given, "a %-format")
+
+
+def _check_str_format(limits: RenderLimits, text: str, args, kwargs) -> None:
+    """``str.format``'s fields: each spec's width and precision (nested fields resolve to
+    the values given)."""
+    import string
+
+    nested = False
+    pending = [text]
+    while pending:
+        try:
+            fields = list(string.Formatter().parse(pending.pop()))
+        except ValueError:
+            return  # str.format refuses it too, with its own message
+        for _, _, spec, _ in fields:
+            if spec:
+                nested = nested or "{" in spec
+                for digits in _DIGITS.findall(spec):
+                    _check_digits(limits, digits, "str.format")
+                if "{" in spec:
+                    pending.append(spec)
+    if nested:
+        _check_widths_given(limits, [*args, *kwargs.values()], "str.format")
+
+
+def _replaced_size(text: str, old, new, count) -> int:
+    if not isinstance(old, str) or not isinstance(new, str):
+        return len(text)
+    found = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        found = min(found, count)
+    return len(text) + found * (len(new) - len(old))
+
+
+def _joined_size(separator: str, items: list) -> int:
+    return max(0, len(items) - 1) * len(separator) + sum(len(item) for item in items if isinstance(item, str))
+
+
+def _check_str_method(limits: RenderLimits, text: str, name: str, args: tuple, kwargs: dict):
+    """The items of a ``join`` (consumed here, so passed on as a list), after checking the
+    size of what the method would make."""
+    if name in ("center", "ljust", "rjust", "zfill") and args:
+        _over(limits, _width(args[0]), f"str.{name}")
+    elif name == "expandtabs":
+        tabsize = args[0] if args else kwargs.get("tabsize", 8)
+        _over(limits, len(text) + text.count("\t") * _width(tabsize), "str.expandtabs")
+    elif name == "replace" and len(args) >= 2:
+        _over(limits, _replaced_size(text, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("count")), "str.replace")
+    elif name == "join" and len(args) == 1:
+        items = list(args[0])
+        _over(limits, _joined_size(text, items), "str.join")
+        return (items,)
+    return args
+
+
+def _bound_sizes(environment, limits: RenderLimits) -> None:
+    """Put the checks of this section into a render environment: its calls (str methods,
+    ``lipsum``), ``str.format`` and the filters that size their output."""
+    filters = environment.filters
+    sandbox_call = type(environment).call
+    sandbox_wrap_str_format = type(environment).wrap_str_format
+    lipsum = environment.globals["lipsum"]
+
+    def call(__context, __obj, *args, **kwargs):
+        kind = type(__obj)
+        if (kind is types.BuiltinMethodType or kind is types.MethodType) and isinstance(__obj.__self__, str):
+            args = _check_str_method(limits, __obj.__self__, __obj.__name__, args, kwargs)
+        elif __obj is lipsum:
+            with contextlib.suppress(TypeError):  # arguments lipsum refuses: its own error
+                _over(limits, _lipsum_size(*args, **kwargs), "lipsum")
+        return sandbox_call(environment, __context, __obj, *args, **kwargs)
+
+    def wrap_str_format(value):
+        wrapper = sandbox_wrap_str_format(environment, value)
+        if wrapper is None:
+            return None
+        text = value.__self__
+
+        def bounded(*args, **kwargs):
+            if value.__name__ == "format_map" and len(args) == 1 and isinstance(args[0], dict):
+                _check_str_format(limits, text, (), args[0])
+            else:
+                _check_str_format(limits, text, args, kwargs)
+            return wrapper(*args, **kwargs)
+
+        return bounded
+
+    environment.call = call
+    environment.wrap_str_format = wrap_str_format
+
+    def center(value, width=80):
+        _over(limits, _width(width), "center")
+
+    def indent(s, width=4, first=False, blank=False):
+        indention = len(width) if isinstance(width, str) else _width(width)
+        text = str(s)
+        _over(limits, len(text) + (text.count("\n") + 1) * indention, "indent")  # jinja2 indents each line
+
+    def format_(value, *args, **kwargs):
+        _check_percent_format(limits, str(value), kwargs or args)
+
+    def join(value, *rest, **kwargs):
+        d = rest[0] if rest else kwargs.get("d", "")
+        attribute = rest[1] if len(rest) > 1 else kwargs.get("attribute")
+        items = list(value)  # consumed here: passed on as a list
+        _over(limits, _joined_size(str(d), items if attribute is None else []), "join")
+        return (items, *rest)
+
+    def replace(s, old, new, count=None):
+        _over(limits, _replaced_size(str(s), str(old), str(new), count), "replace")
+
+    def batch(value, linecount, fill_with=None):
+        if fill_with is not None:
+            _over(limits, _width(linecount), "batch", "items")
+
+    def slice_(value, slices, fill_with=None):
+        _over(limits, _width(slices), "slice", "items")
+
+    def wordwrap(s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True):
+        separator = len(wrapstring) if isinstance(wrapstring, str) else 1
+        if separator > 1:
+            text = str(s)
+            _over(limits, len(text) + (len(text) + 1) * separator, "wordwrap")
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        if indent or separators:
+            _check_json_layout(limits, value, indent, separators)
+
+    checks = {"center": center, "indent": indent, "format": format_, "join": join, "replace": replace, "batch": batch}
+    checks.update(slice=slice_, wordwrap=wordwrap, tojson=tojson)
+    for name, check in checks.items():
+        filters[name] = _checked_filter(filters[name], check)
+
+
+def _checked_filter(original, check):
+    """``original`` (a filter), after ``check`` has seen its arguments: ``check`` takes the
+    filter's own parameters (past the environment or context jinja2 passes some filters),
+    and returns the arguments to pass on instead, if any."""
+    pass_arg = getattr(original, "jinja_pass_arg", None)
+    if pass_arg is None:
+
+        def checked(*args, **kwargs):
+            return original(*(check(*args, **kwargs) or args), **kwargs)
+
+    else:
+
+        def checked(passed, *args, **kwargs):
+            return original(passed, *(check(*args, **kwargs) or args), **kwargs)
+
+        checked.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
+    return checked
+
+
+def _lipsum_size(n=5, html=True, min=20, max=100) -> int:  # noqa: A002 - lipsum's own names
+    """More than lipsum's paragraphs of words can hold (a word and its space: under 16)."""
+    return _width(n) * (_width(max) if _width(max) > _width(min) else _width(min)) * 16
+
+
+def _check_json_layout(limits: RenderLimits, value, indent, separators) -> None:
+    """What ``json.dumps`` adds for an indent and separators, counted before it writes:
+    per item of a container its separators, and with an indent a line break and the
+    item's depth in indents; per non-empty container a line for its closing bracket."""
+    step = len(indent) if isinstance(indent, str) else _width(indent)
+    newline = 0 if indent is None else 1
+    if isinstance(separators, (tuple, list)) and len(separators) == 2:
+        item_separator, key_separator = (len(str(part)) for part in separators)
+    else:
+        item_separator, key_separator = (1 if indent is not None else 2), 2
+    size = 0
+    pending = [(value, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, dict):
+            children = list(node.values())
+            size += len(children) * key_separator
+        elif isinstance(node, (list, tuple)):
+            children = list(node)
+        else:
+            continue
+        if children:
+            size += len(children) * (item_separator + newline + (depth + 1) * step) + newline + depth * step
+        if size > limits.max_bytes:
+            _over(limits, size, "tojson's layout", at_least="at least ")  # counted so far
+        pending.extend((child, depth + 1) for child in children)
 
 
 # -- the time limit ----------------------------------------------------------------------

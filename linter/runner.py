@@ -249,7 +249,13 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             recorded = fixing.recorded if fixing is not None else {}
 
             def proven(source):
-                found = lint_isolated(source, selection, prove, recorded.pop((str(source.path), source.name), None))
+                from .tokenizer import TokenizerError
+
+                try:
+                    found = lint_isolated(source, selection, prove, recorded.pop((str(source.path), source.name), None), True)
+                except TokenizerError as error:  # it failed on this template's renders: its error line
+                    result.errors.append(InputError(source.path, f"{source.path}: cannot be proven: {error}"))
+                    found = []
                 bar.advance()
                 return found
 

@@ -8,13 +8,25 @@ without it are asked through ``/v1/chat/completions`` with ``return_token_ids`` 
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
-TIMEOUT_SECONDS = 60
+# One deadline and one size cap per request, whatever the server does: the deadline covers
+# connecting, sending and every byte of the answer (a socket timeout alone is per read, so
+# a server that answers a byte a second is never timed out), and the answer is read no
+# further than the cap (an endless body was read whole).
+TIMEOUT_SECONDS = 60.0
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a render of a million tokens is under 10 MB of JSON
+# Token ids as engines use them: vocabularies are far smaller than 2**31.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 class ServerError(Exception):
@@ -25,19 +37,147 @@ class ServerURLError(ServerError):
     """A --server that is not a URL tmpl-lint can ask: the caller's mistake, a usage error."""
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode("utf-8"), headers={"Content-Type": "application/json"}, method="POST"
-    )
+class _Deadline:
+    """The end of one request: at it, every connection the request opened is shut, which
+    ends a read that is waiting on it."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        return max(0.001, self.at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            expired = self.expired
+        if expired:
+            self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _watched(base: type[http.client.HTTPConnection], deadline: _Deadline):
+    """``base`` whose connections connect within what is left of ``deadline`` and are shut
+    at it (an HTTPS handshake is bounded per read only: the deadline watches the socket it
+    makes from then on)."""
+
+    class Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self) -> None:
+            self.timeout = deadline.left()
+            super().connect()
+            deadline.watch(self.sock)
+
+    return Connection
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_watched(http.client.HTTPConnection, self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(_watched(http.client.HTTPSConnection, self.deadline), req, context=self._context)
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are followed on the server's own scheme, host and port only: the request
+    (a conversation, perhaps an API key in a proxy's headers) goes nowhere else."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if _origin(newurl) != _origin(req.full_url):
+            raise ServerError(f"{req.full_url} redirects to another host ({newurl}): refused")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        _read_capped(fp, req.full_url)  # urllib reads a redirect's body whole: within the cap first
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    """The status and body of one GET (or, with ``body``, POST) within the deadline and the
+    size cap; ServerError where there is none."""
+    deadline = _Deadline(TIMEOUT_SECONDS)
+    opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline), _SameHostRedirects())
+    if body is None:
+        request = urllib.request.Request(url)
+    else:
+        data = json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
-            return response.status, _json(response.read(), url)
-    except urllib.error.HTTPError as error:
-        return error.code, _json(error.read(), url, strict=False)
-    except urllib.error.URLError as error:
-        raise ServerError(f"cannot reach {url}: {error.reason}") from None
-    except (TimeoutError, OSError) as error:
-        raise ServerError(f"cannot reach {url}: {error}") from None
+        try:
+            response = opener.open(request, timeout=deadline.left())
+            status = response.status
+        except urllib.error.HTTPError as error:
+            response, status = error, error.code
+        with response:
+            data = _read_capped(response, url) if getattr(response, "fp", None) is not None else b""
+    except ServerError:
+        raise
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
+        if deadline.expired:
+            raise ServerError(f"{url} did not answer within {TIMEOUT_SECONDS:g} s") from None
+        reason = error.reason if isinstance(error, urllib.error.URLError) else error
+        raise ServerError(f"cannot reach {url}: {reason or type(error).__name__}") from None
+    finally:
+        deadline.cancel()
+    if deadline.expired:  # the answer ended because the deadline shut its connection
+        raise ServerError(f"{url} did not answer within {TIMEOUT_SECONDS:g} s")
+    return status, data
+
+
+def _read_capped(response, url: str) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = response.read(min(1 << 16, MAX_RESPONSE_BYTES + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise ServerError(f"{url} answered more than {MAX_RESPONSE_BYTES} bytes: not read further")
+        chunks.append(chunk)
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    status, data = _request(url, body)
+    return status, _json(data, url, strict=status == 200)
 
 
 def _check_url(url: str) -> None:
@@ -53,40 +193,45 @@ def _check_url(url: str) -> None:
 
 
 def _get(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:
-            return _json(response.read(), url)
-    except urllib.error.HTTPError as error:
-        raise ServerError(f"{url} answered HTTP {error.code}") from None
-    except urllib.error.URLError as error:
-        raise ServerError(f"cannot reach {url}: {error.reason}") from None
-    except (TimeoutError, OSError) as error:
-        raise ServerError(f"cannot reach {url}: {error}") from None
+    status, data = _request(url)
+    if status != 200:
+        raise ServerError(f"{url} answered HTTP {status}")
+    return _json(data, url)
 
 
 def _json(data: bytes, url: str, strict: bool = True) -> Any:
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         if strict:
             raise ServerError(f"{url} did not answer with JSON") from None
         return None
 
 
+def _token_ids(ids: Any, where: str, missing: str) -> list[int]:
+    """``ids`` if it is a list of token ids; else ServerError: a server that answers ids as
+    strings or nulls would be compared as if they were tokens."""
+    if not isinstance(ids, list):
+        raise ServerError(missing)
+    for index, token in enumerate(ids):
+        if type(token) is not int or not 0 <= token <= MAX_TOKEN_ID:
+            shown = repr(token) if len(repr(token)) <= 40 else repr(token)[:37] + "..."
+            raise ServerError(f"{where} answered a token id that is none: {shown} at index {index} (ids are integers from 0)")
+    return ids
+
+
 def find_key(document: Any, key: str) -> Any:
-    """The first non-null value under ``key`` anywhere in a JSON document."""
-    if isinstance(document, dict):
-        if document.get(key) is not None:
-            return document[key]
-        values = document.values()
-    elif isinstance(document, list):
-        values = document
-    else:
-        return None
-    for value in values:
-        found = find_key(value, key)
-        if found is not None:
-            return found
+    """The first non-null value under ``key`` anywhere in a JSON document (depth first, in
+    document order; without recursion: a server's JSON may be nested as deep as it likes)."""
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get(key) is not None:
+                return node[key]
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
     return None
 
 
@@ -123,7 +268,8 @@ class VLLMServer:
     def served(self) -> list[str]:
         if self._served is None:
             listing = _get(f"{self.base_url}/v1/models")
-            entries = listing.get("data", []) if isinstance(listing, dict) else []
+            entries = listing.get("data") if isinstance(listing, dict) else None
+            entries = entries if isinstance(entries, list) else []
             self._served = [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
         return self._served
 
@@ -166,10 +312,9 @@ class VLLMServer:
         body = {**request, "model": model}
         status, document = _post(f"{base_url}/v1/chat/completions/render", body)
         if status == 200:
+            where = f"{base_url}/v1/chat/completions/render"
             ids = find_key(document, "token_ids") or find_key(document, "prompt_token_ids")
-            if isinstance(ids, list):
-                return ids
-            raise ServerError(f"{base_url}/v1/chat/completions/render answered without token ids")
+            return _token_ids(ids, where, f"{where} answered without token ids")
         if _model_not_found(status, document):
             raise ServerError(f"{base_url} does not serve model {model!r} (HTTP 404{_error_text(document)}): pass --model")
         if status not in (404, 405):
@@ -183,10 +328,9 @@ class VLLMServer:
             raise ServerError(
                 f"{base_url}: the render endpoint is off and /v1/chat/completions answered HTTP {status}{_error_text(document)}"
             )
-        ids = find_key(document, "prompt_token_ids")
-        if not isinstance(ids, list):
-            raise ServerError(f"{base_url}/v1/chat/completions returned no prompt_token_ids (is return_token_ids supported?)")
-        return ids
+        where = f"{base_url}/v1/chat/completions"
+        missing = f"{where} returned no prompt_token_ids (is return_token_ids supported?)"
+        return _token_ids(find_key(document, "prompt_token_ids"), where, missing)
 
 
 def prompt_token_ids(base_url: str, request: dict[str, Any], model: str | None = None) -> list[int]:

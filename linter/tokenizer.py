@@ -9,11 +9,14 @@ template itself writes the BOS token.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +27,77 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_t
 
 class TokenizerError(Exception):
     pass
+
+
+# -- panics in Rust ------------------------------------------------------------------------
+# ``tokenizers`` panics where its Rust code meets what it cannot handle (a pre-tokenizer
+# regex that backtracks past Oniguruma's retry limit): Rust's panic hook prints the panic
+# and a backtrace on file descriptor 2, and pyo3 raises PanicException, a BaseException that
+# no ``except Exception`` catches. Every call into the library is made inside
+# ``rust_panics_as_errors``: the descriptor points at a file of this process's meanwhile,
+# whose bytes are passed on to standard error unless the call panicked, and a panic is a
+# TokenizerError (one line, the command's exit 2).
+
+_QUIET = threading.RLock()  # one redirection at a time: a second would save the first's file as the descriptor
+_sink: tuple[int, int] | None = None  # (pid, descriptor): a forked child makes its own
+
+
+def _sink_descriptor() -> int:
+    """An unnamed file of this process (a forked child's writes would interleave with its
+    parent's in a file it inherited)."""
+    global _sink
+    if _sink is None or _sink[0] != os.getpid():
+        import tempfile
+
+        descriptor, path = tempfile.mkstemp(prefix="tmpl-lint-stderr-")
+        os.unlink(path)
+        _sink = (os.getpid(), descriptor)
+    return _sink[1]
+
+
+def _is_panic(error: BaseException) -> bool:
+    return type(error).__name__ == "PanicException"
+
+
+@contextmanager
+def rust_panics_as_errors(what: str):
+    """Within: what the tokenizers library prints on panic goes nowhere, and the panic is a
+    TokenizerError saying ``what`` failed."""
+    with _QUIET:
+        try:
+            sink = _sink_descriptor()
+            saved = os.dup(2)
+        except OSError:  # no descriptors left, say: the call as it is
+            yield
+            return
+        os.dup2(sink, 2)
+        panicked = False
+        try:
+            yield
+        except BaseException as error:
+            if not _is_panic(error):
+                raise
+            panicked = True
+            raise TokenizerError(f"{what}: {one_line(error)} (the tokenizers library panicked)") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            _pass_on(sink, panicked)
+
+
+def _pass_on(sink: int, panicked: bool) -> None:
+    """What reached descriptor 2 during the call (another thread's message, a library's
+    warning), written where it was meant to go; not a panic's report."""
+    size = os.lseek(sink, 0, os.SEEK_END)
+    if not size:
+        return
+    os.lseek(sink, 0, os.SEEK_SET)
+    written = os.read(sink, size)
+    os.lseek(sink, 0, os.SEEK_SET)
+    os.ftruncate(sink, 0)
+    if not panicked:
+        with contextlib.suppress(OSError):
+            os.write(2, written)
 
 
 @dataclass
@@ -41,18 +115,20 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
-        if self.kind == "tokenizers":
-            return self.backend.encode(text, add_special_tokens=False).ids
-        return list(self.backend.encode(text, add_special_tokens=False))
+        with rust_panics_as_errors(f"{self.directory}: the tokenizer cannot encode a text"):
+            if self.kind == "tokenizers":
+                return self.backend.encode(text, add_special_tokens=False).ids
+            return list(self.backend.encode(text, add_special_tokens=False))
 
     def token_start(self, text: str, index: int) -> int | None:
         """Where token ``index`` of ``encode(text)`` starts in ``text`` (a character offset),
         from the backend's offsets; None where it gives none (a slow tokenizer)."""
         try:
-            if self.kind == "tokenizers":
-                offsets = self.backend.encode(text, add_special_tokens=False).offsets
-            else:
-                offsets = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            with rust_panics_as_errors(f"{self.directory}: the tokenizer cannot encode a text"):
+                if self.kind == "tokenizers":
+                    offsets = self.backend.encode(text, add_special_tokens=False).offsets
+                else:
+                    offsets = self.backend(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         except Exception:  # noqa: BLE001 - transformers' slow tokenizers raise NotImplementedError, among others
             return None
         return offsets[index][0] if index < len(offsets) else None
@@ -147,7 +223,10 @@ def _load_file(tokenizer_file: Path) -> Any:
                 "proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'"
             ) from None
         try:
-            backend = FastTokenizer.from_file(str(tokenizer_file))
+            with rust_panics_as_errors(f"{tokenizer_file}: cannot load"):
+                backend = FastTokenizer.from_file(str(tokenizer_file))
+        except TokenizerError:
+            raise
         except Exception as error:  # tokenizers raises bare Exceptions for bad files
             raise TokenizerError(f"{tokenizer_file}: cannot load: {one_line(error)}") from None
         if len(_LOADED) >= _LOADED_KEPT:
@@ -235,6 +314,8 @@ def measures_text(tokenizer: Tokenizer) -> None:
     and a failing finding would pass as not reproduced."""
     try:
         ids = tokenizer.encode(PROBE_TEXT)
+    except TokenizerError:
+        raise
     except Exception as error:  # noqa: BLE001 - a backend that cannot encode cannot measure either
         raise TokenizerError(f"{tokenizer.directory}: the tokenizer cannot encode text: {one_line(error)}") from None
     unknown = _unknown_id(tokenizer)
@@ -386,7 +467,8 @@ class PrefixEncoder:
         return self._encode_from(text, 0, 0)
 
     def _encode_from(self, text: str, start: int, position: int) -> Encoded:
-        encoding = self.tokenizer.backend.encode(text[start:], add_special_tokens=False)
+        with rust_panics_as_errors(f"{self.tokenizer.directory}: the tokenizer cannot encode a text"):
+            encoding = self.tokenizer.backend.encode(text[start:], add_special_tokens=False)
         ids = encoding.ids
         anchor_ids = self.anchor_ids
         anchors = tuple(

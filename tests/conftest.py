@@ -42,6 +42,9 @@ TEST_CODE_CACHE = None if "PYTEST_XDIST_WORKER" in os.environ else tempfile.mkdt
 if TEST_CODE_CACHE is not None:
     os.environ["TMPL_LINT_CACHE_DIR"] = TEST_CODE_CACHE
     os.environ.pop("TMPL_LINT_NO_CACHE", None)
+    # The key that authenticates cache entries (linter/sealed.py) lives outside the cache,
+    # in $XDG_STATE_HOME: a folder of this run too, never the user's.
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="tmpl-lint-tests-state-")
 # The environment as the session starts: the pre-commit build runs in a thread beside tests
 # that monkeypatch os.environ (HOME, XDG_CACHE_HOME...), and must not inherit their values.
 SESSION_ENVIRONMENT = dict(os.environ)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,71 @@ def test_results_cache_resumes(tmp_path):
     second = json.loads(audit(tmp_path, "--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file)).stdout)
     assert second["analysed_templates"] == 0
     assert [row["codes"] for row in second["rows"]] == [row["codes"] for row in first["rows"]]
+
+
+def planted_results(cache_file: Path, lines) -> None:
+    """Replace the results cache with ``lines(key)`` for each analysis key it held: what
+    anything that can write the cache could plant there (the keys are computable)."""
+    keys = sorted(set(re.findall(r'"key": "([0-9a-f]{64})"', cache_file.read_text())))
+    assert keys
+    cache_file.write_text("".join(line + "\n" for key in keys for line in lines(key)))
+
+
+def test_a_planted_clean_result_does_not_make_a_failing_template_pass(tmp_path):
+    build_cache(tmp_path)
+    cache_file = tmp_path / "results.jsonl"
+    arguments = ("--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file))
+    first = audit(tmp_path, *arguments)
+    assert first.returncode == 1 and any(row["codes"] for row in json.loads(first.stdout)["rows"])
+
+    def clean(key):
+        entry = json.dumps({"key": key, "findings": []})
+        return [entry, f"{'0' * 64} {entry}", f"{hashlib.sha256(entry.encode()).hexdigest()} {entry}"]
+
+    planted_results(cache_file, clean)
+    second = audit(tmp_path, *arguments)
+    assert (second.returncode, second.stderr) == (1, first.stderr)
+    report = json.loads(second.stdout)
+    assert report["rows"] == json.loads(first.stdout)["rows"]
+    assert report["analysed_templates"] == 4  # analysed again: no planted line is taken
+
+
+def test_a_damaged_results_cache_line_is_a_miss_not_a_crash(tmp_path):
+    build_cache(tmp_path)
+    cache_file = tmp_path / "results.jsonl"
+    arguments = ("--from-cache", "--format", "json", "--no-prove", "--cache-file", str(cache_file))
+    first = audit(tmp_path, *arguments)
+
+    def damaged(key):
+        return [
+            json.dumps({"key": key, "findings": "PC002"}),
+            json.dumps({"key": key, "findings": [1, None]}),
+            json.dumps({"key": key, "findings": [{"proof": 3}]}),
+            json.dumps([key]),
+            json.dumps({"key": key}),
+            "\x00\xff" + key,
+        ]
+
+    planted_results(cache_file, damaged)
+    second = audit(tmp_path, *arguments)
+    assert (second.returncode, second.stderr) == (first.returncode, first.stderr)
+    assert json.loads(second.stdout)["rows"] == json.loads(first.stdout)["rows"]
+
+
+def test_a_results_cache_that_is_a_symbolic_link_is_never_written_through(tmp_path):
+    build_cache(tmp_path)
+    target = tmp_path / "victim"
+    target.write_text("keep me\n")
+    link = tmp_path / "results.jsonl"
+    link.symlink_to(target)
+    result = audit(tmp_path, "qwen/qwen25-chat", "--format", "json", "--no-prove", "--cache-file", str(link))
+    assert target.read_text() == "keep me\n"
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["error"] is None and row["codes"]
+    assert result.stderr == (
+        f"tmpl-lint: error: {link}: cannot read the results cache: it is a symbolic link (a cache file is never followed)\n"
+    )
+    assert result.returncode == 2
 
 
 def test_results_are_kept_in_tmpl_lints_cache_directory(tmp_path, monkeypatch):
@@ -493,3 +559,58 @@ def test_a_repo_is_downloaded_while_the_templates_found_before_it_are_analysed(t
     done = auditing.run_audit(["org/first", "org/second"], [], False, Selection(), None, 2, Cache(None))
     assert [(repo.repo, repo.error) for repo in done.repos] == [("org/first", None), ("org/second", None)]
     assert [done.analyses[key].codes for repo in done.repos for _, key in repo.templates] == [[], ["PC001"]]
+
+
+# -- the Hugging Face cache is untrusted input: nothing outside it is read -------------------
+
+
+def planted_entry(hub: Path, repo: str, ref: str | None = None, links: dict[str, Path] | None = None) -> Path:
+    """A models--org--name entry whose refs/main says ``ref`` (default: its commit), with
+    snapshot files linked to ``links``."""
+    root = hub / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(ref or commit)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, target in (links or {}).items():
+        (snapshot / name).symlink_to(target)
+    return root
+
+
+def outside_model(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(CORPUS / "clean_chatml.jinja", outside / "chat_template.jinja")
+    return outside
+
+
+def test_a_ref_naming_a_folder_outside_the_cache_is_not_read(tmp_path):
+    # Offline, huggingface_hub joined refs/main's text to snapshots/ as written: the audit
+    # read a template outside the cache, audited it and exited 0.
+    hub = build_cache(tmp_path)
+    outside_model(tmp_path)
+    planted_entry(hub, "evil/escape", ref="../../../outside")
+    for spec in ("evil/escape", "evil/escape@main"):
+        result = audit(tmp_path, spec, "qwen/qwen25-chat", "--format", "json", "--no-cache", "--no-prove")
+        row, other = json.loads(result.stdout)["rows"]
+        assert other["repo"] == "qwen/qwen25-chat" and other["error"] is None and other["codes"]  # the rest is audited
+        said = f"the Hugging Face cache names {hub}/models--evil--escape/snapshots/../../../outside as its snapshot, which is no commit's folder: not read"
+        assert (row["repo"], row["error"], row["codes"]) == (spec, said, [])
+        assert result.stderr == f"tmpl-lint: error: {spec}: {said}\n"
+        assert result.returncode == 2
+
+
+def test_a_snapshot_file_linked_outside_the_cache_is_not_read(tmp_path):
+    hub = build_cache(tmp_path)
+    outside = outside_model(tmp_path)
+    planted_entry(hub, "evil/links", links={"chat_template.jinja": outside / "chat_template.jinja"})
+    said = f"the Hugging Face cache's chat_template.jinja links outside its entry ({outside / 'chat_template.jinja'}): not read"
+    named = audit(tmp_path, "evil/links", "--format", "json", "--no-cache", "--no-prove")
+    (row,) = json.loads(named.stdout)["rows"]
+    assert (row["error"], named.returncode) == (said, 2)
+    every = audit(tmp_path, "--from-cache", "--format", "json", "--no-cache", "--no-prove")
+    rows = {row["repo"]: row for row in json.loads(every.stdout)["rows"]}
+    assert rows["evil/links"]["error"] == said
+    assert all(row["error"] is None for repo, row in rows.items() if repo != "evil/links")  # the rest are audited
+    assert every.returncode == 2

@@ -185,3 +185,159 @@ def test_audit_no_cache_keeps_nothing(compiles, tmp_path):
     assert CliRunner().invoke(main, ["audit", str(model)]).exit_code == 1
     assert len(cached_files(tmp_path / "cache")) == 1
     assert (tmp_path / "cache" / "audit.jsonl").is_file()
+
+
+# -- the cache is untrusted input: code read back runs only when it is authenticated ---------
+
+
+class Planted:
+    """What an attacker's pickle runs when it is loaded: it writes ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+def tmpl_lint(*args: str, environment: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "tmpl_lint", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
+
+
+def test_code_planted_in_the_cache_never_runs(tmp_path):
+    # jinja2's file cache read a file as a magic header and a pickle: any file at the name a
+    # public install computes ran as code, outside the sandbox, in a plain check.
+    import pickle
+
+    import jinja2.bccache
+
+    environment = {
+        **without_cache_settings(),
+        "TMPL_LINT_CACHE_DIR": str(tmp_path / "cache"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
+    template = str(CORPUS / "PC002_history_rewrite.jinja")
+    first = tmpl_lint(template, environment=environment)
+    assert first.returncode == 1
+    entries = list((tmp_path / "cache" / "code").iterdir())
+    assert entries
+    marker = tmp_path / "ran"
+    planted = jinja2.bccache.bc_magic + pickle.dumps(Planted(marker))
+    for entry in entries:
+        entry.write_bytes(planted)
+    again = tmpl_lint(template, environment=environment)
+    assert not marker.exists()
+    assert (again.returncode, again.stdout, again.stderr) == (1, first.stdout, first.stderr)
+    assert all(entry.read_bytes() != planted for entry in entries)  # a miss, compiled and kept again
+
+
+def test_code_sealed_with_another_key_or_for_another_text_is_not_loaded(compiles, monkeypatch, tmp_path):
+    import hashlib
+    import hmac
+    import marshal
+
+    from tmpl_lint import sealed
+
+    render.compile_template(TEXT)
+    (entry,) = (tmp_path / "cache" / "code").glob("*.code")
+    evil = render.make_environment().compile("EVIL")
+    data = marshal.dumps(evil)
+    purpose, name = render._CODE_PURPOSE, entry.name
+    other_key = hmac.new(b"\1" * 32, purpose + b"\0" + name.encode() + b"\0" + data, hashlib.sha256).digest()
+    for forged in (
+        other_key + data,  # a key of the attacker's own
+        sealed.seal(purpose, name.replace("-", "-0", 1), data),  # this user's seal, of another entry
+        sealed.seal(b"another purpose", name, data),
+        data,  # no seal at all
+    ):
+        entry.write_bytes(forged)
+        forget_this_process(monkeypatch)
+        assert render.compile_template(TEXT).render(messages=MESSAGES) == RENDERED
+    assert compiles == [TEXT, "EVIL"] + [TEXT] * 4
+
+
+def test_a_symbolic_link_in_the_cache_is_never_followed(compiles, monkeypatch, tmp_path):
+    render.compile_template(TEXT)
+    (entry,) = (tmp_path / "cache" / "code").glob("*.code")
+    outside = tmp_path / "outside"
+    outside.write_bytes(entry.read_bytes())  # even an entry this user sealed
+    kept = outside.read_bytes()
+    entry.unlink()
+    entry.symlink_to(outside)
+    forget_this_process(monkeypatch)
+    assert render.compile_template(TEXT).render(messages=MESSAGES) == RENDERED
+    assert compiles == [TEXT, TEXT]
+    assert not entry.is_symlink() and entry.read_bytes() == kept  # replaced by a file, not written through
+    assert outside.read_bytes() == kept
+
+
+def test_a_cache_folder_others_may_write_or_a_link_is_not_used(compiles, monkeypatch, tmp_path):
+    render.compile_template(TEXT)
+    folder = tmp_path / "cache" / "code"
+    (entry,) = folder.glob("*.code")
+    folder.chmod(0o777)
+    entry.unlink()
+    forget_this_process(monkeypatch)
+    render.compile_template(TEXT)
+    assert list(folder.iterdir()) == []  # nothing written there either
+    folder.chmod(0o700)
+    render.compile_template(TEXT)  # (this process found no cache: compiles in memory)
+    forget_this_process(monkeypatch)
+    render.compile_template(TEXT)
+    (entry,) = folder.glob("*.code")
+    real = tmp_path / "elsewhere"
+    folder.rename(real)
+    folder.symlink_to(real)
+    forget_this_process(monkeypatch)
+    render.compile_template(TEXT)
+    assert compiles == [TEXT, TEXT, TEXT, TEXT]
+
+
+def test_the_key_is_private_and_kept_outside_the_cache(compiles, monkeypatch, tmp_path):
+    from tmpl_lint import sealed
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sealed.secret.cache_clear()
+    try:
+        render.compile_template(TEXT)
+        key = tmp_path / "state" / "tmpl-lint" / "cache-key"
+        assert (key.stat().st_mode & 0o777, key.parent.stat().st_mode & 0o777, key.stat().st_size) == (0o600, 0o700, 32)
+        assert len(list((tmp_path / "cache" / "code").glob("*.code"))) == 1
+        # A key another user could read is no key: the cache is not used.
+        key.chmod(0o644)
+        sealed.secret.cache_clear()
+        forget_this_process(monkeypatch)
+        render.compile_template(TEXT)
+        # Nor is a key kept inside the cache, where whoever writes the cache could read it.
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "cache" / "state"))
+        sealed.secret.cache_clear()
+        forget_this_process(monkeypatch)
+        render.compile_template(TEXT)
+        assert not (tmp_path / "cache" / "state").exists()
+        assert compiles == [TEXT, TEXT, TEXT]
+    finally:
+        sealed.secret.cache_clear()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_cache_folder_or_key_of_another_user_is_not_used(compiles, monkeypatch, tmp_path):
+    from tmpl_lint import sealed
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # a key of this test's: others' runs keep theirs
+    sealed.secret.cache_clear()
+    render.compile_template(TEXT)
+    folder = tmp_path / "cache" / "code"
+    os.chown(folder, 65534, 65534)  # nobody's: whoever that is may write there
+    forget_this_process(monkeypatch)
+    render.compile_template(TEXT)
+    os.chown(folder, 0, 0)
+    key = sealed.key_path()
+    os.chown(key, 65534, 65534)
+    sealed.secret.cache_clear()
+    try:
+        forget_this_process(monkeypatch)
+        render.compile_template(TEXT)
+        assert compiles == [TEXT, TEXT, TEXT]
+    finally:
+        sealed.secret.cache_clear()

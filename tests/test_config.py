@@ -316,3 +316,80 @@ def test_a_tool_args_style_that_is_none_is_one_error_line_naming_the_file(tmp_pa
         "",
         f'tmpl-lint: error: {tmp_path / "pyproject.toml"}: tool-args-style must be "compact" or "spaced", not {shown}\n',
     )
+
+
+# -- a configuration named on the command line is read as a regular file, within a cap ----
+
+
+def tmpl_lint_process(*args, cwd):
+    import os
+    import subprocess
+    import sys
+
+    # A process of its own: the FIFO waited for a writer forever, /dev/zero was read without end.
+    return subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", *map(str, args)], capture_output=True, text=True, timeout=60, cwd=cwd, env=os.environ
+    )
+
+
+@pytest.mark.parametrize("name", ["settings.yaml", "pyproject.toml"])
+def test_a_configuration_that_is_a_fifo_or_a_device_is_one_error_line(tmp_path, name):
+    import os
+
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "b.jinja")
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    device = tmp_path / f"zero-{name}"
+    device.symlink_to("/dev/zero")
+    turns = []
+    for turn in ("1", "2"):
+        (tmp_path / f"turn{turn}.json").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+        turns.append(tmp_path / f"turn{turn}.json")
+    for path, why in (
+        (fifo, "is a FIFO (named pipe), not a regular file"),
+        (device, "is a character device, not a regular file"),
+    ):
+        for command in (["b.jinja"], ["diff", *turns, "--template", "b.jinja"]):
+            result = tmpl_lint_process(*command, "--config", path, cwd=tmp_path)
+            assert (result.returncode, result.stdout, result.stderr) == (2, "", f"tmpl-lint: error: {path}: cannot read: {why}\n")
+
+
+def test_a_configuration_over_the_cap_is_one_error_line(tmp_path, monkeypatch):
+    from tmpl_lint import config
+
+    shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "b.jinja")
+    big = tmp_path / ".tmpl-lint.yaml"
+    big.write_text("# " + "x" * config.MAX_CONFIG_BYTES + "\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run("b.jinja", "--config", str(big))
+    assert (code, out, err) == (
+        2,
+        "",
+        f"tmpl-lint: error: {big}: cannot read: file is over the 1048576-byte limit for a configuration\n",
+    )
+
+
+def test_a_model_config_that_is_a_fifo_or_a_device_is_one_error_line(tmp_path):
+    import os
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    for path, why in (
+        (fifo, "is a FIFO (named pipe), not a regular file"),
+        ("/dev/zero", "is a character device, not a regular file"),
+    ):
+        result = tmpl_lint_process(
+            "replay",
+            log,
+            "--template",
+            CORPUS / "clean_chatml.jinja",
+            "--kv-cache-gib",
+            "1",
+            "--model-config",
+            path,
+            cwd=tmp_path,
+        )
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == f"tmpl-lint: error: {path}: cannot read model config: {why}\n"

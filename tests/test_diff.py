@@ -22,7 +22,7 @@ from helpers import (
 )
 
 from tmpl_lint.cli import main
-from tmpl_lint.server import ServerError, prompt_token_ids
+from tmpl_lint.server import ServerError, VLLMServer, prompt_token_ids
 
 USER_1 = {"role": "user", "content": "What is 2+2?"}
 REPLY = {
@@ -190,6 +190,7 @@ class FakeVLLM(BaseHTTPRequestHandler):
     models = ["served-model"]
     render_enabled = True
     render_status = 200
+    ids_answer = None  # what the render endpoint answers as token_ids, instead of the ids
     seen: list = []
 
     def log_message(self, *args):
@@ -223,6 +224,7 @@ class FakeVLLM(BaseHTTPRequestHandler):
             elif self.render_status != 200:
                 self.reply(self.render_status, {"error": {"message": "model does not exist", "code": self.render_status}})
             else:
+                ids = ids if self.ids_answer is None else self.ids_answer
                 self.reply(200, {"request_id": "r1", "token_ids": ids, "sampling_params": {}, "model": request["model"]})
         elif self.path == "/v1/chat/completions":
             assert request["max_tokens"] == 1 and request["return_token_ids"] is True
@@ -339,6 +341,145 @@ def test_diff_through_the_server(server, tmp_path):
     assert result["first_divergence_token"] == 0
     assert result["prompt_tokens"] == [1, 2]
     assert result["unit"] == "token"
+
+
+@pytest.mark.parametrize("ids", [["112", "108"], [None], [112, None], [1.5], [True], [-1], [2**40], "112", {"0": 112}])
+def test_token_ids_a_server_answers_that_are_not_ids_are_one_error_line(server, tmp_path, ids):
+    # Strings or nulls compared as tokens said "clean extension" and exit 0.
+    handler, url = server
+    handler.ids_answer = ids
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, USER_2]})
+    code, out, err = run(*turns, "--server", url)
+    assert (code, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"tmpl-lint: error: {url}/v1/chat/completions/render answered ")
+    assert ("without token ids" in err) == (not isinstance(ids, list))
+
+
+@contextlib.contextmanager
+def raw_server(answer):
+    """A TCP server on a free local port that reads each request's head and then calls
+    ``answer(connection)``, in a thread per connection: its URL."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    stop = threading.Event()
+
+    def handle(connection):
+        with connection:
+            connection.settimeout(30)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            with contextlib.suppress(OSError):
+                answer(connection)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=handle, args=(connection,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_server_that_answers_a_byte_at_a_time_is_stopped_at_the_request_deadline(tmp_path, monkeypatch):
+    # The timeout was per read: a byte every 50 ms never met it, however long the answer took.
+    import time
+
+    from tmpl_lint import server as client
+
+    monkeypatch.setattr(client, "TIMEOUT_SECONDS", 1.0)
+    body = json.dumps({"object": "list", "data": [{"id": "served-model"}]}).encode()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    def trickle(connection):
+        for byte in answer:
+            connection.sendall(bytes([byte]))
+            time.sleep(0.05)  # the whole answer: about 6 s
+
+    with raw_server(trickle) as url:
+        turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, USER_2]})
+        started = time.monotonic()
+        code, out, err = run(*turns, "--server", url)
+        elapsed = time.monotonic() - started
+    assert (code, out, err) == (2, "", f"tmpl-lint: error: {url}/v1/models did not answer within 1 s\n")
+    assert elapsed < 3
+
+
+def test_an_endless_answer_is_read_no_further_than_the_size_cap(tmp_path, monkeypatch):
+    # GET /v1/models was read whole: an endless body ended in MemoryError.
+    from tmpl_lint import server as client
+
+    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", 1 << 20)
+    sent = []
+
+    def endless(connection):
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+        chunk = b"0," * 32768
+        for _ in range(4096):  # 256 MB, should it be read whole
+            connection.sendall(chunk)
+            sent.append(len(chunk))
+
+    with raw_server(endless) as url:
+        turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, USER_2]})
+        code, out, err = run(*turns, "--server", url)
+    assert (code, out, err) == (
+        2,
+        "",
+        f"tmpl-lint: error: {url}/v1/models answered more than {1 << 20} bytes: not read further\n",
+    )
+    assert sum(sent) < 64 << 20  # the server was stopped, not drained
+
+
+def test_a_redirect_to_another_host_is_refused_and_one_to_the_same_is_followed(server, tmp_path):
+    handler, url = server
+    port = url.rsplit(":", 1)[1]
+    moved = {"/v1/models": f"http://localhost:{port}/v1/models"}  # another host name: refused
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path == "/real/models":
+                body = json.dumps({"data": [{"id": "behind-a-redirect"}]}).encode()
+                self.send_response(200)
+            else:
+                body = b""
+                self.send_response(302)
+                self.send_header("Location", moved[self.path])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True).start()
+    try:
+        front = f"http://127.0.0.1:{httpd.server_address[1]}"
+        turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, USER_2]})
+        code, out, err = run(*turns, "--server", front)
+        assert (code, out) == (2, "")
+        assert err == f"tmpl-lint: error: {front}/v1/models redirects to another host ({moved['/v1/models']}): refused\n"
+        assert handler.seen == []
+        moved["/v1/models"] = "/real/models"  # the same host: followed
+        assert VLLMServer(front).served() == ["behind-a-redirect"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_diff_server_unreachable_exit_2(tmp_path):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -147,7 +148,10 @@ def test_fast_attribute_paths_give_what_jinja2s_own_sandbox_gives(source):
 # not loaded as code another test compiled.
 COMPILING = {**os.environ, "TMPL_LINT_NO_CACHE": "1"}
 FOLDED = "{{ strftime_now('%Y') }}{{ 'a'|center(3000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}"
-OUT_OF_MEMORY = 'PC101 [render-limit-exceeded] render limit exceeded in "chat": the render ran out of memory'
+# Checked against the render's size limit before the string is made (the limit on what a
+# render prints acted after: the render ran out of memory, or grew to 2.8 GB without a cap).
+REFUSED = "center asks for 3000000000 characters, over the 1000000 limit"
+OUT_OF_MEMORY = f'PC101 [render-limit-exceeded] render limit exceeded in "chat": {REFUSED}'
 
 
 def test_constant_expressions_are_not_evaluated_while_compiling():
@@ -168,6 +172,27 @@ def _capped():
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+
+def run_measured(command: list[str], folder: Path, preexec_fn, env) -> tuple[subprocess.CompletedProcess, int]:
+    """``command``'s result and the peak resident size, in bytes, of its largest process
+    (itself or a child it waited for: wait4's accounting)."""
+    with open(folder / "stdout", "w+b") as stdout, open(folder / "stderr", "w+b") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, preexec_fn=preexec_fn, env=env)
+        deadline = threading.Timer(300, process.kill)
+        deadline.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            deadline.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0), stderr.seek(0)
+        result = subprocess.CompletedProcess(command, process.returncode, stdout.read().decode(), stderr.read().decode())
+    return result, usage.ru_maxrss * 1024
 
 
 @pytest.mark.parametrize("command", ["check", "check --no-prove", "--fix", "--diff", "replay", "diff", "audit"])
@@ -191,27 +216,19 @@ def test_every_command_runs_a_hostile_template_under_the_limits(tmp_path, comman
         "audit": ["audit", model, "--no-cache", "--format", "jsonl"],
     }[command]
     start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", *map(str, arguments)],
-        capture_output=True,
-        text=True,
-        preexec_fn=_capped,
-        timeout=300,
-        env=COMPILING,
-    )
+    result, peak = run_measured([sys.executable, "-m", "tmpl_lint", *map(str, arguments)], tmp_path, _capped, COMPILING)
     assert time.monotonic() - start < 60
+    assert peak < 400 << 20  # every process of the command, at its largest
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
     if command == "replay":
         assert result.returncode == 2
         assert result.stderr == "".join(
-            f"tmpl-lint: error: {tmp_path / 'log.jsonl'}:{line}: the template fails on this request: the render ran out of memory\n"
+            f"tmpl-lint: error: {tmp_path / 'log.jsonl'}:{line}: the template fails on this request: {REFUSED}\n"
             for line in (1, 2)
         )
     elif command == "diff":
         assert result.returncode == 2
-        assert result.stderr == (
-            f"tmpl-lint: error: {tmp_path / 'turn1.json'}: the template fails on this request: the render ran out of memory\n"
-        )
+        assert result.stderr == (f"tmpl-lint: error: {tmp_path / 'turn1.json'}: the template fails on this request: {REFUSED}\n")
     elif command == "audit":
         assert result.returncode == 1
         assert [finding["code"] for finding in json.loads(result.stdout)["findings"]] == ["PC101", "PC001"]

@@ -193,7 +193,10 @@ def test_audit_reports_a_template_over_the_limit_and_goes_on(tmp_path):
     models = []
     for name, template in (
         ("a", (CORPUS / "clean_chatml.jinja").read_text()),
-        ("b", "{{ 'a'|center(10000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}"),  # 10 GB: over the 8 GiB
+        (
+            "b",
+            "{{ 'a'|center(10000000000) }}{% for m in messages %}{{ m.content }}{% endfor %}",
+        ),  # 10 GB, refused before it is made
         ("c", (CORPUS / "clean_chatml.jinja").read_text() + "\n"),
     ):
         (tmp_path / name).mkdir()
@@ -208,7 +211,7 @@ def test_audit_reports_a_template_over_the_limit_and_goes_on(tmp_path):
     rows = json.loads(result.stdout)["rows"]
     assert [row["codes"] for row in rows] == [[], ["PC101"], []]
     (finding,) = rows[1]["findings"]
-    assert finding["message"] == 'render limit exceeded in "chat": the render ran out of memory'
+    assert finding["message"] == 'render limit exceeded in "chat": center asks for 10000000000 characters, over the 1000000 limit'
 
 
 def _gone(pid: int) -> bool:

@@ -508,3 +508,27 @@ def test_an_unreadable_file_named_twice_or_with_its_folder_is_one_error(tmp_path
     result = CliRunner().invoke(main, ["bad.jinja", "bad.jinja", "--no-prove"])
     assert (result.exit_code, result.stdout) == (2, "No findings; 1 input could not be read (see the errors above).\n")
     assert result.stderr == "tmpl-lint: error: bad.jinja: not valid UTF-8 (byte 0)\n"
+
+
+def test_adjacent_literals_python_refuses_are_one_error_line_naming_the_file(tmp_path, monkeypatch):
+    # Python reads adjacent str literals as one string, and tmpl-lint lints that string; str
+    # beside bytes is no string at all (Python refuses to compile it): libcst's validation
+    # error ended the batch as an internal error that named no file.
+    pytest.importorskip("libcst")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mixed.py").write_text('chat_template = ("{% for m in messages %}"\n    b"{{ m.content }}{% endfor %}")\n')
+    (tmp_path / "raw.py").write_text('chat_template = b"{{ messages }}" b"{{ x }}"\n')
+    (tmp_path / "joined.py").write_text(
+        'chat_template = (\n    "{{ strftime_now(\'%Y\') }}"\n    "{% for m in messages %}{{ m.content }}{% endfor %}"\n)\n'
+    )
+    result = CliRunner().invoke(main, ["mixed.py", "raw.py", "joined.py", "--no-prove", "--format", "json"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "tmpl-lint: error: mixed.py: not valid Python: cannot mix bytes and nonbytes literals (line 2)\n"
+        "tmpl-lint: error: raw.py: chat_template at line 1 is a bytes literal: tmpl-lint reads a template written as a "
+        "string literal\n"
+    )
+    # the rest of the batch: the two literals of joined.py linted as the one string Python makes
+    assert [(finding["path"], finding["code"], finding["line"]) for finding in json.loads(result.stdout)] == [
+        ("joined.py", "PC001", 2)
+    ]
