@@ -337,3 +337,30 @@ def test_diff_says_the_reasoning_fields_once(tmp_path):
     assert result.stderr.splitlines() == [
         "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template"
     ]
+
+
+def test_a_log_read_from_a_pipe_gives_the_file_s_figures(tmp_path):
+    """A log streamed through a pipe (`<(zcat log.gz)`) is read once: its copy serves the
+    render children (200 requests or more: two of them), and the figures are the file's."""
+    entries = []
+    for turn in range(8):
+        for user in range(30):
+            history = [{"role": "user", "content": f"u{user} turn {number}"} for number in range(turn + 1)]
+            entries.append(request(f"u{user}", "x", f"2026-03-01T09:{turn:02d}:{user:02d}Z"))
+            entries[-1]["request"]["messages"] = history
+    log = write_log(tmp_path / "log.jsonl", entries)
+    path = template(tmp_path)
+    from_file = replay(log, "--template", path, "--jobs", "2", "--format", "json")
+    assert from_file.exit_code == 0, from_file.output
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    end = os.open(fifo, os.O_RDWR)  # opens without a reader waiting; cat holds the only copy
+    writer = subprocess.Popen(["cat", str(log)], stdout=end)
+    os.close(end)
+    try:
+        from_pipe = replay(fifo, "--template", path, "--jobs", "2", "--format", "json")
+    finally:
+        writer.wait(timeout=30)
+    assert from_pipe.exit_code == 0, from_pipe.output
+    assert json.loads(from_pipe.stdout) == json.loads(from_file.stdout)
+    assert json.loads(from_file.stdout)["template"]["requests"] == 240
