@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from click.testing import CliRunner
@@ -354,13 +355,15 @@ def test_a_log_read_from_a_pipe_gives_the_file_s_figures(tmp_path):
     assert from_file.exit_code == 0, from_file.output
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    end = os.open(fifo, os.O_RDWR)  # opens without a reader waiting; cat holds the only copy
-    writer = subprocess.Popen(["cat", str(log)], stdout=end)
-    os.close(end)
-    try:
-        from_pipe = replay(fifo, "--template", path, "--jobs", "2", "--format", "json")
-    finally:
-        writer.wait(timeout=30)
+
+    def feed():  # opening for writing waits for replay to open it for reading
+        with open(fifo, "wb") as stream:
+            stream.write(log.read_bytes())
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    from_pipe = replay(fifo, "--template", path, "--jobs", "2", "--format", "json")
+    writer.join(timeout=30)
     assert from_pipe.exit_code == 0, from_pipe.output
     assert json.loads(from_pipe.stdout) == json.loads(from_file.stdout)
     assert json.loads(from_file.stdout)["template"]["requests"] == 240
