@@ -8,15 +8,22 @@ character of each turn fell: ``history`` (a message that was already history), `
 argument string replays byte for byte (``verbatim``) or a mapping is re-serialised
 (``spaced``). Read its header for the details.
 
+The ``knobs`` column gives the same verdicts under each value of each thinking switch the
+template reads: a break under any value is a break (a deployment may set it), so those
+count as the template's, and the switched scenarios the oracle rendered ("chat,
+enable_thinking=false") are among those a false alarm is judged on. A template flagged
+only under a switch value is a "switch-only" break; the figures say how many there are.
+
 Each failing finding's proof says which scenarios' divergences it explains, and of which
 cause; that places it in a class: clock scenarios -> clock; re-serialised tool arguments
 -> arguments; a divergence in the generation prompt or the reply just generated (cause
 generation-prompt or reply-rewrite) -> generation prompt (the oracle's ``tail``); a history
 rewrite or a changed first message -> history.
 
-For each class this prints recall (templates the oracle flags that get a failing finding
-of a named rule in that class; those only the rule for unexplained divergences catches, and
-those missed), and false alarms: templates the oracle calls stable for that class whose
+For each class this prints recall (templates the oracle flags that get a finding of a named
+rule in that class: failing, or informational with its bounded loss stated, which the
+oracle's "tail" counts when the reply's end marker differs; those only the rule for
+unexplained divergences catches, and those missed), and false alarms: templates the oracle calls stable for that class whose
 failing findings show it in the scenarios that match the oracle's (chat and agent with and
 without a system message, the clock with a system message and no tools, the argument
 replay). Findings that show a class only in scenarios the oracle does not run (no system
@@ -54,6 +61,9 @@ UNEXPLAINED = next(rule.RULE.code for rule in RULES if rule.RULE.reports is Outc
 ORACLE_SCENARIOS = re.compile(
     r"(chat|chat with system|agent|agent with system|clock with system, .* later|midnight|compact tool arguments replayed .*)$"
 )
+# A switched scenario, as the prover names it ("agent, enable_thinking=false"): the oracle's
+# knob verdicts judge it where the oracle rendered that value.
+SWITCHED = re.compile(r"(chat|agent), (\w+)=(.+)$")
 
 
 # Causes by their JSON names (reports from before a cause existed read the same).
@@ -67,22 +77,25 @@ CAUSE_CLASSES = {
 
 
 def divergence_class(scenario: str, cause: str) -> str | None:
+    if scenario.endswith("changed between calls"):
+        return None  # the client changed a setting (PC008): no class of the oracle's
     if scenario.startswith(("clock", "midnight")):
         return CLOCK
     return CAUSE_CLASSES.get(cause)
 
 
-def shown(finding: dict, cls: str, comparable_only: bool = False) -> bool:
+def shown(finding: dict, cls: str, comparable: frozenset[str] | None = None) -> bool:
     """Whether a finding's proof explains a divergence of class ``cls`` (in a scenario that
-    matches the oracle's, if ``comparable_only``). A report whose proofs do not list what
-    they explain (an older tmpl-lint) is read by its proving divergence alone."""
+    matches the oracle's, if ``comparable``: the switched scenarios the oracle rendered for
+    this template). A report whose proofs do not list what they explain (an older tmpl-lint)
+    is read by its proving divergence alone."""
     proof = finding.get("proof") or {}
     pairs = proof.get("explains")
     if pairs is None and proof.get("status") == "proven" and "scenario" in proof:
         pairs = [{"scenario": proof["scenario"], "cause": proof["cause"]}]
     return any(
         divergence_class(pair["scenario"], pair["cause"]) == cls
-        and (not comparable_only or ORACLE_SCENARIOS.match(pair["scenario"]))
+        and (comparable is None or ORACLE_SCENARIOS.match(pair["scenario"]) or pair["scenario"] in comparable)
         for pair in pairs or ()
     )
 
@@ -94,6 +107,29 @@ class Verdict:
     flagged: set[str] = field(default_factory=set)
     judged: set[str] = field(default_factory=set)
     stable_everywhere: bool = False
+    switch_only: set[str] = field(default_factory=set)  # classes flagged only under a switch value
+    switched: frozenset[str] = frozenset()  # the switched scenarios the oracle rendered, as the prover names them
+
+
+def turn_classes(values: set[str]) -> set[str]:
+    """The classes a chat or agent verdict flags. "system" in a turn scenario: the first
+    message was rewritten, a history rewrite that loses the whole cache."""
+    return ({HISTORY} if values & {"history", "system"} else set()) | ({TAIL} if "tail" in values else set())
+
+
+def read_knobs(text: str) -> tuple[set[str], frozenset[str]]:
+    """The classes the knob verdicts flag ("enable_thinking=False -> chat=tail agent=history;
+    ..."), and the switched scenarios they judge, named as the prover names them."""
+    flagged, scenarios = set(), set()
+    for entry in filter(None, (part.strip() for part in text.split(";"))) if text.strip() != "-" else ():
+        setting, _, verdicts = entry.partition("->")
+        name, _, value = setting.strip().partition("=")
+        literal = json.dumps({"True": True, "False": False}.get(value, value))
+        for verdict in verdicts.split():
+            shape, _, values = verdict.partition("=")
+            flagged |= turn_classes(set(values.split(",")))
+            scenarios.add(f"{shape}, {name}={literal}")
+    return flagged, frozenset(scenarios)
 
 
 def read_oracle(path: Path) -> dict[str, Verdict]:
@@ -105,12 +141,10 @@ def read_oracle(path: Path) -> dict[str, Verdict]:
         if any(values != {"n/a"} for values in turns):
             verdict.judged |= {HISTORY, TAIL}
         for values in turns:
-            # "system" in a turn scenario: the first message was rewritten, a history rewrite
-            # that loses the whole cache.
-            if values & {"history", "system"}:
-                verdict.flagged.add(HISTORY)
-            if "tail" in values:
-                verdict.flagged.add(TAIL)
+            verdict.flagged |= turn_classes(values)
+        knobbed, verdict.switched = read_knobs(row.get("knobs") or "-")
+        verdict.switch_only = knobbed - verdict.flagged
+        verdict.flagged |= knobbed
         if row["clock"] != "n/a":
             verdict.judged.add(CLOCK)
         if row["clock"] == "system-date":
@@ -120,7 +154,7 @@ def read_oracle(path: Path) -> dict[str, Verdict]:
         if row["args"] == "spaced":
             verdict.flagged.add(ARGUMENTS)
         values = [row[column] for column in ("chat", "agent", "clock", "args")]
-        verdict.stable_everywhere = all(value in ("stable", "n/a", "verbatim") for value in values)
+        verdict.stable_everywhere = not knobbed and all(value in ("stable", "n/a", "verbatim") for value in values)
         verdicts[row["template"]] = verdict
     return verdicts
 
@@ -140,6 +174,11 @@ def unproven(finding: dict) -> bool:
     return proof is None or proof.get("status") != "proven"
 
 
+def bounded(finding: dict) -> bool:
+    """An informational finding whose proof states a bounded loss (the reply's end marker)."""
+    return not fails(finding) and bool((finding.get("proof") or {}).get("bound"))
+
+
 def lint(templates: Path, engine: str) -> dict[str, list[dict]]:
     command = [sys.executable, "-m", "tmpl_lint", str(templates), "--format", "json", "--exit-zero", "--engine", engine]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -155,31 +194,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--verbose", action="store_true", help="Name every template behind each figure.")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        help="Read this JSON report (tmpl-lint --format json) instead of running tmpl-lint: another version's.",
+    )
     options = parser.parse_args()
     if not CORPUS.is_dir():
         sys.exit(f"needs {CORPUS}")
     oracle = read_oracle(CORPUS / "ORACLE.tsv")
-    found = lint(CORPUS / "templates", options.engine)
+    if options.report is not None:
+        found = defaultdict(list)
+        for finding in json.loads(options.report.read_text(encoding="utf-8")):
+            found[Path(finding["path"]).name].append(finding)
+    else:
+        found = lint(CORPUS / "templates", options.engine)
 
     def failing(name: str) -> list[dict]:
         return [finding for finding in found.get(name, ()) if fails(finding)]
+
+    def explaining(name: str) -> list[dict]:
+        return [finding for finding in found.get(name, ()) if fails(finding) or bounded(finding)]
 
     print(f"{len(oracle)} templates, engine {options.engine}; oracle: {CORPUS / 'ORACLE.tsv'}")
     for cls in CLASSES:
         positives = sorted(name for name, verdict in oracle.items() if cls in verdict.flagged)
         negatives = sorted(name for name, verdict in oracle.items() if cls in verdict.judged and cls not in verdict.flagged)
-        recalled, by_unexplained, missed = [], [], []
+        recalled, by_unexplained, missed, as_bounded = [], [], [], []
+        switch_only = [name for name in positives if cls in oracle[name].switch_only]
+        switch_recalled = 0
         for name in positives:
-            showing = {finding["code"] for finding in failing(name) if shown(finding, cls)}
+            showing = {finding["code"] for finding in explaining(name) if shown(finding, cls)}
             if showing - {UNEXPLAINED}:
-                recalled.append(f"{name} ({', '.join(sorted(showing))})")
+                failing_codes = {finding["code"] for finding in failing(name) if shown(finding, cls)} - {UNEXPLAINED}
+                label = ", ".join(sorted(showing)) + ("" if failing_codes else "; bounded, info")
+                recalled.append(f"{name} ({label})")
+                switch_recalled += name in switch_only
+                if not failing_codes:
+                    as_bounded.append(name)
             elif showing:
                 by_unexplained.append(name)
             else:
                 missed.append(name)
         alarms, beyond = [], []
         for name in negatives:
-            comparable = {f["code"] for f in failing(name) if shown(f, cls, comparable_only=True)}
+            comparable = {f["code"] for f in failing(name) if shown(f, cls, oracle[name].switched)}
             elsewhere = {f["code"] for f in failing(name) if shown(f, cls)} - comparable
             if comparable:
                 alarms.append(f"{name} ({', '.join(sorted(comparable))})")
@@ -188,7 +247,8 @@ def main() -> None:
         recall = len(recalled) / len(positives) if positives else 1.0
         print(
             f"{cls:18} recall {len(recalled)}/{len(positives)} = {recall:.0%} by a named rule"
-            f" (+{len(by_unexplained)} only by {UNEXPLAINED}, {len(missed)} missed);"
+            f" ({len(as_bounded)} of them bounded, info; switch-only breaks {switch_recalled}/{len(switch_only)};"
+            f" +{len(by_unexplained)} only by {UNEXPLAINED}, {len(missed)} missed);"
             f" false alarms {len(alarms)}/{len(negatives)}; {len(beyond)} found only beyond the oracle's scenarios"
         )
         if options.verbose:
@@ -203,7 +263,15 @@ def main() -> None:
                     print(f"    {label}: {name}")
     stable = sorted(name for name, verdict in oracle.items() if verdict.stable_everywhere)
     noisy = [name for name in stable if failing(name)]
-    print(f"stable everywhere: {len(noisy)}/{len(stable)} templates with a failing finding")
+    # A failing finding shown only in scenarios the oracle does not render (no system message,
+    # a switch it does not try): no verdict of the oracle's disagrees with it.
+    comparable = [
+        name for name in noisy if any(shown(finding, cls, oracle[name].switched) for finding in failing(name) for cls in CLASSES)
+    ]
+    print(
+        f"stable everywhere: {len(noisy)}/{len(stable)} templates with a failing finding, "
+        f"{len(comparable)} of them in the oracle's scenarios"
+    )
     if options.verbose:
         for name in noisy:
             print(f"    {name}: {', '.join(sorted({f['code'] for f in failing(name)}))}")

@@ -96,7 +96,7 @@ def compare(label: str, gguf_args: list[str], jinja_args: list[str], goal: str =
 
 
 def main() -> None:
-    from tmpl_lint.gguf import read_metadata
+    from tmpl_lint.gguf.format import read_metadata
 
     template = (
         TEMPLATE.read_text() if TEMPLATE.is_file() else (Path(__file__).parents[1] / "corpus" / "clean_chatml.jinja").read_text()

@@ -37,7 +37,7 @@ def rules_index() -> str:
     ]
     for rule in RULES:
         info = rule.RULE
-        fix = "yes" if hasattr(rule, "fix") else ""
+        fix = "yes" if rule.fix is not None else ""
         lines.append(f"| [{info.code}]({info.code}.md) | {info.name} | {info.severity} | {fix} | {info.summary} |")
     return "\n".join(lines) + "\n"
 

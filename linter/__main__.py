@@ -7,7 +7,7 @@ SIGTERM at any moment after ends as one arriving later does: one line, "tmpl-lin
 interrupted" and exit 130, or "tmpl-lint: terminated" and exit 143.
 """
 
-import _thread
+import _thread  # noqa: PLC2701 - the standard library's module, not a private name of ours
 import signal
 import sys
 
@@ -61,7 +61,9 @@ def signal_again(unraisable) -> None:
     else:
         sys.__unraisablehook__(unraisable)
         return
-    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, number))
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None, "the main thread has started"
+    _thread.start_new_thread(signal.pthread_kill, (main_thread, number))
 
 
 if __name__ == "__main__":

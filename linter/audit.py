@@ -53,16 +53,25 @@ class TemplateResult:
 
     def worst_proof(self) -> tuple[dict[str, Any] | None, bool]:
         """The proof whose scenario hits least, and whether a request as callers send it
-        meets it: a failing finding's where one is proven (what a default deployment
-        gets), else an informational one's (a caller's opt-in: thinking=true, say)."""
+        meets it: a failing finding's that breaks with every variable unset where one is
+        proven (what a default deployment gets), else one that breaks only under a switch
+        value (it fails too: a deployment may set it; thinking=true, say), else an
+        informational one's."""
         proven = [
             f
             for f in self.findings
             if f.get("proof") and f["proof"].get("status") == "proven" and "first_divergence" in f["proof"]
         ]
         failing = [f for f in proven if f.get("fails")]
-        worst = min((f["proof"] for f in failing or proven), key=lambda proof: proof.get("hit_rate", 1.0), default=None)
-        return worst, bool(failing) or worst is None
+        by_default = [f for f in failing if not _stable_by_default(f)]
+        candidates = by_default or failing or proven
+        worst = min((f["proof"] for f in candidates), key=lambda proof: proof.get("hit_rate", 1.0), default=None)
+        return worst, bool(by_default) or worst is None
+
+
+def _stable_by_default(finding: dict[str, Any]) -> bool:
+    """A finding whose proof shows it only under a switch value, stable with it unset."""
+    return any(values.get("default") == "stable" for values in finding["proof"].get("switches", ()))
 
 
 @dataclass
@@ -270,7 +279,8 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
 def _tokenizer_digest(source: TemplateSource) -> str | None:
     """The content hash of the tokenizer a proof would find beside the template (or in the
     GGUF it comes from), if any."""
-    from .gguf import model_for, tokenizer_digest
+    from .gguf.format import tokenizer_digest
+    from .gguf.models import model_for
 
     if (model := model_for(source)) is not None:
         return tokenizer_digest(model)
@@ -414,7 +424,7 @@ def run_audit(
 
     ready_to_fork([], prove, long_lived=True)
     if specs and not offline():
-        from . import gguf  # noqa: F401 - imported before the workers fork (see start_workers)
+        from .gguf import hub  # noqa: F401 - imported before the workers fork (see start_workers)
     # The templates are analysed as they are found: a repo is downloaded while the ones
     # before it are proven.
     with long_lived_workers(), calls_as_submitted(analyse_and_keep, max(1, jobs)) as submit:
@@ -480,7 +490,7 @@ def _templates_of(
     hub_problem = lookup_problem = None
     if hub and not offline() and not any(source.container == "gguf" for source in sources):
         # GGUF models are not downloaded: their templates come from the Hub's metadata.
-        from .gguf import HubGGUFError, hub_templates
+        from .gguf.hub import HubGGUFError, hub_templates
 
         try:
             found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)

@@ -23,10 +23,11 @@ from .findings import Finding, Outcome, Switch
 from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
-from .proofs import Proof
+from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
 from .rules import STATIC, described, reporting
-from .selection import Selection, Suppression, suppressions
+from .selection import Selection
+from .suppressions import Suppression, suppressions
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -42,6 +43,9 @@ class ProveOptions:
     block_size: int = 16
     limits: RenderLimits = DEFAULT_LIMITS
     engine: str = "vllm"  # whose request preprocessing to apply (see engines/)
+    # The deployment's chat-template-kwargs (--chat-template-kwargs, the configuration's):
+    # every request carries them, and their variables are proven at those values only.
+    pinned: tuple[tuple[str, Any], ...] = ()
 
 
 def lint_isolated(
@@ -159,18 +163,19 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from .engines import resolve_engine
-    from .engines.base import HARMONY, EngineError
+    from .engines.base import HARMONY, LLAMACPP, EngineError
     from .proving import attribution, session  # noqa: F401
-    from .sources import model_type_beside
 
-    if load_harmony and any(
-        resolve_engine(prove.engine, source.text, model_type_beside(source.path)) == HARMONY for source in sources
-    ):
+    engines = {source_engine(prove.engine, source) for source in sources}
+    if load_harmony and HARMONY in engines:
         from .engines.harmony import harmony_encoding
 
         with contextlib.suppress(EngineError):  # not installed: each template says so
             harmony_encoding()
+    if LLAMACPP in engines:  # compiled once here (a second or two), not in every worker
+        from .engines.llamacpp import ready
+
+        ready()
 
 
 def lint_source(
@@ -333,15 +338,9 @@ def name_switches(findings: list[Finding], trials: SwitchTrials) -> None:
             default_is_stable = UNDEFINED in stable
             chosen = [value for value in stable if value is not UNDEFINED]
             unstable = [value for value in values if value not in stable and value is not UNDEFINED]
-            finding.switch = Switch(
-                name,
-                chosen[0] if chosen else None,
-                default_is_stable,
-                unstable[0] if unstable else None,
-                demoted_from=finding.severity if default_is_stable else None,
-            )
-            if default_is_stable:
-                finding.severity = "info"  # only a caller who opts in meets it (the proof checks that)
+            # A deployment may set any value the template reads: the finding keeps its severity
+            # (the proof renders every value and names those that break).
+            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
             break
 
 
@@ -425,7 +424,8 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .inputs import SourceError, load_json
     from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
@@ -453,6 +453,19 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     return ProverInputs(tokenizer, special, note)
 
 
+def source_engine(engine: str, source: TemplateSource) -> str:
+    """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
+    config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
+    beside one for ``--chat-template-file``)."""
+    # Imported here: the static lint must not pay for rendering
+    from .engines import resolve_engine
+    from .gguf.models import model_for
+    from .sources import model_type_beside
+
+    gguf = source.container == "gguf" or model_for(source) is not None
+    return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
+
+
 def prove_findings(
     source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions, recalled: Recorded | None = None
 ) -> list[Finding]:
@@ -460,18 +473,19 @@ def prove_findings(
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
     # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines import resolve_engine
     from .engines.base import HARMONY
     from .engines.vllm import content_format
-    from .gguf import model_for, own_tokenizer
+    from .gguf.models import model_for
+    from .gguf.tokenizer import own_tokenizer
     from .proving.attribution import attach_proofs, engine_findings
     from .proving.session import Prover, clocked_switches, switch_values
     from .render import RenderError, compile_template
-    from .sources import model_type_beside
 
-    engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+    engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
-    switches = switch_values(findings, facts.variables), clocked_switches(findings)
+    compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
+    switches = switch_values(findings, facts.variables, compared), clocked_switches(findings)
+    pinned = dict(options.pinned)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = model_separators(facts)
     content_format(source.text, facts.tree)
@@ -479,7 +493,15 @@ def prove_findings(
         compile_template(source.text, options.limits, facts.tree)
     if engine != HARMONY:
         prover = Prover(
-            source.text, tokenizer, options.block_size, special, options.limits, engine, separators, recalled=recalled
+            source.text,
+            tokenizer,
+            options.block_size,
+            special,
+            options.limits,
+            engine,
+            separators,
+            recalled=recalled,
+            pinned=pinned,
         )
         report = prover.run(*switches)
         if options.tokenizer is None and (model := model_for(source)) is not None:
@@ -489,7 +511,9 @@ def prove_findings(
         return attach_proofs(findings, report, facts)
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
-    on_template = Prover(source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled)
+    on_template = Prover(
+        source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled, pinned=pinned
+    )
     report = on_template.run(*switches)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (
@@ -498,8 +522,29 @@ def prove_findings(
     if tokenizer_note is not None:
         report.note += f"; {tokenizer_note}"
     extra = attach_proofs(findings, report, facts)
-    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators)
-    return extra + engine_findings(on_engine.run({}))
+    on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators, pinned=pinned)
+    return extra + fold_engine_into_template(engine_findings(on_engine.run({})), findings + extra)
+
+
+def fold_engine_into_template(engine: list[Finding], template: list[Finding]) -> list[Finding]:
+    """One break, one named rule: where vLLM's own render of a harmony model rewrites history
+    as the template's proven finding does (the analysis a final answer drops), that finding
+    names it and the engine's is its related location."""
+    rewrites = (Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE)
+    for finding in engine:
+        if finding.proof is None or finding.proof.cause not in rewrites:
+            continue
+        named = [
+            other
+            for other in template
+            if other.proof is not None
+            and other.proof.is_proven
+            and other.fails()
+            and any(cause in rewrites for _, cause in other.proof.explains)
+        ]
+        if named:
+            finding.explained_by = named[0]
+    return engine
 
 
 def apply_suppressions(
@@ -525,7 +570,7 @@ def apply_suppressions(
         return complete and suppression.idle(unused.code, selection)
 
     if selection.includes(unused.code):
-        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown]
+        candidates = [suppression for suppression in found if idle(suppression) or suppression.unknown_codes(selection)]
         silenced = set()
         for suppression in candidates:
             # as ruff's noqa of RUF100: a suppression naming PC900 on the line silences it
@@ -539,8 +584,13 @@ def apply_suppressions(
             for other in silencers:
                 other.suppress(unused.code)
         for suppression in candidates:
-            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown):
+            if id(suppression) in silenced or not (idle(suppression) or suppression.unknown_codes(selection)):
                 continue  # silenced, or a suppression of PC900 that silenced another
             codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
-            kept.append(unused.at(Site(suppression.line, "", fixed_column=suppression.column), suppression.describe(codes)))
+            kept.append(
+                unused.at(
+                    Site(suppression.line, "", fixed_column=suppression.column),
+                    suppression.describe(codes, suppression.unknown_codes(selection)),
+                )
+            )
     return kept

@@ -13,6 +13,7 @@ import click
 
 from . import __version__
 from .config import MAX_BLOCK_SIZE, MAX_SLOTS
+from .engines import profile_of
 from .engines.base import ENGINES
 from .render import RenderLimits
 from .report.github import github_report
@@ -107,14 +108,12 @@ class FiniteRange(click.FloatRange):
         return number
 
 
-# One --engine for every command that renders: check, diff, audit and replay.
-engine_option = click.option(
-    "--engine",
-    type=click.Choice(list(ENGINES)),
-    default="vllm",
-    show_default=True,
-    help="Whose request preprocessing to apply before rendering (see `tmpl_lint.engines`).",
+# One --engine for every command that renders: check, diff, audit, render and replay.
+ENGINE_HELP = (
+    "What serves the model: vllm (vLLM 0.33.0), sglang (SGLang 0.5.23), llamacpp (llama.cpp b10775) or hf "
+    "(transformers, no engine): its request handling, renderer, tokenization and cache model."
 )
+engine_option = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True, help=ENGINE_HELP)
 
 
 class JsonObject(click.ParamType):
@@ -225,6 +224,15 @@ def use_colour() -> bool:
     "created); the model itself is never rewritten.",
 )
 @click.option("--no-cache", is_flag=True, help="Neither read nor write compiled templates in tmpl-lint's cache.")
+@click.option(
+    "--chat-template-kwargs",
+    "--default-chat-template-kwargs",
+    "chat_template_kwargs",
+    type=JsonObject(),
+    help="The deployment's template variables, as vLLM's --default-chat-template-kwargs: every request is proven "
+    "with them, and only at those values (default: the configuration's chat-template-kwargs; without, every value "
+    "of every switch the template reads is proven, and a break under any fails).",
+)
 def check(
     paths,
     output_format,
@@ -249,6 +257,7 @@ def check(
     jobs,
     gguf_copy,
     no_cache,
+    chat_template_kwargs,
 ) -> None:
     """Lint chat templates and prove each finding by rendering turn pairs."""
     if gguf_copy is not None and (not apply_fixes or show_diff):
@@ -271,6 +280,7 @@ def check(
         limits=RenderLimits(render_timeout, render_max_bytes),
         engine=engine,
         tool_args_style=tool_args_style,
+        chat_template_kwargs=chat_template_kwargs,
         jobs=jobs,
         gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,
@@ -349,9 +359,9 @@ def rules() -> None:
     """List every rule: code, name, default severity and summary."""
     from .rules import RULES
 
-    for module in RULES:
-        info = module.RULE
-        fix = "fix" if hasattr(module, "fix") else "   "
+    for rule in RULES:
+        info = rule.RULE
+        fix = "fix" if rule.fix is not None else "   "
         click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix}  {info.summary}")
 
 
@@ -387,8 +397,94 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     change = client_change(turn1, turn2)
-    click.echo(dumps(divergence, change) if output_format == "json" else diff_text(divergence, change), nl=False)
+    label = None if server else profile_of(engine).label  # with --server the server rendered them
+    click.echo(dumps(divergence, change, label) if output_format == "json" else diff_text(divergence, change), nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
+
+
+@main.command()
+@click.argument("request", type=file_path(dir_okay=False))
+@click.option("--template", type=file_path(), help="Template file, tokenizer_config.json (its bos/eos too) or model directory.")
+@click.option(
+    "--tokenizer", type=file_path(file_okay=False), help="Tokenizer directory (its template is used unless --template)."
+)
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@engine_option
+@server_kwargs_option
+@config_option
+def render(request, template, tokenizer, output_format, engine, server_kwargs, config_path) -> None:
+    """What the engine would feed the model for a chat-completions REQUEST: the prompt text
+    and token ids, or the engine's refusal (exit 2). The offline twin of vLLM's
+    /v1/chat/completions/render."""
+    from .commands import Refused, RenderOptions, run_render
+
+    options = RenderOptions(request, template, tokenizer, engine, config_path, server_kwargs)
+    try:
+        rendered = run_render(options, note_on_stderr)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except (RunError, Refused) as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    if output_format == "json":
+        click.echo(json.dumps(rendered.to_json(), ensure_ascii=False))
+    else:
+        # The prompt as it is, then one line saying whose render it is, then its token ids.
+        click.echo(rendered.text, nl=not rendered.text.endswith("\n"))
+        if rendered.token_ids is None:
+            click.echo(f"--- {rendered.engine}; no token ids without --tokenizer ---")
+        else:
+            click.echo(f"--- {rendered.engine}: {len(rendered.token_ids)} tokens ---")
+            click.echo(json.dumps(rendered.token_ids))
+    sys.exit(EXIT_CLEAN)
+
+
+@main.command()
+@click.argument("log", type=file_path(dir_okay=False))
+@click.option(
+    "--server",
+    metavar="URL",
+    required=True,
+    help="A running vLLM (its /v1/chat/completions/render), or llama-server with --engine llamacpp (its /apply-template).",
+)
+@click.option("--model", help="Served model name (default: the request's if served, else the only one served).")
+@click.option("--template", type=file_path(), help="Template file, tokenizer_config.json or model directory.")
+@click.option(
+    "--tokenizer", type=file_path(file_okay=False), help="Tokenizer directory (its template is used unless --template)."
+)
+@click.option(
+    "--deadline",
+    type=FiniteRange(0, 86400, min_open=True),
+    default=600,
+    show_default=True,
+    help="Seconds for the whole run; requests not asked by then are said.",
+)
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@engine_option
+@server_kwargs_option
+@config_option
+def validate(log, server, model, template, tokenizer, deadline, output_format, engine, server_kwargs, config_path) -> None:
+    """Send each request of LOG to a running engine's render endpoint and compare its token
+    ids with the offline profile: the agreement, and the first disagreements with their
+    places. How to check tmpl-lint's model against your own engine version."""
+    from .commands import ValidateOptions, run_validate
+    from .validate import text_report, to_json
+
+    options = ValidateOptions(log, server, template, tokenizer, engine, model, deadline, config_path, server_kwargs)
+    try:
+        result = run_validate(options, note_on_stderr)
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    for problem in result.problems:
+        click.echo(f"tmpl-lint: error: {problem}", err=True)
+    if output_format == "json":
+        click.echo(json.dumps(to_json(result.validation, result.decode), indent=2))
+    else:
+        click.echo(text_report(result.validation, str(log), result.decode), nl=False)
+    sys.exit(result.status)
 
 
 @main.command()
@@ -502,13 +598,16 @@ def audit(
 @click.option("--session-key", help="Field naming the session (e.g. user, metadata.session_id); default: prefix continuity.")
 @click.option("--server", metavar="URL", help="Token ids from a running vLLM's render endpoint.")
 @click.option("--model", help="Served model name for --server.")
-@engine_option
+@click.option(
+    "--engine",
+    type=click.Choice(list(ENGINES)),
+    help=ENGINE_HELP + " Default: vllm, or sglang with --cache-model sglang.",
+)
 @click.option(
     "--cache-model",
     type=click.Choice(["vllm", "sglang", "llamacpp"]),
-    default="vllm",
-    show_default=True,
-    help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots.",
+    help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots. "
+    "Default: the engine's (--cache-model sglang alone also means SGLang's request handling).",
 )
 @click.option(
     "--block-size", type=click.IntRange(1, MAX_BLOCK_SIZE), help="vLLM's block size (default: the configuration's, else 16)."
@@ -635,7 +734,7 @@ def replay(
 def _copy_target(given: str | None):
     if given is None:
         return None
-    from .gguf import CopyTarget
+    from .gguf.writing import CopyTarget
 
     return CopyTarget.given(given)
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from .tokenizer import TokenizerError
 
 if TYPE_CHECKING:
     from .audit import Audit
+    from .offline import Rendered
     from .proofs import Divergence
     from .replay.simulate import Summary
 
@@ -121,6 +123,136 @@ def engine_for(engine: str, template: str, path: Path, note: Callable[[str], Non
     return resolved
 
 
+# --- tmpl-lint render ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    request: Path
+    template: Path | None = None  # a template file, tokenizer_config.json or model directory
+    tokenizer: Path | None = None
+    engine: str = "vllm"
+    config_path: Path | None = None
+    server_kwargs: dict[str, Any] | None = None
+
+
+class Refused(Exception):
+    """The engine answers the request with an error (exit 2, one line)."""
+
+
+def run_render(options: RenderOptions, note: Callable[[str], None] = lambda text: None) -> Rendered:
+    """The request rendered and tokenized as ``options.engine`` would. Raises Refused (the
+    engine's refusal, or the template's), OptionsError or RunError."""
+    from .diff import read_template
+    from .isolation import IsolationError, run_isolated
+    from .offline import render_request
+    from .requests import RequestError, read_request
+    from .tokenizer import load_tokenizer
+
+    _block_size, tokenizer = configured(options.config_path, None, options.tokenizer)
+    template_source = options.template or tokenizer
+    if template_source is None:
+        raise OptionsError("give --template or --tokenizer (a directory with a chat template)")
+    try:
+        request = read_request(options.request)
+        text, special = read_template(template_source)
+        loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
+        engine = engine_for(options.engine, text, template_source, note)
+        # Rendering is untrusted code: in a child with check's memory limit.
+        outcome = run_isolated(render_request, (engine, text, request.body, special, loaded, options.server_kwargs), seconds=None)
+    except (RequestError, TokenizerError) as error:
+        raise RunError(str(error)) from None
+    except IsolationError as error:
+        raise RunError(f"render stopped: {error}") from None
+    if isinstance(outcome, str):
+        raise Refused(f"{options.request}: {outcome}")
+    return outcome
+
+
+# --- tmpl-lint validate -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    log: Path
+    server: str
+    template: Path | None = None
+    tokenizer: Path | None = None
+    engine: str = "vllm"
+    model: str | None = None
+    deadline: float = 600.0  # seconds for the whole run
+    config_path: Path | None = None
+    server_kwargs: dict[str, Any] | None = None
+
+
+@dataclass
+class ValidateResult:
+    validation: Any  # validate.Validation
+    problems: list[str]  # the log's lines not read, each "LOG:LINE: why"
+    decode: Callable[[list[int]], str] | None = None
+
+    @property
+    def status(self) -> int:
+        if self.problems or self.validation.unanswered or self.validation.stopped:
+            return EXIT_ERROR
+        return EXIT_FINDINGS if self.validation.disagreements else EXIT_CLEAN
+
+
+def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda text: None) -> ValidateResult:
+    """Each logged request rendered offline by ``options.engine``'s profile and by the
+    server, and the token ids compared. Raises OptionsError or RunError."""
+    from . import validate
+    from .diff import read_template
+    from .engines import profile_of
+    from .isolation import IsolationError, run_isolated
+    from .replay.log import ReplayError, read_log
+    from .requests import RequestError
+    from .server import LlamaServer, ServerError, ServerURLError, VLLMServer
+    from .tokenizer import load_tokenizer
+
+    _block_size, tokenizer = configured(options.config_path, None, options.tokenizer)
+    template_source = options.template or tokenizer
+    if template_source is None:
+        raise OptionsError("give --template or --tokenizer (a directory with a chat template)")
+    if options.engine not in ("vllm", "llamacpp"):
+        raise OptionsError(f"--engine {options.engine}: no render endpoint to ask (vLLM's and llama-server's are)")
+    try:
+        llama = LlamaServer(options.server) if options.engine == "llamacpp" else None
+        vllm = VLLMServer(options.server, options.model, note) if llama is None else None
+    except ServerURLError as error:
+        raise OptionsError(str(error)) from None
+    try:
+        with read_log(options.log) as log:  # every request is compared: all are read
+            calls, unread = [log.call(entry) for entry in log.entries], log.problems
+        if not calls and not unread:
+            raise RunError(f"{options.log}: no requests to validate")
+        text, special = read_template(template_source)
+        loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
+        engine = engine_for(options.engine, text, template_source, note)
+        calls.sort(key=lambda call: call.line)
+        bodies = [call.body for call in calls]
+        offline = run_isolated(validate.offline_answers, (engine, text, bodies, special, loaded, options.server_kwargs))
+        if llama is not None:
+            ask, base_url = (lambda body: validate.Answer(text=llama.prompt_text(body))), llama.base_url
+        else:
+            assert vllm is not None
+            vllm.discover(body.get("model") for body in bodies)
+            ask, base_url = (lambda body: validate.Answer(ids=tuple(vllm.prompt_token_ids(body)))), vllm.base_url
+        answered, unanswered, stopped = validate.ask_server(ask, [call.line for call in calls], bodies, options.deadline)
+    except (ReplayError, RequestError, TokenizerError) as error:
+        raise RunError(str(error)) from None
+    except ServerError as error:
+        raise RunError(str(error)) from None
+    except IsolationError as error:
+        raise RunError(f"validate stopped: {error}") from None
+    mine = {call.line: answer for call, answer in zip(calls, offline)}
+    validation = validate.Validation(profile_of(engine).label, base_url, len(calls) + len(unread))
+    validation.checks = [validate.Check(line, mine[line], theirs) for line, theirs in answered]
+    validation.unanswered, validation.stopped = unanswered, stopped
+    decode = (lambda ids: loaded.backend.decode(ids, skip_special_tokens=False)) if loaded is not None else None
+    return ValidateResult(validation, [str(problem) for problem in unread], decode)
+
+
 # --- tmpl-lint replay ---------------------------------------------------------------------
 
 
@@ -133,8 +265,8 @@ class ReplayOptions:
     session_key: str | None = None
     server: str | None = None
     model: str | None = None
-    engine: str = "vllm"
-    cache_model: str = "vllm"
+    engine: str | None = None  # None: vllm, or sglang with --cache-model sglang
+    cache_model: str | None = None  # None: the engine's
     block_size: int | None = None  # None: the configuration's, else 16
     cache_blocks: str | None = None  # "N[,N...]": several sizes sweep the hit-rate curve
     kv_cache_gib: float | None = None
@@ -151,7 +283,11 @@ class ReplayOptions:
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
     def described(self) -> str:
-        """The options that decide the figures, as a command line would give them."""
+        """The options that decide the figures, as a command line would give them; the
+        engine and cache model as the run resolved them (each defaults to the other's)."""
+        from .engines import engine_for_cache
+
+        engine, cache_model = engine_for_cache(self.engine, self.cache_model)
         given = [
             ("--template", self.template),
             ("--compare", self.compare),
@@ -159,8 +295,8 @@ class ReplayOptions:
             ("--session-key", self.session_key),
             ("--server", self.server),
             ("--model", self.model),
-            ("--engine", self.engine),
-            ("--cache-model", self.cache_model),
+            ("--engine", engine),
+            ("--cache-model", cache_model),
             ("--block-size", self.block_size),
             ("--cache-blocks", self.cache_blocks),
             ("--kv-cache-gib", self.kv_cache_gib),
@@ -197,22 +333,24 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
     from .diff import read_template
-    from .engines import reasoning_note
+    from .engines import engine_for_cache, profile_of, reasoning_note
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
     from .replay.attribution import TemplateError, Tracer
     from .replay.log import ReplayError, read_log, sessions
     from .replay.simulate import CacheSettings, replay
+    from .report.progress import ProgressBar
     from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
+    engine, cache_model = engine_for_cache(options.engine, options.cache_model)
     # A flag of another engine's cache would be read as if it changed these figures.
-    if options.page_size != 1 and options.cache_model != "sglang":
+    if options.page_size != 1 and cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
     if options.slots is not None and not 1 <= options.slots <= MAX_SLOTS:
         raise OptionsError(f"--slots {options.slots} is not in the range 1 to {MAX_SLOTS}")
-    if (options.slots is not None or options.cache_reuse) and options.cache_model != "llamacpp":
+    if (options.slots is not None or options.cache_reuse) and cache_model != "llamacpp":
         flag = "--slots" if options.slots is not None else "--cache-reuse"
         raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
@@ -229,9 +367,9 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             config = kv_cache.read_model_config(options.model_config) if options.model_config else None
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
-        if options.cache_model == "llamacpp" and capacities != [None] and not options.slots:
+        if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = CacheSettings(options.cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
+        settings = CacheSettings(cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
         with read_log(options.log, options.session_key) as log:
             if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
                 raise RunError(f"{options.log}: no requests to replay")
@@ -243,20 +381,22 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 vllm.discover(log.models)
             server_ids = vllm.prompt_token_ids if vllm is not None else None
             groups = sessions(log, options.session_key)
-            said = reasoning_note(log.requests_carry, log.replies_carry, options.engine)
+            said = reasoning_note(log.requests_carry, log.replies_carry, engine)
             if said:
                 note(said)
             summaries, failed = [], []
             for label, path, text, special in templates:
-                renderer = engine_for(options.engine, text, path, note)
+                renderer = engine_for(engine, text, path, note)
                 tracer = Tracer(
                     text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
                 )
                 jobs = 1 if options.server else options.jobs
                 try:
-                    summary, refused = replay(tracer, log, groups, settings, capacities, jobs, f"replaying {quoted_name(path)}")
+                    bar = functools.partial(ProgressBar, f"replaying {quoted_name(path)}")
+                    summary, refused = replay(tracer, log, groups, settings, capacities, jobs, bar)
                 except TemplateError as error:  # said once, not for every request
                     raise RunError(f"{quoted_name(path)}: {error}") from None
+                summary.engine = profile_of(renderer).label
                 summaries.append((label, summary))
                 # With --compare two templates replay the same lines: the line says whose failure it is.
                 whose = f"{quoted_name(path)}: " if options.compare else ""

@@ -21,7 +21,17 @@ from .inputs import SourceError, read_bytes
 MAX_BLOCK_SIZE = 1 << 20
 # llama-server's --parallel for replay: each slot is allocated up front; no server runs more.
 MAX_SLOTS = 65536
-KEYS = ("select", "ignore", "per-file-ignores", "block-size", "frozen-date", "tokenizer", "strict", "tool-args-style")
+KEYS = (
+    "select",
+    "ignore",
+    "per-file-ignores",
+    "block-size",
+    "frozen-date",
+    "tokenizer",
+    "strict",
+    "tool-args-style",
+    "chat-template-kwargs",
+)
 # How a model writes tool-call arguments (as --tool-args-style): compact {"city":"Paris"}, spaced {"city": "Paris"}.
 TOOL_ARGS_STYLES = ("compact", "spaced")
 YAML_NAME = ".tmpl-lint.yaml"
@@ -42,6 +52,9 @@ class Config:
     tokenizer: Path | None = None
     strict: bool = False  # findings the proof did not reproduce fail the run too
     tool_args_style: str | None = None  # how the model writes tool-call arguments; None: compact
+    # The deployment's template variables (vLLM's --default-chat-template-kwargs): the proof
+    # renders every request with them and tries no other value of theirs. None: every value.
+    chat_template_kwargs: dict | None = None
 
     def layered(self, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
         """The block size and tokenizer of a run: the flags', else this file's, else vLLM's
@@ -205,4 +218,9 @@ def load_config(path: Path) -> Config:
         if style not in TOOL_ARGS_STYLES or not isinstance(style, str):
             raise ConfigError(f'{path}: tool-args-style must be "compact" or "spaced", not {style!r}')
         config.tool_args_style = style
+    if "chat-template-kwargs" in table:
+        kwargs = table["chat-template-kwargs"]
+        if not isinstance(kwargs, dict) or not all(isinstance(name, str) for name in kwargs):
+            raise ConfigError(f"{path}: chat-template-kwargs must map template variables to values, not {_toml_type(kwargs)}")
+        config.chat_template_kwargs = dict(kwargs)
     return config

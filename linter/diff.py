@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .engines import engine_tokenizer, render_prompt
-from .engines.base import EngineError, Prompt
+from .engines import engine_tokenizer, render_prompt, request_prompt
+from .engines.base import EngineError, EngineRefusal, Prompt
 from .inputs import load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
@@ -49,7 +49,7 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
         document = load_json(source.path)
         special = special_tokens_from_config(document) if isinstance(document, dict) else {}
     elif source.container == "gguf":
-        from .gguf import metadata_special_tokens
+        from .gguf.tokenizer import metadata_special_tokens
 
         special = metadata_special_tokens(source.path)
     return source.text, special
@@ -90,7 +90,18 @@ def diff_requests(
             except (RenderError, EngineError) as error:
                 raise RequestError(f"{request.path}: the template fails on this request: {error}") from None
 
-        prompts = [render(first, True), render(second, True)]
+        def as_sent(request: Request) -> Prompt:
+            """The request as the engine renders it: ``tmpl-lint render``'s function."""
+            try:
+                return request_prompt(
+                    engine, template, request.body, clock=clock, special_tokens=tokens, server_kwargs=server_kwargs
+                )
+            except EngineRefusal as error:  # the engine's own answer, naming the field
+                raise RequestError(f"{request.path}: {error}") from None
+            except (RenderError, EngineError) as error:
+                raise RequestError(f"{request.path}: the template fails on this request: {error}") from None
+
+        prompts = [as_sent(first), as_sent(second)]
         # Where turn 1's generation prompt starts, as the prover finds it: a divergence before it
         # is in the last message's closing markup (a `loop.last` test), not the generation prompt.
         opener = generation_prompt_span(prompts[0].text, render(first, False).text)
@@ -325,5 +336,9 @@ def _client_place(change: ClientChange, turns: bool) -> str:
     return f" ({turn}message {change.message_index}, {change.role}{moved})"
 
 
-def dumps(divergence: Divergence, change: ClientChange | None = None) -> str:
-    return json.dumps(diff_json(divergence, change), indent=2, ensure_ascii=False) + "\n"
+def dumps(divergence: Divergence, change: ClientChange | None = None, engine: str | None = None) -> str:
+    """The JSON report; ``engine`` names the profile that rendered the two requests."""
+    document = diff_json(divergence, change)
+    if engine:
+        document["engine"] = engine
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

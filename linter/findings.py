@@ -10,7 +10,7 @@ from typing import Any
 
 from .analysis.facts import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
-from .proofs import Cause, Divergence, Proof, ProofStatus
+from .proofs import Proof, ProofStatus
 
 
 def quoted_name(name: str | os.PathLike) -> str:
@@ -46,9 +46,6 @@ class Switch:
     stable_value: Any  # None when only leaving the variable unset is stable
     default_is_stable: bool
     unstable_value: Any = None  # a value that brings the pattern back, for the message
-    # The severity before the analysis made the finding informational because the default
-    # is stable: what it gets back if the renders refute that.
-    demoted_from: str | None = None
     # Other variables whose value the renders show it with (DeepSeek-V3.2 sets `thinking`
     # from `enable_thinking`): (name, value), for the message.
     also: tuple[tuple[str, Any], ...] = ()
@@ -59,13 +56,19 @@ class Switch:
             out["also"] = [{"name": name, "value": value} for name, value in self.also]
         return out
 
-    def advice(self) -> str:
-        if self.default_is_stable:
+    def advice(self, measured_already: bool = False) -> str:
+        """How to avoid the finding by the switch. ``measured_already``: the message names the
+        values the renders showed breaking, so only the stable value to pass is said."""
+        if measured_already:
+            if self.stable_value is None:
+                return f"leave {self.name} unset to avoid it" if self.default_is_stable else ""
+            head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
+        elif self.default_is_stable:
             shown = [(self.name, self.unstable_value), *self.also]
             when = " or ".join(f"{name}={_jinja_literal(value)}" for name, value in shown)
             names = [name for name, _ in shown]
             left = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-            head = f"only when {when}: leave {left} unset"
+            head = f"breaks when {when}: leave {left} unset"
             if self.stable_value is None:
                 return head
             head += f" or pass {self.name + '=' if self.also else ''}{_jinja_literal(self.stable_value)}"
@@ -81,7 +84,7 @@ class Verdict(StrEnum):
 
     FAILS = "fails"  # proven; or no proof could run (--no-prove, not provable): the rule's severity holds
     UNPROVEN = "unproven"  # the proof ran and did not reproduce it: reported, fails only under --strict
-    INFO = "info"  # applies only when a caller opts in, or is advice: never fails
+    INFO = "info"  # advice, or a proven loss bounded whatever the session's length: never fails
 
 
 @dataclass
@@ -163,7 +166,16 @@ class Finding:
         return f"not reproduced in {len(self.proof.scenarios)} scenarios"
 
     def full_message(self) -> str:
-        return f"{self.message}; {self.switch.advice()}" if self.switch else self.message
+        """The message, then what the renders showed under each switch value (or, unproven,
+        the analysis's advice), then the switch's advice."""
+        parts = [self.message]
+        measured = self.proof.switches if self.proof is not None else ()
+        parts += [values.text() for values in measured]
+        if self.proof is not None and self.proof.bound is not None:
+            parts.append(f"bounded: {self.proof.bound}: informational")
+        if self.switch is not None:
+            parts.append(self.switch.advice(measured_already=bool(measured)))
+        return "; ".join(part for part in parts if part)
 
     def reported_message(self) -> str:
         """The message as every report shows it: a finding no render showed says so first."""
@@ -211,71 +223,6 @@ class Outcome(StrEnum):
     RENDER_ERROR = "render-error"
     ENGINE_RENDER_UNSTABLE = "engine-render-unstable"
     UNUSED_SUPPRESSION = "unused-suppression"
-
-
-@dataclass(frozen=True)
-class RuleInfo:
-    """What a rule declares about itself: its code, name, default severity and one-line
-    summary; which divergences prove its findings; which its verified fix must remove."""
-
-    code: str
-    name: str
-    severity: str
-    summary: str
-    # A finding is proven by a divergence of one of these causes...
-    proven_by: frozenset[Cause] = frozenset()
-    # ...in a scenario of one of these kinds (empty: any scenario)...
-    proven_in: frozenset[str] = frozenset()
-    # ...at a turn where a message of one of these roles arrived (empty: any turn): what
-    # moves the pattern (a new user query moves the last query's position).
-    moved_by: frozenset[str] = frozenset()
-    # Of those causes, the ones this rule explains when another rule's finding is proven by
-    # the same divergence (None: all of them). A reply rewritten once a message follows it
-    # is the generation prompt's mismatch too, but the rewrite explains it.
-    explains: frozenset[Cause] | None = None
-    # A fix of this rule verifies only when check b shows no divergence that proves it. False
-    # for rules whose fix is verified otherwise (the rule module's ``verify_fix``).
-    fix_removes_proof: bool = True
-    # Its findings make two renders of one request differ, so no fix can be verified.
-    makes_renders_incomparable: bool = False
-    # The engine's own outcome this rule reports, for rules the prover or checker raise.
-    reports: Outcome | None = None
-    # Why no edit of the template can fix its findings, said where ``--fix`` leaves one the
-    # proof found (None: "found by the proof, not from a pattern a fix edits", said alike
-    # for every such rule); a finding of a pattern says its rule has no fix, or why not.
-    no_fix: str | None = None
-
-    def proves(self, divergence: Divergence) -> bool:
-        """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
-        traffic, a diff of two real requests) may be of any kind: a clock moves there too."""
-        return (
-            divergence.cause in self.proven_by
-            and (not self.proven_in or not divergence.scenario_kind or divergence.scenario_kind in self.proven_in)
-            and (not self.moved_by or bool(self.moved_by.intersection(divergence.arrived)))
-        )
-
-    def explanation_rank(self, divergence: Divergence) -> int:
-        """How well this rule explains a divergence it proves, against another rule that proves
-        it too (higher explains): one that names the cause, then one that names what moved."""
-        explains = self.proven_by if self.explains is None else self.explains
-        return 2 * (divergence.cause in explains) + bool(self.moved_by)
-
-    def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
-        """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""
-        return Finding(
-            code=self.code,
-            name=self.name,
-            severity=severity or self.severity,
-            line=site.line,
-            column=site.column,
-            message=message,
-            candidates=switch_candidates(labels),
-            site=site,
-            related=tuple(
-                label.site for label in labels if isinstance(label, Label) and label.site is not None and label.kind in READS
-            ),
-            hypothesis=self.reports is None,
-        )
 
 
 def switch_candidates(labels) -> frozenset[str]:

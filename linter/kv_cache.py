@@ -403,6 +403,11 @@ class SglangRadixCache:
             self._evict(request.computed - hit - (self.capacity - self.size))
             for node in path:
                 node.locks -= 1
+        # After prefill the scheduler inserts the prompt (cache_unfinished_req), at finish the
+        # prompt and what was generated but the last sampled token (cache_finished_req): the
+        # tree keeps a node boundary where the prompt ends, so eviction, which takes whole
+        # leaves, can drop a reply and keep its prompt.
+        self._insert(prompt[: len(prompt) // page * page], request.session)
         tokens = prompt + request.generated[: max(len(request.generated) - 1, 0)]
         self._insert(tokens[: len(tokens) // page * page], request.session)
         return Served(hit, shared)

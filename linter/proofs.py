@@ -9,6 +9,7 @@ rendered). Each has one constructor and one JSON encoding.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -58,7 +59,8 @@ class Divergence:
     scenario: str
     call: int  # index of call N; the pair is N, N+1
     # "a": prompt N vs N+1; "b": prompt N + the reply as generated vs N+1; "c": a tool call's
-    # arguments as the model wrote them vs their render in N+1
+    # arguments as the model wrote them vs their render in N+1; "d": prompt N + the reply as
+    # it renders while it is the newest message (what follows its end marker included) vs N+1
     check: str
     unit: str  # "token", or "char" without a tokenizer
     block_size: int
@@ -80,7 +82,9 @@ class Divergence:
     # reasoning (or empty reasoning block) left out (gpt-oss's analysis, Qwen3's
     # <think></think>), or the end marker it generated (<|return|>) written as history's
     # (<|end|>). It costs that reply, not the history before it.
-    reply_as_trained: str = ""  # "reasoning", "reasoning-block" or "end-marker"; "" otherwise
+    # "reasoning", "reasoning-block", "end-marker" or "after-end-marker" (only what the
+    # template prints after the newest reply's end marker, check d); "" otherwise
+    reply_as_trained: str = ""
     # The first difference is in the text the generation prompt printed (an opener such as
     # "<think>\n" history does not replay), not in the reply generated after it.
     in_generation_prompt: bool = False
@@ -143,6 +147,40 @@ class Divergence:
         }
 
 
+# How a switch value reads in a message: JSON's literals, as chat_template_kwargs takes them.
+def _literal(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+
+
+@dataclass(frozen=True)
+class SwitchValues:
+    """What the renders showed of one finding under each value of one template variable:
+    the values whose scenarios the finding's divergence came from, and the values rendered
+    without it. ``default`` says the same of the requests that leave every variable as the
+    deployment sends it (unset, or the project's pinned ``chat-template-kwargs``): "breaks",
+    "stable", or None where nothing was rendered so."""
+
+    name: str
+    breaks: tuple[Any, ...]
+    stable: tuple[Any, ...]
+    default: str | None = None
+    pinned: bool = False  # the default requests carry the project's own values
+
+    def text(self) -> str:
+        """ "breaks when enable_thinking=false (stable when true or unset)"."""
+        broken = " or ".join(f"{self.name}={_literal(value)}" for value in self.breaks)
+        steady = [_literal(value) for value in self.stable]
+        unset = "as deployed" if self.pinned else "unset"
+        if self.default == "breaks":
+            broken += f" or {unset}"
+        elif self.default == "stable":
+            steady.append(unset)
+        return f"breaks when {broken}" + (f" (stable when {' or '.join(steady)})" if steady else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "breaks": list(self.breaks), "stable": list(self.stable), "default": self.default}
+
+
 @dataclass(frozen=True)
 class Proof:
     status: ProofStatus
@@ -157,6 +195,11 @@ class Proof:
     note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
     # Every (scenario, cause) whose divergence this finding explains, the proving one first.
     explains: tuple[tuple[str, Cause], ...] = ()
+    # The switch values the renders showed it under and without (see SwitchValues).
+    switches: tuple[SwitchValues, ...] = ()
+    # The loss per turn is bounded whatever the session's length (only the reply's end
+    # marker differs): what it costs at most, in words; None when it grows with the session.
+    bound: str | None = None
 
     @classmethod
     def proven(cls, divergence: Divergence, rates: tuple[float, float] | None = None) -> Proof:
@@ -213,4 +256,8 @@ class Proof:
             out["reason"] = self.reason
         if self.note is not None:
             out["note"] = self.note
+        if self.switches:
+            out["switches"] = [values.to_json() for values in self.switches]
+        if self.bound is not None:
+            out["bound"] = self.bound
         return out

@@ -98,8 +98,8 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
         _bound_sizes(environment, limits)
         code = _compiled_code(environment, text, tree)
         # The globals as a plain dict, not jinja2's ChainMap over the environment's: every
-        # render starts its context from them, and reading a ChainMap key by key was a tenth
-        # of a short render. The ChainMap only matters where the environment's globals change
+        # render starts its context from them, and reading a ChainMap key by key costs a
+        # short render dearly. The ChainMap only matters where the environment's globals change
         # after the template is made; this environment is the template's own and never does.
         globals_ = dict(environment.make_globals(None))
         template = environment.template_class.from_code(environment, code, globals_)
@@ -130,6 +130,11 @@ def keep_compiled_code(enabled: bool) -> None:
     the work starts: the processes forked for it inherit the choice."""
     global _kept
     _kept = enabled
+
+
+def kept_compiled_code() -> bool:
+    """Whether this run reads and writes compiled code (not under --no-cache)."""
+    return _kept
 
 
 def _compiled_code(environment: jinja2.Environment, text: str, tree: jinja2.nodes.Template | None):

@@ -10,7 +10,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .inputs import SourceError, load_json
 
@@ -55,7 +55,7 @@ def read_request(path: Path) -> Request:
     problem = request_problem(body)
     if problem:
         raise RequestError(f"{path}: {problem}")
-    return Request(body, path)
+    return Request(cast(dict[str, Any], body), path)  # a mapping: request_problem says so
 
 
 def request_problem(body: Any) -> str | None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .fix.apply import TemplateFix
     from .fix.files import FileFix
     from .fix.options import FixOptions
-    from .gguf import CopyTarget
+    from .gguf.writing import CopyTarget
     from .proving.session import Recorded
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -72,6 +72,7 @@ class CheckOptions:
     limits: RenderLimits = DEFAULT_LIMITS
     engine: str = "vllm"
     tool_args_style: str | None = None
+    chat_template_kwargs: dict | None = None  # None: as the configuration says (every value proven without)
     jobs: int = 1
     gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
@@ -187,7 +188,9 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
     result = CheckResult(strict=strict, exit_zero=options.exit_zero)
-    prove = ProveOptions(tokenizer, block_size, options.limits, options.engine) if options.prove else None
+    pinned = options.chat_template_kwargs if options.chat_template_kwargs is not None else config.chat_template_kwargs
+    pinned_items = tuple(sorted((pinned or {}).items()))
+    prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
     if prove is not None and tokenizer is not None:
         from .tokenizer import TokenizerError, load_tokenizer
 
@@ -236,7 +239,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     # the first is forked: the tokenizers the proofs measure with, and openai-harmony's
     # vocabulary (loaded once here, not by each worker that proves a gpt-oss template).
     if prove and tokenizer is None:
-        from .gguf import preload_tokenizers
+        from .gguf.tokenizer import preload_tokenizers
 
         preload_tokenizers(sources)
     ready_to_fork(sources, prove)
@@ -323,6 +326,12 @@ class _Fixing:
         from .fix.files import FixesInterrupted, fix_files
 
         now: list[TemplateSource] = []
+        if self.gguf_copy is not None and self.write:
+            # A copy carries fixes in the model's metadata: a fixed template beside a model
+            # stands for the metadata's, which is fixed again (and found written beside it).
+            from .gguf.models import metadata_template
+
+            sources = [metadata_template(source) or source for source in sources]
         files = [source for source in sources if source.container != "gguf"]
         try:
             with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
@@ -383,7 +392,8 @@ class _Fixing:
         linted after is the model's metadata as it stays."""
         from .fix.files import fix_recalling, unified_diff
         from .fix.verify import Verdicts
-        from .gguf import companion_line, copy_lines, copy_with_fixes, metadata_note, place_fix, written_beside
+        from .gguf.models import companion_note, diff_note
+        from .gguf.writing import companion_line, copy_lines, copy_with_fixes, place_fix, written_beside
         from .stopping import Terminated
         from .writes import WriteError
 
@@ -418,7 +428,7 @@ class _Fixing:
                     raise
                 if placed.error is None:
                     # "fixed" only when written: a fixed template already beside the model is not
-                    self.say_fixed(fix, None if placed.fresh else "already fixed")
+                    self.say_fixed(fix, None if placed.fresh else "fixed in the companion file")
                 else:
                     placed_all = False
                     for finding, _title in fix.applied:
@@ -430,14 +440,15 @@ class _Fixing:
                 if placed.new_file is not None:
                     self.say(unified_diff(placed.new_file[0], None, placed.new_file[1]), patch=True)
                     self.result.would_change = True
-                # The lint that follows reads the model's metadata, which is not rewritten, as the
-                # next check will: its findings stay, and the note says where the fix went.
-                written = self.write and placed.error is None
-                now.append(
-                    replace(fix.source, note=metadata_note(model, fix.source.name, written, placed.fresh))
-                    if placed.error is None
-                    else fix.source
-                )
+                # The lint that follows reads the fixed template beside the model, as the next
+                # check will (llama-server serves it with --chat-template-file).
+                if placed.error is None:
+                    note = companion_note(model, fix.source.name) if self.write else diff_note(model, fix.source.name)
+                    now.append(replace(placed.now, note=note))
+                    for finding, _reason in fix.skipped:  # said of the model's template: not again of the file
+                        self.addressed.add((str(placed.now.path), placed.now.name, finding.code, finding.hypothesis))
+                else:
+                    now.append(fix.source)
             if self.write and self.gguf_copy is not None:
                 if not placed_all:
                     self.say(f"{model}: no copy written: a fixed template could not be written beside the model")
@@ -500,7 +511,7 @@ class _Fixing:
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
             rule = BY_CODE[finding.code]
-            if finding.hypothesis and not hasattr(rule, "fix"):
+            if finding.hypothesis and rule.fix is None:
                 why = NO_AUTOMATIC_FIX  # as the fixes say it, when they run
             else:
                 why = (

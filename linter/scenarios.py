@@ -87,6 +87,7 @@ class Call:
     messages: list[dict[str, Any]]
     reply: dict[str, Any] | None
     clock: datetime = MIDDAY
+    kwargs: dict[str, Any] | None = None  # this call's own template variables (a setting changed between calls)
 
 
 class ScenarioKind(StrEnum):
@@ -96,6 +97,9 @@ class ScenarioKind(StrEnum):
     AGENT = "agent"
     CLOCK = "clock"  # the same conversation, the clock stepped between calls
     ARGUMENTS = "arguments"  # tool-call arguments the model wrote, replayed by the client
+    # One session whose second call changes a per-request setting: only a rule that names
+    # this kind proves what it shows (the client changed the request, not the history).
+    SETTING_CHANGED = "setting-changed"
 
 
 @dataclass
@@ -352,7 +356,21 @@ def scenarios(
                 found.append(scenario)
             if name in clocked:
                 found.extend(clock_scenarios({name: value}))
+        if len(values) > 1:
+            found.append(setting_changed(name, values[0], values[1]))
     return found
+
+
+# "chat, reasoning_effort changed between calls": the variable a setting-changed scenario changes.
+SETTING_CHANGED_NAME = re.compile(r"^chat, (?P<name>\w+) changed between calls$")
+
+
+def setting_changed(name: str, first: Any, second: Any) -> Scenario:
+    """The chat's first exchange, the second call sending ``name`` at another value: where a
+    setting printed before the history voids the cache (PC008's proof)."""
+    calls = session(chat_head(False), [(answer("Paris.", "France's capital is Paris."), [user("And of Italy?")])])
+    calls[0].kwargs, calls[1].kwargs = {name: first}, {name: second}
+    return Scenario(f"chat, {name} changed between calls", calls, kind=ScenarioKind.SETTING_CHANGED)
 
 
 def drop_reasoning(scenario: Scenario) -> None:

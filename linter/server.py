@@ -37,6 +37,11 @@ class ServerURLError(ServerError):
     """A --server that is not a URL tmpl-lint can ask: the caller's mistake, a usage error."""
 
 
+class ServerRefused(ServerError):
+    """The server answered the request HTTP 400: the engine refuses it (``validate``
+    compares that with the profile's refusal)."""
+
+
 class _Deadline:
     """The end of one request: at it, every connection the request opened is shut, which
     ends a read that is waiting on it."""
@@ -317,6 +322,8 @@ class VLLMServer:
             return _token_ids(ids, where, f"{where} answered without token ids")
         if _model_not_found(status, document):
             raise ServerError(f"{base_url} does not serve model {model!r} (HTTP 404{_error_text(document)}): pass --model")
+        if status == 400:
+            raise ServerRefused(f"{base_url}/v1/chat/completions/render answered HTTP 400{_error_text(document)}")
         if status not in (404, 405):
             raise ServerError(f"{base_url}/v1/chat/completions/render answered HTTP {status}{_error_text(document)}")
         # The render endpoint is off: the generation path with one token returns the prompt ids.
@@ -331,6 +338,29 @@ class VLLMServer:
         where = f"{base_url}/v1/chat/completions"
         missing = f"{where} returned no prompt_token_ids (is return_token_ids supported?)"
         return _token_ids(find_key(document, "prompt_token_ids"), where, missing)
+
+
+class LlamaServer:
+    """A running llama-server, asked for the prompt text it would feed the model:
+    ``POST /apply-template`` applies its chat template to a chat-completions request without
+    generating and answers ``{"prompt": text}`` (it has no endpoint that answers a chat
+    request's token ids)."""
+
+    def __init__(self, base_url: str):
+        _check_url(base_url)
+        self.base_url = base_url.rstrip("/")
+
+    def prompt_text(self, request: dict[str, Any]) -> str:
+        url = f"{self.base_url}/apply-template"
+        status, document = _post(url, request)
+        if status == 400:
+            raise ServerRefused(f"{url} answered HTTP 400{_error_text(document)}")
+        if status != 200:
+            raise ServerError(f"{url} answered HTTP {status}{_error_text(document)}")
+        prompt = document.get("prompt") if isinstance(document, dict) else None
+        if not isinstance(prompt, str):
+            raise ServerError(f"{url} answered without a prompt (is this a llama-server?)")
+        return prompt
 
 
 def prompt_token_ids(base_url: str, request: dict[str, Any], model: str | None = None) -> list[int]:

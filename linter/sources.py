@@ -114,7 +114,7 @@ def _broken_link(path: Path) -> str:
     except RuntimeError:  # Python 3.11 says a loop so; 3.13 raises OSError(ELOOP)
         return "Too many levels of symbolic links"
     except OSError as error:
-        if error.errno == errno.ELOOP:
+        if error.errno == errno.ELOOP and error.strerror is not None:
             return error.strerror
     return "broken symbolic link"
 
@@ -147,7 +147,7 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
             if name.endswith(GGUF_SUFFIX):
                 _collect_gguf(here / name, sources, errors)
                 continue
-            if name in claimed or not name.endswith(TEMPLATE_SUFFIXES):
+            if name in claimed or not name.endswith(TEMPLATE_SUFFIXES) or _beside_its_model(here / name):
                 continue
             try:
                 _extend(sources, errors, read_file(here / name))
@@ -155,8 +155,16 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
                 errors.append(error)
 
 
+def _beside_its_model(path: Path) -> bool:
+    """A fixed template --fix wrote beside a GGUF: read with the model, in place of the
+    template in its metadata."""
+    from .gguf.models import gguf_beside
+
+    return path.name.endswith(".jinja") and gguf_beside(path) is not None
+
+
 def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
-    from .gguf import is_later_split, read_templates
+    from .gguf.models import is_later_split, read_templates
 
     if is_later_split(path):
         return  # its metadata, templates included, is read from the first split
@@ -247,7 +255,7 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
     directory's unreadable extra template, a GGUF's template that is not a string); raises
     SourceError when the file itself cannot be read as a template."""
     if path.suffix == GGUF_SUFFIX:
-        from .gguf import read_templates
+        from .gguf.models import read_templates
 
         return read_templates(path)
     if path.suffix == ".json":

@@ -28,7 +28,7 @@ INTERRUPTED = Stop("interrupted", 130)
 TERMINATED = Stop("terminated", 143)
 
 
-def stopped_by(error: BaseException) -> Stop | None:
+def stopped_by(error: BaseException | None) -> Stop | None:
     """The signal ``error`` is, also as Python 3.11 wraps it in a RuntimeError when it lands
     in a __set_name__ (each dataclass field has one, run as its class is made while modules
     load); None for any other error."""

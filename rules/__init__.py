@@ -2,7 +2,9 @@
 module, its fixture under ``corpus/`` and its test; nothing in the engine names a rule code.
 
 A rule module holds its page (the module docstring), ``RULE`` (a ``RuleInfo``: code, name,
-severity, summary, which divergences prove it, what its fix must remove), and as it needs:
+``Severity``, summary, which divergences prove it, what its fix must remove), and as it
+needs these hooks (their signatures are the Protocols of ``_contract.py``; the registry
+resolves each module once into a ``Rule`` whose missing hooks are None):
 
 - ``check(facts)``: findings from the facts of one analysis pass (``tmpl_lint.analysis``);
   rules never walk the template themselves;
@@ -29,15 +31,18 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+from typing import Any
 
 from tmpl_lint.findings import Outcome
+
+from ._contract import Rule
 
 _MODULE = re.compile(r"pc\d{3}_\w+$")
 
 RULES = tuple(
     sorted(
         (
-            importlib.import_module(f"{__name__}.{info.name}")
+            Rule.of(importlib.import_module(f"{__name__}.{info.name}"))
             for info in pkgutil.iter_modules(__path__)
             if _MODULE.match(info.name)
         ),
@@ -45,14 +50,14 @@ RULES = tuple(
     )
 )
 # The rules that read the analysis' facts.
-STATIC = tuple(rule for rule in RULES if hasattr(rule, "check"))
+STATIC = tuple(rule for rule in RULES if rule.check is not None)
 BY_CODE = {rule.RULE.code: rule for rule in RULES}
 BY_NAME = {rule.RULE.name: rule for rule in RULES}
 _BY_OUTCOME = {rule.RULE.reports: rule for rule in RULES if rule.RULE.reports is not None}
 
 
-def lookup(code_or_name: str):
-    """The rule module for a code (``PC002``) or name (``history-rewrite``), or None."""
+def lookup(code_or_name: str) -> Rule | None:
+    """The rule of a code (``PC002``) or name (``history-rewrite``), or None."""
     return BY_CODE.get(code_or_name.upper()) or BY_NAME.get(code_or_name.lower())
 
 
@@ -60,13 +65,15 @@ def described(findings) -> None:
     """Let each proven finding's rule say what its proof shows (``describe``)."""
     for finding in findings:
         rule = BY_CODE.get(finding.code)
-        if rule is not None and hasattr(rule, "describe") and finding.proof is not None and finding.proof.is_proven:
+        if rule is not None and rule.describe is not None and finding.proof is not None and finding.proof.is_proven:
             rule.describe(finding)
 
 
-def reporting(outcome: Outcome):
-    """The rule module that reports ``outcome``."""
-    return _BY_OUTCOME[outcome]
+def reporting(outcome: Outcome) -> Any:
+    """The module of the rule that reports ``outcome``: besides ``RULE``, the engine calls the
+    functions such a rule offers for its outcome (PC100's ``unexplained``, PC103's
+    ``advice``), which no other rule has."""
+    return _BY_OUTCOME[outcome].module
 
 
 SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety")
@@ -80,16 +87,30 @@ HYPOTHESIS_POLICY = (
     "tried, and does not fail the run (`--strict` makes it fail); with `--no-prove`, or when nothing could be "
     "rendered, it keeps its severity and says it is unproven. Info findings never fail the run."
 )
+# What a proof renders, and what a switch value or a bounded loss does to the verdict (issue 33).
+SETTINGS_POLICY = (
+    "Proven under the settings deployments run: every value of every switch the template reads "
+    "(`enable_thinking`, `reasoning_effort`...) is rendered, llama.cpp's default (`enable_thinking=true`) and "
+    "vLLM's (unset) among them, and a break proven under any value fails the run; the finding names the "
+    'values that break and those that are stable ("breaks when enable_thinking=false (stable when true or '
+    "unset)\"). A project that pins its deployment's values (`chat-template-kwargs` in the configuration, or "
+    "`--chat-template-kwargs JSON`, with vLLM's `--default-chat-template-kwargs` semantics) has only those "
+    "values proven. A proven loss bounded whatever the session's length (only the reply's end-of-turn "
+    "marker differs: at most one block a turn) is info, with the bound stated; one that grows with the "
+    "session fails."
+)
 OUTCOME_POLICY = (
     "This rule reports what the run itself found, not a static pattern: its findings fail the run at their "
     "severity (info findings never do)."
 )
 
 
-def page(rule) -> str:
+def page(rule: Rule) -> str:
     """The rule's page, as `tmpl-lint rule CODE` prints it."""
     info = rule.RULE
-    fixable = "Fix is sometimes available." if hasattr(rule, "fix") else "No automatic fix."
+    fixable = "Fix is sometimes available." if rule.fix is not None else "No automatic fix."
     policy = OUTCOME_POLICY if info.reports is not None else HYPOTHESIS_POLICY
+    if info.reports is None or info.proven_by:
+        policy += "\n\n" + SETTINGS_POLICY
     summary = f"{info.summary[0].upper()}{info.summary[1:]}. {fixable}"
-    return f"# {info.name} ({info.code})\n\n{summary}\n\n{policy}\n\n{rule.__doc__.strip()}\n"
+    return f"# {info.name} ({info.code})\n\n{summary}\n\n{policy}\n\n{rule.doc.strip()}\n"

@@ -28,9 +28,11 @@ No automatic fix: only the author knows what the template meant.
 from __future__ import annotations
 
 from tmpl_lint.analysis.facts import Facts, Site
-from tmpl_lint.findings import Finding, Outcome, RuleInfo
+from tmpl_lint.findings import Finding, Outcome
 
-RULE = RuleInfo("PC000", "syntax-error", "error", "the template does not parse", reports=Outcome.SYNTAX_ERROR)
+from ._contract import RuleInfo, Severity
+
+RULE = RuleInfo("PC000", "syntax-error", Severity.ERROR, "the template does not parse", reports=Outcome.SYNTAX_ERROR)
 
 
 def check(facts: Facts) -> list[Finding]:

@@ -51,17 +51,19 @@ from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
-from tmpl_lint.selection import suppressions
+from tmpl_lint.suppressions import suppressions
+
+from ._contract import RuleInfo, Severity
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
 # prompt is the clock's, before the first message, in any message or after the last.
 RULE = RuleInfo(
     "PC001",
     "live-clock",
-    "warning",
+    Severity.WARNING,
     "the current time reaches the rendered prompt",
     proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE, Cause.AFTER_HISTORY}),
     proven_in=frozenset({ScenarioKind.CLOCK}),
@@ -103,7 +105,7 @@ def prove(report, finding: Finding) -> Proof:
         ]
         if in_generation_prompt:
             # The clock moved the prompt, but only where the next turn puts the reply: say so,
-            # rather than that nothing changed (QA7 d09 b).
+            # rather than that nothing changed.
             first = in_generation_prompt[0]
             finding.message += (
                 f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '

@@ -55,13 +55,15 @@ from __future__ import annotations
 
 from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 RULE = RuleInfo(
     "PC002",
     "history-rewrite",
-    "warning",
+    Severity.WARNING,
     "an earlier message renders differently once a new user message arrives",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE}),
     moved_by=frozenset({"user"}),  # only a new user query moves the last query's position
@@ -102,11 +104,10 @@ def _by_place(item) -> tuple[int, int]:
 
 
 def fix(facts: Facts, finding: Finding, options) -> Fix:
-    """Set the template's own switch to its stable default, or else read the scanned
-    position as "before every message", so every assistant turn keeps its reasoning."""
-    switch_fix = switch_default_fix(facts.text, finding)
-    if switch_fix is not None:
-        return switch_fix
+    """Read the scanned position as "before every message", so every assistant turn keeps its
+    reasoning, whatever a switch says; else set the template's own switch to its stable
+    default (which fixes only the requests that leave it unset: verified, it is refused when
+    a value a deployment may pass still breaks)."""
     name = finding.site.text
     reads = {}
     for sink in facts.sinks:
@@ -126,4 +127,6 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         edits = [edit for site in reads.values() if (edit := replace_at(facts, site, constant)) is not None]
         if edits:
             alternatives.append(edits)
-    return Fix(title, alternatives) if alternatives else Fix.refuse(f"cannot locate the reads of `{name}`")
+    if alternatives:
+        return Fix(title, alternatives)
+    return switch_default_fix(facts.text, finding) or Fix.refuse(f"cannot locate the reads of `{name}`")

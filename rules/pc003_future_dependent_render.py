@@ -81,6 +81,7 @@ the trained format: no automatic fix, the finding says so.
 
 from __future__ import annotations
 
+import os
 import re
 
 from jinja2 import nodes
@@ -89,15 +90,17 @@ from tmpl_lint.analysis.facts import Control, Facts, Label, LabelKind, Sink
 from tmpl_lint.analysis.interpreter import only_literals
 from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 # A look-ahead can move text to the very start (Mistral's tool list before the first user
 # message while it is the last one), which the divergence's position calls "system".
 RULE = RuleInfo(
     "PC003",
     "future-dependent-render",
-    "warning",
+    Severity.WARNING,
     "a message renders differently once later messages exist",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE, Cause.SYSTEM}),
 )
@@ -221,7 +224,7 @@ def _reasoning_or_markup(facts: Facts, label: Label) -> bool:
     the turn is last), which the generation prompt's rule explains, or only picks markup or
     a flag (an end marker, a separator, `{% set add_tool_id = false %}`): anything else it
     rewrites in the reply, its text cut while a message follows, is that message rendering
-    differently once later messages exist (QA7 #5)."""
+    differently once later messages exist."""
     node = label.site.node if label.site is not None else None
     decision = _decisions(facts).get(id(node)) if node is not None else None
     if decision is None:
@@ -297,10 +300,16 @@ REASONING_TEXT = re.compile(r"think|analysis|reason|thought", re.IGNORECASE)
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Where the look-ahead drops reasoning from past turns, read it as "no later message"
     so the reasoning stays; blocks the model was trained to see on the last message
-    (Mistral's tool list and system prompt) have no edit that keeps its format."""
-    switch_fix = switch_default_fix(facts.text, finding)
-    if switch_fix is not None:
-        return switch_fix
+    (Mistral's tool list and system prompt) have no edit that keeps its format. Where none
+    applies, the template's own switch set to its stable default (which fixes only requests
+    that leave it unset: verified, it is refused when a value a deployment may pass breaks)."""
+    structural = _keep_reasoning(facts, finding)
+    if structural.alternatives:
+        return structural
+    return switch_default_fix(facts.text, finding) or structural
+
+
+def _keep_reasoning(facts: Facts, finding: Finding) -> Fix:
     place = (finding.site.line, finding.site.column)
     affected = [
         sink
@@ -339,3 +348,29 @@ def _constants(text: str) -> tuple[str, ...]:
     if text.endswith("[-1]"):
         return ()
     return ("true", "false")
+
+
+# harmony's channel for a turn's reasoning (gpt-oss): its format drops it from a turn once a
+# final answer follows the turn.
+HARMONY_ANALYSIS = "<|channel|>analysis"
+HARMONY_DROP = (
+    "harmony's analysis drop: a turn's reasoning (its analysis channel) is removed once a final answer follows it, "
+    "as openai-harmony renders history (vLLM's own render of gpt-oss does the same)"
+)
+
+
+def drops_harmony_analysis(divergence) -> bool:
+    """Whether the divergence is a turn's harmony analysis left out of the next turn."""
+    common = len(os.path.commonprefix([divergence.before, divergence.after]))
+    return (
+        HARMONY_ANALYSIS in divergence.before[max(0, common - len(HARMONY_ANALYSIS)) :]
+        and HARMONY_ANALYSIS not in (divergence.after[max(0, common - len(HARMONY_ANALYSIS)) : common + len(HARMONY_ANALYSIS)])
+    )
+
+
+def describe(finding: Finding) -> None:
+    """Name harmony's analysis drop where the proof shows it (gpt-oss's look-ahead for a
+    final answer): the break has a name, not only a look-ahead's."""
+    divergence = finding.proof.divergence
+    if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in finding.message:
+        finding.message = f"{finding.message}: {HARMONY_DROP}"

@@ -96,14 +96,16 @@ from jinja2 import nodes
 from tmpl_lint.analysis.facts import Facts, LabelKind, Site
 from tmpl_lint.analysis.separators import TOJSON_SEPARATORS, TOOL_ARGS_STYLES, model_separators
 from tmpl_lint.edits import Edit, Fix, filter_span
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause, Divergence
 from tmpl_lint.scenarios import ScenarioKind
+
+from ._contract import RuleInfo, Severity
 
 RULE = RuleInfo(
     "PC004",
     "tool-args-reserialized",
-    "warning",
+    Severity.WARNING,
     "tool-call arguments are re-serialised with tojson",
     proven_by=frozenset({Cause.TOOL_ARGUMENTS}),
     fix_removes_proof=False,

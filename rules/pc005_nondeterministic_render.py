@@ -24,11 +24,17 @@ No automatic fix: choosing one of the alternatives changes what the model sees.
 from __future__ import annotations
 
 from tmpl_lint.analysis.facts import Facts, LabelKind
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Proof
 
+from ._contract import RuleInfo, Severity
+
 RULE = RuleInfo(
-    "PC005", "nondeterministic-render", "warning", "output differs between identical renders", makes_renders_incomparable=True
+    "PC005",
+    "nondeterministic-render",
+    Severity.WARNING,
+    "output differs between identical renders",
+    makes_renders_incomparable=True,
 )
 
 

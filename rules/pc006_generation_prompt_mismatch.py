@@ -66,15 +66,17 @@ from tmpl_lint.analysis.facts import KNOWN_GLOBALS, Facts, LabelKind, Sink, Site
 from tmpl_lint.analysis.interpreter import analyze
 from tmpl_lint.analysis.locations import children_in_source_order, descendants
 from tmpl_lint.analysis.values import UNDEFINED
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause, Divergence
+
+from ._contract import RuleInfo, Severity
 
 # A reply rewritten once a message follows it is a mismatch with what was generated too; a
 # rule that names the rewrite explains it where one is found.
 RULE = RuleInfo(
     "PC006",
     "generation-prompt-mismatch",
-    "warning",
+    Severity.WARNING,
     "the generation prompt and the reply as generated are not how history renders the turn",
     proven_by=frozenset({Cause.GENERATION_PROMPT, Cause.REPLY_REWRITE}),
     explains=frozenset({Cause.GENERATION_PROMPT}),
@@ -319,6 +321,17 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
         )
     else:
         told = f"at {where} the cached prompt has {cached!r} where the next turn has {following!r}"
+    if divergence.check == "d":
+        # Only what the template prints after the newest reply's end-of-turn marker, quoted
+        # from the start of the tag it parts in ("</s>" against "<|user|>", not "/s>").
+        opened = divergence.before.rfind("<", 0, common + 1)
+        if opened >= 0 and ">" not in divergence.before[opened:common]:
+            cached, following = divergence.before[opened:][:24], divergence.after[opened:][:24]
+        message = (
+            f"while the reply is the newest message the template prints {cached!r} after its end-of-turn marker, where "
+            f"the next turn has {following!r} ({where}): a model stops at the marker and never generates it"
+        )
+        return RULE.at(_generation_prompt_site(facts), message)
     message = (
         f"history does not render the turn as it was generated after the generation prompt: {told}; the reply's "
         "cache is lost every turn (the whole context on models that cannot roll back)"

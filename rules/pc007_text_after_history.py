@@ -73,13 +73,15 @@ from jinja2 import nodes
 from tmpl_lint.analysis.facts import Facts, FlagReset, Label, LabelKind, Sink, Site
 from tmpl_lint.analysis.locations import leftmost_name
 from tmpl_lint.edits import Edit, Fix, jinja_literal
-from tmpl_lint.findings import Finding, RuleInfo
+from tmpl_lint.findings import Finding
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 RULE = RuleInfo(
     "PC007",
     "text-after-history",
-    "warning",
+    Severity.WARNING,
     "text printed after the messages moves or vanishes once a new message arrives",
     proven_by=frozenset({Cause.HISTORY_REWRITE}),
 )

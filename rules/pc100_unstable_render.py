@@ -25,10 +25,11 @@ prompt is recomputed.
 {%- for message in messages %}{{ message.content }}{% endfor %}
 ```
 
-Where the only divergence is the reply's own reasoning left out of history (the model's
-format: gpt-oss drops a final answer's analysis once it is history), the finding is
-informational: only that reply is recomputed, and keeping the reasoning would show the
-model a history it was not trained on.
+Where the only divergence is the reply's end-of-turn marker, written one way while the
+reply is the newest message and another in history, the loss is bounded (at most the block
+that holds the marker, whatever the session's length) and the finding is informational,
+with the bound stated. Reasoning left out of a reply once it is history costs the reply,
+every turn: it fails.
 
 ## Fix safety
 No automatic fix: the divergence is measured, not explained. The proof shows both renders
@@ -37,27 +38,20 @@ at the first diverging token.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Finding, Outcome, RuleInfo
+from tmpl_lint.findings import Finding, Outcome
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the prover (tmpl_lint.proving.attribution.attach_proofs), not by a static check.
 RULE = RuleInfo(
     "PC100",
     "unstable-render",
-    "warning",
+    Severity.WARNING,
     "the next turn does not extend the previous prompt",
     reports=Outcome.UNEXPLAINED_DIVERGENCE,
 )
 
 
 def unexplained(site, message: str, divergences) -> Finding:
-    """The finding for divergences no rule explains (``message`` says where). Where each is
-    only the reply's own reasoning left out of history (the model's format: gpt-oss drops a
-    final answer's analysis), it costs the reply, not the history before it: informational."""
-    if divergences and all(divergence.reply_as_trained for divergence in divergences):
-        return RULE.at(
-            site,
-            "history leaves out the reasoning of the reply the model just generated, as the model's format has it: "
-            "each turn recomputes that reply, not the history before it",
-            severity="info",
-        )
+    """The finding for divergences no rule explains (``message`` says where)."""
     return RULE.at(site, message)

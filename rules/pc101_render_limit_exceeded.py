@@ -27,11 +27,17 @@ No automatic fix. No other finding of the template is proven once a limit is hit
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome, RuleInfo
+from tmpl_lint.findings import Outcome
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the prover and the analysis when a limit stops them.
 RULE = RuleInfo(
-    "PC101", "render-limit-exceeded", "error", "rendering exceeded the time or size limit", reports=Outcome.RENDER_LIMIT_EXCEEDED
+    "PC101",
+    "render-limit-exceeded",
+    Severity.ERROR,
+    "rendering exceeded the time or size limit",
+    reports=Outcome.RENDER_LIMIT_EXCEEDED,
 )
 
 

@@ -26,7 +26,11 @@ No automatic fix.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome, RuleInfo
+from tmpl_lint.findings import Outcome
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the prover when no scenario renders.
-RULE = RuleInfo("PC102", "render-error", "error", "the template fails on every conversation tried", reports=Outcome.RENDER_ERROR)
+RULE = RuleInfo(
+    "PC102", "render-error", Severity.ERROR, "the template fails on every conversation tried", reports=Outcome.RENDER_ERROR
+)

@@ -45,14 +45,16 @@ environment, as the server does, to check a server started with them.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome, RuleInfo
+from tmpl_lint.findings import Outcome
 from tmpl_lint.proofs import Cause
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the prover (tmpl_lint.proving.attribution.engine_findings), not by a static check.
 RULE = RuleInfo(
     "PC103",
     "engine-render-unstable",
-    "warning",
+    Severity.WARNING,
     "the engine's own render does not extend the previous prompt",
     reports=Outcome.ENGINE_RENDER_UNSTABLE,
     no_fix="the engine renders this model with its own code, not the template: no edit of the template changes it",

@@ -36,9 +36,15 @@ No automatic fix: remove the comment by hand.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome, RuleInfo
+from tmpl_lint.findings import Outcome
+
+from ._contract import RuleInfo, Severity
 
 # Produced by the checker after suppressions apply (tmpl_lint.checker.apply_suppressions).
 RULE = RuleInfo(
-    "PC900", "unused-suppression", "warning", "a suppression comment suppresses nothing", reports=Outcome.UNUSED_SUPPRESSION
+    "PC900",
+    "unused-suppression",
+    Severity.WARNING,
+    "a suppression comment suppresses nothing",
+    reports=Outcome.UNUSED_SUPPRESSION,
 )

@@ -224,6 +224,12 @@ ONE_WORKER_GROUPS = {
         "test_prover_tokens.py::",
         "test_prefix_encoder.py::",
         "test_tokenizer.py::",
+        # issue 32's engine checks: every shared tokenizer, openai-harmony, transformers
+        "test_text_is_text.py::",
+        "test_render_command.py::",
+        "test_validate.py::",
+        "test_engine_replay_golden.py::",
+        "test_engine_golden.py::",
     ),
     "fix and diff fuzz": ("test_fuzz.py::test_fix_and_diff_change_only_the_template_and_agree[",),
     "shared corpus": ("test_shared_corpus.py::",),
@@ -236,41 +242,23 @@ def group_of(nodeid: str) -> str | None:
 
 
 # Tests that fork no process of their own (they run in the worker, or start programs, which
-# Python starts with vfork): after them, the order in which xdist deals the rest. A fork
-# copies the worker's page tables and the child's writes copy its pages, so its cost grows
-# with the worker: one that has loaded the real tokenizers holds about 1 GB, three to six
-# times another, and the tests that fork after them on that worker spent half as much CPU
-# again (test_fix_closure's four chunks 21 CPU-s against 13 on the other worker, one run).
-# So the tokenizer group is dealt after every test that forks, and these come last: while one
-# worker runs the group the other takes them, and then both do. The largest come first, as
-# they are dealt best (they run in the worker: a long one last would leave the other idle).
-DEALT_LAST = (
-    "test_fuzz.py::test_static_lint_never_raises",
-    "test_fuzz.py::test_prover_never_raises_and_stable_means_stable",
-    "test_precommit.py::",  # pre-commit and tmpl-lint run as programs
-    "test_audit.py::",  # tmpl-lint audit runs as a program
-    "test_render_equivalence.py::",
-    "test_packaging.py::",
-    "test_switches.py::",
-    "test_fuzz.py::test_fix_is_idempotent",
-    "test_kv_cache.py::",
-    "test_prover.py::",
-    "test_rule_pages.py::",
-    "test_pc000_",
-    "test_pc001_",
-    "test_pc003_",
-    "test_pc005_",
-    "test_pc100_",
-    "test_pc102_",
-    "test_pc103_",
-    "test_pc900_",
-)
+# Python starts with vfork) say so with ``@pytest.mark.no_fork`` (a module's ``pytestmark``
+# or a test's decorator): after them, the order in which xdist deals the rest. A fork copies
+# the worker's page tables and the child's writes copy its pages, so its cost grows with the
+# worker: one that has loaded the real tokenizers holds about 1 GB, three to six times
+# another, and the tests that fork after them on that worker spent half as much CPU again
+# (test_fix_closure's four chunks 21 CPU-s against 13 on the other worker, one run). So the
+# tokenizer group is dealt after every test that forks, and these come last: while one
+# worker runs the group the other takes them, and then both do. The long ones
+# (``no_fork(long=True)``) come first, as they are dealt best (they run in the worker: a long
+# one last would leave the other idle).
 
 
-def dealing_order(nodeid: str) -> tuple[int, int]:
+def dealing_order(item: pytest.Item) -> tuple[int, int]:
     """Where xdist deals a test: the groups that fork first (the fix and diff fuzz is the
     largest unit, the shared corpus the one of most tests), then the tests that fork (those
-    of test_gguf last), then the real tokenizers' group, then DEALT_LAST in its order."""
+    of test_gguf last), then the real tokenizers' group, then the no_fork tests, long first."""
+    nodeid = item.nodeid
     group = group_of(nodeid)
     if group in ("fix and diff fuzz", "shared corpus"):
         return (0, 0)
@@ -278,9 +266,9 @@ def dealing_order(nodeid: str) -> tuple[int, int]:
         test = nodeid.removeprefix("tests/")
         return (2, next(index for index, prefix in enumerate(ONE_WORKER_GROUPS[group]) if test.startswith(prefix)))
     test = nodeid.removeprefix("tests/")
-    last = next((index for index, prefix in enumerate(DEALT_LAST) if test.startswith(prefix)), None)
-    if last is not None:
-        return (3, last)
+    no_fork = item.get_closest_marker("no_fork")
+    if no_fork is not None:
+        return (3, 0 if no_fork.kwargs.get("long") else 1)
     # test_gguf builds tokenizers from GGUF files, which its worker keeps (about 200 MB): its
     # tests fork after the others do.
     return (1, 1) if test.startswith("test_gguf.py::") else (1, 0)
@@ -291,7 +279,7 @@ def pytest_collection_modifyitems(config, items):
     requires), and the scheduler below deals in collection order. Without xdist the order is
     pytest's own."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: dealing_order(item.nodeid))  # stable: pytest's order within
+        items.sort(key=dealing_order)  # stable: pytest's order within
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -78,13 +78,15 @@ def test_content_parts_flatten_unless_the_template_reads_them():
 
 def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
     # vllm/entrypoints/chat_utils.py, _parse_chat_message_content: a null content is no
-    # text; an assistant's `reasoning` is copied to `reasoning_content`, a client's own
-    # `reasoning_content` is not read (vllm-project/vllm#38488); a tool's text parts
-    # become one string; only name and task of the other fields reach the template.
+    # text; an assistant's `reasoning` is copied to `reasoning_content`, and a client's own
+    # `reasoning_content` is `reasoning` by then (ChatCompletionRequest.
+    # _normalize_messages_before; vLLM 0.33's render server renders both names alike:
+    # ../shared/engine-golden/vllm-0.33.0.jsonl, reasoning_content-after-query); a tool's
+    # text parts become one string; only name and task of the other fields reach the template.
     call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     sent = [
         {"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}},
-        {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "dropped"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "renamed"},
         {
             "role": "tool",
             "tool_call_id": "a",
@@ -100,6 +102,8 @@ def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
             "role": "assistant",
             "content": "",
             "tool_calls": [{"id": "a", "function": {"arguments": {}, "name": "f"}, "type": "function"}],
+            "reasoning": "renamed",
+            "reasoning_content": "renamed",
         },
         {"role": "tool", "content": "1\n2", "tool_call_id": "a", "name": "f"},
         {"role": "assistant", "content": "Done.", "reasoning": "kept", "reasoning_content": "kept"},
@@ -110,7 +114,7 @@ def test_vllm_rebuilds_each_message_as_its_chat_parsing_does():
 
 
 def test_a_null_content_renders_under_vllm_as_an_empty_one():
-    # QA8: an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
+    # an OpenAI-SDK agent sends tool-call messages back with "content": null. vLLM
     # renders them (its parsing makes the content empty); transformers' renderer fails on
     # the same messages, and renders them with "" as vLLM's rebuild hands them.
     from datetime import datetime
@@ -126,7 +130,7 @@ def test_a_null_content_renders_under_vllm_as_an_empty_one():
         render_prompt("hf", template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False)
 
 
-def test_only_vllm_s_two_names_for_reasoning_reach_the_template_under_vllm():
+def test_vllm_hands_reasoning_and_reasoning_content_on_under_its_two_names():
     from datetime import datetime
 
     from tmpl_lint.engines import render_prompt
@@ -140,12 +144,12 @@ def test_only_vllm_s_two_names_for_reasoning_reach_the_template_under_vllm():
         engine: render_prompt(engine, template, messages, clock=lambda: datetime(2026, 1, 1), add_generation_prompt=False).text
         for engine in ("vllm", "hf")
     }
-    assert render["vllm"] == "[|r|r][||]"
+    assert render["vllm"] == "[|r|r][|c|c]"  # `thinking` is never read
     assert render["hf"] == "[r|r|r][c|c|]"  # the prover's names for a client's reasoning
 
 
 def test_vllm_hands_the_template_each_tool_as_its_request_type_dumps_it():
-    # QA8: ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
+    # ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
     # parameters)).model_dump(): declared fields first, unset ones null, extras after.
     from tmpl_lint.engines.vllm import vllm_tools
 

@@ -163,6 +163,7 @@ def source(text):
     return TemplateSource(Path("generated.jinja"), None, text, "jinja")
 
 
+@pytest.mark.no_fork(long=True)
 def test_static_lint_never_raises():
     # 2000 distinct templates, numbered (seeded_template), not drawn by hypothesis: its draws
     # cost a third of the test, and its 2000 examples held 1848 distinct templates; these
@@ -197,6 +198,7 @@ STABLE_SESSIONS = (
 )
 
 
+@pytest.mark.no_fork(long=True)
 def test_prover_never_raises_and_stable_means_stable():
     checked = []
 
@@ -226,6 +228,7 @@ def test_prover_never_raises_and_stable_means_stable():
     assert len(set(checked)) >= 2
 
 
+@pytest.mark.no_fork
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
 @given(templates())
 def test_fix_is_idempotent(text):

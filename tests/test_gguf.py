@@ -40,6 +40,11 @@ CLOCK = (CORPUS / "PC001_live_clock.jinja").read_text()
 TOOL_ARGS = (CORPUS / "PC004_tool_args_reserialized.jinja").read_text()
 CLEAN = (CORPUS / "clean_chatml.jinja").read_text()
 FROZEN = "2026-01-15"
+# --frozen-date fixes PC001 with a date_string a request may pass. llama-server defines
+# date_string itself, from its clock, so that fix does not hold where a GGUF is rendered as
+# llama.cpp renders it (the default), and is not made: these tests of how fixes are written
+# fix as transformers renders.
+FROZEN_FIX = ("--frozen-date", FROZEN, "--engine", "hf")
 QWEN = SHARED_TOKENIZERS / "qwen2.5"
 
 
@@ -291,7 +296,7 @@ def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp
     result = without_gguf(model, "--no-prove", "-q")
     assert (result.returncode, result.stderr) == (1, "")
     assert result.stdout.startswith(f"{model}:default:3:28: PC001")
-    result = without_gguf(model, "--no-prove", "-q", "--fix", "--frozen-date", FROZEN, "--gguf-copy", tmp_path / "c.gguf")
+    result = without_gguf(model, "--no-prove", "-q", "--fix", *FROZEN_FIX, "--gguf-copy", tmp_path / "c.gguf")
     assert result.returncode == 2
     assert (
         result.stderr
@@ -301,7 +306,7 @@ def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp
 
 
 def test_the_format_values_are_ggufs():
-    from tmpl_lint import gguf as reader
+    from tmpl_lint.gguf import format as reader
 
     assert {member.name: member.value for member in reader.ValueType} == {
         member.name: member.value for member in gguf.GGUFValueType
@@ -336,7 +341,8 @@ def crafted_vocabulary() -> list[str]:
 
 @pytest.mark.parametrize("count", [2900 + 15, 1023, 256 * 12])
 def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, count):
-    from tmpl_lint import gguf as reader
+    from tmpl_lint.gguf import format as reader
+    from tmpl_lint.gguf.tokenizer import metadata_special_tokens
 
     tokens = crafted_vocabulary()[: count + 1]
     model = tmp_path / "m.gguf"
@@ -360,7 +366,7 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
     assert metadata.value(reader.TOKENS_KEY) == tokens
     assert metadata.value("after.the.vocabulary") == 7
     # read at their ids, the vocabulary stepped over
-    assert reader.metadata_special_tokens(model) == {
+    assert metadata_special_tokens(model) == {
         "bos_token": tokens[bos],
         "eos_token": tokens[-1],
         "unk_token": tokens[12],
@@ -372,7 +378,7 @@ def test_the_vocabulary_walk_matches_ggufs_reader_on_crafted_tokens(tmp_path, co
 
 
 def test_the_run_pattern_takes_exactly_a_run_of_short_strings():
-    from tmpl_lint.gguf import RUN, _short_strings
+    from tmpl_lint.gguf.format import RUN, _short_strings
 
     def packed(strings):
         return b"".join(len(text).to_bytes(8, "little") + text for text in strings)
@@ -400,7 +406,7 @@ def test_without_a_tokenizer_the_proof_is_in_characters_and_says_why(tmp_path):
 def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path, qwen_gguf):
     from tokenizers import Tokenizer
 
-    from tmpl_lint.gguf import own_tokenizer
+    from tmpl_lint.gguf.tokenizer import own_tokenizer
     from tmpl_lint.render import FrozenClock, render
 
     model = Path(shutil.copyfile(qwen_gguf, tmp_path / "qwen.gguf"))
@@ -435,15 +441,28 @@ def test_the_files_own_tokenizer_gives_the_models_token_ids(tmp_path, qwen_gguf)
 def test_a_built_tokenizer_is_cached_on_disk_and_a_bad_entry_is_built_again(tmp_path, monkeypatch, small_qwen):
     from tokenizers import Tokenizer
 
-    from tmpl_lint import gguf as module
+    from tmpl_lint.gguf import tokenizer as module
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("TMPL_LINT_CACHE_DIR", str(cache))
-    builds = []
+    log = tmp_path / "builds"
+    log.touch()
     build = module.build_tokenizer
-    monkeypatch.setattr(module, "build_tokenizer", lambda metadata: builds.append(metadata) or build(metadata))
+
+    def counted(metadata):  # in the child the build runs in: counted in a file
+        with log.open("a") as stream:
+            stream.write("built\n")
+        return build(metadata)
+
+    monkeypatch.setattr(module, "build_tokenizer", counted)
     text = "<|im_start|>user\nWetter in München? 東京は？ 12345 don't<|im_end|>\n<|im_start|>assistant\n"
     expected = Tokenizer.from_file(str(small_qwen / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+    class Builds:
+        def __len__(self) -> int:
+            return len(log.read_text().splitlines())
+
+    builds = Builds()
 
     def ids(model: Path) -> list[int]:
         module._own_tokenizer.cache_clear()  # as a new process starts
@@ -529,7 +548,8 @@ def test_proof_in_the_files_token_ids_matches_the_tokenizer_json(tmp_path, qwen_
     plain.write_text(template)
     _, out, _ = run(model, "--format", "json", "--select", "PC004")
     (from_gguf,) = json.loads(out)
-    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN)
+    # a GGUF's template is rendered as llama.cpp renders it: the plain template, the same way
+    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN, "--engine", "llamacpp")
     (from_json,) = json.loads(out)
     assert from_gguf["proof"]["status"] == "proven" and from_gguf["proof"]["unit"] == "token"
     assert from_gguf["proof"].pop("note") == "token ids of the tokenizer in qwen.gguf's metadata (gpt2, 151665 tokens)"
@@ -544,7 +564,7 @@ def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path
     # again for the fixed template beside it, which the lint after --fix reads.
     prompt = CLOCK.index("{%- if add_generation_prompt %}")
     model = write_gguf(tmp_path / "m.gguf", CLOCK[:prompt] + "Remember: be brief.\n" + CLOCK[prompt:])
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN)
+    code, out, _ = run(model, "--fix", *FROZEN_FIX)
     declined = [line for line in out.splitlines() if "not fixed PC007" in line]
     assert code == 1
     assert declined == [
@@ -553,16 +573,22 @@ def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path
     ]
 
 
-def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
+def test_fix_writes_the_template_beside_the_model_and_the_check_reads_it_as_llama_server_serves_it(tmp_path):
+    """Issue 35: a model fixed beside goes green. llama-server started with the printed
+    --chat-template-file serves the fixed file, so the check reads it instead of the
+    model's metadata, and says so; "already fixed" is never said beside a failing finding."""
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sha(model)
     reference = tmp_path / "reference.jinja"
     reference.write_text(CLOCK)
-    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
+    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove")
     companion = tmp_path / "m.chat_template.jinja"
-    # the lint after the fix reads the model's metadata, as the next check will: it still fails
-    assert (code, err) == (1, "")
+    checked_instead = (
+        f"note: {tmp_path}: m.chat_template.jinja is checked instead of the default template in m.gguf's metadata: "
+        "llama-server serves it with --chat-template-file (and then no template of the model's metadata)"
+    )
+    assert (code, err) == (0, "")
     assert sha(model) == before
     assert companion.read_bytes() == reference.read_bytes()
     assert companion.read_text().startswith(
@@ -572,39 +598,24 @@ def test_fix_writes_the_template_beside_the_model_and_names_the_flag(tmp_path):
         f"{model}:default:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string",
         f"{model}:default: wrote the fixed template to {companion}",
         f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {companion}",
-        f"note: {tmp_path}: --fix wrote its fix to m.chat_template.jinja beside the model; this is the one in the model's metadata, which --fix never rewrites (llama.cpp serves the fixed file with --chat-template-file; --fix --gguf-copy writes a model that carries the fix)",
-        f"{model}:default:3:28: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)` puts the current time into "
-        "the prompt: the prefix cache goes cold whenever the rendered date changes",
-        '    3 |     {{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}',
-        "      |                            ^",
-        "Found 1 finding (1 failing; 1 of the failing unproven).",
+        checked_instead,
+        "All checks passed!",
     ]
-    # again: the same fix is already there, and nothing is written, so nothing is "fixed"
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
-    assert code == 1 and f"{model}:default: already written: the fixed template to {companion}" in out
-    assert f"{model}:default:3:28: already fixed PC001 [live-clock]" in out
-    assert "--fix wrote its fix" not in out
-    assert (
-        f"note: {tmp_path}: its fix is already beside the model, in m.chat_template.jinja (an earlier --fix wrote it); "
-        "this is the one in the model's metadata"
-    ) in out
-    # the check reads the model's metadata, which --fix never rewrites: it still fails, and says
-    # where the fix is
-    code, out, _ = run(model, "--frozen-date", FROZEN, "--no-prove")
-    assert code == 1
-    assert (
-        f"note: {tmp_path}: m.chat_template.jinja beside the model holds a fixed default template; "
-        "this is the one in the model's metadata, which --fix never rewrites (llama.cpp serves the fixed file with --chat-template-file; --fix --gguf-copy writes a model that carries the fix)\n"
-    ) in out
-    # a file of the user's own under that name is never replaced
-    companion.write_text("mine")
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove")
-    assert code == 2
-    assert err == (
-        f"tmpl-lint: error: {companion}: already exists and differs from the fixed template; "
-        "tmpl-lint does not overwrite it (remove it to write the fix)\n"
-    )
-    assert companion.read_text() == "mine"
+    # again, and the check: the fixed file is what is read; nothing to fix, nothing "fixed"
+    for flags in (["--fix"], []):
+        code, out, _ = run(model, *flags, *FROZEN_FIX, "--no-prove")
+        assert (code, out.splitlines()) == (0, [checked_instead, "All checks passed!"])
+    # the folder as CI checks it: green, the fixed file read once, with its model
+    code, out, _ = run(tmp_path / "m.gguf", tmp_path, "--no-prove")
+    assert (code, out.splitlines()) == (0, [checked_instead, "All checks passed!"])
+    # the file broken again fails the check where it is, and --fix fixes it there
+    companion.write_text(CLOCK)
+    code, out, _ = run(model, "--no-prove", "-q")
+    assert code == 1 and out.startswith(f"{companion}:3:28: PC001 [live-clock]")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q")
+    assert (code, companion.read_bytes()) == (0, reference.read_bytes())
+    assert out.startswith(f"{companion}:3:28: fixed PC001 [live-clock]")
+    assert sha(model) == before
 
 
 @pytest.mark.parametrize("with_tokenizer", [False, pytest.param(True, marks=needs_shared)])
@@ -614,8 +625,8 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
     made = log_verifiers(monkeypatch, tmp_path / "verifiers made")
     tokenizer = request.getfixturevalue("small_qwen") if with_tokenizer else None
     models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK, tokenizer=tokenizer) for kind in ("Q4_K_M", "Q8_0")]
-    code, out, err = run(*models, "--fix", "--frozen-date", FROZEN, "--no-prove")
-    assert (code, err) == (1, "")  # the models' metadata keeps the clock: the next check fails too
+    code, out, err = run(*models, "--fix", *FROZEN_FIX, "--no-prove")
+    assert (code, err) == (0, "")  # the check after reads the fixed templates beside the models
     assert made.read_text() == "m-Q4_K_M.gguf\n"
     companions = [tmp_path / f"m-{kind}.chat_template.jinja" for kind in ("Q4_K_M", "Q8_0")]
     assert companions[0].read_text() == companions[1].read_text() != CLOCK
@@ -625,7 +636,7 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
 
 def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "-q")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q")
     assert (tmp_path / "m.chat_template.tool_use.jinja").is_file()
     assert (
         "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, instead of the model's tool_use template"
@@ -639,7 +650,7 @@ def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
 
 def test_the_companion_template_is_proven_with_the_models_tokens(tmp_path):
     write_gguf(tmp_path / "m.gguf", CLOCK)
-    assert run(tmp_path / "m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 1  # the metadata still fails
+    assert run(tmp_path / "m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed file is checked
     (tmp_path / "m.chat_template.jinja").write_text(CLOCK)  # as if broken again
     code, out, _ = run(tmp_path / "m.chat_template.jinja", "--format", "json")
     assert json.loads(out)[0]["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
@@ -649,7 +660,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
     before, model_bytes = sorted(os.listdir(tmp_path)), sha(model)
-    code, out, err = run("m.gguf", "--diff", "--frozen-date", FROZEN, "--no-prove", "-q")
+    code, out, err = run("m.gguf", "--diff", *FROZEN_FIX, "--no-prove", "-q")
     assert sorted(os.listdir(tmp_path)) == before  # --diff writes nothing
     assert code == 1  # as ruff's --diff: a change it would make is a finding
     assert [line for line in out.splitlines() if line.startswith(("---", "+++", "@@"))] == [
@@ -662,7 +673,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     ]
     assert err.startswith("m.gguf:default:3:28: would fix PC001 [live-clock]: ")
     companions = [tmp_path / "m.chat_template.jinja", tmp_path / "m.chat_template.tool_use.jinja"]
-    assert run("m.gguf", "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 1  # the metadata keeps its findings
+    assert run("m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed files are checked
     written = [path.read_bytes() for path in companions]
     for command in (["git", "apply"], ["patch", "-p1", "-s"]):
         for path in companions:
@@ -676,10 +687,10 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
 def test_fixed_is_never_said_of_a_companion_that_is_not_written(tmp_path, monkeypatch, mode):
     write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "m.chat_template.jinja").write_text("mine")
-    code, out, err = run("m.gguf", mode, "--frozen-date", FROZEN, "--no-prove", "-q")
+    (tmp_path / "m.chat_template.jinja").mkdir()  # a folder of the user's, under the file's name
+    code, out, err = run("m.gguf", mode, *FROZEN_FIX, "--no-prove", "-q")
     assert code == 2
-    assert (tmp_path / "m.chat_template.jinja").read_text() == "mine"
+    assert (tmp_path / "m.chat_template.jinja").is_dir()
     said = (out + err).splitlines() if mode == "--fix" else err.splitlines()
     verb = "fixed" if mode == "--fix" else "would fix"
     # the default template's fix goes nowhere; the tool_use one is written (or would be)
@@ -702,16 +713,16 @@ def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
     second = write_gguf(tmp_path / "Model-Q4-00002-of-00002.gguf")
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, out, _ = run(second, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
+    code, out, _ = run(second, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
     companion = tmp_path / "Model-Q4.chat_template.jinja"
     copy = out_dir / first.name
-    assert code == 1 and companion.is_file() and copy.is_file()
+    assert code == 0 and companion.is_file() and copy.is_file()
     assert f"  llama.cpp: llama-server -m {first} --jinja --chat-template-file {companion}" in out
     assert f"  the other splits are unchanged: put them (or links to them) beside {first.name}" in out
     assert fields(copy)["tokenizer.chat_template"][1] == companion.read_text()
     assert tensors(copy) == tensors(first)
     # the fixed template is proven with the model it was fixed out of
-    from tmpl_lint.gguf import model_for
+    from tmpl_lint.gguf.models import model_for
 
     assert model_for(collect([companion])[0][0]) == first
 
@@ -749,7 +760,7 @@ def test_gguf_copy_carries_the_fixed_templates_and_the_same_tensors(tmp_path, al
     before = sha(model)
     copy = tmp_path / "out" / "fixed.gguf"
     copy.parent.mkdir()
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", copy)
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", copy)
     assert err == ""
     assert (
         f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n  llama.cpp: llama-server -m {copy} --jinja\n"
@@ -776,16 +787,16 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir)
-    assert code == 1  # the model named keeps the clock in its metadata; the copy carries the fix
+    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
+    assert code == 0  # the fixed template beside the model is checked; the copy carries the fix
     assert fields(out_dir / "m.gguf")["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
 
 
 def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path):
     # as the README's example: --gguf-copy fixed/ writes fixed/m.gguf (it wrote a file named fixed)
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
-    assert (code, err) == (1, "")
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
+    assert (code, err) == (0, "")
     copy = tmp_path / "fixed" / "m.gguf"
     assert f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n" in out
     assert fields(copy)["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
@@ -802,7 +813,7 @@ def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path
 def test_gguf_copy_where_it_cannot_go_is_one_line_before_anything_is_written(tmp_path, given, reason):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sorted(os.listdir(tmp_path))
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
     assert (code, out) == (2, "")
     assert err == f"tmpl-lint: error: {tmp_path / given}: {reason.format(tmp=tmp_path)}\n"
     assert sorted(os.listdir(tmp_path)) == before  # not even the fixed template beside the model
@@ -813,16 +824,13 @@ def test_gguf_copy_never_overwrites(tmp_path):
     before = sha(model)
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"precious")
-    code, out, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", taken)
+    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
-    assert (
-        out.splitlines()[-1]
-        == "Found 1 finding (1 failing; 1 of the failing unproven); 1 file could not be written (see the errors above)."
-    )
+    assert out.splitlines()[-1] == "No findings; 1 file could not be written (see the errors above)."
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", tmp_path)
+    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", tmp_path)
     assert code == 2 and err == f"tmpl-lint: error: {model}: already exists; tmpl-lint does not overwrite it\n"
     assert sha(model) == before
 
@@ -836,7 +844,7 @@ def test_gguf_copy_needs_fix(tmp_path):
 
 
 def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
-    import tmpl_lint.gguf as module
+    import tmpl_lint.gguf.writing as module
 
     real = module._stream_copy
 
@@ -853,21 +861,21 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code, _, err = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
+    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
     assert os.listdir(out_dir) == []
     # a folder made for the copy goes with it
-    code, _, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
+    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
     assert code == 2 and not (tmp_path / "new").exists()
 
 
 def fixing(*args) -> subprocess.Popen:
     """A real tmpl-lint --fix process, its lines read as it prints them."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", "--frozen-date", FROZEN, "--no-prove"],
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", *FROZEN_FIX, "--no-prove"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -879,7 +887,7 @@ def fixed_reference(tmp_path: Path, text: str) -> bytes:
     reference = tmp_path / "reference" / "chat_template.jinja"
     reference.parent.mkdir()
     reference.write_text(text)
-    assert run(reference, "--fix", "--frozen-date", FROZEN, "--no-prove")[0] == 0
+    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
     return reference.read_bytes()
 
 
@@ -900,9 +908,9 @@ def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path
         assert process.poll() is None
         companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
     out, err = process.communicate(timeout=120)
-    assert (process.returncode, err) == (1, "")
-    assert out.splitlines()[:2] == [  # the other one wrote it: "already fixed", not "fixed"
-        f"{model}:tool_use:5:89: already fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes "
+    assert (process.returncode, err) == (0, "")
+    assert out.splitlines()[:2] == [  # the other one wrote it: "fixed in the companion file", not "fixed"
+        f"{model}:tool_use:5:89: fixed in the companion file PC004 [tool-args-reserialized]: tool-call arguments render as the model writes "
         'them: a string byte for byte, a mapping as {"city":"Paris"}',
         f"{model}:tool_use: already written: the fixed template to {companion}",
     ]
@@ -1025,7 +1033,8 @@ class FakeHub:
         from types import SimpleNamespace
 
         commit = hashlib.sha1(repo.encode()).hexdigest()
-        snapshot = self.root / "snapshots" / repo.replace("/", "--") / commit
+        # As huggingface_hub lays its cache out: the audit reads only a commit's folder there.
+        snapshot = self.root / f"models--{repo.replace('/', '--')}" / "snapshots" / commit
         snapshot.mkdir(parents=True)
         for name, origin in files.items():
             self.files[f"{repo}/{name}"] = origin
@@ -1163,7 +1172,7 @@ def test_a_failed_lookup_of_gguf_files_is_a_warning_beside_templates_the_repo_ha
 def test_hub_summary_special_tokens_reach_the_render(tmp_path, monkeypatch):
     pytest.importorskip("huggingface_hub")
     from tmpl_lint.checker import prover_inputs
-    from tmpl_lint.gguf import hub_templates
+    from tmpl_lint.gguf.hub import hub_templates
 
     hub = FakeHub(tmp_path)
     hub.repo(
@@ -1209,7 +1218,8 @@ def test_audit_tokens_measures_hub_gguf_models_in_their_own_tokens(tmp_path, mon
     (in_characters,) = audit.analyses[bare.templates[0][1]].findings
     plain = tmp_path / "qwen.jinja"
     plain.write_text(template)
-    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN)
+    # a GGUF's template is rendered as llama.cpp renders it: the plain template, the same way
+    _, out, _ = run(plain, "--format", "json", "--select", "PC004", "--tokenizer", QWEN, "--engine", "llamacpp")
     (from_json,) = json.loads(out)
     assert finding["proof"]["unit"] == "token" and in_characters["proof"]["unit"] == "char"
     assert finding["proof"] == from_json["proof"]
@@ -1254,7 +1264,7 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
     locked.mkdir()
     locked.chmod(0o600)  # readable, not searchable: what is in it cannot be looked at
     try:
-        result = run_unprivileged(str(model), "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
+        result = run_unprivileged(str(model), "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
     finally:
         locked.chmod(0o755)
     assert (result.returncode, result.stdout) == (2, "")
@@ -1265,9 +1275,9 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
 
 def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_commands_read_back(tmp_path):
     model = write_gguf(tmp_path / "a\nb.gguf", CLOCK)
-    code, out, _ = run(model, "--fix", "--frozen-date", FROZEN, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
+    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
     companion, copy = tmp_path / "a\nb.chat_template.jinja", tmp_path / "out" / "a\nb.gguf"
-    assert code == 1 and companion.is_file() and copy.is_file()
+    assert code == 0 and companion.is_file() and copy.is_file()
     lines = out.splitlines()
     quoted = '"' + str(tmp_path) + "/a\\nb"
     assert lines[1] == f'{quoted}.gguf":default: wrote the fixed template to {quoted}.chat_template.jinja"'
@@ -1320,7 +1330,7 @@ def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path,
     """The signal that came while the file was linked into place takes effect once it is:
     the fixed template beside the model, or the copy, is then there, and named before the
     run says it stopped (QA8: a GGUF's were not)."""
-    from tmpl_lint.gguf import companion_path
+    from tmpl_lint.gguf.models import companion_path
 
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     beside = companion_path(model, None)
@@ -1329,7 +1339,7 @@ def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path,
     extra = ["--gguf-copy", str(destination)] if copy else []
     process = subprocess.run(
         [sys.executable, "-c", SIGNAL_AS_LINKED, str(int(number)), os.path.realpath(target), str(model), "--fix", "--no-prove"]
-        + ["--frozen-date", FROZEN, *extra],
+        + [*FROZEN_FIX, *extra],
         capture_output=True,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},

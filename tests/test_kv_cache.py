@@ -23,6 +23,8 @@ from tmpl_lint.kv_cache import (
     make_cache,
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 def straightforward_vllm(requests, block_size, num_blocks):
     """vLLM's pool the plain way: a list as the free queue (head first), sha256 chains,
@@ -201,3 +203,19 @@ def test_capacity_from_memory():
         capacities("100", 1.0, 16, shape)
     with pytest.raises(CacheError, match="--slots"):
         make_cache("llamacpp", 16, 100)
+
+
+def test_sglang_keeps_the_prompt_when_eviction_takes_the_reply_after_it():
+    # SGLang inserts the prompt after prefill (cache_unfinished_req) and prompt + reply at
+    # finish: the prompt ends at a node boundary. Counted by hand, capacity 10 tokens:
+    # A leaves [1,2,3,4] -> [5,6] (6 tokens; its last sampled token, 7, never computed);
+    # B computes 5 with 4 free, so 1 more is evicted: the least recently used leaf is A's
+    # reply [5,6], a whole leaf of 2; A's prompt stays, and A's next turn hits its 4 tokens.
+    # One leaf [1..6] would have gone whole, and the next turn would hit nothing.
+    from tmpl_lint.kv_cache import CacheRequest, SglangRadixCache
+
+    cache = SglangRadixCache(page_size=1, capacity_tokens=10)
+    assert cache.serve(CacheRequest("a", [1, 2, 3, 4], [5, 6, 7])).hit == 0
+    assert cache.serve(CacheRequest("b", [9, 9, 9, 9, 9], [8])).hit == 0
+    assert cache.size == 9
+    assert cache.serve(CacheRequest("a", [1, 2, 3, 4, 7, 7], [1])).hit == 4

@@ -12,12 +12,15 @@ import re
 import subprocess
 import tomllib
 
+import pytest
 from click.testing import CliRunner
 from conftest import needs_pre_commit
 from helpers import CORPUS, PROJECT
 
 from tmpl_lint import __version__
 from tmpl_lint.cli import main
+
+pytestmark = pytest.mark.no_fork(long=True)
 
 README = (PROJECT / "README.md").read_text(encoding="utf-8")
 

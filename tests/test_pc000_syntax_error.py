@@ -1,6 +1,8 @@
 import pytest
 from helpers import lint_fixture, lint_text
 
+pytestmark = pytest.mark.no_fork
+
 
 def test_fixture():
     codes, findings = lint_fixture("PC000_syntax_error.jinja")

@@ -260,7 +260,7 @@ def hf_render(template: str, at: datetime | None, **kwargs) -> str:
     ],
 )
 def test_a_clock_with_the_time_of_day_is_fixed_at_noon_of_the_fix_date(tmp_path, format, variable, frozen):
-    # QA6 d06: the fix froze the clock at midnight, its verifier rendered the original at noon:
+    # the fix froze the clock at midnight, its verifier rendered the original at noon:
     # "%H:%M" printed 00:00 against 12:00 and every clock with an hour was "not fixed: a
     # single-turn conversation would render differently".
     original = CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format))
@@ -304,7 +304,7 @@ def test_the_variable_a_fixed_clock_is_passed_in_is_named_after_what_it_shows(tm
 
 
 def test_two_clock_calls_on_one_line_are_both_fixed(tmp_path):
-    # QA6 d07: one line, two calls: one finding, whose fix edited the first call only and then
+    # one line, two calls: one finding, whose fix edited the first call only and then
     # refused itself ("PC001 is still found in the patched template, at line 3, column 32").
     original = (
         '{{- bos_token }}<|im_start|>system\nToday is {{ strftime_now("%Y-%m-%d") }} ({{ strftime_now("%Y-%m-%d") }}).'
@@ -324,7 +324,7 @@ def test_two_clock_calls_on_one_line_are_both_fixed(tmp_path):
 
 
 def test_clocks_in_two_formats_are_each_fixed_in_their_own_variable(tmp_path):
-    # QA6 d07: "%A" then "%Y-%m-%d", on two lines. The weekday's fix set date_string to
+    # "%A" then "%Y-%m-%d", on two lines. The weekday's fix set date_string to
     # "Thursday"; the date's was refused, and the file was left half rewritten and failing.
     original = (
         '{{- bos_token }}<|im_start|>system\nToday is {{ strftime_now("%A") }},\n{{ strftime_now("%Y-%m-%d") }}.'
@@ -374,11 +374,13 @@ CLOCK_ALIAS = (
     "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}"
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("clock", ["strftime_now", "now"])
 def test_a_clock_called_through_a_name_it_was_set_to_is_found(clock):
     """`{% set clock = strftime_now %}` then `clock(...)`: the proof saw the date move the
-    prompt, and with no finding to name it reported PC100 'no rule explains why' (QA7 #8)."""
+    prompt, and with no finding to name it reported PC100 'no rule explains why'."""
     source = CLOCK_ALIAS.replace("CLOCK", clock)
     assert lint_text(source)[0] == [at("PC001", source, "clock(")]
 
@@ -423,7 +425,7 @@ def clock_held(kind: str) -> tuple[str, str, str]:
 def test_a_clock_held_in_a_namespace_or_a_list_is_proven_at_its_call_and_fixed(tmp_path, kind):
     """`namespace(clock=strftime_now)` then `ns.clock(...)`, or `[strftime_now]` then
     `clocks[0](...)`: the clock's scenarios saw the date move the prompt, and with no finding
-    to name it that was PC100 "no rule explains why", with no fix (QA8 #8); a format held in
+    to name it that was PC100 "no rule explains why", with no fix; a format held in
     a variable set to a literal was "not fixed: the clock's format ... is not a literal string"."""
     original, call, anchor = clock_held(kind)
     codes, findings = prove_text(original)
@@ -462,7 +464,7 @@ def test_a_format_variable_a_caller_may_pass_refuses_the_fix(tmp_path):
 def test_a_date_only_in_the_generation_prompt_is_not_reproduced_and_says_the_clock_moved_it():
     """The clock steps change the generation prompt, which the next turn replaces with the
     reply: no cached prefix is lost, so PC001 is not proven, but the finding says where the
-    clock moved the render instead of reading as if nothing changed (QA7 d09 b)."""
+    clock moved the render instead of reading as if nothing changed."""
     source = (
         "{%- set ns = namespace(d=strftime_now('%Y-%m-%d')) %}\n"
         "{%- for m in messages %}{{- '<|' + m.role + '|>' + m.content + '<|end|>\\n' }}{%- endfor %}\n"

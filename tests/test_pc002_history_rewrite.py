@@ -226,7 +226,8 @@ def test_switch_that_turns_the_decision_off_after_the_position_is_named():
     assert codes == [at("PC002", source, "ns.idx %}{% if")]
     switch = findings[0].switch
     assert (switch.name, switch.default_is_stable, switch.unstable_value) == ("show_thinking", True, True)
-    assert findings[0].severity == "info"
+    # a deployment may pass show_thinking=true: the finding keeps its severity (issue 33)
+    assert findings[0].severity == "warning"
 
 
 def test_the_advised_value_is_checked_by_rendering_and_kept():
@@ -245,17 +246,33 @@ def test_the_advised_value_is_checked_by_rendering_and_kept():
 
 @needs_shared
 def test_a_switch_another_variable_sets_is_named_with_it():
-    # QA8: DeepSeek-V3.2 sets `thinking` from `enable_thinking` where `thinking` is unset
+    # DeepSeek-V3.2 sets `thinking` from `enable_thinking` where `thinking` is unset
     # (lines 4-10). Its last-query rewrite shows with thinking=true and with
     # enable_thinking=true: "leave thinking unset" alone would not avoid it.
     text = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3.2.jinja").read_text(encoding="utf-8")
     assert text.splitlines()[4:6] == ["  {%- if enable_thinking is defined -%}", "    {%- set thinking = enable_thinking -%}"]
     codes, findings = prove_text(text, engine="vllm")
     (finding,) = [f for f in findings if f.code == "PC002"]
-    assert finding.severity == "info"
+    # a break under a value a deployment may set fails the run, naming each (issue 33)
+    assert finding.fails() is True
     assert finding.full_message().endswith(
-        "only when thinking=true or enable_thinking=true: leave thinking and enable_thinking unset or pass thinking=false "
-        """(per request: chat_template_kwargs={"thinking": false}; vLLM server-wide: --default-chat-template-kwargs '{"thinking": false}')"""
+        "breaks when enable_thinking=true (stable when false or unset); breaks when thinking=true (stable when false or unset); "
+        """set thinking=false to avoid it (per request: chat_template_kwargs={"thinking": false}; vLLM server-wide: """
+        """--default-chat-template-kwargs '{"thinking": false}')"""
     )
     assert finding.switch.to_json()["also"] == [{"name": "enable_thinking", "value": True}]
     assert {scenario for scenario, _ in finding.proof.explains} >= {"agent, enable_thinking=true", "agent, thinking=true"}
+
+
+def test_a_reverse_scan_written_as_an_index_from_the_end_is_named():
+    # Issue 33 (unsloth's Qwen3): the loop runs forward over messages but reads
+    # messages[(messages|length - 1) - loop.index0], so its first match is the last user query,
+    # which the next query moves. It was PC100 in the agent, calls 2->3.
+    source = (CORPUS / "PC002_reverse_scan_by_index.jinja").read_text(encoding="utf-8")
+    codes, findings = prove_fixture("PC002_reverse_scan_by_index.jinja")
+    assert codes == [at("PC002", source, "ns.last_query_index and message.reasoning_content")]
+    (finding,) = findings
+    assert finding.fails() and finding.proof.is_proven
+    # the agent's new user query arrives between calls 2 and 3 (pair index 1)
+    assert ("agent", "history-rewrite") in finding.proof.explains
+    assert "PC100" not in [code for code, _, _ in codes]

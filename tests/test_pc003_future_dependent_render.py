@@ -223,7 +223,7 @@ def test_a_namespace_count_of_every_message_is_a_count_not_a_scanned_position():
     assert "PC003" not in [code for code, _, _ in lint_text(conditional)[0]]
 
 
-# -- messages copied into a namespace list (QA7 #4: Mistral-7B-v0.3) ---------------------
+# -- messages copied into a namespace list (Mistral-7B-v0.3) ---------------------
 
 # Mistral-7B-v0.3's shape: the messages other than system copied into `ns_sys.filtered`, the
 # user messages counted over the copy, and the system prompt printed on the user message
@@ -279,7 +279,7 @@ def test_mistral_7b_v03_system_prompt_on_the_last_user_message_is_pc003_and_its_
     that renders them. The system prompt and tool list go on the user message whose count
     reaches `ns.max_idx_user`, the last one: PC003 there (no automatic fix: trained so), and
     the arguments' `tojson` a static, fixable PC004. It was two PC100 and a PC004 found by the
-    proof only (QA7 #4)."""
+    proof only."""
     import json
     import subprocess
     import sys
@@ -299,7 +299,7 @@ def test_mistral_7b_v03_system_prompt_on_the_last_user_message_is_pc003_and_its_
     assert at("PC003", text, "ns.max_idx_user) and system_message") in related
 
 
-# -- a reply cut once a message follows it (QA7 #5) ------------------------------------------
+# -- a reply cut once a message follows it ------------------------------------------
 
 REPLY_CUT = (
     "{%- for m in messages %}\n"
@@ -335,7 +335,7 @@ def test_a_reply_cut_in_an_assistant_only_branch_once_a_message_follows_is_pc003
     assert ("agent", "reply-rewrite") in findings[0].proof.explains
 
 
-# -- a group closure that reads the next message off by one (QA7 #6: Bielik-11B-v3.0) --------
+# -- a group closure that reads the next message off by one (Bielik-11B-v3.0) --------
 
 OFF_BY_ONE = (
     "{%- if messages[0].role == 'system' %}<|sys|>{{ messages[0].content }}\n{% set start = 1 %}"
@@ -367,8 +367,7 @@ def test_the_next_message_of_a_loop_from_the_first_message_still_closes_a_group(
 
 def test_the_number_of_messages_printed_in_the_system_block_is_pc003():
     """The system block says how many messages there are: it renders differently at every
-    turn. It was PC100 'no rule explains why', where PC003 names `messages|length` in a loop
-    (QA7 d09 c). No edit keeps the text, and the fix says that."""
+    turn. It was PC100 'no rule explains why', where PC003 names `messages|length` in a loop. No edit keeps the text, and the fix says that."""
     source = (
         "{%- set context = 'the ' + (messages|length|string) + ' message day' %}\n"
         "{{- '<|system|>Context: ' + context + '<|end|>\\n' }}\n"
@@ -409,13 +408,15 @@ GUARDED_NEXT = (
     "{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("test", ["nxt is none", "not nxt"])
 def test_a_next_message_read_behind_loop_last_and_tested_for_presence_is_pc003_at_the_look_ahead(test):
     """`messages[loop.index] if not loop.last else none`, then `nxt is none`: the message is
     marked while nothing follows it. The `loop.last` guarding the read looked like one paired
     with the next message's role (a group closed the same way once it arrives), so nothing
-    was reported, and the proof's divergence was PC100 at 1:1 (QA8 d08 e)."""
+    was reported, and the proof's divergence was PC100 at 1:1."""
     source = GUARDED_NEXT.replace("TEST", test)
     assert lint_text(source)[0] == [at("PC003", source, "messages[loop.index]")]
     codes, findings = prove_text(source)
@@ -430,7 +431,7 @@ def test_the_role_of_a_next_message_read_behind_loop_last_still_closes_a_group()
 
 
 def test_a_window_on_the_last_messages_is_pc003_at_the_slice():
-    # QA8: each new message pushes the oldest out of `messages[-4:]`, so the prompt renders
+    # each new message pushes the oldest out of `messages[-4:]`, so the prompt renders
     # differently from its start every turn. It was two PC100 at 1:1, "no rule explains why".
     source = (
         "{%- for message in messages[-4:] %}<|{{ message.role }}|>{{ message.content }}<|end|>\n{% endfor %}"
@@ -446,7 +447,7 @@ def test_a_window_on_the_last_messages_is_pc003_at_the_slice():
 
 
 def test_a_count_on_every_message_is_refused_for_what_it_is(tmp_path):
-    # QA8 small (h): the refusal said the model "was trained to see this on the last message
+    # the refusal said the model "was trained to see this on the last message
     # only", Mistral's tool list's reason, of a countdown printed on every message.
     path = tmp_path / "countdown.jinja"
     path.write_text(

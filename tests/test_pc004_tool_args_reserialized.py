@@ -169,7 +169,7 @@ def test_behind_a_pass_through_the_fix_names_the_separators_only(tmp_path):
 def test_a_spaced_fix_of_a_template_that_already_writes_spaced_json_writes_nothing(tmp_path):
     """`tojson` writes ", " and ": " itself: for a model that writes spaced JSON there is
     nothing to fix. The fix wrote the same separators spelled out and said "fixed PC004", an
-    edit that changes no render (QA8 #6)."""
+    edit that changes no render."""
     for name in ("PC004_tool_args_guarded.jinja", "PC004_tool_args_reserialized.jinja"):
         path, result = fix_file(tmp_path, name, "--tool-args-style", "spaced")
         assert (result.exit_code, result.stdout) == (0, "All checks passed!\n")
@@ -274,7 +274,7 @@ def test_an_argument_string_printed_as_is_replays_byte_for_byte_under_transforme
 
 def test_tool_arguments_of_a_namespace_copy_of_the_messages_are_found_and_fixed(tmp_path):
     """A loop over a copy of the messages (`ns.msgs = ns.msgs + [x]`) renders their tool
-    calls: PC004 is found at the `tojson`, where the fix edits, not only by the proof (QA7 #4)."""
+    calls: PC004 is found at the `tojson`, where the fix edits, not only by the proof."""
     source = (
         "{%- set ns = namespace(msgs=[]) %}{%- for x in messages %}{%- set ns.msgs = ns.msgs + [x] %}{%- endfor %}\n"
         "{%- for m in ns.msgs %}\n"
@@ -318,7 +318,7 @@ WRITTEN = {
 def test_templates_that_render_alike_get_one_verdict_for_the_style_the_model_writes(tmp_path, style, verdicts):
     """`tojson` and `tojson(separators=(", ", ": "))` render the same text for every request:
     one was a proven PC004 and the other passed, and the check took --tool-args-style and
-    ignored it, so a model that writes spaced JSON could not pass (QA8 #6)."""
+    ignored it, so a model that writes spaced JSON could not pass."""
     found = {}
     for name, expression in WRITTEN.items():
         path = tmp_path / f"{name}.jinja"
@@ -347,7 +347,7 @@ def test_the_style_is_read_from_the_configuration_and_the_flag_overrides_it(tmp_
 
 def test_a_string_encoded_again_is_what_the_message_says():
     """transformers passes the argument string on, and `tojson` quotes it: the proof shows
-    "{\\"city\\":...}", where the message said ", " and ": " separators (QA8 d08 a)."""
+    "{\\"city\\":...}", where the message said ", " and ": " separators."""
     (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "hf")[1]
     assert finding.message == (
         "tool-call arguments pass through `tojson`, which JSON-encodes an argument string a second time: the replay "
@@ -362,7 +362,7 @@ def test_a_string_encoded_again_is_what_the_message_says():
 @needs_shared
 def test_a_failing_proof_that_costs_no_token_in_its_scenario_says_why():
     """Qwen3 with its own tokenizer: the arguments end inside the reply's last partial block,
-    so the proof's pair recomputes 0 tokens while the finding fails (QA8 d08 d)."""
+    so the proof's pair recomputes 0 tokens while the finding fails."""
     result = CliRunner().invoke(main, [str(SHARED_TOKENIZERS / "qwen3"), "--select", "PC004", "--format", "json"])
     (finding,) = json.loads(result.stdout)
     proof = finding["proof"]

@@ -1,6 +1,8 @@
 import pytest
 from helpers import at, lint_fixture, lint_text, prove_text
 
+pytestmark = pytest.mark.no_fork
+
 
 def test_fixture():
     assert lint_fixture("PC005_nondeterministic_render.jinja")[0] == [("PC005", 2, 42)]

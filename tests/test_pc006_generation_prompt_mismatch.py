@@ -28,7 +28,9 @@ def test_fixture_with_default_stable_switch():
     assert switch.name == "enable_thinking"
     assert switch.default_is_stable is True
     assert switch.unstable_value is False
-    assert "only when enable_thinking=false" in findings[0].full_message()
+    assert (
+        "breaks when enable_thinking=false: leave enable_thinking unset" in findings[0].full_message()
+    )  # unproven: the analysis's
 
 
 def test_history_that_prints_the_opener_every_turn_is_clean():
@@ -122,27 +124,28 @@ def test_a_header_history_never_prints_is_found_by_the_proof():
     assert divergence.before.endswith("ASSISTANT:Paris.")
 
 
-def test_a_default_that_drops_reasoning_with_the_opener_leaves_the_switched_opener_informational():
+def test_a_default_that_drops_reasoning_with_the_opener_leaves_the_switched_opener_its_own():
     # The analysis: an opener mismatch only when enable_thinking=false, "leave it unset".
     _, static = lint_fixture("PC006_default_still_opens.jinja")
     pc006 = next(f for f in static if f.code == "PC006")
-    assert (pc006.severity, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("info", True, False)
+    assert (pc006.severity, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("warning", True, False)
     # The renders: by default history drops "<think>\n" and the reasoning written after it
     # once the next query arrives, the last-query rewrite's (keeping reasoning wins it
     # back); that refutes nothing of the opener's claim. With enable_thinking=false history
     # drops only "<think>\n\n</think>\n\n", which the generation prompt printed, and goes on
     # with the answer: the opener's own divergence.
+    # Issue 33, one break, one named rule: where the first difference is in the text the
+    # generation prompt printed ("<think>\n" by default), the break is PC006's whatever
+    # rewrite sits nearby; PC002 keeps the earlier turns it rewrites (the agent's).
     codes, (pc002, pc006) = prove_fixture("PC006_default_still_opens.jinja")
     assert codes == [("PC002", 14, 58), ("PC006", 23, 13)]
-    assert pc002.fails(False) and ("chat", "reply-rewrite") in pc002.proof.explains
-    assert (pc006.severity, pc006.fails(False), pc006.related_findings) == ("info", False, [])
-    assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
-    assert (pc006.proof.divergence.scenario, pc006.proof.divergence.cause) == ("chat, enable_thinking=false", "generation-prompt")
-    assert {cause for _, cause in pc006.proof.explains} == {"generation-prompt"}
+    assert pc002.fails(False) and ("agent", "history-rewrite") in pc002.proof.explains
+    assert (pc006.severity, pc006.fails(False), pc006.related_findings) == ("warning", True, [])
+    assert {("chat", "reply-rewrite"), ("chat, enable_thinking=false", "generation-prompt")} <= set(pc006.proof.explains)
 
 
 def test_a_value_whose_renders_diverge_is_not_advised():
-    # QA8: the false branch opens " <think></think>", the true branch " <think>": history
+    # the false branch opens " <think></think>", the true branch " <think>": history
     # prints neither. The analysis sees the first only, and advised "pass true"; the renders
     # with true diverge, so only leaving it unset is advised.
     source = (
@@ -155,45 +158,44 @@ def test_a_value_whose_renders_diverge_is_not_advised():
     assert static[0].switch.stable_value is True  # the analysis's advice
     codes, (finding,) = prove_text(source)
     assert codes == [at("PC006", source, "<think></think>")]
-    assert (finding.severity, finding.switch.stable_value, finding.switch.default_is_stable) == ("info", None, True)
-    assert finding.full_message().endswith("only when enable_thinking=false: leave enable_thinking unset")
+    assert (finding.severity, finding.switch.stable_value, finding.switch.default_is_stable) == ("warning", None, True)
+    assert finding.full_message().endswith(
+        "breaks when enable_thinking=true or enable_thinking=false (stable when unset); leave enable_thinking unset to avoid it"
+    )
     assert ("agent, enable_thinking=true", "generation-prompt") in finding.proof.explains
 
 
 AS_TRAINED = CORPUS / "PC006_reply_as_trained.jinja"
 
 
-def test_a_reply_whose_reasoning_history_leaves_out_as_trained_is_informational():
+def test_a_reply_whose_reasoning_history_leaves_out_as_trained_fails():
     # Every past answer loses its reasoning, as gpt-oss's format drops a final answer's
-    # analysis: only the reply just generated differs from its history render.
+    # analysis: the reply just generated differs from its history render, and each turn
+    # recomputes it: more than its end marker, so no bounded loss (issue 33).
     codes, (finding,) = prove_fixture("PC006_reply_as_trained.jinja")
     assert codes == [("PC006", 8, 8)]  # found by the proof, at the generation prompt's test
-    assert finding.severity == "info"
-    assert finding.message.endswith(
-        "; here only as the model's format writes a past reply (its reasoning left out, its end marker history's own): "
-        "informational"
-    )
+    assert (finding.severity, finding.fails(), finding.proof.bound) == ("warning", True, None)
     divergence = finding.proof.divergence
     # "<|user|>What is the capital of France?<|end|><|assistant|>" is 58 characters: the reply's
     # "<think>" is where the history render ("Paris.") parts from what the model generated.
     assert (divergence.check, divergence.first_divergence, divergence.message_index) == ("b", 58, 1)
     assert divergence.reply_as_trained == "reasoning"
     result = CliRunner().invoke(main, [str(AS_TRAINED)])
-    assert result.exit_code == 0  # informational findings never fail a run
-    assert result.stdout.splitlines()[-1] == "Found 1 finding (0 failing, 1 info)."
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[-1] == "Found 1 finding (1 failing)."
 
 
-def test_the_fixer_does_not_count_it_as_failing_and_other_divergences_do():
+def test_the_fixer_counts_it_as_failing_and_other_divergences_too():
     text = AS_TRAINED.read_text()
-    assert found_by_proof(Prover(text, None).run({}), []) == set()
+    assert found_by_proof(Prover(text, None).run({}), []) == {("PC006", "reply-rewrite")}
     # The same template counting its turns in the system line: every turn rewrites the start.
     counting = "{{- 'turns: ' ~ (messages|length) ~ '\\n' }}" + text
     assert ("PC100", "system") in found_by_proof(Prover(counting, None).run({}), [])
 
 
-def test_fix_says_nothing_of_an_informational_opener_it_has_no_fix_for(tmp_path, monkeypatch):
-    # Only with enable_thinking=false, a value the default leaves alone: info, failing nothing.
-    # "not fixed PC006" read as a failure left behind (QA7); the finding's own line is enough.
+def test_fix_leaves_a_switched_opener_it_has_no_fix_for_failing(tmp_path, monkeypatch):
+    # Only with enable_thinking=false, a value a deployment may set: it fails (issue 33), and
+    # --fix, which has no fix for it, leaves it as it was and says what breaks.
     source = (
         "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}\n"
         "{%- if add_generation_prompt %}<|assistant|>"
@@ -203,10 +205,11 @@ def test_fix_says_nothing_of_an_informational_opener_it_has_no_fix_for(tmp_path,
     (tmp_path / "t.jinja").write_text(source)
     fixed = CliRunner().invoke(main, ["t.jinja", "--fix"])
     _, line, column = at("PC006", source, "<think></think>")
-    assert fixed.exit_code == 0
-    (said,) = [text for text in fixed.stdout.splitlines() if text.startswith("t.jinja")]
-    assert said.startswith(f"t.jinja:{line}:{column}: PC006 [generation-prompt-mismatch] ")
-    assert fixed.stdout.endswith("Found 1 finding (0 failing, 1 info).\n")
+    assert fixed.exit_code == 1
+    (said,) = [text for text in fixed.stdout.splitlines() if text.startswith(f"t.jinja:{line}:{column}: PC006")]
+    assert "breaks when enable_thinking=false (stable when true or unset)" in said
+    assert (tmp_path / "t.jinja").read_text() == source
+    assert fixed.stdout.endswith("Found 1 finding (1 failing).\n")
 
 
 @needs_shared
@@ -223,7 +226,7 @@ def test_found_by_proof_it_stands_at_the_test_that_prints_the_generation_prompt_
 
 @needs_shared
 def test_the_same_text_split_into_other_tokens_is_placed_where_the_token_starts():
-    # QA8: Qwen3.5's generation prompt ends "<think>\n" (token 198); the model writes "\n"
+    # Qwen3.5's generation prompt ends "<think>\n" (token 198); the model writes "\n"
     # (198) and history prints "<think>\n\n" ("\n\n" is 271). The texts agree; the tokens
     # part at the prompt's last token: 268, char 1235 (counted with transformers' renderer
     # and the tokenizers library, not tmpl-lint). It was placed at the end of the text.
@@ -254,7 +257,7 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     # "only when enable_thinking=false". It was failing, proven by "agent, narrated tool calls".
     # With thinking off, history leaves out only the block the generation prompt opened and
     # goes on with all the model wrote: the prompt's divergence, not a rewrite of the reply
-    # (QA8: replay named it PC002, whose fix wins none of it back).
+    # (replay named it PC002, whose fix wins none of it back).
     text = (SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     assert text.splitlines()[81:83] == [
         "    {%- if enable_thinking is defined and enable_thinking is false %}",
@@ -262,16 +265,15 @@ def test_a_switched_opener_is_not_proven_by_a_rewrite_another_rule_explains():
     ]
     # The empty think block the model writes itself (narrated tool calls, the switch unset)
     # is not what the switch turns on: it is found by the proof, at the generation prompt's
-    # test, as the model's format (QA8 small f: the switched finding listed that scenario).
+    # test, as the model's format (the switched finding listed that scenario).
     codes, findings = prove_text(text, engine="vllm")
     assert codes == [("PC002", 39, 30), ("PC004", 62, 47), ("PC006", 80, 8), ("PC006", 83, 13)]
     as_trained, pc006 = findings[2:]
-    assert (as_trained.severity, as_trained.switch) == ("info", None)
-    assert as_trained.message.endswith(
-        "here only as the model's format writes a past reply (its reasoning left out, its end marker history's own): informational"
-    )
+    # issue 33: the dropped empty block costs the reply every turn, not only its end marker
+    assert (as_trained.severity, as_trained.switch, as_trained.proof.bound) == ("warning", None, None)
     assert {scenario for scenario, _ in as_trained.proof.explains} == {"agent, narrated tool calls"}
-    assert (pc006.severity, pc006.fails(False)) == ("info", False)
+    assert (pc006.severity, pc006.fails(False)) == ("warning", True)
+    assert "breaks when enable_thinking=false (stable when true or unset)" in pc006.full_message()
     assert (pc006.switch.name, pc006.switch.default_is_stable, pc006.switch.unstable_value) == ("enable_thinking", True, False)
     divergence = pc006.proof.divergence
     assert (divergence.scenario, divergence.cause) == ("agent, enable_thinking=false", "generation-prompt")
@@ -300,9 +302,9 @@ def test_the_opener_finding_does_not_adopt_a_reply_rewrite_that_is_not_its_opene
     prompt_test_at = at("PC006", source, "add_generation_prompt")
     assert sorted(codes) == sorted([opener_at, prompt_test_at])
     opener = next(finding for finding in findings if (finding.code, finding.line, finding.column) == opener_at)
-    assert opener.severity == "info"
+    assert (opener.severity, opener.fails()) == ("warning", True)  # a deployment may set it (issue 33)
     assert (opener.switch.name, opener.switch.default_is_stable, opener.switch.unstable_value) == ("enable_thinking", True, False)
-    assert "only when enable_thinking=false" in opener.full_message()
+    assert "breaks when enable_thinking=false (stable when true or unset)" in opener.full_message()
     assert opener.proof.is_proven and opener.proof.divergence.in_generation_prompt
     suffix = next(finding for finding in findings if (finding.code, finding.line, finding.column) == prompt_test_at)
     assert suffix.severity == "warning" and suffix.proof.is_proven

@@ -136,7 +136,11 @@ def test_text_the_next_message_starts_with_is_not_reported(after):
         "{% else %}<|user|>{{ m.content }}<|end|>{% endif %}{% endfor %}" + after
     )
     assert lint_text(source)[0] == []
-    assert prove(source) == []
+    # nothing fails; a header printed after the newest reply's end marker even without a
+    # generation prompt ("<|assistant|>", where the next turn has "<|user|>") is at most a
+    # bounded, informational PC006 (check d), never PC007
+    assert [(f.code, f.fails()) for f in prove(source) if f.code != "PC006" or f.fails()] == []
+    assert all(f.proof.bound for f in prove(source))
 
 
 @needs_shared

@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 from helpers import CORPUS
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.inputs import TemplateSource
+
+pytestmark = pytest.mark.no_fork
 
 
 def prove(text: str):
@@ -13,7 +16,7 @@ def prove(text: str):
 
 
 def test_fixture_diverges_at_the_header_the_message_count_decides_before_any_message():
-    # A printed count is PC003's now (QA7 d09 c); a header the count only chooses is not.
+    # A printed count is PC003's now; a header the count only chooses is not.
     (finding,) = prove((CORPUS / "PC100_unstable_render.jinja").read_text())
     assert (finding.code, finding.line, finding.column) == ("PC100", 1, 1)
     divergence = finding.proof.divergence

@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 from helpers import CORPUS
 
 from tmpl_lint.checker import ProveOptions, lint_source
 from tmpl_lint.inputs import TemplateSource
+
+pytestmark = pytest.mark.no_fork
 
 
 def test_fixture_reports_the_templates_own_error():

@@ -1,4 +1,7 @@
+import pytest
 from helpers import CORPUS, at, lint_fixture, lint_text
+
+pytestmark = pytest.mark.no_fork
 
 
 def test_line_suppression():

@@ -16,7 +16,7 @@ import pytest
 from conftest import PRE_COMMIT, SESSION_ENVIRONMENT, configured, consumer, needs_pre_commit, readme_snippet, with_store
 from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared
 
-pytestmark = needs_pre_commit
+pytestmark = [needs_pre_commit, pytest.mark.no_fork(long=True)]
 
 
 def run_hooks(repo: Path, env, *hooks: str) -> subprocess.CompletedProcess:

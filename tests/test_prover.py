@@ -242,6 +242,8 @@ CLOSES_TOOL_OUTPUTS_AFTER_THE_LOOP = (
     "{%- if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )
 
+pytestmark = pytest.mark.no_fork
+
 
 def test_a_tool_result_as_the_last_message_then_an_assistant_turn_shows_an_after_loop_closer():
     prover = Prover(CLOSES_TOOL_OUTPUTS_AFTER_THE_LOOP, None)

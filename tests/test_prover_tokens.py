@@ -147,9 +147,10 @@ def test_a_tool_call_reply_is_measured_to_its_end_marker_in_tokens_too(tmp_path)
         ran = CliRunner().invoke(main, [str(path), "--format", "json", *tokens])
         verdicts.append([(f["code"], f["severity"], f["fails"], (f["switch"] or {}).get("name")) for f in json.loads(ran.stdout)])
         verdicts[-1].append(ran.exit_code)
-    # informational both: the empty think block the model writes itself (its format, found by
-    # the proof), and the one the generation prompt opens only with enable_thinking=false
-    assert verdicts[0] == verdicts[1] == [("PC006", "info", False, None), ("PC006", "info", False, "enable_thinking"), 0]
+    # the same verdicts in characters and in tokens: the empty think block the model writes
+    # itself and history drops (found by the proof), and the one the generation prompt opens
+    # with enable_thinking=false, a value a deployment may set (issue 33): both fail
+    assert verdicts[0] == verdicts[1] == [("PC006", "warning", True, None), ("PC006", "warning", True, "enable_thinking"), 1]
 
 
 # The last message is marked while it is the last (/tmp/qa5 d06): once a reply follows it,

@@ -20,7 +20,7 @@ from tmpl_lint.jinja_env import make_environment
 from tmpl_lint.render import FrozenClock, RenderError, render
 from tmpl_lint.scenarios import scenarios
 
-pytestmark = needs_shared
+pytestmark = [needs_shared, pytest.mark.no_fork(long=True)]
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}

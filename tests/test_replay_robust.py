@@ -103,7 +103,10 @@ def test_the_headline_counts_the_sessions_replayed(tmp_path):
     log = write_log(tmp_path / "log.jsonl", [request("a", "hello"), request("b", "boom", "2026-03-01T09:00:01Z")])
     result = replay(log, "--template", template(tmp_path, text), "--session-key", "user")
     assert result.exit_code == 2
-    assert result.stdout.splitlines()[0] == "template: 1 request in 1 session, vLLM prefix cache (blocks of 16, unbounded pool)"
+    assert (
+        result.stdout.splitlines()[0]
+        == "template: 1 request in 1 session, vLLM prefix cache (blocks of 16, unbounded pool), requests as vLLM 0.33.0 handles them"
+    )
 
 
 def test_slots_are_bounded_before_they_are_allocated(tmp_path):
@@ -312,7 +315,7 @@ def test_the_reasoning_fields_of_the_log_are_said_once(tmp_path):
     result = replay(log, "--template", template(tmp_path, REASONING_TEMPLATE), "--session-key", "user", "--engine", "vllm")
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
-        "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template; "
+        "tmpl-lint: note: 1 request message carries `thinking`, which vLLM 0.33.0 does not pass to the template; "
         "1 logged reply carries `thinking`, read as the reply's reasoning"
     ]
 
@@ -336,7 +339,7 @@ def test_diff_says_the_reasoning_fields_once(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
-        "tmpl-lint: note: 1 request message carries `thinking`, which --engine vllm does not pass to the template"
+        "tmpl-lint: note: 1 request message carries `thinking`, which vLLM 0.33.0 does not pass to the template"
     ]
 
 

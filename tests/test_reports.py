@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED, SHARED_TEMPLATES, lint_text, needs_shared, prove_text
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared, prove_text
 
 from tmpl_lint.cli import main
 
@@ -332,10 +332,10 @@ def test_sarif_and_github_show_a_finding_that_does_not_fail_as_a_note(tmp_path, 
 
 
 def test_info_findings_never_fail_even_when_strict():
-    # stable by default: only a caller who sets enable_thinking=false meets it
-    source = (CORPUS / "PC006_generation_prompt_mismatch.jinja").read_text()
-    finding = lint_text(source)[1][0]
-    assert (finding.severity, finding.switch.name, finding.switch.default_is_stable) == ("info", "enable_thinking", True)
+    # a bounded loss: only the reply's end marker differs (</s> newest, <|im_end|> in history)
+    source = (CORPUS / "PC003_end_marker_bounded.jinja").read_text()
+    _, (finding,) = prove_text(source)
+    assert (finding.severity, finding.proof.bound is not None) == ("info", True)
     assert not finding.fails() and not finding.fails(strict=True)
 
 

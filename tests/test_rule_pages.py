@@ -6,6 +6,8 @@ from click.testing import CliRunner
 from tmpl_lint.cli import main
 from tmpl_lint.rules import RULES, SECTIONS, page
 
+pytestmark = pytest.mark.no_fork
+
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
 def test_every_rule_page_has_every_section_with_content(rule):
@@ -52,7 +54,7 @@ def test_examples_show_escapes_as_written(rule):
 def test_every_rule_has_its_fixture_and_its_test_file_beside_it(rule):
     from helpers import CORPUS, PROJECT
 
-    module = rule.__name__.rsplit(".", 1)[1]  # pc002_history_rewrite
+    module = rule.module.__name__.rsplit(".", 1)[1]  # pc002_history_rewrite
     assert module == f"{rule.RULE.code.lower()}_{rule.RULE.name.replace('-', '_')}"
     assert (PROJECT / "tests" / f"test_{module}.py").is_file()
     assert list(CORPUS.glob(f"{rule.RULE.code}_*.jinja")), f"no corpus/{rule.RULE.code}_*.jinja"
@@ -62,7 +64,7 @@ def test_the_registry_finds_every_rule_module():
     from helpers import PROJECT
 
     modules = sorted(path.stem for path in (PROJECT / "rules").glob("pc[0-9][0-9][0-9]_*.py"))
-    assert [rule.__name__.rsplit(".", 1)[1] for rule in RULES] == modules
+    assert [rule.module.__name__.rsplit(".", 1)[1] for rule in RULES] == modules
     assert len({rule.RULE.code for rule in RULES}) == len(RULES)
 
 
@@ -83,7 +85,7 @@ def test_fix_safety_says_no_automatic_fix_exactly_when_the_rule_has_none(rule):
     safety = page(rule).split("## Fix safety\n", 1)[1]
     listed = CliRunner().invoke(main, ["rules"]).stdout
     (row,) = [line for line in listed.splitlines() if line.startswith(rule.RULE.code + " ")]
-    has_fix = hasattr(rule, "fix")
+    has_fix = rule.fix is not None
     assert safety.startswith("No automatic fix") is not has_fix
     assert (" fix " in f" {row} ") is has_fix
     assert ("Fix is sometimes available." in page(rule)) is has_fix

@@ -20,6 +20,8 @@ from tmpl_lint.checker import SwitchTrials, name_switches, run_rules
 from tmpl_lint.jinja_env import PARSE_ENVIRONMENT
 from tmpl_lint.rules import STATIC
 
+pytestmark = pytest.mark.no_fork
+
 
 class BothPaths(NamedTuple):
     """What the fast path (taking statements over) and the reference (every trial analysed

@@ -1,7 +1,7 @@
 """A tokenizer that cannot measure text: a folder holding tokenizer_config.json without the
 files its vocabulary is in (a partial download, a clone without LFS) loads in transformers as
 a tokenizer of the config's added tokens alone, which encodes text to nothing. Measured in it,
-every divergence vanished and a failing finding passed as "not reproduced" (QA8 #1). Named by
+every divergence vanished and a failing finding passed as "not reproduced". Named by
 the user it is one error line and exit 2; found beside a template the proofs are measured in
 characters and say why."""
 

@@ -571,7 +571,7 @@ def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Po
 
 
 # Ctrl-C, and SIGTERM (what `timeout`, CI cancellation and container stops send), stop a run
-# alike: each with its line and exit status (QA8: SIGTERM during --fix wrote files and said nothing).
+# alike: each with its line and exit status (SIGTERM during --fix wrote files and said nothing).
 STOPS = pytest.mark.parametrize(
     ("number", "code", "said"),
     [(signal.SIGINT, 130, "tmpl-lint: interrupted\n"), (signal.SIGTERM, 143, "tmpl-lint: terminated\n")],
@@ -609,7 +609,7 @@ def test_a_signal_during_a_fix_of_files_at_once_writes_no_file_it_was_fixing(tmp
 @STOPS
 def test_a_signal_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(tmp_path, number, code, said):
     """A signal once one file is written and another is still being verified: the written
-    file is named as fixed before "interrupted" or "terminated" (QA7, QA8: files changed on
+    file is named as fixed before "interrupted" or "terminated" (files changed on
     disk, and nothing said so); the one not written is not."""
     config, other = config_and_other_file(tmp_path)
     before = other.read_bytes()

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import jinja2
 from jinja2 import nodes
@@ -18,6 +18,8 @@ from .locations import SourceMap, child_nodes, preorder
 
 if TYPE_CHECKING:
     from .reuse import Trace
+
+AnyNode = TypeVar("AnyNode", bound=nodes.Node)
 
 # Globals that read the wall clock. transformers installs strftime_now; the others are
 # names other runtimes (or custom renderers) expose with the same meaning.
@@ -202,7 +204,7 @@ class Facts:
     def site(self, node: nodes.Node, text: str) -> Site:
         return Site(getattr(node, "lineno", 1) or 1, text, node, self.source_map)
 
-    def nodes_of(self, *types: type[nodes.Node]) -> list[nodes.Node]:
+    def nodes_of(self, *types: type[AnyNode]) -> list[AnyNode]:
         """The template's nodes of ``types`` in ``find_all``'s order: every question a rule or
         the switch trials ask of the tree filters one shared walk instead of walking again."""
         if self.tree is None:
@@ -213,7 +215,9 @@ class Facts:
     def walk(self) -> tuple[list[nodes.Node], list[int]]:
         """Every node of the template in ``find_all``'s order, with where each one's
         subtree ends (see ``locations.preorder``): the one walk of the whole tree."""
-        return self.source_map.memo("preorder", lambda: preorder(self.tree))
+        tree = self.tree
+        assert tree is not None, "walked only once parsed"
+        return self.source_map.memo("preorder", lambda: preorder(tree))
 
     def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
         """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
@@ -319,7 +323,8 @@ def _is_role(node: nodes.Node, subject: str | None = None) -> bool:
     by_key = isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "role"
     if not (by_attribute or by_key):
         return False
-    return subject is None or (isinstance(node.node, nodes.Name) and node.node.name == subject)
+    owner = getattr(node, "node", None)  # the Getattr's or Getitem's subject
+    return subject is None or (isinstance(owner, nodes.Name) and owner.name == subject)
 
 
 def printed_literals(node: nodes.Node) -> list[str]:

@@ -3,6 +3,9 @@ in the size of what they build."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .values import GlobalRef, LoopRef, MacroRef, NamespaceRef
 
 _BINARY = {
@@ -38,7 +41,7 @@ def fold_binary(operator: str, left: object, right: object) -> object:
     return _BINARY[operator](left, right)
 
 
-FOLDABLE_FILTERS = {
+FOLDABLE_FILTERS: dict[str, Callable[[Any], Any]] = {
     "string": str,
     "lower": lambda v: v.lower(),
     "upper": lambda v: v.upper(),

@@ -16,7 +16,8 @@ the finding is gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from jinja2 import nodes
 
@@ -119,7 +120,9 @@ class Interpreter:
         self.macro_depth = 0
         # The namespace fields each active loop over messages builds up (``ns.out = ns.out + ...``).
         self.accumulating: dict[int, set[tuple[int, str]]] = {}
-        self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(facts.tree))
+        tree = facts.tree
+        assert tree is not None, "only a parsed template is interpreted"
+        self.namespace_loops = facts.source_map.memo("namespace_loops", lambda: _namespace_loops(tree))
         self.literals: dict[int, list[str]] = facts.source_map.memo("literal_strings", dict)
         self.test_roles: dict[tuple, tuple] = facts.source_map.memo("test_roles", dict)
 
@@ -130,8 +133,10 @@ class Interpreter:
         assumed = list(self.facts.assumptions)
         if len(assumed) != 1:
             reusing = ()
-        own = Label(LabelKind.VARIABLE, name=assumed[0]) if reusing else None
-        reusing = [other for other in reusing if other.usable_for(own)]
+        own: Label | None = None
+        if reusing:
+            own = Label(LabelKind.VARIABLE, name=assumed[0])
+            reusing = [other for other in reusing if other.usable_for(own)]
         if trace is None and not reusing:
             self.block(tree.body)
             return
@@ -139,8 +144,8 @@ class Interpreter:
         for index, statement in enumerate(tree.body):
             if trace is not None:
                 trace.record(self)
-            other = next((other for other in reusing if other.matches(self, index, reads[index], own)), None)
-            if other is not None:
+            other = None if own is None else next((o for o in reusing if o.matches(self, index, reads[index], own)), None)
+            if other is not None and own is not None:
                 other.replay(self, index, own)
                 self.facts.taken_over += 1
             else:
@@ -211,7 +216,7 @@ class Interpreter:
             return
         loops = tuple(loop.loop for loop in self.loops if loop.over_messages)
         # Printing what a loop accumulated prints what each of its messages added.
-        accumulated = {label.loop for label in labels if label.kind is LabelKind.ACCUMULATED}
+        accumulated = {label.loop for label in labels if label.kind is LabelKind.ACCUMULATED and label.loop is not None}
         loops += tuple(sorted(accumulated - set(loops)))
         roles = frozenset.intersection(*self.roles) if self.roles else None
         self.facts.sinks.append(Sink(node, labels, tuple(self.controls), loops, text, roles, unknown))
@@ -371,9 +376,9 @@ class Interpreter:
             assigned = [(key, value) for key, value in variables.items() if before_vars.get(key) is not value]
             for key, value in assigned:
                 merged_vars[key] = after_branch(merged_vars.get(key), value) if key in merged_vars else value
-            assigned = [(key, value) for key, value in namespaces.items() if before_ns.get(key) is not value]
-            for key, value in assigned:
-                merged_ns[key] = after_branch(merged_ns.get(key), value) if key in merged_ns else value
+            assigned_ns = [(key, value) for key, value in namespaces.items() if before_ns.get(key) is not value]
+            for field_key, value in assigned_ns:
+                merged_ns[field_key] = after_branch(merged_ns.get(field_key), value) if field_key in merged_ns else value
         # A name first set in only some branches is unknown afterwards.
         for key in [key for key in merged_vars if key not in before_vars]:
             if not all(key in variables for variables, _ in results):
@@ -390,7 +395,8 @@ class Interpreter:
             # `range(loop.index0 + 1, messages|length)`: the indices after the current message.
             site = self.facts.site(node.iter, expression_text(node.iter))
             iterable = Value(iterable.labels | {Label(LabelKind.LOOKAHEAD, site)}, iterable.const)
-        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), _backwards(node.iter), node)
+        backwards = _backwards(node.iter) or _reads_from_the_end(node)
+        loop = LoopRef(id(node), over_messages, iterable.has(LabelKind.LOOKAHEAD), backwards, node)
         element = self.element_of(iterable)
         if by_index:
             # The element is an index; the count it ranges over says nothing about any one message.
@@ -526,7 +532,7 @@ class Interpreter:
     def expr_Dict(self, node: nodes.Dict) -> Value:
         if not all(isinstance(pair.key, nodes.Const) and isinstance(pair.key.value, str) for pair in node.items):
             return NOTHING
-        return Value(const=Record((pair.key.value, self.expr(pair.value)) for pair in node.items))
+        return Value(const=Record((cast(nodes.Const, pair.key).value, self.expr(pair.value)) for pair in node.items))
 
     def expr_Getattr(self, node: nodes.Getattr) -> Value:
         base = self.expr(node.node)
@@ -551,7 +557,12 @@ class Interpreter:
             elif base.has(LabelKind.MESSAGES) and _negative(arg.start) and not _negative(arg.step):
                 # A window on the last messages (`messages[-4:]`): each new message pushes the
                 # oldest out, so what the prompt starts with depends on how many follow.
-                start = arg.start.node.value if isinstance(arg.start, nodes.Neg) else -arg.start.value
+                # _negative: a negative constant, written -4 (Neg of a Const) or folded (a Const)
+                start = (
+                    cast(nodes.Const, arg.start.node).value
+                    if isinstance(arg.start, nodes.Neg)
+                    else -cast(nodes.Const, arg.start).value
+                )
                 window = f"{expression_text(node.node)}[-{start}:]"
                 labels.add(Label(LabelKind.LOOKAHEAD, self.facts.site(node, window), name="window"))
             if base.has(LabelKind.MESSAGES):
@@ -808,7 +819,9 @@ class Interpreter:
             site = self.facts.site(node, f"|{name}")
             return Value(value.data() | {Label(LabelKind.RANDOM, site, name)})
         if value.has(LabelKind.MESSAGES):
-            site = self.facts.site(node.node, f"{expression_text(node.node)}|{name}")
+            subject = node.node
+            assert subject is not None, "a filter applied to a value has a subject (expr_Filter)"
+            site = self.facts.site(subject, f"{expression_text(subject)}|{name}")
             if name in ("length", LabelKind.COUNT):
                 return Value(value.data() | {Label(LabelKind.COUNT, site)})
             if name == "last":
@@ -912,7 +925,7 @@ class Interpreter:
             return None
 
         def indexes(value: Value) -> set[int]:
-            return {label.loop for label in value.labels if label.kind is LabelKind.LOOP_INDEX}
+            return {label.loop for label in value.labels if label.kind is LabelKind.LOOP_INDEX and label.loop is not None}
 
         return inner if indexes(left) == {inner} and indexes(right) and indexes(right) <= outer else None
 
@@ -947,9 +960,9 @@ class Interpreter:
 
     def expr_Concat(self, node: nodes.Concat) -> Value:
         values = [self.expr(child) for child in node.nodes]
-        strings = all(value.known and isinstance(value.const, str) for value in values)
-        if strings and sum(len(value.const) for value in values) <= MAX_FOLDED_ITEMS:
-            return Value(const="".join(value.const for value in values))
+        texts = [value.const for value in values if value.known and isinstance(value.const, str)]
+        if len(texts) == len(values) and sum(len(text) for text in texts) <= MAX_FOLDED_ITEMS:
+            return Value(const="".join(texts))
         return union_of(*values)
 
 
@@ -1002,7 +1015,8 @@ def _accumulates(node: nodes.Node, target: nodes.NSRef) -> bool:
     a list, not a number)."""
     if not isinstance(node, nodes.Assign) or not isinstance(node.node, (nodes.Add, nodes.Concat)):
         return False
-    operands, pending = [], [node.node]
+    operands: list[nodes.Expr] = []
+    pending: list[nodes.Expr] = [node.node]
     while pending:
         operand = pending.pop()
         if isinstance(operand, nodes.Add):
@@ -1034,8 +1048,43 @@ def _backwards(iterable: nodes.Node) -> bool:
         iterable = iterable.node
     if isinstance(iterable, nodes.Getitem) and isinstance(iterable.arg, nodes.Slice):
         return _negative(iterable.arg.step)
-    if _is_range(iterable) and len(iterable.args) == 3:
+    if _is_range(iterable) and isinstance(iterable, nodes.Call) and len(iterable.args) == 3:
         return _negative(iterable.args[2])
+    return False
+
+
+def _reads_from_the_end(loop: nodes.For) -> bool:
+    """Whether a forward loop reads the messages from the last to the first: its body takes
+    ``messages[(messages|length - 1) - loop.index0]`` (unsloth's Qwen3, for engines without
+    ``[::-1]``), directly or through a name it sets to that index."""
+
+    def from_the_end(index: nodes.Node) -> bool:
+        if not isinstance(index, nodes.Sub):
+            return False
+        counts = any(isinstance(n, nodes.Filter) and n.name in ("length", "count") for n in index.left.find_all(nodes.Filter))
+        counts = counts or (isinstance(index.left, nodes.Filter) and index.left.name in ("length", "count"))
+        right = [index.right, *index.right.find_all(nodes.Getattr)]
+        stepped = any(
+            isinstance(n, nodes.Getattr)
+            and isinstance(n.node, nodes.Name)
+            and n.node.name == "loop"
+            and n.attr.startswith("index")
+            for n in right
+        )
+        return counts and stepped
+
+    statements = [statement for statement in loop.body if isinstance(statement, nodes.Assign)]
+    indices = {
+        statement.target.name
+        for statement in statements
+        if isinstance(statement.target, nodes.Name) and from_the_end(statement.node)
+    }
+    for statement in statements:
+        read = statement.node
+        if not (isinstance(read, nodes.Getitem) and isinstance(read.node, nodes.Name) and read.node.name == "messages"):
+            continue
+        if from_the_end(read.arg) or (isinstance(read.arg, nodes.Name) and read.arg.name in indices):
+            return True
     return False
 
 
@@ -1045,9 +1094,9 @@ def _negative(node: nodes.Node | None) -> bool:
     return isinstance(node, nodes.Const) and isinstance(node.value, (int, float)) and node.value < 0
 
 
-def _handlers(prefix: str) -> dict[type, object]:
-    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup,
-    where building the method name for every node cost a tenth of the analysis)."""
+def _handlers(prefix: str) -> dict[type, Callable[..., Any]]:
+    """Handlers by node class: ``stmt_Output`` handles exactly ``nodes.Output`` (a dict lookup
+    per node, rather than building a method name for every node visited)."""
     return {
         getattr(nodes, name[len(prefix) :]): handler
         for name, handler in vars(Interpreter).items()

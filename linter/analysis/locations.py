@@ -139,7 +139,7 @@ class SourceMap:
         if self._occurrence is None:
             self._occurrence = {}
             if self._tree is not None:
-                self._number_names(self._tree)
+                self._number_names(self._tree, self._occurrence)
         wanted = self._occurrence.get(id(node), 0)
         return same_name[wanted] if wanted < len(same_name) else None
 
@@ -173,7 +173,7 @@ class SourceMap:
         if self._literal_occurrence is None:
             self._literal_occurrence = {}
             if self._tree is not None:
-                self._number_literals(self._tree)
+                self._number_literals(self._tree, self._literal_occurrence)
         if len(same_value) != self._literal_count.get((lineno, kind, value), 0):
             return None  # a token of the line was not located, or is not one node's
         token = same_value[self._literal_occurrence.get(id(node), 0)]
@@ -193,7 +193,7 @@ class SourceMap:
             return None
         return wrapped.value
 
-    def _number_literals(self, tree: nodes.Node) -> None:
+    def _number_literals(self, tree: nodes.Node, occurrence: dict[int, int]) -> None:
         """Number each string literal and text node among those of its line, kind and value,
         in source order (see ``_number_names``), and count them."""
         counters = self._literal_count
@@ -207,14 +207,13 @@ class SourceMap:
                 key = (node.lineno, "data", node.data)
             else:
                 continue
-            self._literal_occurrence[id(node)] = counters.get(key, 0)
+            occurrence[id(node)] = counters.get(key, 0)
             counters[key] = counters.get(key, 0) + 1
 
-    def _number_names(self, tree: nodes.Node) -> None:
+    def _number_names(self, tree: nodes.Node, occurrence: dict[int, int]) -> None:
         """Number each Name and Filter node among those of its name on its line, in source
         order. Without recursion: templates nest deeper than Python's stack."""
         counters: dict[tuple[int, str], int] = {}
-        occurrence = self._occurrence
         stack: list = [tree]
         while stack:
             item = stack.pop()
@@ -258,7 +257,7 @@ def child_nodes(node: nodes.Node) -> list[nodes.Node]:
     fields = _NODE_FIELDS.get(type(node))
     if fields is None:
         fields = _NODE_FIELDS[type(node)] = tuple(name for name in node.fields if name not in _SCALAR_FIELDS)
-    children = []
+    children: list[nodes.Node] = []
     for name in fields:
         item = getattr(node, name, None)
         if isinstance(item, list):

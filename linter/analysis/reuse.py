@@ -58,7 +58,9 @@ class Trace:
         """Whether an analysis without the label ``own`` may take statements over: the
         trace is complete, and no two calls it cached differ only by that label (the
         macro call cache is keyed by the arguments' labels)."""
-        if len(self.states) != len(self.facts.tree.body) + 1:
+        tree = self.facts.tree
+        assert tree is not None, "a trace is recorded only for a parsed template"
+        if len(self.states) != len(tree.body) + 1:
             return False
         keys = self.states[-1].macro_cache
         return len({_key_without(key, own) for key in keys}) == len(keys)
@@ -82,13 +84,15 @@ class Trace:
             return False
         if reads.macros is not None and not reads.macros:
             return True
-        theirs = {
+        their_calls = {
             _key_without(key, own): value
             for key, value in before.macro_cache.items()
             if reads.macros is None or key[0] in reads.macros
         }
-        mine = {key: value for key, value in interpreter.macro_cache.items() if reads.macros is None or key[0] in reads.macros}
-        return same_values(theirs, mine, own)
+        my_calls = {
+            key: value for key, value in interpreter.macro_cache.items() if reads.macros is None or key[0] in reads.macros
+        }
+        return same_values(their_calls, my_calls, own)
 
     def replay(self, interpreter: Interpreter, index: int, own: Label) -> None:
         """Do in ``interpreter`` what top-level statement ``index`` did in this trace."""
@@ -131,7 +135,9 @@ def top_level_scan(facts: Facts) -> tuple[list[_Reads], list[nodes.Compare]]:
     """The reads of each top-level statement, and every comparison in the template in
     document order (the constants a switch is compared with are values worth trying):
     one walk, shared by the switch trials."""
-    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(facts.tree, *facts.walk()))
+    tree = facts.tree
+    assert tree is not None, "scanned only once parsed"
+    return facts.source_map.memo("top_level_scan", lambda: _scan_top_level(tree, *facts.walk()))
 
 
 def _scan_top_level(tree: nodes.Template, every: list[nodes.Node], ends: list[int]) -> tuple[list[_Reads], list[nodes.Compare]]:

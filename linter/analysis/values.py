@@ -63,7 +63,7 @@ class Record(dict):
     A dict, so that its truth, length, ``in`` and ``is mapping`` fold as the literal's do;
     hashed by identity, as a Value holding it may be (a frozen dataclass hashes its const)."""
 
-    __hash__ = object.__hash__
+    __hash__ = object.__hash__  # type: ignore[assignment]  # dict sets it to None: unhashable
 
 
 @dataclass(frozen=True)

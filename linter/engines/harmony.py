@@ -56,8 +56,8 @@ def _flatten_text(content: Any) -> str | None:
     if not isinstance(content, list):
         return None
     texts = [part if isinstance(part, str) else part.get("text") for part in content if isinstance(part, (str, dict))]
-    texts = [text for text in texts if text is not None]
-    return "".join(texts) if texts else None
+    found: list[str] = [text for text in texts if text is not None]
+    return "".join(found) if found else None
 
 
 def _system_message(date: str, instructions: str | None = None, reasoning_effort: str | None = None):

@@ -4,7 +4,12 @@
   messages, tool-call ``arguments`` strings are parsed into mappings (empty or null
   arguments, malformed JSON and JSON that is not an object all become ``{}``), and an
   empty ``tool_calls`` list is dropped (the server's request validation answers 400 to
-  arguments that are not strings, measured; ``LLM.chat`` takes them, and so does this);
+  arguments that are not strings, measured; ``LLM.chat`` takes them, and so does ``prepare``:
+  the server's answer is ``PROFILE.refusal``, which ``request_prompt`` asks first);
+- ``ChatCompletionRequest._normalize_messages_before``: a client's ``reasoning_content`` is
+  ``reasoning`` before the parser reads it;
+- ``renderers/hf.py``: a ``developer`` message becomes ``system`` for a template that never
+  names the role, and the system messages are merged into one at the start;
 - request validation against the OpenAI types, which leaves a tool call's ``function`` as
   ``{"arguments", "name"}`` in that order (visible to templates that print
   ``function|tojson``, such as Mistral Nemo's);
@@ -23,8 +28,9 @@ template (``harmony.py``). vLLM picks that path by the model's ``model_type``
 (``gpt_oss``); where no config.json says it, a template written in harmony's markup stands
 for a gpt-oss model (``resolve_engine``).
 
-When vLLM changes these steps, this module is the one to update; bench/vllm_peer.py
-measures the match against a running server.
+When vLLM changes these steps, this module is the one to update: ``PROFILE`` at its end names
+the version. tests/test_engine_golden.py holds it to vLLM 0.33.0's own render server, and
+``tmpl-lint validate`` checks it against a running one.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from .base import EngineError
+from .base import EngineError, EngineProfile
 
 _CONTENT_FORMATS: dict[str, str] = {}
 _CONTENT_FORMATS_KEPT = 64
@@ -43,7 +49,7 @@ _CONTENT_FORMATS_KEPT = 64
 def content_format(template: str, tree: nodes.Template | None = None) -> str:
     """ "openai" when the template loops over a message's content parts, else "string".
     Kept per template text; ``tree`` is its parse where the caller has one (a proof asks
-    first, with the lint's: parsing again was a tenth of a proof)."""
+    first, with the lint's: a proof does not parse the template twice)."""
     form = _CONTENT_FORMATS.get(template)
     if form is None:
         if tree is None:
@@ -145,9 +151,8 @@ def _rebuilt(message: Any, form: str) -> dict[str, Any]:
     """A message as vLLM's chat parsing rebuilds it for the template (vllm/entrypoints/
     chat_utils.py: _parse_chat_message_content, _postprocess_messages): role and content;
     an assistant's tool calls (arguments parsed to a mapping; none where the list is
-    empty) and `reasoning`, copied to `reasoning_content` (a client's own
-    `reasoning_content` is not read: vllm-project/vllm#38488); a tool's tool_call_id and
-    its text parts joined into one string; a `name` or `task` that is a string; a
+    empty) and `reasoning` (a client's `reasoning_content` where it sent no `reasoning`),
+    copied to `reasoning_content`; a tool's tool_call_id and its text parts joined into one string; a `name` or `task` that is a string; a
     developer's tools. Nothing else the client sent reaches the template."""
     if not isinstance(message, dict):
         raise EngineError("messages entries must be objects")
@@ -160,7 +165,12 @@ def _rebuilt(message: Any, form: str) -> dict[str, Any]:
             rebuilt["tool_calls"] = [_validated_call(call) for call in calls]
         elif calls is not None and not isinstance(calls, list):
             rebuilt["tool_calls"] = calls
+        # ChatCompletionRequest._normalize_messages_before renames a client's
+        # `reasoning_content` to `reasoning` (unless `reasoning` is set) before the parser
+        # reads `reasoning` and hands it on under both names.
         reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
         if reasoning is not None:
             rebuilt["reasoning"] = rebuilt["reasoning_content"] = reasoning
     elif role == "tool":
@@ -228,4 +238,123 @@ def prepare(
         if "enable_thinking" not in request_kwargs:
             merged["enable_thinking"] = reasoning_effort != "none"
     form = content_format(template)
-    return [_rebuilt(message, form) for message in messages], merged
+    rebuilt = [_rebuilt(message, form) for message in messages]
+    if any(message["role"] == "developer" for message in rebuilt) and not _reads_developer(template):
+        rebuilt = _systems_consolidated(_developer_as_system(rebuilt))
+    return rebuilt, merged
+
+
+def _reads_developer(template: str) -> bool:
+    """vLLM's own test (renderers/hf.py ``_detect_developer_role_support``): the template
+    names the role as a quoted string."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def _developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A developer message, for a template without the role, becomes a system message (its
+    tools dropped): renderers/hf.py ``_convert_developer_to_system``."""
+    return [
+        {key: value for key, value in message.items() if key != "tools"} | {"role": "system"}
+        if message["role"] == "developer"
+        else message
+        for message in messages
+    ]
+
+
+def _systems_consolidated(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every system message merged into one at the start, their texts joined by a blank
+    line (renderers/hf.py ``_consolidate_system_messages``); unchanged when the only system
+    message is already first."""
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for index, message in enumerate(messages):
+        if message["role"] != "system":
+            others.append(message)
+            continue
+        merge = merge or index > 0 or bool(texts)
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "\n".join(
+                part if isinstance(part, str) else part["text"]
+                for part in content
+                if isinstance(part, str) or (isinstance(part, dict) and "text" in part)
+            )
+        if content:
+            texts.append(content)
+    if not merge:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
+
+
+# --- the server's request validation: what it answers 400 -----------------------------
+
+
+def _empty_tools(body: dict[str, Any]) -> tuple[str, str] | None:
+    # ChatCompletionRequest.check_tool_usage
+    if body.get("tools") == []:
+        return "tools", "must not be an empty array; give at least one tool or leave the field out"
+    return None
+
+
+def _generation_prompt_and_continue(body: dict[str, Any]) -> tuple[str, str] | None:
+    # ChatCompletionRequest.check_generation_prompt (both given); transformers refuses the
+    # pair too when add_generation_prompt is left at vLLM's default, true (request_prompt)
+    if body.get("continue_final_message") and body.get("add_generation_prompt"):
+        return "continue_final_message", "cannot be true together with add_generation_prompt"
+    return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "text")
+
+
+def _message_types(body: dict[str, Any]) -> tuple[str, str] | None:
+    """What the request's message types (OpenAI's, and vLLM's CustomChatCompletionMessageParam)
+    do not admit: null content outside assistant messages; a tool call without its id, its
+    type "function", or a function with a name and arguments as a string (a running vLLM
+    0.33.0 answers 400 to each: ``tmpl-lint validate``)."""
+    messages = body.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        if not isinstance(message, dict):
+            continue
+        if "content" in message and message["content"] is None and message.get("role") != "assistant":
+            return f"messages[{index}].content", "must be a string or a list of content parts, not null"
+        calls = message.get("tool_calls")
+        for number, call in enumerate(calls if isinstance(calls, list) else ()):
+            where = f"messages[{index}].tool_calls[{number}]"
+            if not isinstance(call, dict):
+                return where, f"must be an object, not {_kind(call)}"
+            function = call.get("function")
+            for field, value, wanted in (
+                ("id", call.get("id"), "a string"),
+                ("type", call.get("type"), '"function"'),
+                ("function", function, "an object"),
+            ):
+                if value is None:
+                    return f"{where}.{field}", f"is required ({wanted})"
+            if call["type"] != "function":
+                return f"{where}.type", f'must be "function", not {json.dumps(call["type"])}'
+            if not isinstance(function, dict):
+                return f"{where}.function", f"must be an object, not {_kind(function)}"
+            for field in ("name", "arguments"):
+                if field not in function:
+                    return f"{where}.function.{field}", "is required (a string)"
+                if not isinstance(function[field], str):
+                    wanted = "a string of JSON text" if field == "arguments" else "a string"
+                    return f"{where}.function.{field}", f"must be {wanted}, not {_kind(function[field])}"
+    return None
+
+
+PROFILE = EngineProfile(
+    name="vllm",
+    template_message=lambda message: _rebuilt(message, "string"),
+    product="vLLM",
+    version="0.33.0",
+    cache_model="vllm",
+    renderer="transformers' apply_chat_template after vLLM's chat parser; openai-harmony for gpt-oss",
+    tokenization="the rendered text, add_special_tokens=False",
+    validators=(_empty_tools, _generation_prompt_and_continue, _message_types),
+)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..checker import lint_with_facts
-from ..edits import Edit, OverlappingEdits, apply_edits
+from ..edits import Edit, Fix, OverlappingEdits, apply_edits
 from ..findings import Finding
 from ..inputs import TemplateSource
 from ..proving.session import Recorded
 from ..rules import BY_CODE
-from ..selection import Selection, suppressions
+from ..selection import Selection
+from ..suppressions import suppressions
 from .options import NO_AUTOMATIC_FIX, FixOptions, Linted
 from .verify import Verdicts, Verification
 
@@ -54,14 +55,14 @@ def fix_template(
     random = [finding for finding in findings if BY_CODE[finding.code].RULE.makes_renders_incomparable]
     if random:
         # Random output makes two renders differ: no fix could be verified.
-        reason = f"the template prints random text ({random[0].code}): fixes cannot be verified"
-        result.skipped = [(finding, reason) for finding in findings]
+        unverifiable = f"the template prints random text ({random[0].code}): fixes cannot be verified"
+        result.skipped = [(finding, unverifiable) for finding in findings]
         return result
     chosen: list[Edit] = []
-    pending: list[tuple[Finding, object]] = []
+    pending: list[tuple[Finding, Fix]] = []
     for finding in sorted(findings, key=lambda f: (f.code, f.line, f.column)):
         rule = BY_CODE.get(finding.code)
-        fix = rule.fix(facts, finding, options) if rule is not None and hasattr(rule, "fix") else None
+        fix = rule.fix(facts, finding, options) if rule is not None and rule.fix is not None else None
         if fix is None:
             result.skipped.append((finding, NO_AUTOMATIC_FIX))
         elif fix.unfixable:
@@ -78,9 +79,9 @@ def fix_template(
     result.verdicts = verifier.verdicts
     if not options.unreproduced:
         for finding, fix in list(pending):
-            reason = verifier.unreproduced(finding)
-            if reason is not None:
-                result.skipped.append((finding, reason))
+            unreproduced = verifier.unreproduced(finding)
+            if unreproduced is not None:
+                result.skipped.append((finding, unreproduced))
                 pending.remove((finding, fix))
     reasons: dict[int, str] = {}
     # The fixes in when each finding's candidates were last tried: with the same ones in,

@@ -115,16 +115,22 @@ def _chains(by_path: dict[Path, list[TemplateSource]]) -> list[list[Path]]:
     chains go at once."""
     order = {path: index for index, path in enumerate(by_path)}
     chain_of_text: dict[str, int] = {}
+    # A chain merged into another is emptied: None.
     chains: list[list[Path] | None] = []
     for path, found in by_path.items():
         joined = sorted({chain_of_text[source.text] for source in found if source.text in chain_of_text})
         if joined:
             number = joined[0]
+            merged = chains[number]
+            assert merged is not None, "chain_of_text names chains not merged away"
             for other in joined[1:]:  # this file ties chains together: they become one
-                chains[number] = sorted(chains[number] + chains[other], key=order.__getitem__)
+                absorbed = chains[other]
+                assert absorbed is not None, "chain_of_text names chains not merged away"
+                merged = sorted(merged + absorbed, key=order.__getitem__)
                 chains[other] = None
                 chain_of_text.update({text: number for text, owner in chain_of_text.items() if owner == other})
-            chains[number].append(path)
+            merged.append(path)
+            chains[number] = merged
         else:
             number = len(chains)
             chains.append([path])

@@ -19,12 +19,13 @@ class FixOptions:
     block_size: int = 16
     # "compact" or "spaced": how the model writes tool-call arguments, which the fix writes
     # mappings with (PC004) and its verifying lint and proofs take as the check does; None:
-    # as the template names it, else compact (analysis.model_separators).
+    # as the template names it, else compact (analysis.separators.model_separators).
     tool_args_style: str | None = None
     engine: str = "vllm"  # whose request preprocessing the verifying proofs apply, as the check's
     limits: RenderLimits = DEFAULT_LIMITS  # each render's, as check's proofs have them
     # Fix findings the proof does not reproduce too: they fail the run under --strict and
-    # --no-prove. Otherwise a fix is made only for what a render shows (see Verifier.shows).
+    # --no-prove. Otherwise a fix is made only for what a render shows (see
+    # Verifier.unreproduced).
     unreproduced: bool = False
     # The check that follows proves the template as fixed, and takes over what the verifier
     # rendered for it (TemplateFix.recorded); without proofs that is not sent back at all.
@@ -44,5 +45,6 @@ NO_AUTOMATIC_FIX = "no automatic fix for this rule"
 
 
 def applies_by_default(finding: Finding) -> bool:
-    """Not informational, and not only when a caller sets a switch to its unstable value."""
-    return finding.severity != "info" and not (finding.switch and finding.switch.default_is_stable)
+    """Not informational. A finding that applies only when a caller sets a switch to a value
+    applies too: a deployment may set it (the switch policy, issue 33)."""
+    return finding.severity != "info"

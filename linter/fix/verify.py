@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
@@ -14,9 +15,8 @@ from typing import Any
 
 from ..analysis.facts import LabelKind
 from ..analysis.separators import model_separators
-from ..checker import as_reported, lint_with_facts, prover_inputs
+from ..checker import as_reported, lint_with_facts, prover_inputs, source_engine
 from ..edits import FROZEN_TIME_OF_DAY
-from ..engines import resolve_engine
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
 from ..findings import Finding
@@ -30,7 +30,6 @@ from ..render import FrozenClock, RenderError, RenderLimitExceeded, compile_temp
 from ..rules import BY_CODE
 from ..scenarios import PARALLEL_RESULTS, TOOLS, Scenario, ScenarioKind, parallel_agent
 from ..selection import Selection
-from ..sources import model_type_beside
 from ..tokenizer import Tokenizer, common_prefix_length
 from .options import FixOptions, Linted, applies_by_default
 
@@ -48,7 +47,7 @@ class ProvingInputs:
         tokenizer, config, _ = prover_inputs(source, options.tokenizer)
         # The fix is proven as the check proves the template: where vLLM renders the model
         # without it (openai-harmony), the template is proven as transformers renders it.
-        engine = resolve_engine(options.engine, source.text, model_type_beside(source.path))
+        engine = source_engine(options.engine, source)
         return cls(tokenizer, resolve_special_tokens(tokenizer, config), "hf" if engine == HARMONY else engine)
 
 
@@ -139,8 +138,8 @@ class Verifier:
         )
 
     def prove(self, text: str):
-        # The proof renders from the lint's parse and takes its argument separators: parsing
-        # and analysing each candidate again was a fifth of a fix.
+        # The proof renders from the lint's parse and takes its argument separators: each
+        # candidate is parsed and analysed once, not again for its proof.
         self.ready_to_render(text)
         separators = model_separators(self.lint(text).facts)
         prover = Prover(text, self.tokenizer, self.block_size, self.special, self.limits, self.engine, separators, self.measure)
@@ -194,7 +193,7 @@ class Verifier:
 
     def single_turns(self, text: str) -> list[str | None]:
         self.ready_to_render(text)
-        out = []
+        out: list[str | None] = []
         for messages in (
             [{"role": "user", "content": "Hello"}],
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
@@ -216,55 +215,10 @@ class Verifier:
         return out
 
     def check(self, patched: str, fixed: list[Finding]) -> str | None:
-        """None if ``patched`` verifies for the ``fixed`` findings, else the reason."""
-        linted = self.lint(patched)
-        if linted.facts.syntax_error is not None:
-            return f"the patched template does not parse: {linted.facts.syntax_error.message}"
-        found = linted.findings
-        codes = self.severe_codes(found)
-        for (code, applies), count in Counter((finding.code, applies_by_default(finding)) for finding in fixed).items():
-            now = codes[(code, True)] + (0 if applies else codes[(code, False)])
-            before = self.original_codes[(code, True)] + (0 if applies else self.original_codes[(code, False)])
-            if now > before - count:
-                return f"{code} is still found in the patched template{self.still_found_at(found, code)}"
-        fixed_codes = {finding.code for finding in fixed}
-        for code, applies in codes:
-            if applies and code not in fixed_codes and codes[(code, True)] > self.original_codes[(code, True)]:
-                return f"the patched template has a {code} finding the original does not"
-        if self.single_turns(patched) != self.original_single_turns:
-            return "a single-turn conversation would render differently"
-        lost = self.lost_text(patched) or self.regrouped(patched)
-        if lost is not None:
-            return lost
-        report = self.prove(patched)
-        # Scenarios rendered before that fail now (a clock step is rendered only when its
-        # probe changed the render, so one the fix made stable is not tried at all).
-        missing = self.original_rendered & {result.scenario.name for result in report.results if result.error}
-        if missing:
-            return f"the patched template no longer renders: {', '.join(sorted(missing))}"
-        fixed_rules = [BY_CODE[code] for code in {finding.code for finding in fixed}]
-        still_found = [BY_CODE[code].RULE for code, _ in codes if code not in {rule.RULE.code for rule in fixed_rules}]
-        # A reply that renders differently as history than as generated is the model's own
-        # format (gpt-oss drops a final answer's analysis by design): only a fix of a rule the
-        # generation prompt proves is asked to change it.
-        fixes_replies = any(Cause.GENERATION_PROMPT in rule.RULE.proven_by for rule in fixed_rules)
-        for divergence in report.divergences():
-            if divergence.check != "b" or (divergence.in_reply and not fixes_replies):
-                continue
-            # A divergence another finding still explains cannot be asked to vanish.
-            if any(rule.proves(divergence) for rule in still_found):
-                continue
-            if any(rule.RULE.fix_removes_proof and rule.RULE.proves(divergence) for rule in fixed_rules):
-                return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
-        # What the check after the fix reports: no divergence left that no finding explains
-        # (a fix that removes the finding explaining it must remove the divergence too).
-        for code, cause in sorted(found_by_proof(report, found) - self.original_found_by_proof):
-            return f"the check after the fix would report {code} (a {cause} divergence no finding explains)"
-        for rule in fixed_rules:
-            reason = rule.verify_fix(self, patched) if hasattr(rule, "verify_fix") else None
-            if reason is not None:
-                return reason
-        return None
+        """None if ``patched`` verifies for the ``fixed`` findings, else the reason: that of
+        the first of CHECKS it fails (cheapest first; the proof only once the rest pass)."""
+        candidate = Candidate(self, patched, fixed)
+        return next((reason for named_check in CHECKS if (reason := named_check(candidate)) is not None), None)
 
     def lost_text(self, patched: str) -> str | None:
         """Why ``patched`` leaves out of a whole conversation text of its request (messages,
@@ -312,7 +266,12 @@ class Verifier:
             found += [replace(request, name=f"{request.name}, with documents", documents=DOCUMENTS) for request in conversations]
         # Only the variables whose value reaches printed text: one only tested (a switch)
         # has no text to leave out, and most templates' only variable is such a switch.
-        printed = {label.name for sink in facts.sinks for label in sink.labels if label.kind is LabelKind.VARIABLE}
+        printed = {
+            label.name
+            for sink in facts.sinks
+            for label in sink.labels
+            if label.kind is LabelKind.VARIABLE and label.name is not None
+        }
         passed = sorted(printed & facts.variables - REQUEST_VARIABLES - set(self.special))
         if passed:
             # A text each, all at once: a render per variable would cost a render per variable
@@ -390,6 +349,139 @@ class Verifier:
     def rendered_scenarios(self):
         """The scenarios the original template rendered: conversations in shapes it accepts."""
         return [result.scenario for result in self.original_report.rendered]
+
+
+@dataclass
+class Candidate:
+    """A patched template under verification, with what the checks ask of it computed once,
+    as the first check that needs it asks."""
+
+    verifier: Verifier
+    patched: str
+    fixed: list[Finding]
+
+    @cached_property
+    def linted(self) -> Linted:
+        return self.verifier.lint(self.patched)
+
+    @cached_property
+    def codes(self) -> Counter:
+        return self.verifier.severe_codes(self.linted.findings)
+
+    @cached_property
+    def report(self):
+        return self.verifier.prove(self.patched)
+
+    @cached_property
+    def fixed_rules(self) -> list:
+        return [BY_CODE[code] for code in {finding.code for finding in self.fixed}]
+
+    @cached_property
+    def fixes_replies(self) -> bool:
+        """A reply that renders differently as history than as generated is the model's own
+        format (gpt-oss drops a final answer's analysis by design): only a fix of a rule the
+        generation prompt proves is asked to change it."""
+        return any(Cause.GENERATION_PROMPT in rule.RULE.proven_by for rule in self.fixed_rules)
+
+
+def parses(candidate: Candidate) -> str | None:
+    error = candidate.linted.facts.syntax_error
+    return None if error is None else f"the patched template does not parse: {error.message}"
+
+
+def fixed_findings_gone(candidate: Candidate) -> str | None:
+    """Each fixed finding is found once less (a fix that applies by default: among those that
+    apply by default)."""
+    verifier, codes = candidate.verifier, candidate.codes
+    for (code, applies), count in Counter((finding.code, applies_by_default(finding)) for finding in candidate.fixed).items():
+        now = codes[(code, True)] + (0 if applies else codes[(code, False)])
+        before = verifier.original_codes[(code, True)] + (0 if applies else verifier.original_codes[(code, False)])
+        if now > before - count:
+            return f"{code} is still found in the patched template{verifier.still_found_at(candidate.linted.findings, code)}"
+    return None
+
+
+def no_new_findings(candidate: Candidate) -> str | None:
+    fixed_codes = {finding.code for finding in candidate.fixed}
+    codes, original = candidate.codes, candidate.verifier.original_codes
+    for code, applies in codes:
+        if applies and code not in fixed_codes and codes[(code, True)] > original[(code, True)]:
+            return f"the patched template has a {code} finding the original does not"
+    return None
+
+
+def single_turn_unchanged(candidate: Candidate) -> str | None:
+    if candidate.verifier.single_turns(candidate.patched) != candidate.verifier.original_single_turns:
+        return "a single-turn conversation would render differently"
+    return None
+
+
+def keeps_request_text(candidate: Candidate) -> str | None:
+    return candidate.verifier.lost_text(candidate.patched)
+
+
+def keeps_parallel_results(candidate: Candidate) -> str | None:
+    return candidate.verifier.regrouped(candidate.patched)
+
+
+def still_renders(candidate: Candidate) -> str | None:
+    """Scenarios rendered before that fail now (a clock step is rendered only when its probe
+    changed the render, so one the fix made stable is not tried at all)."""
+    failed = {result.scenario.name for result in candidate.report.results if result.error}
+    missing = candidate.verifier.original_rendered & failed
+    return f"the patched template no longer renders: {', '.join(sorted(missing))}" if missing else None
+
+
+def proof_gone(candidate: Candidate) -> str | None:
+    """No check-b divergence left that a fixed rule's proof shows, unless another finding
+    still explains it (it cannot be asked to vanish)."""
+    fixed_rules = candidate.fixed_rules
+    fixed_codes = {rule.RULE.code for rule in fixed_rules}
+    still_found = [BY_CODE[code].RULE for code, _ in candidate.codes if code not in fixed_codes]
+    for divergence in candidate.report.divergences():
+        if divergence.check != "b" or (divergence.in_reply and not candidate.fixes_replies):
+            continue
+        if any(rule.proves(divergence) for rule in still_found):
+            continue
+        if any(rule.RULE.fix_removes_proof and rule.RULE.proves(divergence) for rule in fixed_rules):
+            return f'the prover still finds a {divergence.cause} divergence in "{divergence.scenario}"'
+    return None
+
+
+def nothing_unexplained(candidate: Candidate) -> str | None:
+    """What the check after the fix reports: no divergence left that no finding explains (a
+    fix that removes the finding explaining it must remove the divergence too). The model's
+    own format (a reply's reasoning left out once it is history) is left by a fix of anything
+    but the generation prompt: said as found by the proof, not a reason to refuse the fix
+    that wins history back."""
+    added = found_by_proof(candidate.report, candidate.linted.findings, model_format=candidate.fixes_replies)
+    for code, cause in sorted(added - candidate.verifier.original_found_by_proof):
+        return f"the check after the fix would report {code} (a {cause} divergence no finding explains)"
+    return None
+
+
+def rules_own_checks(candidate: Candidate) -> str | None:
+    """The check a fixed rule makes of its own fix (``verify_fix``)."""
+    for rule in candidate.fixed_rules:
+        reason = rule.verify_fix(candidate.verifier, candidate.patched) if rule.verify_fix is not None else None
+        if reason is not None:
+            return reason
+    return None
+
+
+# What a fix must pass, in order: the cheap ones first, the proof's once the others pass.
+CHECKS: tuple[Callable[[Candidate], str | None], ...] = (
+    parses,
+    fixed_findings_gone,
+    no_new_findings,
+    single_turn_unchanged,
+    keeps_request_text,
+    keeps_parallel_results,
+    still_renders,
+    proof_gone,
+    nothing_unexplained,
+    rules_own_checks,
+)
 
 
 def _between_parallel_results(rendered: str) -> str | None:
@@ -507,13 +599,22 @@ class Verification:
         return self._accepted.get(text)
 
 
-def found_by_proof(report, findings: list[Finding]) -> set[tuple[str, str]]:
+def found_by_proof(report, findings: list[Finding], model_format: bool = True) -> set[tuple[str, str]]:
     """(code, cause) of each failing finding the proof itself would add to ``findings``: a
-    divergence no finding explains (PC100), or one a rule finds by its proof. The reply's
-    own reasoning left out of history is informational, and so not among them."""
+    divergence no finding explains (PC100), or one a rule finds by its proof. ``model_format``
+    False leaves out those that are only the reply's own reasoning left out of history."""
     if not report.rendered:
         return set()
-    return _failing_causes(attach_proofs([copy.copy(finding) for finding in findings], report))
+    found = attach_proofs([copy.copy(finding) for finding in findings], report)
+    if not model_format:
+        found = [
+            finding
+            for finding in found
+            if finding.proof is None
+            or finding.proof.divergence is None
+            or finding.proof.divergence.reply_as_trained not in ("reasoning", "reasoning-block")
+        ]
+    return _failing_causes(found)
 
 
 def _failing_causes(found: list[Finding]) -> set[tuple[str, str]]:

@@ -4,14 +4,16 @@ divergence no finding explains is reported through the rule for unexplained dive
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 from ..analysis.facts import Site
 from ..findings import Finding, Outcome, Switch
-from ..proofs import Cause, Divergence, Proof
+from ..proofs import Cause, Divergence, Proof, SwitchValues
 from ..rules import BY_CODE, RULES, reporting
-from .session import ProofReport
+from ..scenarios import ScenarioKind
+from .session import ProofReport, ScenarioResult
 
 
 def _worst(divergences: list[Divergence]) -> Divergence:
@@ -60,11 +62,11 @@ def name_other_switches(finding: Finding, report: ProofReport) -> None:
         finding.switch = replace(switch, also=tuple(sorted(others.items())))
 
 
-def only_when_asked(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
+def name_the_switch_shown(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
     """A finding whose divergences all come from a template variable set to a value (none
-    from a request as callers send it) applies only when a caller opts in: informational,
-    with the switch that shows it (the analysis's own switch, its default now called stable
-    since the renders show that, where it named one)."""
+    from a request as callers send it) names the switch that shows it (the analysis's own
+    switch, its default now called stable since the renders show that, where it named one).
+    It keeps its severity: a deployment may set that value (the switch policy, README)."""
     if not divergences or (finding.switch is not None and finding.switch.default_is_stable):
         return
     asked = [_kwargs(d, report) for d in divergences]
@@ -73,11 +75,10 @@ def only_when_asked(finding: Finding, divergences: list[Divergence], report: Pro
     switch = finding.switch
     if switch is not None:
         unstable = next((kwargs[switch.name] for kwargs in asked if switch.name in kwargs), switch.unstable_value)
-        finding.switch = Switch(switch.name, switch.stable_value, True, unstable, demoted_from=finding.severity)
+        finding.switch = Switch(switch.name, switch.stable_value, True, unstable)
     else:
         (name, value), *_ = sorted(asked[0].items())
-        finding.switch = Switch(name, None, True, value, demoted_from=finding.severity)
-    finding.severity = "info"
+        finding.switch = Switch(name, None, True, value)
 
 
 def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> list[Finding]:
@@ -125,12 +126,13 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
             if verify_switch(finding, rule.RULE, report, others):
                 refuted.add(id(finding))
-        if hasattr(rule, "prove"):
+        if rule.prove is not None:
             finding.proof = rule.prove(report, finding)
             if finding.proof.is_proven:
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
                 explained |= shown
                 finding.proof = finding.proof.explaining([divergences[index] for index in sorted(shown)])
+                settle(finding, [divergences[index] for index in sorted(shown)], report)
         else:
             generic.append(finding)
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
@@ -161,7 +163,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             continue
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
-            only_when_asked(finding, own or [worst], report)
+            name_the_switch_shown(finding, own or [worst], report)
+        settle(finding, own or [worst], report)
     for finding in findings:
         name_other_switches(finding, report)
     extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
@@ -175,8 +178,8 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
 def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
     """A divergence that is only the model's format (the reasoning or empty reasoning block
     it wrote, which history leaves out), in a scenario that leaves the finding's switch
-    unset: not what the switch turns on (QA8: Qwen3's "only when enable_thinking=false"
-    listed a scenario without it). It stays informational, found by the proof."""
+    unset: not what the switch turns on (Qwen3's "only when enable_thinking=false" must not
+    list a scenario without it). It stays informational, found by the proof."""
     switch = finding.switch
     if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
         return False
@@ -193,7 +196,7 @@ def shows(finding: Finding, divergence: Divergence) -> bool:
     rule = BY_CODE[finding.code]
     if not rule.RULE.proves(divergence):
         return False
-    return not hasattr(rule, "shown_by") or rule.shown_by(finding, divergence)
+    return rule.shown_by is None or rule.shown_by(finding, divergence)
 
 
 def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding:
@@ -207,7 +210,7 @@ def rule_found_by_proof(divergence: Divergence):
     """The rule that reports ``divergence`` where no finding explains it: the first that can
     be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
     for unexplained divergences)."""
-    return next((rule for rule in RULES if hasattr(rule, "found_by_proof") and rule.RULE.proves(divergence)), None)
+    return next((rule for rule in RULES if rule.found_by_proof is not None and rule.RULE.proves(divergence)), None)
 
 
 def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
@@ -229,16 +232,20 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     found = []
     for rule in RULES:
         claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
-        if not claimed:
-            continue
-        worst = _first_shown(claimed, report)
-        finding = rule.found_by_proof(facts, worst)
-        finding.hypothesis = False  # the render found it: no pattern in the template stands for it
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
-        only_when_asked(finding, claimed, report)
-        model_format(finding, claimed)
-        found.append(finding)
         divergences = [d for d in divergences if d not in claimed]
+        # One finding per setting a session changed (each names its own), else one per rule.
+        groups: dict[str, list[Divergence]] = {}
+        for divergence in claimed:
+            key = divergence.scenario if divergence.scenario_kind == ScenarioKind.SETTING_CHANGED else ""
+            groups.setdefault(key, []).append(divergence)
+        for group in groups.values():
+            worst = _first_shown(group, report)
+            finding = rule.found_by_proof(facts, worst)
+            finding.hypothesis = False  # the render found it: no pattern in the template stands for it
+            finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(group)
+            name_the_switch_shown(finding, group, report)
+            settle(finding, group, report)
+            found.append(finding)
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
@@ -251,30 +258,85 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             claimed,
         )
         finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
-        only_when_asked(finding, claimed, report)
+        name_the_switch_shown(finding, claimed, report)
+        settle(finding, claimed, report)
         found.append(finding)
     return found
 
 
-def model_format(finding: Finding, claimed: list[Divergence]) -> None:
-    """A finding whose divergences are all how the model's format writes a reply once it is
-    history (gpt-oss drops a final answer's analysis and ends it with <|end|> for the
-    <|return|> it generated, Qwen3 drops an empty <think></think>) costs that reply, not the
-    history before it, and changing it would show the model a history it was not trained
-    on. It is reported, and informational."""
-    if claimed and all(divergence.reply_as_trained for divergence in claimed):
+def bound_of(claimed: list[Divergence]) -> str | None:
+    """What a loss costs at most per turn when it is bounded whatever the session's length:
+    every divergence is only the reply's end-of-turn marker, written one way while the reply
+    is the newest message and another in history (gpt-oss's <|return|> and <|end|>, OLMo's
+    </s> and <|im_end|>). A generated stop token is never fed back, so it costs at most the
+    block that holds it; None when any divergence costs more (reasoning dropped, a message
+    rewritten), which grows with the session or with the reply."""
+    kinds = {divergence.reply_as_trained for divergence in claimed}
+    if not claimed or not kinds <= {"end-marker", "after-end-marker"}:
+        return None
+    worst = _worst(claimed)
+    blocks = max(1, -(-worst.lost_tokens // worst.block_size))
+    what = "the reply's end-of-turn marker" if kinds == {"end-marker"} else "what follows the reply's end-of-turn marker"
+    if kinds == {"end-marker", "after-end-marker"}:
+        what = "the reply's end-of-turn marker and what follows it"
+    return (
+        f"only {what} differs: at most {blocks} block{'s' if blocks > 1 else ''} "
+        f"of {worst.block_size} {worst.unit}s a turn, whatever the session's length (measured: {worst.lost_tokens})"
+    )
+
+
+def settle(finding: Finding, claimed: list[Divergence], report: ProofReport) -> None:
+    """The one place a proven divergence becomes a finding's severity and what its proof
+    says beyond the divergence (issue 33): the switch values it breaks and is stable under,
+    and, where its loss is bounded, the bound, which makes it informational. Any value that
+    breaks fails the run (unless the project pinned its deployment's values)."""
+    if finding.proof is None or not finding.proof.is_proven:
+        return
+    bound = bound_of(claimed)
+    if bound is not None:
         finding.severity = "info"
-        finding.message = (
-            f"{finding.message}; here only as the model's format writes a past reply (its reasoning left out, "
-            "its end marker history's own): informational"
+    finding.proof = replace(finding.proof, switches=measured_switches(finding.proof, report), bound=bound)
+
+
+def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, ...]:
+    """For each variable the scenarios set, the values whose scenarios this proof's
+    divergences came from and the values rendered without them, where some break and the
+    finding is not the same whatever the value."""
+    breaking = {scenario for scenario, _ in proof.explains}
+    if proof.divergence is not None:
+        breaking.add(proof.divergence.scenario)
+    by_kwargs: dict[str, list[ScenarioResult]] = {}
+    for result in report.sessions:
+        by_kwargs.setdefault(json.dumps(result.scenario.kwargs, sort_keys=True, default=repr), []).append(result)
+
+    def verdict(results: list[ScenarioResult]) -> str | None:
+        if not results:
+            return None
+        return "breaks" if any(result.scenario.name in breaking for result in results) else "stable"
+
+    default = verdict(by_kwargs.get("{}", []))
+    names = dict.fromkeys(name for result in report.sessions for name in result.scenario.kwargs)
+    found = []
+    for name in names:
+        values = dict.fromkeys(
+            json.dumps(result.scenario.kwargs[name], default=repr)
+            for result in report.sessions
+            if list(result.scenario.kwargs) == [name]
         )
+        breaks, stable = [], []
+        for value in values:
+            said = verdict(by_kwargs.get(json.dumps({name: json.loads(value)}, sort_keys=True, default=repr), []))
+            (breaks if said == "breaks" else stable if said == "stable" else []).append(json.loads(value))
+        if breaks and (stable or default == "stable"):
+            found.append(SwitchValues(name, tuple(breaks), tuple(stable), default, pinned=bool(report.pinned)))
+    return tuple(found)
 
 
 def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> bool:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
-    is withdrawn (and a finding made informational by it gets its severity back), and so is
+    is withdrawn, and so is
     one naming a value every render with it fails on; one no scenario could check stays as
     the analysis made it.
 
@@ -296,18 +358,18 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
     def diverges(kwargs: dict[str, Any]) -> bool | None:
         rendered = [
             result
-            for result in report.rendered
+            for result in report.sessions
             if result.scenario.kwargs == kwargs and (not rule.proven_in or result.scenario.kind in rule.proven_in)
         ]
         if not rendered:
             return None
         # An empty reasoning block or an end marker history writes its own way is the model's
-        # format, not what a switch decides (see model_format), unless the generation prompt
+        # format, not what a switch decides (see bound_of), unless the generation prompt
         # printed it: then the template opened it.
         return any(
             d.first_divergence is not None
             and shows(finding, d)
-            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker"))
+            and (d.in_generation_prompt or d.reply_as_trained not in ("reasoning-block", "end-marker", "after-end-marker"))
             and not explained_elsewhere(d)
             for result in rendered
             for d in result.divergences
@@ -323,11 +385,10 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
         if not switch.default_is_stable:
             finding.switch = None  # "set it to a value that fails" is no advice
             return False
-        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from)
+        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value)
     if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
-        # "only when <a value the template fails on>": no caller meets the pattern that way.
+        # "breaks when <a value the template fails on>": no caller meets the pattern that way.
         finding.switch = None
-        finding.severity = switch.demoted_from or finding.severity
         return False
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
@@ -335,13 +396,10 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
             finding.switch = Switch(switch.name, switch.stable_value, False, switch.unstable_value)
         else:
             finding.switch = None
-        finding.severity = switch.demoted_from or finding.severity
         return True
     if advised_diverges:
         # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
-        finding.switch = (
-            Switch(switch.name, None, True, switch.unstable_value, switch.demoted_from) if switch.default_is_stable else None
-        )
+        finding.switch = Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None
     return False
 
 

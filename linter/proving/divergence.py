@@ -5,19 +5,19 @@ core: the prover, ``diff`` and ``replay`` all compare prompts here."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause, Divergence, snippet
 from ..tokenizer import common_prefix_length
-from .measure import full_blocks
-from .replies import STOP_MARKER, Reply, message_fields
+from .measure import Units, full_blocks
+from .replies import Reply, ends_in_marker, message_fields
 
 # A reasoning block's opening tag: <think>, <thinking>, <|begin_of_thought|>, <reasoning>...
 REASONING_BLOCK = re.compile(r"<[^<>\s]*(?:think|thought|reason)[^<>\s]*>", re.IGNORECASE)
 
 
-def first_difference(a: list, b: list) -> int | None:
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     """Index of the first difference, or None when ``a`` is a prefix of ``b``."""
     shared = common_prefix_length(a, b)
     if shared < min(len(a), len(b)):
@@ -43,9 +43,13 @@ def reply_start(prompt: str, with_reply: str, bare: str | None = None) -> int:
 
 
 def _outside_tags(text: str, shared: int) -> int:
+    """``shared``, or the start of the markup tag it falls inside (``<think>`` against
+    ``</think>``, ``[TOOL_CALLS]``). A tag is one word: an opening bracket in a message's
+    text (``arr[i``, ``x < y``) with whitespace after it opens no tag, and never moves
+    where a reply starts."""
     for opening, closing in (("<", ">"), ("[", "]")):
         start = text.rfind(opening, 0, shared)
-        if start >= 0 and closing not in text[start:shared]:
+        if start >= 0 and closing not in text[start:shared] and not any(char.isspace() for char in text[start:shared]):
             shared = start
     return shared
 
@@ -145,9 +149,9 @@ def compare_prompts(
     index: int,
     check: str,
     cached_text: str | None,
-    cached_ids: list[int],
+    cached_ids: Units,
     next_text: str | None,
-    next_ids: list[int],
+    next_ids: Units,
     next_messages: list[dict[str, Any]],
     reply_index: int,
     unit: str,
@@ -168,7 +172,6 @@ def compare_prompts(
     no longer the newest message: then history was rewritten.
     """
     arrived = tuple(str(message.get("role")) for message in next_messages[reply_index + 1 :])
-    kind = {"scenario_kind": scenario_kind, "arrived": arrived}
     position = first_difference(cached_ids, next_ids)
     # vLLM computes at least one prompt token (get_computed_blocks looks up num_tokens - 1):
     # a prompt all in the cache, sent again or cut short, still recomputes its last block.
@@ -180,7 +183,22 @@ def compare_prompts(
         position = None
     if position is None:
         return Divergence(
-            scenario, index, check, unit, block_size, None, None, lengths, ideal, ideal, None, None, None, Cause.CLEAN, **kind
+            scenario,
+            index,
+            check,
+            unit,
+            block_size,
+            None,
+            None,
+            lengths,
+            ideal,
+            ideal,
+            None,
+            None,
+            None,
+            Cause.CLEAN,
+            scenario_kind=scenario_kind,
+            arrived=arrived,
         )
     reusable = full_blocks(position, block_size)
     if cached_text is None or next_text is None:
@@ -199,7 +217,8 @@ def compare_prompts(
             None,
             None,
             Cause.UNKNOWN,
-            **kind,
+            scenario_kind=scenario_kind,
+            arrived=arrived,
         )
     char = first_difference(cached_text, next_text)
     split_differently = char is None
@@ -228,7 +247,8 @@ def compare_prompts(
                 moved is not None
                 and opener_start <= moved < latest.end
                 and not (
-                    char < generation_prompt[1]
+                    generation_prompt is not None  # as opener_start is
+                    and char < generation_prompt[1]
                     and resumes_with(next_text, opener_start, char, latest.text, next_messages[reply_index])
                 )
             ):
@@ -252,15 +272,19 @@ def compare_prompts(
         # history render leaves out (gpt-oss's analysis; Qwen3's empty <think></think>); or
         # only its end marker differs (gpt-oss generates <|return|>, history writes <|end|>:
         # a generated stop token is never fed back, so never cached).
-        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content")
+        reasoning = dict(message_fields(next_messages[message_index])).get("reasoning_content") or ""
         dropped_text = bool(reasoning) and reasoning in cached_text[char:] and reasoning not in next_text[char:]
         dropped_block = REASONING_BLOCK.match(cached_text, char) is not None and REASONING_BLOCK.match(next_text, char) is None
-        end_marker = any(
-            marker.start() <= char and marker.end() == len(cached_text)
-            for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
-        )
+        end_marker = ends_in_marker(cached_text, char)
         kinds = (("reasoning", dropped_text), ("reasoning-block", dropped_block), ("end-marker", end_marker))
         reply_as_trained = next((kind for kind, found in kinds if found), "")
+    if check == "d":
+        # Only text printed after the reply's end-of-turn marker differs (see Prover.run_scenario).
+        reply_as_trained = "after-end-marker"
+    elif check == "b" and not reply_as_trained and ends_in_marker(cached_text, char):
+        # Where two replies render alike (two tool calls with no text), the place found may be
+        # the other one; what is cached after the divergence is still only the marker.
+        reply_as_trained = "end-marker"
     return Divergence(
         scenario,
         index,
@@ -282,7 +306,8 @@ def compare_prompts(
         reply_as_trained=reply_as_trained,
         in_generation_prompt=generation_prompt is not None and generation_prompt[0] <= char < generation_prompt[1],
         split_differently=split_differently,
-        **kind,
+        scenario_kind=scenario_kind,
+        arrived=arrived,
     )
 
 

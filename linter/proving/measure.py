@@ -4,7 +4,7 @@ session's requests (full blocks, each chained on its parent)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..engines.base import Prompt
 from ..tokenizer import Tokenizer
@@ -48,8 +48,8 @@ class Measure:
 
     # What a proof measures prefixes in: token ids, or in characters the text itself. A str
     # compares, slices and concatenates as C memory does; the list of its code points that
-    # ``ids`` makes (for a caller that mixes them with logged token ids) was a tenth of a
-    # proof without a tokenizer, which is every template of an audit.
+    # ``ids`` makes (for a caller that mixes them with logged token ids) costs as much as a
+    # good part of a proof without a tokenizer, which is every template of an audit.
     def units(self, text: str) -> Units:
         return self.ids(text) if self.tokenizer else text
 
@@ -95,7 +95,7 @@ class ServedRequest:
     ideal_hits: int
 
 
-def served_requests(prompts: list[list[int]], generated: list[list[int]], block_size: int) -> list[ServedRequest]:
+def served_requests(prompts: list[Units], generated: list[Units], block_size: int) -> list[ServedRequest]:
     """A scenario's requests, one session in order, through vLLM's block pool (unbounded):
     what its PrefixCacheStats count for each. The ideal is what each would hit had its prompt
     extended the previous request's prompt and reply (but the last sampled token, never fed
@@ -105,11 +105,18 @@ def served_requests(prompts: list[list[int]], generated: list[list[int]], block_
     cache = VllmPrefixCache(block_size)
     out, computed = [], None
     for prompt, reply in zip(prompts, generated):
-        served = cache.serve(CacheRequest(0, prompt, reply))
+        # Characters serve as units as ids do: the cache only slices, compares and hashes them.
+        served = cache.serve(CacheRequest(0, cast(list[int], prompt), cast(list[int], reply)))
         ideal = 0 if computed is None else full_blocks(min(computed, len(prompt) - 1), block_size)
         out.append(ServedRequest(len(prompt), served.hit, max(ideal, served.hit)))
         computed = len(prompt) + max(len(reply) - 1, 0)
     return out
+
+
+def concatenated(first: Units, second: Units) -> Units:
+    """Two measures one after the other: both token ids or both characters, as one Measure
+    measures every text of a proof."""
+    return first + second  # type: ignore[operator]  # never a list and a str: see above
 
 
 def resolve_special_tokens(tokenizer: Tokenizer | None, from_config: dict[str, Any] | None) -> dict[str, Any]:

@@ -134,6 +134,14 @@ def as_written(text: str, reply: dict[str, Any], separators: tuple[str, str] = (
 STOP_MARKER = re.compile(r"<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|</s>|<[a-z_]{1,20}\|>|<\|[a-z_]{1,20}>|\[/?[A-Z_]{2,20}\]")
 
 
+def ends_in_marker(cached_text: str, char: int) -> bool:
+    """Whether all that is cached from ``char`` on is the stop marker that ends it."""
+    return any(
+        marker.start() <= char and marker.end() == len(cached_text)
+        for marker in STOP_MARKER.finditer(cached_text, max(0, char - 48))
+    )
+
+
 def stop_after_reply(text: str, reply: dict[str, Any]) -> str:
     """The reply as generated: what the template prints up to the reply's last text, and on
     to the first end-of-turn marker after it, inclusive. The model writes what its turn

@@ -15,21 +15,22 @@ chained on its parent) and the tokens recomputed beyond the ideal (divergence.py
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from ..engines import engine_tokenizer, render_prompt
 from ..engines.base import HARMONY, EngineError, Prompt
 from ..findings import Finding
 from ..jinja_env import random_draws
-from ..proofs import Divergence
+from ..proofs import Cause, Divergence
 from ..render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render_session
 from ..rules import BY_CODE
-from ..scenarios import SWITCH_NAME, Call, Scenario, ScenarioKind, scenarios
+from ..scenarios import SWITCH_NAME, THINKING_ON_OFF, Call, Scenario, ScenarioKind, drop_reasoning, scenarios
 from ..tokenizer import Tokenizer, common_prefix_length
 from .divergence import compare_prompts, first_difference, generation_prompt_span, last_message_mark, reply_start
-from .measure import Measure, ServedRequest, resolve_special_tokens, served_requests, tokenizer_identity
+from .measure import Measure, ServedRequest, concatenated, resolve_special_tokens, served_requests, tokenizer_identity
 from .replies import Reply, argument_separators_of, as_written, as_written_in, stop_after_reply, unmarked
 
 
@@ -43,6 +44,7 @@ class ProofKey:
     special_tokens: str  # as sorted JSON
     limits: RenderLimits
     tokenizer: tuple[str, str] | None
+    pinned: str = "{}"  # the deployment's chat-template-kwargs, as sorted JSON
 
 
 @dataclass
@@ -84,13 +86,28 @@ class ProofReport:
     results: list[ScenarioResult]
     deterministic: bool = True
     note: str | None = None  # said under every proof (which renderer, when it is not the engine's)
+    # The project's chat-template-kwargs: every request carried them (its deployment).
+    pinned: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rendered(self) -> list[ScenarioResult]:
         return [result for result in self.results if result.error is None]
 
     def divergences(self) -> list[Divergence]:
-        return [d for result in self.rendered for d in result.divergences if d.first_divergence is not None]
+        """The divergences to explain. Where the client changed a setting between two calls,
+        only one before the end of the first message is the template's (PC008): after the
+        history, a changed request costs what a changed request costs."""
+        return [
+            d
+            for result in self.rendered
+            for d in result.divergences
+            if d.first_divergence is not None and (d.scenario_kind != ScenarioKind.SETTING_CHANGED or d.cause is Cause.SYSTEM)
+        ]
+
+    @property
+    def sessions(self) -> list[ScenarioResult]:
+        """The rendered scenarios that send one setting throughout (not a setting changed)."""
+        return [result for result in self.rendered if result.scenario.kind is not ScenarioKind.SETTING_CHANGED]
 
     def tried(self) -> tuple[str, ...]:
         """The scenarios rendered, by name: what a finding not reproduced was tried on."""
@@ -101,8 +118,12 @@ class ProofReport:
         was not tried on (DeepSeek-R1 concatenates tool-call arguments as a string, and
         every tool-calling request fails once vLLM passes them as a mapping)."""
         rendered = set(self.tried())  # a scenario whose fallback rendered was tried
-        failed = [result for result in self.results if result.error is not None and result.scenario.name not in rendered]
-        return tuple(dict.fromkeys((result.scenario.name, result.error) for result in failed))
+        failed = [
+            (result.scenario.name, result.error)
+            for result in self.results
+            if result.error is not None and result.scenario.name not in rendered
+        ]
+        return tuple(dict.fromkeys(failed))
 
     def scenario(self, name: str) -> Scenario | None:
         return next((result.scenario for result in self.results if result.scenario.name == name), None)
@@ -128,13 +149,17 @@ class Prover:
         separators: tuple[str, str] | None = None,
         measure: Measure | None = None,
         recalled: Recorded | None = None,
+        pinned: dict[str, Any] | None = None,
     ):
         """``separators``: how the model writes tool-call arguments (``model_separators``),
         where the caller has analysed the template already; ``measure``: another proof's,
         whose encoded texts this one reuses when it measures with the same tokenizer;
         ``recalled``: what another process's proof of the template recorded, taken only
-        where its key is this proof's."""
+        where its key is this proof's; ``pinned``: the deployment's chat-template-kwargs, which
+        every request carries (as vLLM's --default-chat-template-kwargs: a scenario's own
+        variables go over them)."""
         self.template = template
+        self.pinned = dict(pinned or {})
         self.limits = limits
         self.engine = engine
         measured_with = tokenizer or engine_tokenizer(engine)
@@ -153,6 +178,7 @@ class Prover:
             json.dumps(self.special_tokens, sort_keys=True, default=repr),
             limits,
             tokenizer_identity(self.measure.tokenizer),
+            json.dumps(self.pinned, sort_keys=True, default=repr),
         )
         self._recalled: dict[str, Prompt] = {}
         if recalled is not None and recalled.key == self.key:
@@ -198,6 +224,7 @@ class Prover:
                 clock=self.clock,
                 tools=scenario.tools,
                 kwargs=scenario.kwargs,
+                server_kwargs=self.pinned,
                 add_generation_prompt=generation_prompt,
                 special_tokens=self.special_tokens,
                 limits=self.limits,
@@ -208,15 +235,19 @@ class Prover:
             draws = random_draws() - draws
             if draws > self._drawing[0]:
                 self._drawing = (draws, (scenario, messages, at, generation_prompt))
-        if key is not None:
+        if key is not None and self._renders is not None:
             self._renders[key] = prompt
         return prompt
 
     def run(self, switches: dict[str, list[Any]], clocked: frozenset[str] = frozenset()) -> ProofReport:
         # One SIGALRM handler for all the proof's renders, each still arming its own time
         # limit: swapping the handler per render was most of what the limit cost.
+        # A pinned variable is rendered at its pinned value only: that is the deployment.
+        switches = {name: values for name, values in switches.items() if name not in self.pinned}
         with render_session():
-            return self._run(switches, clocked)
+            report = self._run(switches, clocked)
+        report.pinned = dict(self.pinned)
+        return report
 
     def _run(self, switches: dict[str, list[Any]], clocked: frozenset[str]) -> ProofReport:
         self._renders, self._recordable, self._drawing = {}, None, (0, None)
@@ -244,6 +275,8 @@ class Prover:
             stepping: dict[str, str] = {}  # the probe whose steps measure the clock, by switch values
             stepped: set[str] = set()  # switch values whose clock a step has changed already
             for scenario in scenarios(switches, arguments_as_string, clocked, "think" in self.template.lower()):
+                if not scenario.kwargs and any(v is False and THINKING_ON_OFF.search(n) for n, v in self.pinned.items()):
+                    drop_reasoning(scenario)  # deployed with thinking off, the model writes none
                 if scenario.refines is not None:
                     # The clock's steps, finest first, only after a probe that changed the render,
                     # for one shape (the clock's format is the same in all), and only until one
@@ -288,9 +321,13 @@ class Prover:
         if scenario.kind is ScenarioKind.ARGUMENTS:
             return self.run_arguments(scenario)
         result = ScenarioResult(scenario)
+
+        def sent(call: Call) -> Scenario:  # the scenario as this call sends it (its own variables)
+            return scenario if call.kwargs is None else replace(scenario, kwargs={**scenario.kwargs, **call.kwargs})
+
         try:
-            prompts = [self.render(scenario, call.messages, call.clock, True) for call in scenario.calls]
-            replies = [self.generated(scenario, call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
+            prompts = [self.render(sent(call), call.messages, call.clock, True) for call in scenario.calls]
+            replies = [self.generated(sent(call), call, prompt.text) for call, prompt in zip(scenario.calls, prompts)]
             ids = [self.measure.prompt_units(prompt) for prompt in prompts]
             generated = [self.measure.units(reply.text if reply is not None else "") for reply in replies]
             result.requests = served_requests(ids, generated, self.block_size)
@@ -302,14 +339,32 @@ class Prover:
                 checks = [("a", text, ids[index], [(text, ids[index])])]
                 if reply is not None:
                     pieces = [(text, ids[index]), (reply.text, generated[index])]
-                    checks.append(("b", text + reply.text, ids[index] + generated[index], pieces))
+                    checks.append(("b", text + reply.text, concatenated(ids[index], generated[index]), pieces))
+                    # Check d: the reply as it renders while it is the newest message, with what
+                    # the template prints after its end-of-turn marker then (an eos_token, the
+                    # next turn's header), where history prints something else: what a
+                    # transformers render of the conversation compares, at most the marker's
+                    # block (a model stops at the marker). Only where the reply extends (b) clean.
+                    trailing = reply.latest[reply.end :]
+                    cached_d = text + reply.text + trailing
+                    following_text = prompts[index + 1].text
+                    if trailing and following_text.startswith(text + reply.text) and not following_text.startswith(cached_d):
+                        trailing_ids = self.measure.units(trailing)
+                        checks.append(
+                            (
+                                "d",
+                                cached_d,
+                                concatenated(concatenated(ids[index], generated[index]), trailing_ids),
+                                pieces + [(trailing, trailing_ids)],
+                            )
+                        )
                 for check, cached_text, cached_ids, pieces in checks:
                     opener = None
                     if first_difference(cached_ids, ids[index + 1]) is not None:
                         # Where the generation prompt sits in prompt N: after the text it shares
                         # with the same conversation rendered without one. Rendered only for a
                         # pair that diverges.
-                        bare = self.render(scenario, call.messages, call.clock, False).text
+                        bare = self.render(sent(call), call.messages, call.clock, False).text
                         opener = generation_prompt_span(text, bare)
                     result.divergences.append(
                         compare_prompts(
@@ -327,7 +382,7 @@ class Prover:
                             opener,
                             scenario.kind,
                             latest=reply,
-                            token_start=lambda position, pieces=pieces: self.measure.start_of(position, pieces),
+                            token_start=partial(self.measure.start_of, pieces=pieces),
                         )
                     )
         except RenderError as error:
@@ -344,12 +399,13 @@ class Prover:
         result = ScenarioResult(scenario)
         try:
             for index, call in enumerate(scenario.calls[:-1]):
-                if not (call.reply or {}).get("tool_calls"):
+                reply = call.reply
+                if reply is None or not reply.get("tool_calls"):
                     continue
                 following = scenario.calls[index + 1]
                 next_prompt = self.render(scenario, following.messages, following.clock, True)
                 next_text = next_prompt.text
-                cached_text = as_written_in(next_text, call.reply, self.model_separators())
+                cached_text = as_written_in(next_text, reply, self.model_separators())
                 if cached_text is None:
                     continue  # printed in a form of its own (XML parameters...): nothing to compare
                 result.divergences.append(
@@ -404,17 +460,33 @@ class Prover:
         return Reply(text, with_reply, end)
 
 
-def switch_values(findings: list[Finding], variables: set[str]) -> dict[str, list[Any]]:
-    """The template variables to render at each value: switches the lint named, and any
-    variable that looks like a reasoning switch, at true and false."""
+# The values OpenAI's API (and vLLM's) takes for reasoning_effort, where a template compares it with none.
+EFFORTS = ["low", "medium", "high"]
+
+
+def switch_values(
+    findings: list[Finding], variables: set[str], compared: dict[str, list[Any]] | None = None
+) -> dict[str, list[Any]]:
+    """The template variables to render at each value: switches the lint named, at the values
+    it named, and every variable that looks like a reasoning switch, at the constants the
+    template compares it with (``compared``: reasoning_effort's "low", "high"...), else at
+    true and false. Both of llama.cpp's and vLLM's defaults for enable_thinking (true; unset)
+    are among them: a deployment may run any value the template reads (the switch policy)."""
+    compared = compared or {}
     values: dict[str, list[Any]] = {}
     for finding in findings:
         if finding.switch is not None:
             chosen = [finding.switch.stable_value, finding.switch.unstable_value]
             values[finding.switch.name] = [value for value in chosen if value is not None] or [True, False]
-    for name in variables:
-        if SWITCH_NAME.search(name) and name not in values:
-            values[name] = [True, False]
+    for name in sorted(variables):
+        if SWITCH_NAME.search(name):
+            tried = values.setdefault(name, [])
+            # The constants it is compared with, and the usual values where they are not two.
+            usual = EFFORTS if "effort" in name.lower() else [True, False]
+            chosen = list(compared.get(name) or [])
+            for value in chosen + (usual if len(chosen) < 2 else []):
+                if value not in tried:
+                    tried.append(value)
     return values
 
 

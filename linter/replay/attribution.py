@@ -12,6 +12,7 @@ those the template costs, and the rule and message responsible.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -24,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt
+from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt, request_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
@@ -224,8 +225,26 @@ class Tracer:
             # A logged request of a shape the engine's preprocessing does not expect.
             raise RenderError(f"{type(error).__name__}: {error}") from None
 
+    def request(self, call: Call) -> Prompt:
+        """The logged request as the engine renders it (engines.request_prompt, as ``render``
+        does), or RenderError saying why the engine refuses it."""
+        self.clock.set(call.timestamp or datetime.now())
+        try:
+            return request_prompt(
+                self.engine,
+                self.template,
+                call.body,
+                clock=self.clock,
+                special_tokens=self.special,
+                server_kwargs=self.server_kwargs,
+            )
+        except EngineError as error:
+            raise RenderError(str(error)) from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as error:
+            raise RenderError(f"{type(error).__name__}: {error}") from None
+
     def prompt(self, call: Call, previous: Encoded | None) -> Encoded:
-        rendered = self.render(call, call.messages, True)
+        rendered = self.request(call)
         if self.server_ids:
             return Encoded(rendered.text, self.server_ids(call.body))
         if rendered.token_ids is not None:
@@ -608,7 +627,7 @@ def _compiles(template: str) -> str | None:
 
 
 def trace_sessions(
-    tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1, description: str = "replaying requests"
+    tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1, progress: Callable[[int], Any] | None = None
 ) -> tuple[list[Trace], list[tuple[int, str]]]:
     """Every request's trace in arrival order, and the requests the template refused.
 
@@ -616,12 +635,12 @@ def trace_sessions(
     (isolation.py), ``jobs`` of them at once, each with a share of the sessions (the
     sessions with the most requests first, each to the least loaded share); each child
     reads its sessions' requests from the log itself, and counts the requests it is done
-    with where the parent's progress bar reads them. A template that does not compile
+    with where the parent's progress bar reads them (``progress(total)`` opens it: the
+    command's, as report.progress draws it; None: no bar). A template that does not compile
     raises TemplateError before any request is rendered."""
     import multiprocessing
 
     from ..isolation import parallel_map, run_isolated
-    from ..report.progress import ProgressBar
 
     if tracer.engine != HARMONY:  # openai-harmony renders gpt-oss without the template
         failure = run_isolated(_compiles, (tracer.template,))
@@ -640,7 +659,7 @@ def trace_sessions(
     done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
-        with ProgressBar(description, requests) as bar, _Following(done, bar):
+        with progress(requests) if progress else contextlib.nullcontext() as bar, _Following(done, bar):
             finished = parallel_map(
                 lambda share: run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share), seconds=None),
                 range(shares),
@@ -672,7 +691,7 @@ class _Following:
             shown = total
 
     def __enter__(self) -> _Following:
-        if self.bar.total:
+        if self.bar is not None and self.bar.total:
             self.thread.start()
         return self
 

@@ -13,6 +13,7 @@ counted apart.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,8 @@ class Summary:
     error: str | None = None  # the capacity could not hold a request
     replies: Counter = field(default_factory=Counter)  # ReplySource -> requests
     bounded: bool = False  # the cache holds less than everything: replies take room in it
+    per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
+    engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
 
     @property
     def unmodelled_replies(self) -> int:
@@ -128,6 +131,17 @@ class Summary:
         return "; ".join(parts) or None
 
     @property
+    def capacity_text(self) -> str:
+        """The cache's granularity and capacity, as the reports name them."""
+        size = self.granularity
+        if self.cache_model == "vllm":
+            pool = "unbounded pool" if self.capacity_blocks is None else f"{self.capacity_blocks} blocks"
+            return f"blocks of {size}, {pool}"
+        if self.capacity_blocks is None:
+            return "unbounded" if self.cache_model == "llamacpp" else f"page size {size}, unbounded"
+        return f"{self.capacity_blocks} blocks' worth of tokens"
+
+    @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
 
@@ -146,6 +160,7 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "engine": self.engine,
             "cache_model": self.cache_model,
             "metric": self.metric_label,
             "unit": self.unit,
@@ -237,6 +252,7 @@ def simulate(
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
         summary.requests += 1
+        summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
         summary.queries += trace.prompt_tokens
         summary.hits += served.hit
@@ -263,16 +279,6 @@ def simulate(
 ENGINE_NAMES = {"vllm": "vLLM prefix cache", "sglang": "SGLang radix cache", "llamacpp": "llama.cpp slots"}
 
 
-def capacity_text(summary: Summary) -> str:
-    size = summary.granularity
-    if summary.cache_model == "vllm":
-        pool = "unbounded pool" if summary.capacity_blocks is None else f"{summary.capacity_blocks} blocks"
-        return f"blocks of {size}, {pool}"
-    if summary.capacity_blocks is None:
-        return "unbounded" if summary.cache_model == "llamacpp" else f"page size {size}, unbounded"
-    return f"{summary.capacity_blocks} blocks' worth of tokens"
-
-
 def count_of(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
@@ -283,7 +289,8 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
         unit = summary.unit
         lines.append(
             f"{label}: {count_of(summary.requests, 'request')} in {count_of(summary.sessions, 'session')}, "
-            f"{ENGINE_NAMES[summary.cache_model]} ({capacity_text(summary)})"
+            f"{ENGINE_NAMES[summary.cache_model]} ({summary.capacity_text})"
+            + (f", requests as {summary.engine} handles them" if summary.engine else "")
         )
         name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
         if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request
@@ -360,12 +367,12 @@ def replay(
     settings: CacheSettings,
     capacities: list[int | None],
     jobs: int = 1,
-    description: str = "replaying requests",
+    progress: Callable[[int], Any] | None = None,
 ) -> tuple[Summary, list[tuple[int, str]]]:
     """The log through ``settings``' cache at each capacity: the summary of the first
-    capacity that holds every request, with all of them as its sweep. ``description``
-    names the progress bar."""
-    traces, problems = trace_sessions(tracer, log, groups, jobs, description)
+    capacity that holds every request, with all of them as its sweep. ``progress``
+    opens the progress bar (``trace_sessions``)."""
+    traces, problems = trace_sessions(tracer, log, groups, jobs, progress)
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:

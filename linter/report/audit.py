@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def rows(audit: Audit) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for repo in audit.repos:
         if repo.error or not repo.templates:  # a row of its own, before the templates it has
             out.append(
@@ -53,7 +53,7 @@ def rows(audit: Audit) -> list[dict[str, Any]]:
                     "ideal_hit_rate": proof.get("ideal_hit_rate") if proof else None,
                     "hit_rate_note": _no_hit_rate(proof),
                     # where only a caller's opt-in meets the divergence: the scenario that shows it
-                    "hit_rate_opt_in": None if by_default else proof["scenario"],
+                    "hit_rate_opt_in": None if by_default or proof is None else proof["scenario"],
                     "findings": analysis.findings,
                 }
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
 DELAY = 1.0  # seconds before a bar appears: quick runs print nothing extra
 
@@ -20,8 +21,8 @@ class ProgressBar:
         self.total = total
         self.done = 0
         self._lock = threading.Lock()
-        self._bar = None
-        self._task = None
+        self._bar: Any = None  # rich's Progress, once shown (rich is optional)
+        self._task: Any = None
         self._timer: threading.Timer | None = None
         if total != 0 and sys.stderr.isatty():
             self._timer = threading.Timer(delay, self._show)

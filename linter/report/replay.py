@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
-from ..replay.simulate import Summary, capacity_text
+if TYPE_CHECKING:
+    from ..replay.simulate import Summary
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 760, 380, 70, 50, 20, 20
@@ -61,7 +63,8 @@ def _sweep_chart(results: list[tuple[str, Summary]]) -> str:
     lines, legend = [], []
     for index, (label, summary) in enumerate(results):
         colour = COLOURS[index % len(COLOURS)]
-        fitted = [(point.capacity_blocks, point.hit_rate) for point in summary.sweep if not point.error]
+        # (an unbounded point has no place on the capacity axis)
+        fitted = [(point.capacity_blocks, point.hit_rate) for point in summary.sweep if point.capacity_blocks and not point.error]
         coordinates = [(LEFT + x(blocks) * plot_w, TOP + plot_h - rate * plot_h) for blocks, rate in fitted]
         dash = ' stroke-dasharray="6 3"' if index else ""
         lines.append(
@@ -133,7 +136,7 @@ def html_report(results: list[tuple[str, Summary]], log: str = "", options: str 
                 if point.error
                 else [f"{point.hit_rate:.1%}", f"{point.steady_hit_rate:.1%}", f"{point.ideal_hit_rate:.1%}"]
             )
-            cells = [label, point.cache_model, capacity_text(point), *figures]
+            cells = [label, point.cache_model, point.capacity_text, *figures]
             rows.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
     table = (
         "<table><tr><th>template</th><th>cache</th><th>capacity</th><th>prefix cache hit rate (every request)</th>"

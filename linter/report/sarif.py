@@ -52,8 +52,8 @@ def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequ
             "id": rule.RULE.code,
             "name": rule.RULE.name,
             "shortDescription": {"text": rule.RULE.summary},
-            "fullDescription": {"text": _first_paragraph(rule.__doc__)},
-            "help": {"text": rule.__doc__.strip(), "markdown": rule.__doc__.strip()},
+            "fullDescription": {"text": _first_paragraph(rule.doc)},
+            "help": {"text": rule.doc.strip(), "markdown": rule.doc.strip()},
             "defaultConfiguration": {"level": SARIF_LEVELS[rule.RULE.severity]},
         }
         for rule in RULES

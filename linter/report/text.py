@@ -119,6 +119,7 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
         "a": "prompt N vs N+1",
         "b": "prompt N + generated reply vs N+1",
         "c": "the tool call as the model wrote it vs its render in N+1",
+        "d": "prompt N + the reply as rendered while newest vs N+1",
     }.get(divergence.check, divergence.check)
     rates = (
         f"; scenario hit rate {proof.hit_rate:.1%} (ideal {proof.ideal_hit_rate:.1%})"
@@ -138,6 +139,7 @@ def divergence_lines(divergence: Divergence, proof: Proof | None = None) -> list
     common = _escaped(os.path.commonprefix([before, after]))
     lines.append(f"  N   | {_escaped(before)}")
     lines.append(f"  N+1 | {_escaped(after)}")
+    assert first is not None, "only prompts that part are shown"
     lines.append(f"      | {' ' * len(common)}^ {unit} {first}; its block starts at {unit} {first // block * block}")
     return lines
 
@@ -188,6 +190,6 @@ def level(finding: Finding, strict: bool = False) -> str:
 def file_position(finding: Finding) -> tuple[int, int]:
     """Where the finding is in the file on disk; the file's start where the template has
     no place in it as text (a GGUF's metadata)."""
-    if finding.file_line is not None:
+    if finding.file_line is not None and finding.file_column is not None:
         return finding.file_line, finding.file_column
     return 1, 1
