@@ -120,9 +120,10 @@ class Check(Protocol):
 
 
 class FixEdits(Protocol):
-    """``fix(facts, finding, options)``: the edits that would fix a finding, or None."""
+    """``fix(facts, finding, options)``: the edits that would fix a finding, or why it makes none
+    (``Fix.refuse``)."""
 
-    def __call__(self, facts: Facts, finding: Finding, options: Any, /) -> Fix | None: ...
+    def __call__(self, facts: Facts, finding: Finding, options: Any, /) -> Fix: ...
 
 
 class Prove(Protocol):
