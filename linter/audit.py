@@ -372,17 +372,17 @@ class ResultsCache:
         with self.lock:
             self.entries[key] = findings
             if self.path and not self.problems:
-                self._append(key, findings)
+                self._append(self.path, key, findings)
 
-    def _append(self, key: str, findings: list[dict[str, Any]]) -> None:
+    def _append(self, path: Path, key: str, findings: list[dict[str, Any]]) -> None:
         from . import sealed
 
         data = json.dumps({"key": key, "findings": findings}).encode("utf-8")
         line = sealed.mac(self.PURPOSE, "", data).hex().encode("ascii") + b" " + data + b"\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-            descriptor = os.open(self.path, flags, 0o600)
+            descriptor = os.open(path, flags, 0o600)
             try:
                 view = memoryview(line)
                 while view:  # one write for the line where it fits (O_APPEND: lines of other audits do not interleave)
@@ -390,7 +390,7 @@ class ResultsCache:
             finally:
                 os.close(descriptor)
         except OSError as error:
-            self.problems.append(f"{self.path}: cannot write the results cache: {_os_problem(error)}")
+            self.problems.append(f"{path}: cannot write the results cache: {_os_problem(error)}")
 
 
 def _os_problem(error: OSError) -> str:
@@ -428,8 +428,8 @@ def run_audit(
     # The templates are analysed as they are found: a repo is downloaded while the ones
     # before it are proven.
     with long_lived_workers(), calls_as_submitted(analyse_and_keep, max(1, jobs)) as submit:
-        for result, folder, hub in _places(specs, local_dirs, from_cache, with_tokenizer, repos):
-            for key, source in _templates_of(result, folder, hub, selection, prove, with_tokenizer, dedupe):
+        for result, folder, from_hub in _places(specs, local_dirs, from_cache, with_tokenizer, repos):
+            for key, source in _templates_of(result, folder, from_hub, selection, prove, with_tokenizer, dedupe):
                 if key not in cache.entries and key not in pending:
                     if not pending and jobs > 1:
                         start_workers(jobs)

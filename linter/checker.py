@@ -332,7 +332,7 @@ class SwitchTrials:
         key = (name, value)
         if key not in self._outcomes:
             facts = self.facts
-            reusing = () if self.reanalyse or facts.trace is None else self._traces.setdefault(name, [facts.trace])
+            reusing = [] if self.reanalyse or facts.trace is None else self._traces.setdefault(name, [facts.trace])
             assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value}, record=bool(reusing), reusing=reusing)
             if assumed.trace is not None:
                 reusing.append(assumed.trace)
@@ -408,9 +408,9 @@ def _numeric_names(facts: Facts) -> set[str]:
     found: set[str] = set()
     for node in facts.nodes_of(*_ARITHMETIC):
         found |= {side.name for side in (node.left, node.right) if isinstance(side, nodes.Name)}
-    for node in facts.nodes_of(nodes.Getitem):
-        if isinstance(node.arg, nodes.Name):
-            found.add(node.arg.name)
+    for getitem in facts.nodes_of(nodes.Getitem):
+        if isinstance(getitem.arg, nodes.Name):
+            found.add(getitem.arg.name)
     for compare in facts.nodes_of(nodes.Compare):
         operands = [compare.expr] + [operand.expr for operand in compare.ops]
         if any(operand.op in _ORDERING for operand in compare.ops) or any(map(_is_number, operands)):

@@ -334,8 +334,8 @@ def check(
         sys.exit(EXIT_ERROR)
     for warning in result.warnings:
         click.echo(f"tmpl-lint: warning: {warning}", err=True)
-    for error in result.errors:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
+    for problem in result.errors:
+        click.echo(f"tmpl-lint: error: {problem}", err=True)
     findings, strict = result.findings, result.strict
     colour = use_colour() and output is None
     if statistics:

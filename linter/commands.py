@@ -77,7 +77,9 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         if vllm is not None:
             vllm.discover(request.body.get("model") for request in (first, second))
         server_ids = vllm.prompt_token_ids if vllm is not None else None
-        engine = engine_for(options.engine, text, template_source, note) if text is not None else options.engine
+        engine = options.engine
+        if text is not None and template_source is not None:  # a text is read only from a template source
+            engine = engine_for(options.engine, text, template_source, note)
         # Rendering is untrusted code: in a child with check's memory limit; each render has
         # its own time and size limits.
         arguments = (first, second, text, special, loaded, block_size, server_ids, engine, options.server_kwargs)
@@ -384,7 +386,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             said = reasoning_note(log.requests_carry, log.replies_carry, engine)
             if said:
                 note(said)
-            summaries, failed = [], []
+            summaries: list[Any] = []
+            failed: list[str] = []
             for label, path, text, special in templates:
                 renderer = engine_for(engine, text, path, note)
                 tracer = Tracer(

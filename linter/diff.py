@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
@@ -203,7 +203,7 @@ def went_back(divergence: Divergence) -> bool:
 def _tool_texts(tools: list[dict[str, Any]] | None) -> list[str]:
     """What of each tool a template prints (its name, description, parameter names), as
     written and as JSON writes it inside a string."""
-    texts = []
+    texts: list[str] = []
     for tool in tools or ():
         function = tool.get("function", tool) if isinstance(tool, dict) else {}
         function = function if isinstance(function, dict) else {}
@@ -276,7 +276,7 @@ def client_change(first: Path, second: Path) -> ClientChange | None:
     return change_between(before, None, after)
 
 
-def explains(change: ClientChange | None, divergence: Divergence) -> bool:
+def explains(change: ClientChange | None, divergence: Divergence) -> TypeGuard[ClientChange]:
     """Whether the client's change comes at or before where the prompts diverge."""
     if change is None or divergence.first_divergence is None:
         return False
@@ -327,11 +327,14 @@ def diff_text(divergence: Divergence, change: ClientChange | None = None) -> str
             f"{divergence.block_size}-{unit} blocks{capped}\n"
         )
     lines = divergence_lines(divergence)
-    explained = explains(change, divergence)
+    explained = change if explains(change, divergence) else None  # the client's change, where it explains it
     back = went_back(divergence)
     # Where a message was inserted, removed or moved, the same number names different
     # messages in the two turns: each number then says whose it is.
-    turns = back or (explained and (change.in_previous or change.moved_to is not None or change.detail == "message inserted"))
+    turns = back or (
+        explained is not None
+        and (explained.in_previous or explained.moved_to is not None or explained.detail == "message inserted")
+    )
     turn = ("turn 1's " if back else "turn 2's ") if turns else ""
     where = (
         divergence.place
@@ -345,9 +348,10 @@ def diff_text(divergence: Divergence, change: ClientChange | None = None) -> str
         )
     else:
         lines[0] = f"first divergence at {unit} {divergence.first_divergence} of {first} ({where}); cause {divergence.cause}"
-    if explained:
+    if explained is not None:
         lines[0] = (
-            lines[0].rsplit("; cause ", 1)[0] + f"; cause client: {change.detail}{_client_place(change, turns)}, not the template"
+            lines[0].rsplit("; cause ", 1)[0]
+            + f"; cause client: {explained.detail}{_client_place(explained, turns)}, not the template"
         )
         # One change of the client's, not something the template does on every turn.
         lines[1] = lines[1].replace(" recomputed every turn;", " recomputed;")

@@ -148,9 +148,11 @@ def filter_span(source_map: SourceMap, node: nodes.Filter) -> tuple[tuple[int, i
 def replace_at(facts: Facts, site: Site, text: str) -> Edit | None:
     """An edit replacing the expression at ``site``, or None when the source there is not
     the expression the site names (a value that reached it through another name)."""
-    span = expression_span(facts.source_map, site.node) if site.node is not None else None
-    anchor = leftmost_name(site.node) if span is not None else None
-    if anchor is None or re.match(r"\w*", site.text).group(0) != anchor.name:
+    if site.node is None or (span := expression_span(facts.source_map, site.node)) is None:
+        return None
+    anchor = leftmost_name(site.node)
+    word = re.match(r"\w*", site.text)  # always matches, if only the empty string
+    if anchor is None or word is None or word.group(0) != anchor.name:
         return None
     return Edit(span[0], span[1], text)
 

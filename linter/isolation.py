@@ -433,8 +433,8 @@ def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any]
     failed: list[BaseException] = []
 
     def note_failure(future: Future) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            failed.append(future.exception())
+        if not future.cancelled() and (error := future.exception()) is not None:
+            failed.append(error)
 
     def submit(item: Any) -> Future:
         if failed:
@@ -448,8 +448,8 @@ def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any]
         yield submit
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for future in done:
-            if future.exception() is not None:
-                raise future.exception()
+            if (error := future.exception()) is not None:
+                raise error
     except BaseException:
         CHILDREN.stop()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -185,8 +185,8 @@ def kv_shape(
     latent = number("kv_lora_rank")
     if latent is not None and layers:
         return KVShape(layers, 1, 0, dtype_bytes, latent + (number("qk_rope_head_dim") or 0))
-    missing = [name for name, value in (("layers", layers), ("KV heads", kv_heads), ("head dim", head_dim)) if not value]
-    if missing:
+    if not (layers and kv_heads and head_dim):
+        missing = [name for name, value in (("layers", layers), ("KV heads", kv_heads), ("head dim", head_dim)) if not value]
         raise CacheError(
             f"the KV cache size per token needs the model's {', '.join(missing)}: give --model-config config.json "
             "or --num-layers, --num-kv-heads and --head-dim"
@@ -319,12 +319,15 @@ class VllmPrefixCache:
 
     def _make_room(self, blocks: int, held: int, request: CacheRequest) -> None:
         """Room for a request of ``blocks`` blocks, ``held`` of them hits it already holds."""
-        if blocks > self.usable:
+        usable = self.usable
+        if usable is None:  # an unbounded pool has room for all
+            return
+        if blocks > usable:
             raise CacheError(
-                f"a request needs {blocks} blocks ({request.computed} tokens) and the pool holds {self.usable}: "
+                f"a request needs {blocks} blocks ({request.computed} tokens) and the pool holds {usable}: "
                 "vLLM does not start with a max_model_len that does not fit"
             )
-        short = (blocks - held) - (self.usable - len(self.hash_of))
+        short = (blocks - held) - (usable - len(self.hash_of))
         while short > 0:
             batch, queued = self.batches[0]
             position = self.batch_position
@@ -349,7 +352,7 @@ class VllmPrefixCache:
             else:
                 del self.lookup[block_hash]
         else:
-            younger.remove(block)
+            self.duplicates[block_hash].remove(block)  # a block not looked up is a younger duplicate
         if younger is not None and not younger:
             del self.duplicates[block_hash]
 
@@ -361,7 +364,7 @@ class _Node:
     __slots__ = ("children", "parent", "key", "last_access", "locks", "owner", "order")
 
     def __init__(self, key: list[int], parent: _Node | None, owner: Hashable, order: int, last_access: int):
-        self.children: dict[int, _Node] = {}
+        self.children: dict[Hashable, _Node] = {}
         self.parent = parent
         self.key = key  # the token ids on the edge from the parent
         self.last_access = last_access
@@ -440,6 +443,7 @@ class SglangRadixCache:
 
     def _split(self, child: _Node, length: int) -> _Node:
         parent = child.parent
+        assert parent is not None  # only a child is split, never the root
         head = _Node(child.key[:length], parent, child.owner, next(self.counter), self.clock)
         head.locks = child.locks
         child.key = child.key[length:]
@@ -592,7 +596,7 @@ def make_cache(
     if model == "llamacpp":
         if tokens is not None and not slots:
             raise CacheError("with --cache-model llamacpp a capacity is split over --slots N; give it")
-        return LlamaCppSlots(slots, None if tokens is None else tokens // slots, cache_reuse)
+        return LlamaCppSlots(slots, None if tokens is None or slots is None else tokens // slots, cache_reuse)
     raise CacheError(f"unknown cache model {model!r} (known: {', '.join(CACHE_MODELS)})")
 
 
@@ -624,7 +628,7 @@ def capacities(
         return [blocks]
     if cache_blocks is None:
         return [None]
-    sizes = []
+    sizes: list[int | None] = []
     for part in cache_blocks.split(","):
         try:
             size = int(part.strip().replace("_", ""))

@@ -68,6 +68,7 @@ def placement(path: Path, container: str, name: str | None, template: str, file_
         except (OSError, UnicodeDecodeError):
             return None
     file_starts = _line_starts(file_text)
+    offsets: list[int] | None
     try:
         if container == "json":
             offsets = _json_offsets(file_text, name)
@@ -119,7 +120,7 @@ def _python_offsets(text: str, name: str | None) -> list[int] | None:
     _, found, _ = python_literals(parse_python(text))
     literal = next((node for key, node in found if key == name), None)
     parts = _simple_strings(literal)
-    if not parts:
+    if not parts or name is None:  # a literal is found only by its name
         return None
     # The name holds the literal's line, and its column where the line holds two.
     where = name.rsplit("@", 1)[1].split(":")
@@ -132,7 +133,10 @@ def _python_offsets(text: str, name: str | None) -> list[int] | None:
             return None
         offsets.extend(_string_offsets(text, start, part.value))
         position = start + len(part.value)
-    offsets.append(position - len(QUOTED_LITERAL.match(parts[-1].value).group(2)))
+    last = QUOTED_LITERAL.match(parts[-1].value)
+    if last is None:
+        return None
+    offsets.append(position - len(last.group(2)))
     return offsets
 
 
@@ -153,7 +157,10 @@ def _string_offsets(text: str, start: int, value: str) -> list[int]:
     """The file offset of each character of the string literal ``value`` written at ``start``."""
     from .containers import QUOTED_LITERAL
 
-    prefix, quote = QUOTED_LITERAL.match(value).groups()
+    literal = QUOTED_LITERAL.match(value)
+    if literal is None:  # placed nowhere, as any file that changed under us
+        raise ValueError(f"not a string literal: {value[:40]!r}")
+    prefix, quote = literal.groups()
     index = start + len(prefix) + len(quote)
     end = start + len(value) - len(quote)
     raw = "r" in prefix.lower()
@@ -178,8 +185,8 @@ def _string_offsets(text: str, start: int, value: str) -> list[int]:
             index = text.index("}", index) + 1
         elif escaped in "01234567":
             offsets.append(index)
-            digits = re.match(r"[0-7]{1,3}", text[index + 1 : index + 4]).group(0)
-            index += 1 + len(digits)
+            following = text[index + 1 : index + 4]
+            index += 1 + len(following) - len(following.lstrip("01234567"))  # up to three octal digits
         else:  # an unknown escape keeps its backslash
             offsets.extend([index, index + 1])
             index += 2

@@ -276,7 +276,7 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def one_line(error: Exception) -> str:
+def one_line(error: BaseException) -> str:
     """An exception's whole message on one line (transformers' span several)."""
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -448,10 +448,11 @@ class PrefixEncoder:
     def encode(self, text: str, previous: Encoded | None = None) -> Encoded:
         if self.tokenizer is None:
             shared = common_prefix_length(previous.text, text) if previous is not None else 0
-            ids = (previous.ids[:shared] if shared else []) + [ord(char) for char in text[shared:]]
+            ids = (previous.ids[:shared] if previous is not None and shared else []) + [ord(char) for char in text[shared:]]
             return Encoded(text, ids)
+        tokenizer = self.tokenizer
         if not self.anchor_ids:
-            return Encoded(text, self.tokenizer.encode(text))
+            return Encoded(text, tokenizer.encode(text))
         if previous is not None and previous.anchors:
             shared = common_prefix_length(previous.text, text)
             anchors = previous.anchors
@@ -461,14 +462,14 @@ class PrefixEncoder:
                 index -= 1
             if index >= 0:
                 start, position = anchors[index]
-                tail = self._encode_from(text, start, position)
+                tail = self._encode_from(tokenizer, text, start, position)
                 if tail.ids and tail.ids[0] == previous.ids[position]:
                     return Encoded(text, previous.ids[:position] + tail.ids, anchors[:index] + tail.anchors)
-        return self._encode_from(text, 0, 0)
+        return self._encode_from(tokenizer, text, 0, 0)
 
-    def _encode_from(self, text: str, start: int, position: int) -> Encoded:
-        with rust_panics_as_errors(f"{self.tokenizer.directory}: the tokenizer cannot encode a text"):
-            encoding = self.tokenizer.backend.encode(text[start:], add_special_tokens=False)
+    def _encode_from(self, tokenizer: Tokenizer, text: str, start: int, position: int) -> Encoded:
+        with rust_panics_as_errors(f"{tokenizer.directory}: the tokenizer cannot encode a text"):
+            encoding = tokenizer.backend.encode(text[start:], add_special_tokens=False)
         ids = encoding.ids
         anchor_ids = self.anchor_ids
         anchors = tuple(
@@ -481,5 +482,6 @@ class PrefixEncoder:
     @functools.cached_property
     def _length(self) -> dict[int, int]:
         """Characters of each anchor token's text."""
+        assert self.tokenizer is not None  # anchors come only with a tokenizer
         added = self.tokenizer.backend.get_added_tokens_decoder()
         return {token_id: len(added[token_id].content) for token_id in self.anchor_ids}

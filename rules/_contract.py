@@ -120,23 +120,24 @@ class Check(Protocol):
 
 
 class FixEdits(Protocol):
-    """``fix(facts, finding, options)``: the edits that would fix a finding, or None."""
+    """``fix(facts, finding, options)``: the edits that would fix a finding, or why it makes none
+    (``Fix.refuse``)."""
 
-    def __call__(self, facts: Facts, finding: Finding, options: Any, /) -> Fix | None: ...
+    def __call__(self, facts: Facts, finding: Finding, options: Any, /) -> Fix: ...
 
 
 class Prove(Protocol):
     """``prove(report, finding)``: the finding's proof where the rule chooses it (or where no
-    divergence shows it: random output), or None for the prover's own."""
+    divergence shows it: random output)."""
 
-    def __call__(self, report: ProofReport, finding: Finding, /) -> Proof | None: ...
+    def __call__(self, report: ProofReport, finding: Finding, /) -> Proof: ...
 
 
 class FoundByProof(Protocol):
     """``found_by_proof(facts, divergence)``: a finding for a divergence no static finding
     explains, at the place in the template the rule knows."""
 
-    def __call__(self, facts: Facts, divergence: Divergence, /) -> Finding | None: ...
+    def __call__(self, facts: Facts, divergence: Divergence, /) -> Finding: ...
 
 
 class VerifyFix(Protocol):

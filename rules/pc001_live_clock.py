@@ -171,7 +171,10 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     Every call, not only the finding's: two calls on one line are one finding, and a fix of
     one call would leave the clock live in the other; calls in two formats frozen apart
     would show two moments."""
-    name = finding.site.text
+    site = finding.site
+    if site is None:  # every PC001 finding is placed by the analysis
+        return Fix.refuse("cannot locate the clock call in the source")
+    name = site.text
     printed_lines = {
         label.site.line
         for sink in facts.sinks
@@ -188,7 +191,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         and call.lineno in printed_lines
         and not any(suppression.covers(RULE.code, call.lineno) for suppression in suppressed)
     ]
-    if not any(call.node is finding.site.node for call in calls):
+    if not any(call.node is site.node for call in calls):
         return Fix.refuse("cannot locate the clock call in the source")
     moment = datetime.combine(options.frozen_date, FROZEN_TIME_OF_DAY)
     replaced: list[tuple[int, int, str, str | None]] = []  # (start, end, format, the caller's variable)
@@ -207,7 +210,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
             ),
             None,
         )
-        if assigned_to is None and call.node is finding.site.node and finding.switch is not None:
+        if assigned_to is None and call.node is site.node and finding.switch is not None:
             assigned_to = finding.switch.name
         replaced.append((span[0], span[1], format, assigned_to))
     replaced.sort()

@@ -86,6 +86,7 @@ def check(facts: Facts) -> list[Finding]:
             if label.kind is LabelKind.SCAN_POSITION and label.site is not None and label.loop not in sink.loops
         ]
         for label in sorted(scanned, key=_by_place):
+            assert label.site is not None  # only placed labels are scanned
             key = (label.name, label.origin)
             if key in findings and _by_place(findings[key]) <= _by_place(label):
                 continue
@@ -110,6 +111,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     reasoning, whatever a switch says; else set the template's own switch to its stable
     default (which fixes only the requests that leave it unset: verified, it is refused when
     a value a deployment may pass still breaks)."""
+    if finding.site is None:  # every PC002 finding is placed by the analysis
+        return Fix.refuse("cannot locate the scanned position in the source")
     name = finding.site.text
     reads = {}
     for sink in facts.sinks:

@@ -188,7 +188,10 @@ NAMED_SEPARATORS = re.compile(rf"separators\s*=\s*[\(\[]\s*{_STRING}\s*,\s*{_STR
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """``args | tojson`` becomes ``(args if args is string else args | tojson(separators=...))``,
     the separators the model writes; behind an existing pass-through, only the separators."""
-    use = next((use for use in facts.json_uses if use.node is finding.site.node), None)
+    site = finding.site
+    if site is None:  # every PC004 finding the analysis makes is placed
+        return Fix.refuse("cannot locate the serialised arguments in the source")
+    use = next((use for use in facts.json_uses if use.node is site.node), None)
     if use is None or not any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
         return Fix.refuse(
             "the whole tool call is serialised (its name with its arguments), so the arguments cannot be written on their own: "
@@ -237,7 +240,10 @@ def describe(finding: Finding) -> None:
     """Say what the proof shows where the pattern alone could not tell: an argument string
     JSON-encoded a second time (transformers, and `--engine hf`, pass the string on), not
     separators; and why a proof that fails costs no token in its scenario."""
-    divergence = finding.proof.divergence
+    proof = finding.proof
+    if proof is None:
+        return
+    divergence = proof.divergence
     if divergence is None or divergence.cause is not Cause.TOOL_ARGUMENTS:
         return
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
@@ -260,8 +266,8 @@ def describe(finding: Finding) -> None:
             "blocks only); where the arguments end a block or more before the reply does (a longer argument, text "
             "after the call), every block from the one the difference falls in is recomputed on every turn"
         )
-        note = finding.proof.note
-        finding.proof = finding.proof.with_note(f"{note}; {why}" if note else why)
+        note = proof.note
+        finding.proof = proof.with_note(f"{note}; {why}" if note else why)
 
 
 def _string_at(text: str, offset: int) -> str | None:
@@ -289,7 +295,7 @@ def _first_arguments_read(facts: Facts | None) -> Site:
         node
         for node in facts.nodes_of(nodes.Getattr, nodes.Getitem)
         if getattr(node, "attr", None) == "arguments"
-        or (isinstance(getattr(node, "arg", None), nodes.Const) and node.arg.value == "arguments")
+        or (isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "arguments")
     ]
     if not reads:
         return Site(1, "", fixed_column=1)

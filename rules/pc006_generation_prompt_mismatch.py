@@ -141,7 +141,7 @@ def _opened_with(facts: Facts, sink: Sink, tag: str) -> tuple[list[str], Site]:
     same in every switch trial; else (the text comes through names) the output's first name."""
     choices = _choices(sink.node)
     holding = [choice for choice in choices or () if tag in _text(choice)]
-    if not holding:  # the opener comes through a name, or is built across literals
+    if not holding or choices is None:  # the opener comes through a name, or is built across literals
         literal = _first_literal_with(sink.node, tag)
         site = (literal and _literal_site(facts, literal, tag)) or facts.site(sink.node, tag)
         return [sink.text[sink.text.index(tag) :]], site
@@ -154,8 +154,9 @@ def _opened_with(facts: Facts, sink: Sink, tag: str) -> tuple[list[str], Site]:
         if default is not None and tag in _text(default):
             placed = default
         decided = next((choice for choice in holding if _text(choice) == sink.text), None)
-        if decided is not None or placed is default:
-            by_opener = {_from(_text(decided or default), tag): decided or default}
+        chosen = decided or (default if placed is default else None)
+        if chosen is not None:
+            by_opener = {_from(_text(chosen), tag): chosen}
     site = _literal_site(facts, _literal_holding(placed, tag), tag) or facts.site(sink.node, tag)
     return list(by_opener), site
 
@@ -230,8 +231,9 @@ def _first_literal_with(node: nodes.Node, tag: str) -> LiteralNode | None:
     stack = [node]
     while stack:
         current = stack.pop()
-        written = isinstance(current, nodes.TemplateData) or (isinstance(current, nodes.Const) and isinstance(current.value, str))
-        if written and tag in _text((current,)):
+        if (
+            isinstance(current, nodes.TemplateData) or (isinstance(current, nodes.Const) and isinstance(current.value, str))
+        ) and tag in _text((current,)):
             return current
         stack.extend(reversed(children_in_source_order(current)))
     return None

@@ -69,10 +69,12 @@ trained format: no automatic fix, the finding says so.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jinja2 import nodes
 
-from tmpl_lint.analysis.facts import Facts, FlagReset, Label, LabelKind, Sink, Site
-from tmpl_lint.analysis.locations import leftmost_name
+from tmpl_lint.analysis.facts import Facts, FlagReset, LabelKind, Sink, Site
+from tmpl_lint.analysis.locations import Token, leftmost_name
 from tmpl_lint.edits import Edit, Fix, jinja_literal
 from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause
@@ -137,15 +139,24 @@ def _text_site(facts: Facts, sink: Sink) -> Site:
     return facts.site(sink.node, sink.text)
 
 
-def _flag(sink: Sink) -> Label | None:
+@dataclass(frozen=True)
+class _Flag:
+    """A scanned namespace flag: its name ("ns.flag"), its loop and where it is read."""
+
+    name: str
+    loop: int | None
+    site: Site
+
+
+def _flag(sink: Sink) -> _Flag | None:
     """The scanned namespace flag that decides whether ``sink`` prints, if one does."""
     flags = [
-        label
+        _Flag(label.name, label.loop, label.site)
         for control in sink.controls
         for label in control.labels
         if label.kind is LabelKind.SCAN_FLAG and label.site is not None and label.name
     ]
-    return min(flags, key=lambda label: (label.site.line, label.site.column)) if flags else None
+    return min(flags, key=lambda flag: (flag.site.line, flag.site.column)) if flags else None
 
 
 def _open(resets: list[FlagReset], text: str, roles: set[str] | None = None) -> list[FlagReset]:
@@ -155,7 +166,7 @@ def _open(resets: list[FlagReset], text: str, roles: set[str] | None = None) -> 
 
 
 def _place(facts: Facts, reset: FlagReset) -> str:
-    token = facts.source_map.name_token(reset.node.target)
+    token = _namespace_token(facts, reset)
     if token is None:
         return f"line {reset.node.lineno}"
     return f"line {token.line}, column {facts.source_map.column_of_offset(token.offset)}"
@@ -182,6 +193,13 @@ def _printed(facts: Facts, sink: Sink) -> str:
     return _shown("".join(_piece(facts, child) for child in sink.node.nodes))
 
 
+def _namespace_token(facts: Facts, reset: FlagReset) -> Token | None:
+    """The token of the namespace in ``{% set ns.flag = ... %}`` (a reset's target is always
+    a namespace reference)."""
+    target = reset.node.target
+    return facts.source_map.name_token(target) if isinstance(target, nodes.NSRef) else None
+
+
 def _piece(facts: Facts, child: nodes.Node) -> str:
     """One part of what an output prints: text and string literals as they print, else the
     expression in its braces."""
@@ -192,7 +210,7 @@ def _piece(facts: Facts, child: nodes.Node) -> str:
     return "{{ " + _source_of(facts, child) + " }}"
 
 
-def _source_of(facts: Facts, expression: nodes.Expr) -> str:
+def _source_of(facts: Facts, expression: nodes.Node) -> str:
     """The source of the ``{{ ... }}`` that prints ``expression``, without its braces; "..."
     where it cannot be found."""
     anchor = leftmost_name(expression)
@@ -210,10 +228,13 @@ def _source_of(facts: Facts, expression: nodes.Expr) -> str:
 
 def fix(facts: Facts, finding: Finding, options) -> Fix:
     """Close the group where each branch turns the flag off without closing it."""
+    site = finding.site
+    if site is None:  # every PC007 finding the analysis makes is placed
+        return Fix.refuse("cannot locate the flag in the source")
     found = [
         (sink, flag)
         for sink in facts.sinks
-        if not sink.loops and (flag := _flag(sink)) is not None and flag.site.node is finding.site.node
+        if not sink.loops and (flag := _flag(sink)) is not None and flag.site.node is site.node
     ]
     if not found:
         return Fix.refuse("no edit keeps the model's trained format: it was trained to see this after the messages")
@@ -235,7 +256,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
 
 def _statement_start(facts: Facts, reset: FlagReset) -> int | None:
     """Offset of the ``{%`` that opens the ``{% set ns.flag = ... %}`` of ``reset``."""
-    token = facts.source_map.name_token(reset.node.target)
+    token = _namespace_token(facts, reset)
     if token is None:
         return None
     tokens = facts.source_map.tokens

@@ -219,8 +219,9 @@ class Facts:
         assert tree is not None, "walked only once parsed"
         return self.source_map.memo("preorder", lambda: preorder(tree))
 
-    def flag_resets(self, loop: int) -> tuple[FlagReset, ...]:
-        """The namespace flags the loop ``loop`` turns off, and what each branch that does prints."""
+    def flag_resets(self, loop: int | None) -> tuple[FlagReset, ...]:
+        """The namespace flags the loop ``loop`` turns off, and what each branch that does prints
+        (none for no loop)."""
         if self.tree is None:
             return ()
         return self.source_map.memo("flag_resets", lambda: _flag_resets(self.tree)).get(loop, ())

@@ -129,8 +129,9 @@ class SourceMap:
         line_index = bisect.bisect_right(self.line_starts, offset) - 1
         return offset - self.line_starts[line_index] + 1
 
-    def name_token(self, node: nodes.Name | nodes.Filter) -> Token | None:
-        """The lexer token of a Name node or a filter's name (the n-th such name on its line)."""
+    def name_token(self, node: nodes.Name | nodes.Filter | nodes.NSRef) -> Token | None:
+        """The lexer token of a Name node, a filter's name or a namespace reference's namespace
+        (the n-th such name on its line)."""
         same_name = [token for token in self._on_line(node.lineno) if token.kind == "name" and token.value == node.name]
         if len(same_name) == 1:
             # Every Name and Filter node has a name token of its own on its line, so the

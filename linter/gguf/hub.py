@@ -46,9 +46,9 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
     summary = info.gguf if isinstance(info.gguf, dict) else {}
     text = summary.get("chat_template")
     if isinstance(text, str) and text.strip() and not tokens:
-        special = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
+        bos_eos = tuple((key, summary[key]) for key in ("bos_token", "eos_token") if isinstance(summary.get(key), str))
         # the summary does not say which of the repo's files it describes
-        return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=special)])
+        return HubTemplates([TemplateSource(Path(repo) / "gguf", DEFAULT_NAME, text, "gguf", special_tokens=bos_eos)])
     data, metadata = read_hub_metadata(repo, models[0], revision)
     pairs = metadata.templates()
     unread = [f"{models[0]}: {problem}" for problem in metadata.template_problems() + metadata.ignored_templates()]

@@ -122,10 +122,12 @@ def metadata_template(source: TemplateSource) -> TemplateSource | None:
     return TemplateSource(model, name, text, "gguf") if text is not None else None
 
 
-def companion_note(model: Path, name: str) -> str:
+def companion_note(model: Path, name: str | None) -> str:
     """Said of a fixed template beside its model, checked instead of the one in the model's
-    metadata (which --fix never rewrites)."""
+    metadata (which --fix never rewrites); a template of no name is the default one, as for
+    ``companion_path``."""
     companion = quoted_name(companion_path(model, name).name)
+    name = name or DEFAULT_NAME
     if name == DEFAULT_NAME:
         served = "llama-server serves it with --chat-template-file (and then no template of the model's metadata)"
     else:
@@ -133,7 +135,7 @@ def companion_note(model: Path, name: str) -> str:
     return f"{companion} is checked instead of the {name} template in {quoted_name(model.name)}'s metadata: {served}"
 
 
-def diff_note(model: Path, name: str) -> str:
+def diff_note(model: Path, name: str | None) -> str:
     """Said of a template of ``model`` whose fix --diff would write beside it."""
     companion = quoted_name(companion_path(model, name).name)
     return f"the patch writes its fix to {companion} beside the model, which the next check reads instead of the model's metadata"

@@ -4,6 +4,7 @@ transformers' GGUF converter, and the special tokens a template sees."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import struct
 from dataclasses import dataclass
@@ -240,19 +241,25 @@ def _tokens_at(buffer, metadata: Metadata, indices: set[int]) -> dict[int, str]:
     return found
 
 
+def _gguf_converter() -> tuple[Any, Any]:
+    """transformers' GGUF tokenizer mapping and converter, from the module that holds them in
+    the installed version (by name: the types of the one not installed are unknown)."""
+    for name in ("transformers.integrations.gguf.gguf_tokenizer_mapping", "transformers.integrations.ggml"):  # 5.x, 4.x
+        try:
+            module = importlib.import_module(name)
+            return module.GGUF_TOKENIZER_MAPPING, module.convert_gguf_tokenizer
+        except (ImportError, AttributeError):
+            continue
+    raise GGUFError(BUILD_HINT)
+
+
 def build_tokenizer(metadata: Metadata):
     """A ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*``, built by transformers' own GGUF
     converter (the one ``from_pretrained(gguf_file=...)`` uses; that entry point imports
     torch to read the file, which is why the metadata is handed over here)."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-    except ImportError:
-        try:  # transformers 4.x
-            from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-        except ImportError:
-            raise GGUFError(BUILD_HINT) from None
-    renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+    mapping, convert_gguf_tokenizer = _gguf_converter()
+    renames = mapping["tokenizer"]
     tokenizer_dict = {
         name: metadata.value(f"tokenizer.{key}")
         for key, name in renames.items()

@@ -190,6 +190,7 @@ def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replace
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         data = numpy.memmap(model, dtype=numpy.uint8, mode="r")
+        assert original.data_start is not None  # read with its tensors
         for tensor in original.tensors:
             start = original.data_start + tensor.offset
             writer.write_tensor_data(data[start : start + tensor.nbytes], tensor_endianess=endianess)
@@ -235,14 +236,15 @@ def _check_copy(model: Path, original: Metadata, temporary: Path, replaced: dict
                 fail(f"{key} changed type")
             if source[slice(*before.span)] != written[slice(*after.span)]:
                 fail(f"{key} changed")
-        for before, after in zip(original.tensors, copy.tensors):
-            start_a, start_b = original.data_start + before.offset, copy.data_start + after.offset
-            if start_b + after.nbytes > len(written):
-                fail(f"tensor {before.name} is cut short")
-            length = min(SAMPLE_BYTES, before.nbytes)
-            for skip in (0, before.nbytes - length):
+        assert original.data_start is not None and copy.data_start is not None  # both read with their tensors
+        for tensor_before, tensor_after in zip(original.tensors, copy.tensors):
+            start_a, start_b = original.data_start + tensor_before.offset, copy.data_start + tensor_after.offset
+            if start_b + tensor_after.nbytes > len(written):
+                fail(f"tensor {tensor_before.name} is cut short")
+            length = min(SAMPLE_BYTES, tensor_before.nbytes)
+            for skip in (0, tensor_before.nbytes - length):
                 if source[start_a + skip : start_a + skip + length] != written[start_b + skip : start_b + skip + length]:
-                    fail(f"tensor {before.name} differs")
+                    fail(f"tensor {tensor_before.name} differs")
 
 
 # -- --fix on a GGUF ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 from ..analysis.facts import Site
 from ..findings import Finding, Outcome, Switch
 from ..proofs import Cause, Divergence, Proof, SwitchValues
-from ..rules import BY_CODE, RULES, reporting
+from ..rules import BY_CODE, RULES, Rule, reporting
 from ..scenarios import ScenarioKind
 from .session import ProofReport, ScenarioResult
 
@@ -97,9 +97,9 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
         reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
         for finding in findings:
             finding.proof = Proof.not_provable(unit, reason)
-        extra = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
-        extra.proof = Proof.not_provable(unit, reason)
-        return [extra]
+        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
+        limit.proof = Proof.not_provable(unit, reason)
+        return [limit]
     divergences = report.divergences()
     errors = [result.error for result in report.results if result.error]
     extra: list[Finding] = []
@@ -127,11 +127,11 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             if verify_switch(finding, rule.RULE, report, others):
                 refuted.add(id(finding))
         if rule.prove is not None:
-            finding.proof = rule.prove(report, finding)
-            if finding.proof.is_proven:
+            proof = finding.proof = rule.prove(report, finding)
+            if proof.is_proven:
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
                 explained |= shown
-                finding.proof = finding.proof.explaining([divergences[index] for index in sorted(shown)])
+                finding.proof = proof.explaining([divergences[index] for index in sorted(shown)])
                 settle(finding, [divergences[index] for index in sorted(shown)], report)
         else:
             generic.append(finding)
@@ -206,7 +206,7 @@ def best_explainer(candidates: list[Finding], divergence: Divergence) -> Finding
     return max(candidates, key=lambda f: (BY_CODE[f.code].RULE.explanation_rank(divergence), -f.line, -f.column))
 
 
-def rule_found_by_proof(divergence: Divergence):
+def rule_found_by_proof(divergence: Divergence) -> Rule | None:
     """The rule that reports ``divergence`` where no finding explains it: the first that can
     be found by its proof and proves it (a generation-prompt mismatch), else None (the rule
     for unexplained divergences)."""
@@ -229,8 +229,10 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     """Findings for divergences no static finding explains: one per rule that can be found by
     its proof (it says where in the template), else one per cause of the rule for
     unexplained divergences, saying which message and field changed."""
-    found = []
+    found: list[Finding] = []
     for rule in RULES:
+        if rule.found_by_proof is None:
+            continue  # rule_found_by_proof names no such rule: it claims nothing
         claimed = [d for d in divergences if rule_found_by_proof(d) is rule]
         divergences = [d for d in divergences if d not in claimed]
         # One finding per setting a session changed (each names its own), else one per rule.
@@ -323,7 +325,8 @@ def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, 
             for result in report.sessions
             if list(result.scenario.kwargs) == [name]
         )
-        breaks, stable = [], []
+        breaks: list[Any] = []
+        stable: list[Any] = []
         for value in values:
             said = verdict(by_kwargs.get(json.dumps({name: json.loads(value)}, sort_keys=True, default=repr), []))
             (breaks if said == "breaks" else stable if said == "stable" else []).append(json.loads(value))
@@ -347,7 +350,9 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
     where history dropped the model's reasoning with it (Qwen3.5's "<think>\n" opener): only
     one that drops the prompt's own text alone is the prompt's whoever else explains it. True when the renders without the variable show the rule's
     divergences: the finding is no caller's opt-in."""
-    switch = finding.switch
+    if finding.switch is None:
+        return False  # nothing to check
+    switch: Switch = finding.switch
 
     def explained_elsewhere(divergence: Divergence) -> bool:
         if divergence.in_generation_prompt and divergence.cause is not Cause.REPLY_REWRITE:
