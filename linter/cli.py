@@ -116,6 +116,33 @@ ENGINE_HELP = (
 engine_option = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True, help=ENGINE_HELP)
 
 
+# Bounded before parsing: json.loads recurses once per level, and a value parsed just under Python's recursion
+# limit would overflow later when it is copied into each request.
+MAX_JSON_NESTING = 64
+
+
+def _json_nesting(text: str) -> int:
+    """How deep JSON text nests arrays and objects (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 class JsonObject(click.ParamType):
     """A JSON object given on the command line, as vLLM's own flag takes it."""
 
@@ -124,6 +151,8 @@ class JsonObject(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, dict):
             return value
+        if _json_nesting(value) > MAX_JSON_NESTING:
+            self.fail(f"is nested more than {MAX_JSON_NESTING} deep (template variables are shallow)", param, ctx)
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as error:
