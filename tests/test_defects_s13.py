@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import CORPUS
+from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
 
 DEEP = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
 
@@ -43,3 +43,29 @@ def test_deeply_nested_template_kwargs_are_one_usage_error(command, request_file
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and errors[0].endswith("is nested more than 64 deep (template variables are shallow)")
     assert result.stdout == ""
+
+
+@needs_shared
+def test_pc002_fix_keeps_nemotron_medium_effort_on_the_last_turn(tmp_path):
+    """Reading ns.last_user_idx as -1 stops the history rewrite and drops the last user turn's
+    "{reasoning effort: efficient}" for every request that sets medium_effort, which the
+    prover's scenarios never set: the verifier renders a single turn at each switch the
+    template reads, and refuses the fix."""
+    original = (SHARED_TEMPLATES / "nvidia--Nemotron-3.5.jinja").read_text()
+    template = tmp_path / "n.jinja"
+    template.write_text(original)
+    request = tmp_path / "me.json"
+    request.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"medium_effort": True}})
+    )
+    fixed = cli("check", str(template), "--fix", "--no-cache", timeout=600)
+    assert fixed.returncode == 1
+    assert f"{template}:114:92: not fixed PC002 [history-rewrite]: a single-turn conversation would render differently" in (
+        fixed.stdout.splitlines()
+    )
+    assert template.read_text() == original
+    rendered = cli("render", str(request), "--template", str(template), "--engine", "hf")
+    assert rendered.returncode == 0
+    assert [line for line in rendered.stdout.splitlines() if "reasoning effort" in line] == [
+        "{reasoning effort: efficient}<|im_end|>"
+    ]

@@ -14,8 +14,9 @@ from functools import cached_property
 from typing import Any
 
 from ..analysis.facts import LabelKind
+from ..analysis.reuse import top_level_scan
 from ..analysis.separators import model_separators
-from ..checker import as_reported, lint_with_facts, prover_inputs, source_engine
+from ..checker import _compared_constants, as_reported, lint_with_facts, prover_inputs, source_engine
 from ..edits import FROZEN_TIME_OF_DAY
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
@@ -119,6 +120,7 @@ class Verifier:
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
         self._printed: list[tuple[Request, list[tuple[str, str]]]] | None = None
+        self.switch_settings = self._switch_settings()
         self.original_single_turns = self.single_turns(source.text)
 
     def unreproduced(self, finding: Finding) -> str | None:
@@ -191,12 +193,27 @@ class Verifier:
                 compile_template(text, self.limits, tree)
             content_format(text, tree)
 
+    def _switch_settings(self) -> list[dict[str, Any]]:
+        """No variables, then each variable the original reads that a request does not carry,
+        alone at each constant the template compares it with, else true. A fix may change
+        history turns only: a switch the prover's scenarios never set (Nemotron's
+        medium_effort) still prints text on the last turn, and a fix that reads the last user
+        message's position as -1 would drop it for every request that sets it."""
+        facts = self.lint(self.source.text).facts
+        compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
+        switches = sorted(facts.variables - REQUEST_VARIABLES - set(self.special))
+        return [{}] + [{name: value} for name in switches for value in compared.get(name) or [True]]
+
     def single_turns(self, text: str) -> list[str | None]:
         self.ready_to_render(text)
         out: list[str | None] = []
-        for messages in (
-            [{"role": "user", "content": "Hello"}],
-            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+        for kwargs, messages in (
+            (kwargs, messages)
+            for kwargs in self.switch_settings
+            for messages in (
+                [{"role": "user", "content": "Hello"}],
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+            )
         ):
             try:
                 out.append(
@@ -207,6 +224,7 @@ class Verifier:
                         add_generation_prompt=True,
                         special_tokens=self.special,
                         limits=self.limits,
+                        template_kwargs=kwargs,
                     )
                 )
             except RenderError as error:
