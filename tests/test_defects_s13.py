@@ -60,9 +60,8 @@ def test_pc002_fix_keeps_nemotron_medium_effort_on_the_last_turn(tmp_path):
     )
     fixed = cli("check", str(template), "--fix", "--no-cache", timeout=600)
     assert fixed.returncode == 1
-    assert f"{template}:114:92: not fixed PC002 [history-rewrite]: a single-turn conversation would render differently" in (
-        fixed.stdout.splitlines()
-    )
+    reason = "a single-turn conversation would render differently with medium_effort=true"
+    assert f"{template}:114:92: not fixed PC002 [history-rewrite]: {reason}" in fixed.stdout.splitlines()
     assert template.read_text() == original
     rendered = cli("render", str(request), "--template", str(template), "--engine", "hf")
     assert rendered.returncode == 0
