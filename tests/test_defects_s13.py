@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
@@ -68,3 +69,59 @@ def test_pc002_fix_keeps_nemotron_medium_effort_on_the_last_turn(tmp_path):
     assert [line for line in rendered.stdout.splitlines() if "reasoning effort" in line] == [
         "{reasoning effort: efficient}<|im_end|>"
     ]
+
+
+class TrickleServer:
+    """A render server on 127.0.0.1 that answers every request one byte a second (a socket
+    timeout per read never fires), in its own process."""
+
+    SCRIPT = """
+import socket, sys, threading, time
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(16)
+print(listener.getsockname()[1], flush=True)
+def trickle(conn):
+    try:
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 100000\\r\\n\\r\\n" + b" " * 100000:
+            conn.sendall(bytes([byte]))
+            time.sleep(1)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+while True:
+    conn, _ = listener.accept()
+    threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+"""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", self.SCRIPT], stdout=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{self.process.stdout.readline().strip()}"
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_validate_deadline_bounds_the_whole_run_against_a_server_that_trickles(tmp_path, engine):
+    log = tmp_path / "two.jsonl"
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    log.write_text(json.dumps({"request": request}) + "\n" + json.dumps({"request": request}) + "\n")
+    template = str(CORPUS / "clean_chatml.jinja")
+    # --model: no GET /v1/models first (it trickles too).
+    with TrickleServer() as server:
+        started = time.monotonic()
+        result = cli("validate", str(log), "--server", server.url, "--template", template, "--engine", engine,
+                     "--model", "m", "--deadline", "3", timeout=120)  # fmt: skip
+        took = time.monotonic() - started
+    assert result.returncode == 2, result.stdout + result.stderr
+    # Before: each request had its own 60 s (two requests, about 120 s).
+    assert took < 3 + 10, took
+    lines = result.stdout.splitlines()
+    assert "  stopped: the 3 s deadline passed: 1 requests not asked" in lines, result.stdout
+    said = [line for line in lines if line.startswith(f"  {log}:1: not compared: {server.url}/")]
+    assert len(said) == 1 and " did not answer within " in said[0], result.stdout
