@@ -427,7 +427,11 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         sys.exit(EXIT_ERROR)
     change = client_change(turn1, turn2)
     label = None if server else profile_of(engine).label  # with --server the server rendered them
-    click.echo(dumps(divergence, change, label) if output_format == "json" else diff_text(divergence, change), nl=False)
+    if output_format == "json":
+        click.echo(dumps(divergence, change, label), nl=False)
+    else:
+        # Which engine rendered the two requests, as replay names it (its JSON's "engine").
+        click.echo(diff_text(divergence, change) + f"requests as {label or server} renders them\n", nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
 
 
@@ -590,7 +594,11 @@ def audit(
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     result, table = run.audit, run.rows
-    print_audit(result, table, output_format)
+    # Where every repo is an error, its line says all there is: no table of errors, nor a
+    # line saying no template was found (the machine-read formats still print their rows).
+    only_errors = bool(result.repos) and all(repo.error for repo in result.repos)
+    if not (only_errors and output_format == "table"):
+        print_audit(result, table, output_format)
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
@@ -607,7 +615,7 @@ def audit(
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             status = EXIT_ERROR
-    if not result.analyses:
+    if not result.analyses and not only_errors:
         audited = len(result.repos)
         click.echo(
             f"tmpl-lint: error: no chat template found in the {audited} {'repo' if audited == 1 else 'repos'} audited", err=True

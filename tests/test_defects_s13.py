@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, needs_shared
 
 DEEP = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
 
@@ -125,3 +125,62 @@ def test_validate_deadline_bounds_the_whole_run_against_a_server_that_trickles(t
     assert "  stopped: the 3 s deadline passed: 1 requests not asked" in lines, result.stdout
     said = [line for line in lines if line.startswith(f"  {log}:1: not compared: {server.url}/")]
     assert len(said) == 1 and " did not answer within " in said[0], result.stdout
+
+
+LLAMACPP_GOLDEN = SHARED / "engine-golden" / "llamacpp-b10775.jsonl"
+# Golden lines (1-based) where llama.cpp's render differs from transformers' (jinja2): Command R+
+# tool use, EXAONE 4.0, DeepSeek-R1 (reasoning history) and Gemma 4.
+DIFFERS_FROM_JINJA2 = [11, 61, 245, 331]
+
+
+@pytest.mark.skipif(not LLAMACPP_GOLDEN.is_file(), reason="../shared is not present (fresh clone)")
+@pytest.mark.parametrize("number", DIFFERS_FROM_JINJA2)
+def test_render_with_engine_llamacpp_is_llama_cpps_render(tmp_path, number):
+    line = json.loads(LLAMACPP_GOLDEN.read_text(encoding="utf-8").splitlines()[number - 1])
+    context = line["context"]
+    assert context["add_generation_prompt"] and line["error"] is None
+    request = tmp_path / "request.json"
+    request.write_text(
+        json.dumps({"messages": context["messages"], **({"tools": context["tools"]} if "tools" in context else {})})
+    )
+    template = str(SHARED_TEMPLATES / line["template"])
+    rendered = {
+        engine: cli("render", str(request), "--template", template, "--engine", engine, "--format", "json")
+        for engine in ("llamacpp", "hf")
+    }
+    assert rendered["llamacpp"].returncode == 0, rendered["llamacpp"].stderr
+    assert json.loads(rendered["llamacpp"].stdout)["text"] == line["text"]
+    # The line tells the engines apart: transformers' jinja2 renders it otherwise, or refuses it.
+    hf = rendered["hf"]
+    assert (json.loads(hf.stdout)["text"] if hf.returncode == 0 else hf.stderr) != line["text"]
+
+
+THINKING = "{{ enable_thinking if enable_thinking is defined else 'undef' }}"
+
+
+def test_llamacpp_s_default_enable_thinking_in_render_and_diff_which_names_its_engine(tmp_path, request_file):
+    template = tmp_path / "t.jinja"
+    template.write_text(THINKING)
+    rendered = cli("render", str(request_file), "--template", str(template), "--engine", "llamacpp")
+    assert (rendered.returncode, rendered.stdout) == (0, "True\n--- llama.cpp b10775; no token ids without --tokenizer ---\n")
+    for engine, chars, label in (("llamacpp", 4, "llama.cpp b10775"), ("hf", 5, "transformers")):
+        diffed = cli("diff", str(request_file), str(request_file), "--template", str(template), "--engine", engine)
+        assert diffed.returncode == 0, diffed.stderr
+        lines = diffed.stdout.splitlines()
+        assert lines[0].startswith(f"clean extension: turn 2 is turn 1 again ({chars} chars);")
+        assert lines[1:] == [f"requests as {label} renders them"]
+
+
+def test_an_audit_of_a_missing_folder_is_one_error_line(tmp_path):
+    result = cli("audit", "./nothing-here", "--no-cache", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "tmpl-lint: error: ./nothing-here: no such folder\n"
+
+
+def test_a_report_into_a_folder_that_takes_no_new_files_says_so(tmp_path):
+    result = cli("check", str(CORPUS / "clean_chatml.jinja"), "-o", "/proc/version")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "tmpl-lint: error: cannot write the report: /proc/version: its folder /proc does not take new files "
+        "(No such file or directory); nothing written\n"
+    )
