@@ -59,7 +59,7 @@ def test_pc002_fix_keeps_nemotron_medium_effort_on_the_last_turn(tmp_path):
     request.write_text(
         json.dumps({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"medium_effort": True}})
     )
-    fixed = cli("check", str(template), "--fix", "--no-cache", timeout=600)
+    fixed = cli("check", str(template), "--fix", "--unsafe-fixes", "--no-cache", timeout=600)
     assert fixed.returncode == 1
     reason = "a single-turn conversation would render differently with medium_effort=true"
     assert f"{template}:114:92: not fixed PC002 [history-rewrite]: {reason}" in fixed.stdout.splitlines()
