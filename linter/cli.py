@@ -121,6 +121,33 @@ ENGINE_HELP = (
 engine_option = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True, help=ENGINE_HELP)
 
 
+# Bounded before parsing: json.loads recurses once per level, and a value parsed just under Python's recursion
+# limit would overflow later when it is copied into each request.
+MAX_JSON_NESTING = 64
+
+
+def _json_nesting(text: str) -> int:
+    """How deep JSON text nests arrays and objects (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 class JsonObject(click.ParamType):
     """A JSON object given on the command line, as vLLM's own flag takes it."""
 
@@ -129,6 +156,8 @@ class JsonObject(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, dict):
             return value
+        if _json_nesting(value) > MAX_JSON_NESTING:
+            self.fail(f"is nested more than {MAX_JSON_NESTING} deep (template variables are shallow)", param, ctx)
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as error:
@@ -449,7 +478,11 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
         sys.exit(EXIT_ERROR)
     change = client_change(turn1, turn2)
     label = None if server else profile_of(engine).label  # with --server the server rendered them
-    click.echo(dumps(divergence, change, label) if output_format == "json" else diff_text(divergence, change), nl=False)
+    if output_format == "json":
+        click.echo(dumps(divergence, change, label), nl=False)
+    else:
+        # Which engine rendered the two requests, as replay names it (its JSON's "engine").
+        click.echo(diff_text(divergence, change) + f"requests as {label or server} renders them\n", nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
 
 
@@ -627,7 +660,11 @@ def audit(
         click.echo(f"tmpl-lint: error: {error}", err=True)
         sys.exit(EXIT_ERROR)
     result, table = run.audit, run.rows
-    print_audit(result, table, output_format)
+    # Where every repo is an error, its line says all there is: no table of errors, nor a
+    # line saying no template was found (the machine-read formats still print their rows).
+    only_errors = bool(result.repos) and all(repo.error for repo in result.repos)
+    if not (only_errors and output_format == "table"):
+        print_audit(result, table, output_format)
     for repo in result.repos:
         if repo.error:
             click.echo(f"tmpl-lint: error: {repo.repo}: {repo.error}", err=True)
@@ -644,7 +681,7 @@ def audit(
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the report: {error}", err=True)
             status = EXIT_ERROR
-    if not result.analyses:
+    if not result.analyses and not only_errors:
         audited = len(result.repos)
         click.echo(
             f"tmpl-lint: error: no chat template found in the {audited} {'repo' if audited == 1 else 'repos'} audited", err=True

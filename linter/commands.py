@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,13 +235,16 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
         calls.sort(key=lambda call: call.line)
         bodies = [call.body for call in calls]
         offline = run_isolated(validate.offline_answers, (engine, text, bodies, special, loaded, options.server_kwargs))
+        # The server's part of the run, each request within what is left of it.
+        ends_at = time.monotonic() + options.deadline
+        (llama or vllm).ends_at = ends_at
         if llama is not None:
             ask, base_url = (lambda body: validate.Answer(text=llama.prompt_text(body))), llama.base_url
         else:
             assert vllm is not None
             vllm.discover(body.get("model") for body in bodies)
             ask, base_url = (lambda body: validate.Answer(ids=tuple(vllm.prompt_token_ids(body)))), vllm.base_url
-        answered, unanswered, stopped = validate.ask_server(ask, [call.line for call in calls], bodies, options.deadline)
+        answered, unanswered, stopped = validate.ask_server(ask, [call.line for call in calls], bodies, options.deadline, ends_at)
     except (ReplayError, RequestError, TokenizerError) as error:
         raise RunError(str(error)) from None
     except ServerError as error:

@@ -135,10 +135,10 @@ class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
-def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
-    """The status and body of one GET (or, with ``body``, POST) within the deadline and the
+def _request(url: str, body: dict[str, Any] | None = None, seconds: float = TIMEOUT_SECONDS) -> tuple[int, bytes]:
+    """The status and body of one GET (or, with ``body``, POST) within ``seconds`` and the
     size cap; ServerError where there is none."""
-    deadline = _Deadline(TIMEOUT_SECONDS)
+    deadline = _Deadline(seconds)
     opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline), _SameHostRedirects())
     if body is None:
         request = urllib.request.Request(url)
@@ -157,13 +157,13 @@ def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
         raise
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
         if deadline.expired:
-            raise ServerError(f"{url} did not answer within {TIMEOUT_SECONDS:g} s") from None
+            raise ServerError(f"{url} did not answer within {seconds:.3g} s") from None
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
         raise ServerError(f"cannot reach {url}: {reason or type(error).__name__}") from None
     finally:
         deadline.cancel()
     if deadline.expired:  # the answer ended because the deadline shut its connection
-        raise ServerError(f"{url} did not answer within {TIMEOUT_SECONDS:g} s")
+        raise ServerError(f"{url} did not answer within {seconds:.3g} s")
     return status, data
 
 
@@ -180,8 +180,8 @@ def _read_capped(response, url: str) -> bytes:
         chunks.append(chunk)
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    status, data = _request(url, body)
+def _post(url: str, body: dict[str, Any], seconds: float = TIMEOUT_SECONDS) -> tuple[int, Any]:
+    status, data = _request(url, body, seconds)
     return status, _json(data, url, strict=status == 200)
 
 
@@ -197,8 +197,8 @@ def _check_url(url: str) -> None:
         raise ServerURLError(f"--server {url!r} is not an http:// or https:// URL with a host (such as http://localhost:8000)")
 
 
-def _get(url: str) -> Any:
-    status, data = _request(url)
+def _get(url: str, seconds: float = TIMEOUT_SECONDS) -> Any:
+    status, data = _request(url, seconds=seconds)
     if status != 200:
         raise ServerError(f"{url} answered HTTP {status}")
     return _json(data, url)
@@ -255,6 +255,17 @@ def _model_not_found(status: int, document: Any) -> bool:
     return ("NotFound" in str(kind) and "model" in str(message).lower()) or "does not exist" in str(message)
 
 
+def _seconds_left(ends_at: float | None) -> float:
+    """A request's deadline: its own, or what is left of the run's (``ends_at``, monotonic)
+    where that is sooner: validate's --deadline bounds the whole run, not each request."""
+    if ends_at is None:
+        return TIMEOUT_SECONDS
+    left = ends_at - time.monotonic()
+    if left <= 0:
+        raise ServerError("the run's deadline passed before the request was sent")
+    return min(TIMEOUT_SECONDS, left)
+
+
 class VLLMServer:
     """A running vLLM, asked for the token ids it would feed the model.
 
@@ -262,9 +273,10 @@ class VLLMServer:
     otherwise; one the server does not serve (``GET /v1/models``) is replaced by the one it
     does, and ``note`` says so (once per model)."""
 
-    def __init__(self, base_url: str, model: str | None = None, note=None):
+    def __init__(self, base_url: str, model: str | None = None, note=None, ends_at: float | None = None):
         _check_url(base_url)
         self.base_url = base_url.rstrip("/")
+        self.ends_at = ends_at  # the run's deadline (time.monotonic()), if it has one
         self.model = model
         self.note = note or (lambda text: None)
         self._served: list[str] | None = None
@@ -272,7 +284,7 @@ class VLLMServer:
 
     def served(self) -> list[str]:
         if self._served is None:
-            listing = _get(f"{self.base_url}/v1/models")
+            listing = _get(f"{self.base_url}/v1/models", _seconds_left(self.ends_at))
             entries = listing.get("data") if isinstance(listing, dict) else None
             entries = entries if isinstance(entries, list) else []
             self._served = [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
@@ -315,7 +327,7 @@ class VLLMServer:
         requested = request.get("model")
         model = self.model_for(requested if isinstance(requested, str) else None)
         body = {**request, "model": model}
-        status, document = _post(f"{base_url}/v1/chat/completions/render", body)
+        status, document = _post(f"{base_url}/v1/chat/completions/render", body, _seconds_left(self.ends_at))
         if status == 200:
             where = f"{base_url}/v1/chat/completions/render"
             ids = find_key(document, "token_ids") or find_key(document, "prompt_token_ids")
@@ -328,7 +340,7 @@ class VLLMServer:
             raise ServerError(f"{base_url}/v1/chat/completions/render answered HTTP {status}{_error_text(document)}")
         # The render endpoint is off: the generation path with one token returns the prompt ids.
         fallback = {**body, "max_tokens": 1, "temperature": 0, "return_token_ids": True, "stream": False}
-        status, document = _post(f"{base_url}/v1/chat/completions", fallback)
+        status, document = _post(f"{base_url}/v1/chat/completions", fallback, _seconds_left(self.ends_at))
         if _model_not_found(status, document):
             raise ServerError(f"{base_url} does not serve model {model!r} (HTTP 404{_error_text(document)}): pass --model")
         if status != 200:
@@ -346,13 +358,14 @@ class LlamaServer:
     generating and answers ``{"prompt": text}`` (it has no endpoint that answers a chat
     request's token ids)."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, base_url: str, ends_at: float | None = None):
         _check_url(base_url)
         self.base_url = base_url.rstrip("/")
+        self.ends_at = ends_at  # the run's deadline (time.monotonic()), if it has one
 
     def prompt_text(self, request: dict[str, Any]) -> str:
         url = f"{self.base_url}/apply-template"
-        status, document = _post(url, request)
+        status, document = _post(url, request, _seconds_left(self.ends_at))
         if status == 400:
             raise ServerRefused(f"{url} answered HTTP 400{_error_text(document)}")
         if status != 200:

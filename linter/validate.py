@@ -97,14 +97,20 @@ def offline_answers(engine: str, template: str, bodies: list[dict[str, Any]], sp
 
 
 def ask_server(
-    ask: Callable[[dict[str, Any]], Answer], lines: list[int], bodies: list[dict[str, Any]], deadline_seconds: float
+    ask: Callable[[dict[str, Any]], Answer],
+    lines: list[int],
+    bodies: list[dict[str, Any]],
+    deadline_seconds: float,
+    end: float | None = None,
 ) -> tuple[list[tuple[int, Answer]], list[tuple[int, str]], str | None]:
-    """The server's answer to each request (``ask``), in log order, until the run's deadline."""
+    """The server's answer to each request (``ask``), in log order, until the run's deadline
+    (``end``, monotonic: ``deadline_seconds`` from now unless given; ``ask`` bounds each
+    request by what is left of it)."""
     from .server import ServerError, ServerRefused
 
     answered: list[tuple[int, Answer]] = []
     unanswered: list[tuple[int, str]] = []
-    end = time.monotonic() + deadline_seconds
+    end = time.monotonic() + deadline_seconds if end is None else end
     for position, (line, body) in enumerate(zip(lines, bodies)):
         if time.monotonic() >= end:
             return (

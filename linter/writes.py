@@ -221,7 +221,11 @@ def _land(
             try:
                 descriptor, pending = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             except OSError as error:
-                raise WriteError(f"{path}: cannot write beside it: {error.strerror}; nothing written") from None
+                # Each write creates its file beside the target first: a folder that takes no
+                # new files (/proc, one without write permission) cannot be written to.
+                raise WriteError(
+                    f"{path}: its folder {target.parent} does not take new files ({error.strerror}); nothing written"
+                ) from None
         temporary = pending
         try:
             fill(descriptor, temporary)

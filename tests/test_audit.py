@@ -348,7 +348,8 @@ def test_revisions_and_repo_ids_are_checked_before_any_path_is_built(tmp_path):
             "Use `repo_type` argument if needed.",
         ),
     ]
-    assert result.stderr.splitlines()[-1] == "tmpl-lint: error: no chat template found in the 4 repos audited"
+    # one line per bad spec, and no line after them repeating that nothing was audited
+    assert result.stderr.splitlines() == [f"tmpl-lint: error: {repo}: {error}" for repo, error in rows]
     assert result.returncode == 2
     # a branch with a slash, a tag and a commit are revisions
     good = audit(tmp_path, f"qwen/qwen3-chat@{commit}", "--format", "json", "--no-cache", "--no-prove")

@@ -562,7 +562,7 @@ def test_the_same_request_again_recomputes_its_last_block(tmp_path):
     code, out, _ = diff_of(tmp_path, "x" * 32, "x" * 32)
     assert out == (
         "clean extension: turn 2 is turn 1 again (32 chars); 16 chars reusable in 16-char blocks "
-        "(vLLM computes at least the last char)\n"
+        "(vLLM computes at least the last char)\nrequests as vLLM 0.33.0 renders them\n"
     )
 
 

@@ -14,8 +14,9 @@ from functools import cached_property
 from typing import Any
 
 from ..analysis.facts import LabelKind
+from ..analysis.reuse import top_level_scan
 from ..analysis.separators import model_separators
-from ..checker import as_reported, lint_with_facts, prover_inputs, source_engine
+from ..checker import _compared_constants, as_reported, lint_with_facts, prover_inputs, source_engine
 from ..edits import FROZEN_TIME_OF_DAY
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
@@ -120,6 +121,8 @@ class Verifier:
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
         self._printed: list[tuple[Request, list[tuple[str, str]]]] | None = None
         self.original_single_turns = self.single_turns(source.text)
+        self.switch_settings = self._switch_settings()
+        self._switched_turns: list[str | None] | None = None
 
     def unreproduced(self, finding: Finding) -> str | None:
         """Why the original's proof does not show ``finding`` (a hypothesis no render
@@ -191,13 +194,35 @@ class Verifier:
                 compile_template(text, self.limits, tree)
             content_format(text, tree)
 
-    def single_turns(self, text: str) -> list[str | None]:
+    def _switch_settings(self) -> list[dict[str, Any]]:
+        """No variables, then each variable the original reads that a request does not carry,
+        alone at each constant the template compares it with, else true. A fix may change
+        history turns only: a switch the prover's scenarios never set (Nemotron's
+        medium_effort) still prints text on the last turn, and a fix that reads the last user
+        message's position as -1 would drop it for every request that sets it."""
+        facts = self.lint(self.source.text).facts
+        compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
+        switches = sorted(facts.variables - REQUEST_VARIABLES - set(self.special))
+        return [{name: value} for name in switches for value in compared.get(name) or [True]]
+
+    def switched_turn(self, patched: str) -> str | None:
+        """The first switch setting at which ``patched`` renders a single turn otherwise than
+        the original does (said as ``name=value``), else None."""
+        if self._switched_turns is None:
+            self._switched_turns = self.single_turns(self.source.text, self.switch_settings)
+        now = self.single_turns(patched, self.switch_settings)
+        for index, (before, after) in enumerate(zip(self._switched_turns, now)):
+            if before != after:
+                ((name, value),) = self.switch_settings[index // len(SINGLE_TURNS)].items()
+                return f"{name}={json.dumps(value)}"
+        return None
+
+    def single_turns(self, text: str, settings: list[dict[str, Any]] | None = None) -> list[str | None]:
+        """``text``'s render of each of SINGLE_TURNS, for each of ``settings`` (template
+        variables; default: none)."""
         self.ready_to_render(text)
         out: list[str | None] = []
-        for messages in (
-            [{"role": "user", "content": "Hello"}],
-            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
-        ):
+        for kwargs, messages in ((kwargs, messages) for kwargs in settings or [{}] for messages in SINGLE_TURNS):
             try:
                 out.append(
                     render(
@@ -207,6 +232,7 @@ class Verifier:
                         add_generation_prompt=True,
                         special_tokens=self.special,
                         limits=self.limits,
+                        template_kwargs=kwargs,
                     )
                 )
             except RenderError as error:
@@ -416,6 +442,13 @@ def single_turn_unchanged(candidate: Candidate) -> str | None:
     return None
 
 
+def keeps_last_turn_at_each_switch(candidate: Candidate) -> str | None:
+    """A fix may change history turns only: at each switch the template reads, the last
+    (only) turn renders as before."""
+    setting = candidate.verifier.switched_turn(candidate.patched)
+    return None if setting is None else f"a single-turn conversation would render differently with {setting}"
+
+
 def keeps_request_text(candidate: Candidate) -> str | None:
     return candidate.verifier.lost_text(candidate.patched)
 
@@ -469,6 +502,11 @@ def rules_own_checks(candidate: Candidate) -> str | None:
     return None
 
 
+SINGLE_TURNS = (
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+)
+
 # What a fix must pass, in order: the cheap ones first, the proof's once the others pass.
 CHECKS: tuple[Callable[[Candidate], str | None], ...] = (
     parses,
@@ -477,6 +515,7 @@ CHECKS: tuple[Callable[[Candidate], str | None], ...] = (
     single_turn_unchanged,
     keeps_request_text,
     keeps_parallel_results,
+    keeps_last_turn_at_each_switch,
     still_renders,
     proof_gone,
     nothing_unexplained,
