@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
+from .findings import quoted_name
 from .inputs import load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
@@ -46,6 +47,17 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
     if not in_force:
         raise RequestError(f"{path}: no chat template")
     source = in_force[0]
+    problem = syntax_error_at(source.text)
+    if problem is not None:
+        # Said of the template, once: not of the first request rendered with it. Where the
+        # file is the template, at its place as editors read it; else at the template's own.
+        line, column, message = problem
+        if source.container == "jinja":
+            where = f"{quoted_name(source.path)}:{line}:{column}"
+        else:
+            named = f" {quoted_name(source.name)}" if source.name else ""
+            where = f"{quoted_name(source.path)}: template{named} line {line}, column {column}"
+        raise RequestError(f"{where}: the template does not parse: {message}")
     special: dict[str, Any] = {}
     if source.container == "json":
         document = load_json(source.path)
@@ -55,6 +67,21 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
 
         special = metadata_special_tokens(source.path)
     return source.text, special
+
+
+def syntax_error_at(text: str) -> tuple[int, int, str] | None:
+    """(line, column, Jinja's message) where the text is no template, as PC000 places it;
+    None where it parses."""
+    from .analysis.interpreter import analyze
+    from .analysis.parsing import parse
+    from .findings import Outcome
+    from .rules import reporting
+
+    tree, error = parse(text)
+    if error is None:
+        return None
+    (finding,) = reporting(Outcome.SYNTAX_ERROR).check(analyze(text))
+    return finding.line, finding.column, error.message or "syntax error"
 
 
 def diff_requests(

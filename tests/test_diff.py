@@ -174,6 +174,21 @@ def test_an_unreadable_turn_is_one_error_line(tmp_path):
     assert result.stderr == f"tmpl-lint: error: {second}: permission denied\n"
 
 
+def test_a_template_that_does_not_parse_is_blamed_not_the_request(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }\n{% endfor %}\n")  # the stray } is at column 37
+    code, out, err = run(*turns, "--template", str(bad))
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {bad}:1:37: the template does not parse: unexpected '}}'\n"
+    # inside tokenizer_config.json: the template's own line and column, after the file
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": "hi\n" + bad.read_text()}))
+    code, _, err = run(*turns, "--template", str(config))
+    assert code == 2
+    assert err == (f"tmpl-lint: error: {config}: template line 2, column 37: the template does not parse: unexpected '}}'\n")
+
+
 def test_needs_a_template_or_server(tmp_path):
     turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1]})
     code, _, err = run(*turns)
@@ -801,7 +816,7 @@ def test_a_turn_2_that_drops_turn_1s_last_messages_is_no_prefix_and_says_the_cli
         "(turn 1's message 2, assistant, content), where turn 1 goes on; cause client: message removed "
         "(turn 1's message 2, assistant), not the template",
         f"       {reusable} of {len(first)} chars reusable in 16-char blocks, 0 recomputed; "
-        "without rollback (hybrid models) 0 reusable",
+        "0 on a model that cannot roll back its state (a hybrid model reuses all of a prefix or none)",
     ]
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     result = json.loads(out)

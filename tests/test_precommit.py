@@ -36,21 +36,43 @@ def hook_lines(result) -> list[str]:
 
 
 def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path, hook_repository, environment):
-    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    # PC007's fix is safe: the fix hook makes it
+    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC007_text_after_history.jinja"})
     checked = run_hooks(repo, environment, "tmpl-lint")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert hook_lines(checked) == [("tmpl-lint", "Failed")]
-    assert "chat_template.jinja:3:28: PC001 [live-clock]" in checked.stdout
+    assert "chat_template.jinja:29:8: PC007 [text-after-history]" in checked.stdout
+    assert "[*] 1 fixable with --fix" in checked.stdout
 
     fixed = run_hooks(repo, environment, "tmpl-lint-fix")
     assert fixed.returncode == 1  # pre-commit fails a hook that modifies files
     assert "files were modified by this hook" in fixed.stdout
-    assert "chat_template.jinja:3:28: fixed PC001 [live-clock]" in fixed.stdout
-    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
+    assert "chat_template.jinja:29:8: fixed PC007 [text-after-history]" in fixed.stdout
 
     again = run_hooks(repo, environment, "tmpl-lint")
     assert again.returncode == 0, again.stdout
     assert hook_lines(again) == [("tmpl-lint", "Passed")]
+
+
+def test_the_fix_hook_makes_an_unsafe_fix_only_where_the_project_asks(tmp_path, hook_repository, environment):
+    # PC001's fix freezes the date the model sees: unsafe, left by the fix hook...
+    repo = consumer(tmp_path / "a", hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    left = run_hooks(repo, environment, "tmpl-lint-fix")
+    assert left.returncode == 1
+    assert hook_lines(left) == [("tmpl-lint (fix)", "Failed")]
+    assert "files were modified by this hook" not in left.stdout
+    assert "[*] 1 fixable with --fix --unsafe-fixes" in left.stdout
+    assert "strftime_now" in (repo / "chat_template.jinja").read_text()
+    # ...and made where the project's configuration says unsafe-fixes = true
+    (tmp_path / "settings").mkdir()  # not above the first repository, whose run would find it
+    settings = tmp_path / "settings" / "pyproject.toml"
+    settings.write_text("[tool.tmpl-lint]\nunsafe-fixes = true\n")
+    repo = consumer(
+        tmp_path / "b", hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja", "pyproject.toml": settings}
+    )
+    fixed = run_hooks(repo, environment, "tmpl-lint-fix")
+    assert "chat_template.jinja:3:28: fixed PC001 [live-clock]" in fixed.stdout
+    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
 
 
 def test_the_readme_snippet_works_as_written(tmp_path):
@@ -99,7 +121,14 @@ def test_a_template_vllm_never_reads_does_not_fail_on_vllms_render(tmp_path, hoo
     ],
 )
 def test_a_stock_config_passes_the_readme_hooks_once_fixed(tmp_path, hook_repository, environment, model, files):
-    repo = consumer(tmp_path, hook_repository, {f"{model}/{name}": SHARED_TOKENIZERS / model / name for name in files})
+    # Their fixes change what the model sees (reasoning kept in history): the project takes them.
+    settings = tmp_path / "pyproject.toml"
+    settings.write_text("[tool.tmpl-lint]\nunsafe-fixes = true\n")
+    repo = consumer(
+        tmp_path,
+        hook_repository,
+        {**{f"{model}/{name}": SHARED_TOKENIZERS / model / name for name in files}, "pyproject.toml": settings},
+    )
     first = run_hooks(repo, environment)
     # the check fails on the stock template, the fix hook rewrites it
     assert first.returncode == 1, first.stdout + first.stderr
