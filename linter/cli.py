@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import MAX_BLOCK_SIZE
+from .config import MAX_BLOCK_SIZE, MAX_SLOTS
 from .engines import profile_of
 from .engines.base import ENGINES
 from .render import RenderLimits
@@ -700,7 +700,9 @@ def audit(
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM's --kv-cache-dtype (auto: the model's dtype).")
 @click.option("--page-size", type=click.IntRange(1), default=1, show_default=True, help="SGLang's page size.")
 @click.option(
-    "--slots", type=click.IntRange(1), help="llama.cpp: slots the sessions share (--parallel); default one per session."
+    "--slots",
+    type=click.IntRange(1, MAX_SLOTS),
+    help="llama.cpp: slots the sessions share (--parallel); default one per session.",
 )
 @click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
 @click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")
@@ -747,8 +749,8 @@ def replay(
     Example:
       tmpl-lint replay traffic.jsonl --tokenizer path/to/model --compare fixed/chat_template.jinja
     """
-    from . import replay as replaying
     from .commands import ReplayOptions, run_replay
+    from .replay.simulate import text_report as replay_text
 
     options = ReplayOptions(
         log,
@@ -787,12 +789,13 @@ def replay(
     if output_format == "json":
         click.echo(json.dumps({label: summary.to_json() for label, summary in result.summaries}, indent=2))
     else:
-        click.echo(replaying.text_report(result.summaries), nl=False)
+        click.echo(replay_text(result.summaries), nl=False)
     if html_file:
+        from .report.replay import html_report
         from .writes import WriteError
 
         try:
-            write_report(html_file, replaying.html_report(result.summaries))
+            write_report(html_file, html_report(result.named(), str(log), options.described()))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)

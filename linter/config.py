@@ -20,6 +20,8 @@ from .inputs import SourceError, read_bytes
 
 # The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
 MAX_BLOCK_SIZE = 1 << 20
+# llama-server's --parallel for replay: each slot is allocated up front; no server runs more.
+MAX_SLOTS = 65536
 KEYS = (
     "select",
     "ignore",

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
@@ -26,12 +26,10 @@ from .proving.divergence import classify, compare_prompts, generation_prompt_spa
 from .proving.measure import Measure, resolve_special_tokens
 from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
-from .requests import Request, RequestError, read_request
+from .requests import ClientChange, Request, RequestError, read_request
+from .requests import client_change as change_between
 from .sources import ADDITIONAL_TEMPLATES_DIR, collect
 from .tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from .replay import Departure
 
 
 def read_template(path: Path) -> tuple[str, dict[str, Any]]:
@@ -267,21 +265,18 @@ def _in_tools(divergence: Divergence, texts: tuple[str, str], turns: tuple[Reque
     return divergence
 
 
-def client_change(first: Path, second: Path) -> Departure | None:
+def client_change(first: Path, second: Path) -> ClientChange | None:
     """What the client changed between the two requests, if anything, before any message it
     added (as replay tells it): a diverging prompt is then the client's doing, not the
     template's, where the change comes at or before the divergence."""
-    from .replay import Call
-    from .replay import client_change as change_between
-
     try:
         before, after = read_request(first), read_request(second)
     except RequestError:
         return None
-    return change_between(Call(0, before.body), None, Call(0, after.body))
+    return change_between(before, None, after)
 
 
-def explains(change: Departure | None, divergence: Divergence) -> bool:
+def explains(change: ClientChange | None, divergence: Divergence) -> bool:
     """Whether the client's change comes at or before where the prompts diverge."""
     if change is None or divergence.first_divergence is None:
         return False
@@ -294,7 +289,7 @@ def explains(change: Departure | None, divergence: Divergence) -> bool:
     return divergence.message_index is None or change.message_index <= divergence.message_index
 
 
-def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[str, Any]:
+def diff_json(divergence: Divergence, change: ClientChange | None = None) -> dict[str, Any]:
     client = change.to_json() if explains(change, divergence) else None
     numbering = {"numbered_in": "previous"} if went_back(divergence) and divergence.message_index is not None else {}
     return {
@@ -315,7 +310,7 @@ def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[s
     }
 
 
-def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
+def diff_text(divergence: Divergence, change: ClientChange | None = None) -> str:
     from .report.text import divergence_lines
 
     unit = divergence.unit
@@ -359,7 +354,7 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _client_place(change: Departure, turns: bool) -> str:
+def _client_place(change: ClientChange, turns: bool) -> str:
     """Where the client's change is: " (turn 1's message 2, assistant, now turn 2's message 3)"."""
     if change.message_index is None:
         return ""
@@ -368,7 +363,7 @@ def _client_place(change: Departure, turns: bool) -> str:
     return f" ({turn}message {change.message_index}, {change.role}{moved})"
 
 
-def dumps(divergence: Divergence, change: Departure | None = None, engine: str | None = None) -> str:
+def dumps(divergence: Divergence, change: ClientChange | None = None, engine: str | None = None) -> str:
     """The JSON report; ``engine`` names the profile that rendered the two requests."""
     document = diff_json(divergence, change)
     if engine:
