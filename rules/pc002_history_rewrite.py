@@ -45,9 +45,9 @@ serving engine recomputes everything after that point on every turn of the sessi
 
 ## Fix safety
 This fix is unsafe: `--fix` applies it only with `--unsafe-fixes` (or `unsafe-fixes = true`), because the model then sees its earlier reasoning and the prompt grows.
-Where the template has a switch that keeps history (`clear_thinking`,
-`preserve_thinking`, `truncate_history_thinking`), the fix sets its default to the stable
-value. Otherwise it keeps reasoning for every assistant turn that has it. The model then
+The fix keeps reasoning for every assistant turn that has it, whatever a switch says; only
+where that edit cannot be made does it set a history switch's default (`clear_thinking`,
+`preserve_thinking`, `truncate_history_thinking`) to the stable value. The model then
 sees its earlier reasoning in later turns, which some models were not trained on; the
 prompt grows by the kept reasoning.
 """
