@@ -88,6 +88,7 @@ class Served:
 
     hit: int
     shared: int = 0
+    elsewhere: int = 0  # in a fleet: prompt tokens beyond ``hit`` another replica held
 
 
 class CacheModel(Protocol):
