@@ -270,6 +270,8 @@ class ReplayOptions:
     slots: int | None = None
     cache_reuse: int = 0
     jobs: int = 1
+    replicas: int = 1
+    router: str = "round-robin"
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
@@ -313,14 +315,31 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     except ServerURLError as error:
         raise OptionsError(str(error)) from None
     try:
-        shape = None
+        shape, layout = None, None
+        config = kv_cache.read_model_config(options.model_config) if options.model_config else None
+        if config is not None:
+            from .hybrid import read_layout
+
+            layout = read_layout(config, block_size)
+            if not layout.hybrid:
+                layout = None
+            elif cache_model != "vllm":
+                raise OptionsError("the model's sliding-window or Mamba layers are modelled for vLLM only (--cache-model vllm)")
         if options.kv_cache_gib is not None and options.cache_blocks is None:  # both: capacities says so
-            config = kv_cache.read_model_config(options.model_config) if options.model_config else None
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
+        settings = replaying.CacheSettings(
+            cache_model,
+            block_size,
+            options.page_size,
+            options.slots,
+            options.cache_reuse,
+            options.replicas,
+            options.router,
+            layout,
+        )
         calls, unread = replaying.read_log(options.log)
         if not calls and not unread:  # (lines that are not requests are each an error of their own)
             raise RunError(f"{options.log}: no requests to replay")

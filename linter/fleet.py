@@ -174,7 +174,9 @@ class ApproximatePrefix(Router):
 
     name = "prefix"
 
-    def __init__(self, replicas: int, block_size: int, max_blocks: int = PREFIX_MAX_BLOCKS, capacity: int = PREFIX_LRU_PER_REPLICA):
+    def __init__(
+        self, replicas: int, block_size: int, max_blocks: int = PREFIX_MAX_BLOCKS, capacity: int = PREFIX_LRU_PER_REPLICA
+    ):
         super().__init__(replicas)
         self.block_size, self.max_blocks, self.capacity = block_size, max_blocks, capacity
         self.seen: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
@@ -285,3 +287,36 @@ class Fleet:
         queries = [figures.queries for figures in self.replicas]
         mean = sum(queries) / len(queries)
         return max(queries) / mean if mean else 1.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "replicas": len(self.replicas),
+            "router": self.router.name,
+            "lost_to_routing": self.lost_to_routing,
+            "imbalance": self.imbalance,
+            "per_replica": [
+                {
+                    "replica": figures.replica,
+                    "requests": figures.requests,
+                    "sessions": len(figures.sessions),
+                    "prefix_cache_queries": figures.queries,
+                    "prefix_cache_hits": figures.hits,
+                    "prefix_cache_hit_rate": figures.hit_rate,
+                    "lost_to_routing": figures.lost_to_routing,
+                }
+                for figures in self.replicas
+            ],
+        }
+
+    def describe(self, unit: str) -> list[str]:
+        """The report's lines on the fleet."""
+        lines = [
+            f"  {len(self.replicas)} replicas, router {self.router.name}: busiest replica {self.imbalance:.2f}× the mean "
+            f"prompt {unit}s; {self.lost_to_routing:,} {unit}s lost to routing (another replica held them)"
+        ]
+        for figures in self.replicas:
+            lines.append(
+                f"    replica {figures.replica}: {figures.requests} requests, {len(figures.sessions)} sessions, "
+                f"hit rate {figures.hit_rate:.1%} ({figures.hits:,} of {figures.queries:,})"
+            )
+        return lines

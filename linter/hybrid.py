@@ -39,7 +39,6 @@ pads a Mamba state page to an attention page).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -402,5 +401,3 @@ def read_layout(config: dict[str, Any], block_size: int) -> Layout:
     except (TypeError, ValueError) as error:
         raise CacheError(f"cannot read the model's KV-cache groups: {error}") from None
 
-
-__all__ = ["HybridPrefixCache", "Layout", "Group", "groups_from_golden", "layout_from_model_config", "read_layout", "json"]

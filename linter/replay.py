@@ -51,6 +51,8 @@ from typing import Any
 from .engines import engine_tokenizer, prepare, render_prompt, request_prompt
 from .engines.base import ENGINES, HARMONY, EngineError, Prompt
 from .findings import Finding, Outcome
+from .fleet import Fleet, make_router
+from .hybrid import HybridPrefixCache, Layout
 from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from .proving.attribution import explaining_code
@@ -361,9 +363,10 @@ class TokenCause(StrEnum):
     TEMPLATE = "template"  # the template renders the same history differently
     CLIENT = "client"  # the client changed what it sent
     CAPACITY = "capacity"  # cached once, evicted since
+    ROUTING = "routing"  # cached on another replica than the one the router chose
 
 
-LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY)
+LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY, TokenCause.ROUTING)
 CAUSE_NOTES = {
     TokenCause.HIT: "from blocks the session's own requests computed",
     TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
@@ -372,6 +375,7 @@ CAUSE_NOTES = {
     TokenCause.TEMPLATE: "the template rendered the same history differently",
     TokenCause.CLIENT: "the client changed what it sent",
     TokenCause.CAPACITY: "cached once, evicted before the session came back",
+    TokenCause.ROUTING: "cached on another replica than the one the router chose",
 }
 
 
@@ -992,6 +996,7 @@ class Summary:
     bounded: bool = False  # the cache holds less than everything: replies take room in it
     per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
+    fleet: Fleet | None = None  # with --replicas: each replica's figures
 
     @property
     def unmodelled_replies(self) -> int:
@@ -1086,6 +1091,8 @@ class Summary:
                 "worst_sessions": [_session_json(figures) for figures in self.worst()],
             }
         )
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.to_json()
         if self.sweep:
             out["sweep"] = [
                 {"capacity_blocks": point.capacity_blocks, "prefix_cache_hit_rate": None if point.error else point.hit_rate}
@@ -1134,6 +1141,10 @@ def simulate(
             summary.error = f"line {trace.line}: {error}"
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
+        if served.elsewhere:  # another replica held what this one had to compute
+            routed = min(split[TokenCause.CAPACITY], served.elsewhere)
+            split[TokenCause.CAPACITY] -= routed
+            split[TokenCause.ROUTING] += routed
         summary.requests += 1
         summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
@@ -1154,6 +1165,7 @@ def simulate(
                 summary.departures[(cause, detail)] += split[cause]
                 summary.departure_requests[(cause, detail)] += 1
     summary.per_session = figures
+    summary.fleet = cache if isinstance(cache, Fleet) else None
     return summary
 
 
@@ -1197,6 +1209,8 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
             lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+            if summary.fleet is not None:
+                lines.extend(summary.fleet.describe(unit))
             note = summary.replies_note()
             if note:
                 lines.append(f"  replies: {note}")
@@ -1369,6 +1383,21 @@ class CacheSettings:
     page_size: int = 1
     slots: int | None = None
     cache_reuse: int = 0
+    replicas: int = 1
+    router: str = "round-robin"
+    layout: Layout | None = None  # a hybrid model's KV-cache groups (vLLM)
+
+    def cache(self, capacity: int | None) -> CacheModel:
+        """A fresh cache at ``capacity`` blocks (of each replica)."""
+
+        def one() -> CacheModel:
+            if self.layout is not None:
+                return HybridPrefixCache(self.layout, capacity)
+            return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
+
+        if self.replicas == 1:
+            return one()
+        return Fleet([one() for _ in range(self.replicas)], make_router(self.router, self.replicas, self.block_size))
 
 
 def replay(
@@ -1380,9 +1409,7 @@ def replay(
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:
-        cache = make_cache(
-            settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse
-        )
+        cache = settings.cache(capacity)
         summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
