@@ -400,4 +400,3 @@ def read_layout(config: dict[str, Any], block_size: int) -> Layout:
         return layout_from_model_config(config, block_size)
     except (TypeError, ValueError) as error:
         raise CacheError(f"cannot read the model's KV-cache groups: {error}") from None
-
