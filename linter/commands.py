@@ -325,6 +325,11 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 layout = None
             elif cache_model != "vllm":
                 raise OptionsError("the model's sliding-window or Mamba layers are modelled for vLLM only (--cache-model vllm)")
+        if layout is not None and options.kv_cache_gib is not None:
+            raise OptionsError(
+                "--kv-cache-gib sizes pages of full attention; a hybrid model's pages differ per group: "
+                "give --cache-blocks (the num_gpu_blocks vLLM logs at start)"
+            )
         if options.kv_cache_gib is not None and options.cache_blocks is None:  # both: capacities says so
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)

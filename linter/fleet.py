@@ -53,6 +53,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from .hybrid import HybridPrefixCache
 from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, Served, SglangRadixCache, VllmPrefixCache
 from .kv_cache import _chain_seed as chain_seed
 from .tokenizer import common_prefix_length
@@ -108,6 +109,8 @@ def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | 
                 break
             node = child
         return position
+    if isinstance(cache, HybridPrefixCache):
+        return cache.peek(request, cap)
     if isinstance(cache, LlamaCppSlots):
         slots = cache.shared_slots if cache.shared_slots is not None else [cache.by_session.get(request.session)]
         best = max((common_prefix_length(slot.tokens, prompt) for slot in slots if slot is not None), default=0)

@@ -69,6 +69,21 @@ class Layout:
     def hybrid(self) -> bool:
         return any(group.kind != FULL for group in self.groups)
 
+    def describe(self) -> str:
+        names = {FULL: "full attention", MAMBA: "Mamba (state)"}
+        kinds = [names.get(group.kind) or f"sliding window {group.sliding_window}" for group in self.groups]
+        return ", ".join(f"{count} × {kind}" if count > 1 else kind for kind, count in _runs(kinds))
+
+
+def _runs(items: list[str]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if out and out[-1][0] == item:
+            out[-1] = (item, out[-1][1] + 1)
+        else:
+            out.append((item, 1))
+    return out
+
 
 def groups_from_golden(config: dict[str, Any]) -> Layout:
     """The layout of a ``kv_cache_config`` as vLLM printed it (engine-golden)."""
@@ -84,14 +99,19 @@ def layout_from_model_config(config: dict[str, Any], block_size: int = 16) -> La
     layer_types = config.get("layer_types") or config.get("layers_block_type") or config.get("hybrid_override_pattern")
     if isinstance(layer_types, str):  # Nemotron-H's pattern: M Mamba, * attention, - MLP
         layer_types = [{"M": "mamba", "*": "attention"}.get(char) for char in layer_types if char in "M*"]
-    if not isinstance(layer_types, list) or not layer_types:
-        return Layout((Group(FULL),), block_size)
     window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        window = None
+    if not isinstance(layer_types, list) or not layer_types:
+        # Every layer alike: a sliding window (Mistral 7B v0.1) unless the config turns it off (Qwen2, Qwen3).
+        if window is not None and config.get("use_sliding_window", True) is not False:
+            return Layout((Group(SLIDING, window),), block_size)
+        return Layout((Group(FULL),), block_size)
     counts: dict[Group, int] = {}
     for kind in layer_types:
         kind = str(kind).lower()
         if kind in ("sliding_attention", "sliding_window", "local", "local_attention"):
-            if not isinstance(window, int) or window <= 0:
+            if window is None:
                 raise CacheError("the model config has sliding-window layers but no sliding_window size")
             group = Group(SLIDING, window)
         elif kind in ("mamba", "mamba2", "linear_attention", "linear", "ssm", "gated_deltanet"):
@@ -288,7 +308,13 @@ class HybridPrefixCache:
         junction = full_hit if full_hit > hit else 0
         shared = sum(1 for block in computed_blocks[-1] if self.owner.get(block.key) not in (None, request.session))
         self._run(request, tokens, hashes, computed_blocks, hit, junction)
-        return Served(hit, min(hit, shared * size))
+        return Served(hit, min(hit, shared * size), layers=full_hit - hit)
+
+    def peek(self, request: CacheRequest, cap: bool = True) -> int:
+        """The hit ``request`` would get now, without serving it."""
+        prompt = request.prompt
+        hashes = self._hashes(prompt, request.salt)
+        return self._longest_hit(hashes, len(prompt) - 1 if cap else len(prompt))[1]
 
     def _boundaries(self, prompt_tokens: int, junction: int) -> list[int]:
         size = self.block_size

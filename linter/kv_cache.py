@@ -89,6 +89,7 @@ class Served:
     hit: int
     shared: int = 0
     elsewhere: int = 0  # in a fleet: prompt tokens beyond ``hit`` another replica held
+    layers: int = 0  # hybrid models: tokens beyond ``hit`` full attention held, the other layers not
 
 
 class CacheModel(Protocol):

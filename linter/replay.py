@@ -364,9 +364,10 @@ class TokenCause(StrEnum):
     CLIENT = "client"  # the client changed what it sent
     CAPACITY = "capacity"  # cached once, evicted since
     ROUTING = "routing"  # cached on another replica than the one the router chose
+    LAYERS = "layers"  # hybrid models: full attention held them, the sliding-window or Mamba layers did not
 
 
-LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY, TokenCause.ROUTING)
+LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY, TokenCause.ROUTING, TokenCause.LAYERS)
 CAUSE_NOTES = {
     TokenCause.HIT: "from blocks the session's own requests computed",
     TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
@@ -376,6 +377,7 @@ CAUSE_NOTES = {
     TokenCause.CLIENT: "the client changed what it sent",
     TokenCause.CAPACITY: "cached once, evicted before the session came back",
     TokenCause.ROUTING: "cached on another replica than the one the router chose",
+    TokenCause.LAYERS: "full attention held them; the sliding-window or Mamba layers keep no state there",
 }
 
 
@@ -997,6 +999,7 @@ class Summary:
     per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
     fleet: Fleet | None = None  # with --replicas: each replica's figures
+    layout: Layout | None = None  # a hybrid model's KV-cache groups
 
     @property
     def unmodelled_replies(self) -> int:
@@ -1093,6 +1096,8 @@ class Summary:
         )
         if self.fleet is not None:
             out["fleet"] = self.fleet.to_json()
+        if self.layout is not None:
+            out["kv_cache_groups"] = self.layout.describe()
         if self.sweep:
             out["sweep"] = [
                 {"capacity_blocks": point.capacity_blocks, "prefix_cache_hit_rate": None if point.error else point.hit_rate}
@@ -1141,10 +1146,10 @@ def simulate(
             summary.error = f"line {trace.line}: {error}"
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
-        if served.elsewhere:  # another replica held what this one had to compute
-            routed = min(split[TokenCause.CAPACITY], served.elsewhere)
-            split[TokenCause.CAPACITY] -= routed
-            split[TokenCause.ROUTING] += routed
+        for cause, tokens in ((TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)):
+            moved = min(split[TokenCause.CAPACITY], tokens)  # not evicted: on another replica, or in no sparse layer
+            split[TokenCause.CAPACITY] -= moved
+            split[cause] += moved
         summary.requests += 1
         summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
@@ -1166,6 +1171,8 @@ def simulate(
                 summary.departure_requests[(cause, detail)] += 1
     summary.per_session = figures
     summary.fleet = cache if isinstance(cache, Fleet) else None
+    one = cache.caches[0] if isinstance(cache, Fleet) else cache
+    summary.layout = one.layout if isinstance(one, HybridPrefixCache) else None
     return summary
 
 
@@ -1209,6 +1216,8 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
             lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+            if summary.layout is not None:
+                lines.append(f"  KV-cache groups sharing the pool: {summary.layout.describe()}")
             if summary.fleet is not None:
                 lines.extend(summary.fleet.describe(unit))
             note = summary.replies_note()
@@ -1216,6 +1225,8 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
                 lines.append(f"  replies: {note}")
         lines.append(f"  prompt {unit}s by cause:")
         for cause in TokenCause:
+            if (cause is TokenCause.ROUTING and summary.fleet is None) or (cause is TokenCause.LAYERS and summary.layout is None):
+                continue  # no such cause without replicas, or without sparse layers
             count = summary.tokens[cause]
             share = count / summary.queries if summary.queries else 0.0
             lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")

@@ -3,8 +3,12 @@ requests in blocks of 4 tokens: every figure below is worked out by hand in the 
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+from tmpl_lint.cli import main
 from tmpl_lint.fleet import Fleet, make_router
 from tmpl_lint.hybrid import FULL, MAMBA, SLIDING, Group, HybridPrefixCache, Layout, layout_from_model_config
 from tmpl_lint.kv_cache import CacheError, CacheRequest, VllmPrefixCache
@@ -94,7 +98,8 @@ def test_a_sliding_window_hit_stops_at_the_previous_prompt_and_the_junction_serv
     # B sends A's prompt and reply: full attention holds 20 tokens, but block 4 of the window
     # group (A's reply) was never cached: the window hit is blocks 2-3, 16 tokens
     prompt_b = PROMPT_A + REPLY_A + [300, 301, 302]
-    assert cache.serve(CacheRequest("a", prompt_b)).hit == 16
+    served = cache.serve(CacheRequest("a", prompt_b))
+    assert (served.hit, served.layers) == (16, 4)  # full attention alone: 20
     assert VllmPrefixCache(block_size=4).serve(CacheRequest("a", PROMPT_A, REPLY_A)).hit == 0
     # B caches its window blocks at its junction (where full attention stopped: 20) too, so
     # another session sending B's first 20 tokens hits all 20 (blocks 3-4 in the window group)
@@ -130,6 +135,8 @@ def test_a_bounded_pool_serves_every_group_from_one_pool():
         ({"hybrid_override_pattern": "MMM*" * 12}, [(MAMBA, None)] * 3 + [(FULL, None)]),
         ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, [(MAMBA, None)] * 3 + [(FULL, None)]),
         ({"num_hidden_layers": 28}, [(FULL, None)]),
+        ({"sliding_window": 4096}, [(SLIDING, 4096)]),  # Mistral 7B v0.1: every layer
+        ({"sliding_window": 4096, "use_sliding_window": False}, [(FULL, None)]),  # Qwen2, Qwen3
     ],
 )
 def test_the_model_config_gives_vllm_s_groups(config, groups):
@@ -140,3 +147,88 @@ def test_the_model_config_gives_vllm_s_groups(config, groups):
 def test_sliding_layers_without_a_window_are_an_error():
     with pytest.raises(CacheError, match="sliding_window"):
         layout_from_model_config({"layer_types": ["sliding_attention", "full_attention"]}, 16)
+
+
+# --- through the command: characters as tokens (a template that prints each message) -------
+
+
+def two_requests_sharing_37_characters(tmp_path):
+    """One session's two requests whose message shares its first 37 characters, then 20
+    A's or 20 B's; no replies logged."""
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
+        )
+    )
+    return template, log
+
+
+def replay_json(*args):
+    result = CliRunner().invoke(main, ["replay", *map(str, args), "--session-key", "user", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["template"]
+
+
+CAUSES_ZERO = dict.fromkeys(
+    ["hit", "shared-hit", "cold", "partial-block", "template", "client", "capacity", "routing", "layers"], 0
+)
+
+
+def test_the_second_request_on_the_other_replica_loses_the_shared_blocks_to_routing(tmp_path):
+    # blocks of 16: request 1 -> replica 0, request 2 -> replica 1, which holds nothing; replica 0
+    # held the 2 full blocks of the 37 shared characters: 32 lost to routing, not to capacity
+    template, log = two_requests_sharing_37_characters(tmp_path)
+    report = replay_json(log, "--template", template, "--replicas", "2", "--router", "round-robin")
+    assert (report["prefix_cache_queries"], report["prefix_cache_hits"]) == (114, 0)
+    assert report["tokens_by_cause"] == CAUSES_ZERO | {"cold": 57, "partial-block": 9, "client": 16, "routing": 32}
+    fleet = report["fleet"]
+    assert (fleet["replicas"], fleet["router"], fleet["lost_to_routing"], fleet["imbalance"]) == (2, "round-robin", 32, 1.0)
+    assert [(r["requests"], r["prefix_cache_queries"], r["prefix_cache_hits"]) for r in fleet["per_replica"]] == [
+        (1, 57, 0),
+        (1, 57, 0),
+    ]
+    # by session: both on replica 0, the 32 hit
+    report = replay_json(log, "--template", template, "--replicas", "2", "--router", "session")
+    assert (report["prefix_cache_hits"], report["fleet"]["lost_to_routing"], report["fleet"]["imbalance"]) == (32, 0, 2.0)
+
+
+def test_a_sliding_window_model_keeps_no_window_where_the_requests_part(tmp_path):
+    # blocks of 4, window 8: full attention holds the 36 shared characters (9 blocks); the
+    # window layers cached only the 2 blocks before request 1's replay boundary (56), so
+    # request 2 hits nothing: 36 characters lost to the layers, not to capacity
+    template, log = two_requests_sharing_37_characters(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}))
+    report = replay_json(log, "--template", template, "--block-size", "4", "--model-config", config)
+    assert (report["prefix_cache_queries"], report["prefix_cache_hits"]) == (114, 0)
+    assert report["tokens_by_cause"] == CAUSES_ZERO | {"cold": 57, "partial-block": 1, "client": 20, "layers": 36}
+    assert report["kv_cache_groups"] == "sliding window 8, full attention"
+    # the same without the config: full attention alone hits the 36
+    assert replay_json(log, "--template", template, "--block-size", "4")["prefix_cache_hits"] == 36
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--cache-model", "sglang"], "modelled for vLLM only"),
+        (["--kv-cache-gib", "1"], "give --cache-blocks"),
+    ],
+)
+def test_a_hybrid_model_with_another_engine_or_a_memory_size_is_a_usage_error(tmp_path, flags, message):
+    template, log = two_requests_sharing_37_characters(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hybrid_override_pattern": "MM*"}))
+    result = CliRunner().invoke(main, ["replay", str(log), "--template", str(template), "--model-config", str(config), *flags])
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_a_fleet_of_hybrid_replicas_counts_what_another_replica_held():
+    fleet = Fleet([HybridPrefixCache(SLIDING_LAYOUT) for _ in range(2)], make_router("round-robin", 2, 4))
+    fleet.serve(CacheRequest("a", PROMPT_A, REPLY_A))
+    served = fleet.serve(CacheRequest("a", PROMPT_A + REPLY_A + [300, 301, 302]))
+    # replica 1 holds nothing; replica 0 would have served 16 (the window blocks 2-3)
+    assert (served.hit, served.elsewhere) == (0, 16)

@@ -71,9 +71,10 @@ def test_each_replica_hits_what_vllm_s_own_manager_hit_request_by_request(tmp_pa
         assert rows == fleet["per_request"], fleet["capacity"]
         assert (summary.queries, summary.hits) == (fleet["queried_tokens"], fleet["hit_tokens"])
         for figures, expected in zip(summary.fleet.replicas, fleet["per_replica"], strict=True):
-            assert (figures.requests, len(figures.sessions), figures.queries, figures.hits) == (
+            sessions = sorted(summary.per_session[session].key for session in figures.sessions)
+            assert (figures.requests, sessions, figures.queries, figures.hits) == (
                 expected["requests"],
-                len(expected["sessions"]),
+                sorted(expected["sessions"]),
                 expected["queried_tokens"],
                 expected["hit_tokens"],
             )
