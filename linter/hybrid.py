@@ -133,47 +133,54 @@ def layout_from_model_config(config: dict[str, Any], block_size: int = 16) -> La
 
 
 class _Block:
-    __slots__ = ("id", "key", "refs")
+    __slots__ = ("key", "owner", "refs")
 
-    def __init__(self, block_id: int):
-        self.id = block_id
+    def __init__(self) -> None:
         self.key: tuple[int, int] | None = None  # (block hash, group) while cached
+        self.owner: Hashable = None  # the session whose request cached it
         self.refs = 0
 
 
 class _Pool:
-    """vLLM's BlockPool: a free queue (evict from its head) and the cached blocks by key."""
+    """vLLM's BlockPool. Its free queue, evicted from the head, holds the blocks without a
+    hash first (never used, or freed uncached: those go to the head) and then the cached
+    ones in the order they were freed: so here a stack of the former, a count of blocks not
+    yet made (nothing is allocated before it is used) and an ordered set of the latter."""
 
     def __init__(self, num_blocks: int | None):
-        # None: unbounded, a fresh block for every allocation, so nothing is ever evicted.
+        # None: unbounded, a fresh block whenever one is needed, so nothing is ever evicted.
         self.bounded = num_blocks is not None
-        self.blocks = [_Block(index) for index in range(num_blocks or 1)]
-        self.null = self.blocks[0]
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks or 1))
-        self.cached: dict[tuple[int, int], dict[int, _Block]] = {}
+        self.null = _Block()
+        self.unmade = num_blocks - 1 if num_blocks is not None else 0
+        self.spare: list[_Block] = []
+        self.evictable: OrderedDict[_Block, None] = OrderedDict()
+        self.cached: dict[tuple[int, int], dict[_Block, None]] = {}
+
+    @property
+    def free(self) -> int:
+        return self.unmade + len(self.spare) + len(self.evictable)
 
     def get_cached(self, block_hash: int, group: int) -> _Block | None:
         found = self.cached.get((block_hash, group))
-        return next(iter(found.values())) if found else None
+        return next(iter(found)) if found else None
 
     def new_blocks(self, count: int) -> list[_Block]:
-        if not self.bounded:
-            fresh = [_Block(len(self.blocks) + offset) for offset in range(count)]
-            self.blocks.extend(fresh)
-            for block in fresh:
-                block.refs = 1
-            return fresh
-        if count > len(self.free):
-            raise CacheError(f"the pool has {len(self.free)} free blocks and a step needs {count}: vLLM cannot schedule it")
+        if self.bounded and count > self.free:
+            raise CacheError(f"the pool has {self.free} free blocks and a step needs {count}: vLLM cannot schedule it")
         out = []
         for _ in range(count):
-            block = self.blocks[self.free.popitem(last=False)[0]]
-            if block.key is not None:  # evict
+            if self.spare:
+                block = self.spare.pop()
+            elif self.unmade or not self.bounded:
+                block = _Block()
+                self.unmade -= self.bounded
+            else:
+                block = self.evictable.popitem(last=False)[0]
                 holders = self.cached[block.key]
-                del holders[block.id]
+                del holders[block]
                 if not holders:
                     del self.cached[block.key]
-                block.key = None
+                block.key = block.owner = None
             block.refs = 1
             out.append(block)
         return out
@@ -182,31 +189,27 @@ class _Pool:
         for block in blocks:
             if block is self.null:
                 continue
-            if block.refs == 0:
-                del self.free[block.id]
+            if block.refs == 0 and self.bounded:
+                del self.evictable[block]
             block.refs += 1
 
     def release(self, ordered: list[_Block]) -> None:
         """free_blocks: the first of ``ordered`` is evicted first among the cached ones."""
-        uncached = []
         for block in ordered:
             if block is self.null:
                 continue
             block.refs -= 1
-            if block.refs == 0:
+            if block.refs == 0 and self.bounded:
                 if block.key is None:
-                    uncached.append(block.id)
+                    self.spare.append(block)
                 else:
-                    self.free[block.id] = None
-        for block_id in reversed(uncached):
-            self.free[block_id] = None
-            self.free.move_to_end(block_id, last=False)
+                    self.evictable[block] = None
 
-    def cache(self, block: _Block, block_hash: int, group: int) -> None:
+    def cache(self, block: _Block, block_hash: int, group: int, owner: Hashable) -> None:
         if block is self.null or block.key is not None:
             return
-        block.key = (block_hash, group)
-        self.cached.setdefault(block.key, {})[block.id] = block
+        block.key, block.owner = (block_hash, group), owner
+        self.cached.setdefault(block.key, {})[block] = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -224,11 +227,8 @@ class HybridPrefixCache:
             raise CacheError("a vLLM pool needs at least 2 blocks (block 0 is the null block)")
         self.layout = layout
         self.granularity = self.block_size = layout.block_size
-        self.bounded = num_blocks is not None
-        self.num_blocks = num_blocks
         self.pool = _Pool(num_blocks)
         self.step_tokens = max_num_batched_tokens
-        self.owner: dict[tuple[int, int], Hashable] = {}  # cached key -> the session that cached it
 
     # --- lookup ------------------------------------------------------------------
 
@@ -301,12 +301,16 @@ class HybridPrefixCache:
 
     def serve(self, request: CacheRequest) -> Served:
         prompt, size = request.prompt, self.block_size
+        if not prompt:
+            return Served(0)
         tokens = prompt + request.generated[: max(len(request.generated) - 1, 0)]
         hashes = self._hashes(tokens, request.salt)
         prompt_blocks = len(prompt) // size
         computed_blocks, hit, full_hit = self._longest_hit(hashes[:prompt_blocks], len(prompt) - 1)
         junction = full_hit if full_hit > hit else 0
-        shared = sum(1 for block in computed_blocks[-1] if self.owner.get(block.key) not in (None, request.session))
+        # Another session's blocks: counted in the group that holds the most (full attention's, if any).
+        densest = max(computed_blocks, key=lambda blocks: sum(block is not self.pool.null for block in blocks))
+        shared = sum(1 for block in densest if block.owner not in (None, request.session))
         self._run(request, tokens, hashes, computed_blocks, hit, junction)
         return Served(hit, min(hit, shared * size), layers=full_hit - hit)
 
@@ -337,7 +341,16 @@ class HybridPrefixCache:
                 at = end
         return ends
 
-    def _run(self, request, tokens, hashes, computed_blocks, hit, junction) -> None:
+    def _run(
+        self,
+        request: CacheRequest,
+        tokens: list[int],
+        hashes: list[int],
+        computed_blocks: list[list[_Block]],
+        hit: int,
+        junction: int,
+    ) -> None:
+        """The request's steps (prefill, then one a generated token), then its free."""
         pool, size, groups = self.pool, self.block_size, self.layout.groups
         prompt_tokens = len(request.prompt)
         boundaries = self._boundaries(prompt_tokens, junction)
@@ -347,23 +360,20 @@ class HybridPrefixCache:
             tables.append(list(blocks))
         cached_upto = [len(blocks) for blocks in computed_blocks]
         state_index: list[int | None] = [len(blocks) - 1 if blocks else None for blocks in computed_blocks]
-        allocated = [False] * len(groups)
         computed = hit
         ends = self._steps(prompt_tokens, hit, boundaries) + list(range(prompt_tokens + 1, len(tokens) + 1))
         try:
             for end in ends:
                 for group, spec in enumerate(groups):
-                    self._skip(group, spec, tables[group], computed, state_index, allocated)
+                    self._skip(group, spec, tables[group], computed, state_index)
                 for group, spec in enumerate(groups):
-                    self._allocate(group, spec, tables[group], end, state_index, allocated)
+                    self._allocate(group, spec, tables[group], end, state_index)
                 for group, spec in enumerate(groups):
                     full = min(end, len(tokens)) // size
                     for index in range(cached_upto[group], full):
                         if spec.kind == FULL or self._reachable(spec, index, boundaries):
                             block = tables[group][index]
-                            if block is not pool.null and block.key is None:
-                                pool.cache(block, hashes[index], group)
-                                self.owner[block.key] = request.session
+                            pool.cache(block, hashes[index], group, request.session)
                     cached_upto[group] = max(cached_upto[group], full)
                 computed = end
         finally:
@@ -380,7 +390,7 @@ class HybridPrefixCache:
                 return True
         return False
 
-    def _skip(self, group, spec, table, computed, state_index, allocated) -> None:
+    def _skip(self, group: int, spec: Group, table: list[_Block], computed: int, state_index: list[int | None]) -> None:
         """remove_skipped_blocks: what the next step no longer reads goes back to the pool."""
         if spec.kind == FULL:
             return
@@ -401,7 +411,9 @@ class HybridPrefixCache:
                 pool.release([table[index]])
                 table[index] = pool.null
 
-    def _allocate(self, group, spec, table, tokens, state_index, allocated) -> None:
+    def _allocate(self, group: int, spec: Group, table: list[_Block], tokens: int, state_index: list[int | None]) -> None:
+        """allocate_new_blocks: slots for ``tokens``; a Mamba "align" group adds one running
+        state block where the step crosses into a new block, the blocks between null."""
         pool, size = self.pool, self.block_size
         required = _cdiv(tokens, size)
         if spec.kind != MAMBA:
@@ -409,15 +421,13 @@ class HybridPrefixCache:
                 table.extend(pool.new_blocks(required - len(table)))
             return
         if required <= len(table):
-            allocated[group] = True
             return
         previous = len(table)
-        if allocated[group] or previous > 0:
+        if previous > 0:  # the block holding the state so far: freed once the step is done
             state_index[group] = previous - 1
         if previous < required - 1:
             table.extend([pool.null] * (required - 1 - previous))
         table.extend(pool.new_blocks(required - len(table)))
-        allocated[group] = True
 
 
 def read_layout(config: dict[str, Any], block_size: int) -> Layout:
