@@ -644,9 +644,7 @@ def audit(
 @click.option(
     "--router",
     type=click.Choice(["round-robin", "session", "prefix", "kv"]),
-    default="round-robin",
-    show_default=True,
-    help="How requests reach the replicas: in turn, by session, llm-d's prefix scorer, Dynamo's KV router.",
+    help="How requests reach the --replicas: in turn (default), by session, llm-d's prefix scorer, Dynamo's KV router.",
 )
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(

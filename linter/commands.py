@@ -271,7 +271,7 @@ class ReplayOptions:
     cache_reuse: int = 0
     jobs: int = 1
     replicas: int = 1
-    router: str = "round-robin"
+    router: str | None = None  # None: round-robin
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
@@ -306,6 +306,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     if (options.slots is not None or options.cache_reuse) and cache_model != "llamacpp":
         flag = "--slots" if options.slots is not None else "--cache-reuse"
         raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
+    if options.router is not None and options.replicas == 1:
+        raise OptionsError("--router chooses between replicas: it needs --replicas N (more than 1)")
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     template = options.template or tokenizer
     if template is None:
@@ -342,7 +344,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             options.slots,
             options.cache_reuse,
             options.replicas,
-            options.router,
+            options.router or "round-robin",
             layout,
         )
         calls, unread = replaying.read_log(options.log)

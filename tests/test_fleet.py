@@ -215,6 +215,7 @@ def test_a_sliding_window_model_keeps_no_window_where_the_requests_part(tmp_path
     [
         (["--cache-model", "sglang"], "modelled for vLLM only"),
         (["--kv-cache-gib", "1"], "give --cache-blocks"),
+        (["--router", "kv"], "--router chooses between replicas: it needs --replicas N"),
     ],
 )
 def test_a_hybrid_model_with_another_engine_or_a_memory_size_is_a_usage_error(tmp_path, flags, message):
