@@ -3,8 +3,8 @@ did with it on fleets of replicas (expected-replicas.json: one KVCacheManager pe
 and on hybrid models (expected-hybrid.json: HybridKVCacheCoordinator over one pool):
 the same hit, request by request, unbounded and at the capacities that evict.
 
-The prompts are rendered as the truth files' note says they were (transformers'
-apply_chat_template: ``engine="hf"``)."""
+No --engine flag: the cache model implies vLLM, which renders these prompts as the truth
+files' note says they were."""
 
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ def _replay(tmp_path, cache_blocks: list[int | None], **options) -> dict[int | N
                 None,
                 tokenizer=SHARED_TOKENIZERS / "qwen3",
                 session_key="user",
-                engine="hf",
                 cache_blocks=None if group == [None] else ",".join(map(str, group)),
                 jobs=1,
                 **options,
