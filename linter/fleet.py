@@ -22,8 +22,9 @@ Routers:
   ("vLLM's block of 16 tokens, about 4 characters a token"); here the token ids are hashed
   in blocks of the engine's block size, which is what those 64 bytes stand for.
 - ``kv``: NVIDIA Dynamo's KV router (ai-dynamo/dynamo, lib/llm/src/kv_router/scheduler.rs,
-  ``DefaultWorkerSelector::select_worker``; docs.nvidia.com/dynamo, "KV Router", "Cost
-  Calculation"). With KV events the router knows each worker's cached blocks, so the
+  ``DefaultWorkerSelector::select_worker`` and ``softmax_sample``, since moved to
+  lib/kv-router/src/scheduling/selector.rs; docs.nvidia.com/dynamo, "Router Guide",
+  "Routing Concepts: Cost Calculation"). With KV events the router knows each worker's cached blocks, so the
   overlap here is the longest run of the prompt's blocks the replica's own cache holds. A
   worker's cost (lower wins) is::
 
@@ -128,7 +129,6 @@ class ReplicaFigures:
     queries: int = 0
     hits: int = 0
     lost_to_routing: int = 0
-    per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (request index, prompt, hit)
 
     @property
     def hit_rate(self) -> float:
@@ -276,7 +276,6 @@ class Fleet:
         figures.queries += len(request.prompt)
         figures.hits += served.hit
         figures.lost_to_routing += max(0, elsewhere - served.hit)
-        figures.per_request.append((index, len(request.prompt), served.hit))
         self.routes.append(replica)
         return dataclasses.replace(served, elsewhere=max(0, elsewhere - served.hit))
 
