@@ -729,7 +729,7 @@ def audit(
 @click.option(
     "--model-config",
     type=file_path(dir_okay=False),
-    help="The model's config.json, for the bytes per token of --kv-cache-gib.",
+    help="The model's config.json: its KV-cache groups (sliding-window, Mamba layers) and the bytes per token of --kv-cache-gib.",
 )
 @click.option("--num-layers", type=click.IntRange(1), help="Layers, for --kv-cache-gib (overrides --model-config).")
 @click.option("--num-kv-heads", type=click.IntRange(1), help="KV heads, for --kv-cache-gib (overrides --model-config).")
@@ -743,6 +743,14 @@ def audit(
 )
 @click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
 @click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")
+@click.option(
+    "--replicas", type=click.IntRange(1, 4096), default=1, show_default=True, help="Engine replicas, each its own cache."
+)
+@click.option(
+    "--router",
+    type=click.Choice(["round-robin", "session", "prefix", "kv"]),
+    help="How requests reach the --replicas: in turn (default), by session, llm-d's prefix scorer, Dynamo's KV router.",
+)
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
     "--html",
@@ -774,6 +782,8 @@ def replay(
     slots,
     cache_reuse,
     jobs,
+    replicas,
+    router,
     output_format,
     html_file,
     server_kwargs,
@@ -811,6 +821,8 @@ def replay(
         slots=slots,
         cache_reuse=cache_reuse,
         jobs=jobs,
+        replicas=replicas,
+        router=router,
         config_path=config_path,
         server_kwargs=server_kwargs,
     )

@@ -285,6 +285,8 @@ class ReplayOptions:
     slots: int | None = None
     cache_reuse: int = 0
     jobs: int = 1
+    replicas: int = 1
+    router: str | None = None  # None: round-robin
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
@@ -314,6 +316,8 @@ class ReplayOptions:
             ("--page-size", None if self.page_size == 1 else self.page_size),
             ("--slots", self.slots),
             ("--cache-reuse", self.cache_reuse or None),
+            ("--replicas", None if self.replicas == 1 else self.replicas),
+            ("--router", self.router),
             ("--default-chat-template-kwargs", json.dumps(self.server_kwargs) if self.server_kwargs else None),
         ]
         return " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value is not None)
@@ -359,6 +363,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     if (options.slots is not None or options.cache_reuse) and cache_model != "llamacpp":
         flag = "--slots" if options.slots is not None else "--cache-reuse"
         raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
+    if options.router is not None and options.replicas == 1:
+        raise OptionsError("--router chooses between replicas: it needs --replicas N (more than 1)")
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     template = options.template or tokenizer
     if template is None:
@@ -368,14 +374,36 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     except ServerURLError as error:
         raise OptionsError(str(error)) from None
     try:
-        shape = None
+        shape, layout = None, None
+        config = kv_cache.read_model_config(options.model_config) if options.model_config else None
+        if config is not None:
+            from .hybrid import read_layout
+
+            layout = read_layout(config, block_size)
+            if not layout.hybrid:
+                layout = None
+            elif cache_model != "vllm":
+                raise OptionsError("the model's sliding-window or Mamba layers are modelled for vLLM only (--cache-model vllm)")
+        if layout is not None and options.kv_cache_gib is not None:
+            raise OptionsError(
+                "--kv-cache-gib sizes pages of full attention; a hybrid model's pages differ per group: "
+                "give --cache-blocks (the num_gpu_blocks vLLM logs at start)"
+            )
         if options.kv_cache_gib is not None and options.cache_blocks is None:  # both: capacities says so
-            config = kv_cache.read_model_config(options.model_config) if options.model_config else None
             shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = CacheSettings(cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
+        settings = CacheSettings(
+            cache_model,
+            block_size,
+            options.page_size,
+            options.slots,
+            options.cache_reuse,
+            options.replicas,
+            options.router or "round-robin",
+            layout,
+        )
         with read_log(options.log, options.session_key) as log:
             if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
                 raise RunError(f"{options.log}: no requests to replay")

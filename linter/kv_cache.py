@@ -33,8 +33,8 @@ many prompt tokens it served from cache:
 Not modelled: concurrency (every request finishes before the next arrives, so no request
 holds blocks another wants, and generated blocks are cached before the next request is
 admitted), chunked prefill and preemption (they change when blocks are cached within a
-request, not what is cached after it), multimodal inputs and LoRA adapters as hash keys,
-sliding-window and hybrid (Mamba) models' separate cache groups, KV offloading and
+request, not what is cached after it), multimodal inputs and LoRA adapters as hash keys
+(sliding-window and hybrid Mamba models' cache groups are hybrid.py's), KV offloading and
 connectors, SGLang's hierarchical cache, llama.cpp's host-memory prompt cache
 (``--cache-ram``) and context shift. A request that needs more KV than the pool or slot
 holds is refused, as the engine refuses to start or answers 400.
@@ -88,6 +88,8 @@ class Served:
 
     hit: int
     shared: int = 0
+    elsewhere: int = 0  # in a fleet: prompt tokens beyond ``hit`` another replica held
+    layers: int = 0  # hybrid models: tokens beyond ``hit`` full attention held, the other layers not
 
 
 class CacheModel(Protocol):

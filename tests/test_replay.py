@@ -881,6 +881,8 @@ def test_two_requests_sharing_37_characters_by_hand(tmp_path):
         "template": 0,
         "client": 16,
         "capacity": 0,
+        "routing": 0,
+        "layers": 0,
     }
     out = replay(log, "--template", template, "--session-key", "user").stdout
     assert (

@@ -66,9 +66,11 @@ class TokenCause(StrEnum):
     TEMPLATE = "template"  # the template renders the same history differently
     CLIENT = "client"  # the client changed what it sent
     CAPACITY = "capacity"  # cached once, evicted since
+    ROUTING = "routing"  # cached on another replica than the one the router chose
+    LAYERS = "layers"  # hybrid models: full attention held them, the sliding-window or Mamba layers did not
 
 
-LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY)
+LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY, TokenCause.ROUTING, TokenCause.LAYERS)
 CAUSE_NOTES = {
     TokenCause.HIT: "from blocks the session's own requests computed",
     TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
@@ -77,6 +79,8 @@ CAUSE_NOTES = {
     TokenCause.TEMPLATE: "the template rendered the same history differently",
     TokenCause.CLIENT: "the client changed what it sent",
     TokenCause.CAPACITY: "cached once, evicted before the session came back",
+    TokenCause.ROUTING: "cached on another replica than the one the router chose",
+    TokenCause.LAYERS: "full attention held them; the sliding-window or Mamba layers keep no state there",
 }
 
 

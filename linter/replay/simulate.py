@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..fleet import Fleet, make_router
+from ..hybrid import HybridPrefixCache, Layout
 from ..kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
 from .log import Log, ReplayError, Session
@@ -92,6 +94,8 @@ class Summary:
     bounded: bool = False  # the cache holds less than everything: replies take room in it
     per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
+    fleet: Fleet | None = None  # with --replicas: each replica's figures
+    layout: Layout | None = None  # a hybrid model's KV-cache groups
 
     @property
     def unmodelled_replies(self) -> int:
@@ -197,6 +201,10 @@ class Summary:
                 "worst_sessions": [_session_json(figures) for figures in self.worst()],
             }
         )
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.to_json()
+        if self.layout is not None:
+            out["kv_cache_groups"] = self.layout.describe()
         if self.sweep:
             out["sweep"] = [
                 {"capacity_blocks": point.capacity_blocks, "prefix_cache_hit_rate": None if point.error else point.hit_rate}
@@ -251,6 +259,10 @@ def simulate(
             summary.error = f"line {trace.line}: {error}"
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
+        for cause, tokens in ((TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)):
+            moved = min(split[TokenCause.CAPACITY], tokens)  # not evicted: on another replica, or in no sparse layer
+            split[TokenCause.CAPACITY] -= moved
+            split[cause] += moved
         summary.requests += 1
         summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
@@ -271,6 +283,9 @@ def simulate(
                 summary.departures[(cause, detail)] += split[cause]
                 summary.departure_requests[(cause, detail)] += 1
     summary.per_session = figures
+    summary.fleet = cache if isinstance(cache, Fleet) else None
+    one = cache.caches[0] if isinstance(cache, Fleet) else cache
+    summary.layout = one.layout if isinstance(one, HybridPrefixCache) else None
     return summary
 
 
@@ -304,11 +319,17 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
             lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+            if summary.layout is not None:
+                lines.append(f"  KV-cache groups sharing the pool: {summary.layout.describe()}")
+            if summary.fleet is not None:
+                lines.extend(summary.fleet.describe(unit))
             note = summary.replies_note()
             if note:
                 lines.append(f"  replies: {note}")
         lines.append(f"  prompt {unit}s by cause:")
         for cause in TokenCause:
+            if (cause is TokenCause.ROUTING and summary.fleet is None) or (cause is TokenCause.LAYERS and summary.layout is None):
+                continue  # no such cause without replicas, or without sparse layers
             count = summary.tokens[cause]
             share = count / summary.queries if summary.queries else 0.0
             lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
@@ -358,6 +379,21 @@ class CacheSettings:
     page_size: int = 1
     slots: int | None = None
     cache_reuse: int = 0
+    replicas: int = 1
+    router: str = "round-robin"
+    layout: Layout | None = None  # a hybrid model's KV-cache groups (vLLM)
+
+    def cache(self, capacity: int | None) -> CacheModel:
+        """A fresh cache at ``capacity`` blocks (of each replica)."""
+
+        def one() -> CacheModel:
+            if self.layout is not None:
+                return HybridPrefixCache(self.layout, capacity)
+            return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
+
+        if self.replicas == 1:
+            return one()
+        return Fleet([one() for _ in range(self.replicas)], make_router(self.router, self.replicas, self.block_size))
 
 
 def replay(
@@ -376,9 +412,7 @@ def replay(
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:
-        cache = make_cache(
-            settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse
-        )
+        cache = settings.cache(capacity)
         summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
