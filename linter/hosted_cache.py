@@ -47,11 +47,12 @@ vLLM's blocks: a collision among a few million prefixes is about as unlikely.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .kv_cache import CacheError, CacheRequest, Served
+from .tokenizer import common_prefix_length
 
 HOSTED_MODELS = ("openai", "anthropic", "gemini", "deepseek")
 
@@ -371,3 +372,47 @@ def cache_control_marks(body: dict[str, Any]) -> list[Mark]:
     if "cache_control" in body:
         marks.append(Mark("request", None, None, _ttl(body["cache_control"])))
     return marks
+
+
+def _with_blocks(message: dict[str, Any], blocks: int) -> dict[str, Any]:
+    """The message with its first ``blocks`` content blocks, their marks left out."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    kept = [{key: value for key, value in part.items() if key != "cache_control"} for part in content[:blocks]]
+    return {**message, "content": kept}
+
+
+def breakpoints_of(
+    body: dict[str, Any], prompt: list[int], render: Callable[[list[dict[str, Any]]], list[int]]
+) -> tuple[tuple[Breakpoint, ...], tuple[int, ...]]:
+    """The request's ``cache_control`` marks on its messages as token positions in ``prompt``,
+    and the ends of the 20 content blocks before each (Anthropic's lookback).
+
+    ``render(messages)`` is the token ids of the messages rendered as the engine renders
+    them, with no generation prompt: a mark's position is where that render of the
+    messages up to the marked block parts from the prompt, a token boundary both share.
+    A top-level mark falls on the end of the last message. Marks on tools and on a
+    top-level ``system`` are not placed (a chat template renders them elsewhere): they are
+    left out, so the figure is a lower bound for a log that carries them."""
+    messages = body.get("messages") or []
+    sizes = [len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), list) else 1 for m in messages]
+    order = [(index, block) for index, size in enumerate(sizes) for block in range(size)]
+
+    def end_of(index: int, block: int) -> int:
+        kept = [_with_blocks(message, sizes[number]) for number, message in enumerate(messages[:index])]
+        ids = render([*kept, _with_blocks(messages[index], block + 1)])
+        return common_prefix_length(ids, prompt)
+
+    marks, ends = [], set()
+    for mark in cache_control_marks(body):
+        if mark.place == "messages":
+            place = (mark.index, mark.block)
+        elif mark.place == "request" and messages:
+            place = order[-1]
+        else:
+            continue
+        marks.append(Breakpoint(end_of(*place), mark.ttl))
+        before = order[: order.index(place)][-ANTHROPIC_LOOKBACK:]
+        ends.update(end_of(*block) for block in before)
+    return tuple(marks), tuple(sorted(ends))

@@ -10,6 +10,7 @@ from tmpl_lint.hosted_cache import (
     Breakpoint,
     Mark,
     TimedRequest,
+    breakpoints_of,
     cache_control_marks,
     make_hosted_cache,
 )
@@ -138,3 +139,32 @@ def test_cache_control_marks_in_a_logged_request():
     ]
     with pytest.raises(CacheError, match="ttl '2h'"):
         cache_control_marks({"messages": [], "cache_control": {"type": "ephemeral", "ttl": "2h"}})
+
+
+def chatml(messages):
+    def text(content):
+        return "".join(part["text"] for part in content) if isinstance(content, list) else content
+
+    return "".join(f"<{m['role']}>{text(m['content'])}</{m['role']}>" for m in messages)
+
+
+def test_marks_become_token_positions_where_the_renders_part():
+    body = {
+        "cache_control": {"type": "ephemeral"},
+        "messages": [
+            {"role": "system", "content": "S" * 10},  # <system>SSSSSSSSSS</system>: 27 characters
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "AAAAA"}, {"type": "text", "text": "BBBBB", "cache_control": {}}],
+            },  # <user>AAAAABBBBB</user>: 23, to 50
+            {"role": "assistant", "content": "ok"},  # <assistant>ok</assistant>: 25, to 75
+            {"role": "user", "content": [{"type": "text", "text": "CCC", "cache_control": {"ttl": "1h"}}]},  # 16, to 91
+        ],
+    }
+    prompt = [ord(char) for char in chatml(body["messages"]) + "<assistant>"]
+    marks, ends = breakpoints_of(body, prompt, lambda messages: [ord(char) for char in chatml(messages)])
+    # The top-level mark falls on the last block, where the 1-hour mark is.
+    assert marks == (Breakpoint(50, 300.0), Breakpoint(91, 3600.0), Breakpoint(91, 300.0))
+    # Block ends: the system message (27); the first user block, which parts from the prompt
+    # after <user>AAAAA (27 + 6 + 5 = 38); the second (50); the assistant message (75).
+    assert ends == (27, 38, 50, 75)
