@@ -7,10 +7,13 @@ documentation does not publish is a parameter, named below, never a guess made s
 
 - ``openai`` (developers.openai.com/api/docs/guides/prompt-caching; the retention sentence
   as Azure OpenAI's page words it, learn.microsoft.com/azure/foundry/openai/how-to/prompt-caching):
-  prompts of 1,024 tokens or more are cached; a hit is the longest cached prefix of
-  1,024 + 128·k tokens; in-memory retention clears a prefix after 5 to 10 minutes of
-  inactivity and always within an hour. Modelled: a prefix lives ``ttl`` seconds after its
-  last use, 300 by default (the published lower bound; 600 and 3,600 bound it from above).
+  prompts of 1,024 tokens or more are cached; in-memory retention clears a prefix after 5
+  to 10 minutes of inactivity and always within an hour. A hit is the longest cached prefix
+  of 1,024 + 128·k tokens: the 128-token step is the rule the issue quotes and OpenAI's
+  guide gave when caching launched; the excerpts of the current page read here did not show
+  the sentence, so it is a constant (``OPENAI_STEP``) to check against the page. Modelled:
+  a prefix lives ``ttl`` seconds after its last use, 300 by default (the published lower
+  bound; 600 and 3,600 bound it from above).
 - ``anthropic`` (platform.claude.com/docs/en/build-with-claude/prompt-caching): only prefixes
   that end at a ``cache_control`` breakpoint are written, at most 4 per request, each only if
   it holds at least the model's minimum (``ANTHROPIC_MINIMUM``); a read checks each
