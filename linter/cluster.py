@@ -41,8 +41,10 @@ def cluster_address(option: str | None = None) -> str | None:
     return address.strip() or None if address is not None else None
 
 
-def cluster_map(address: str, function: Callable, items: Sequence[Any]) -> list[Any]:
-    """``[function(item) for item in items]`` as tasks on the cluster at ``address``, in order."""
+def cluster_map(address: str, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
+    """``[function(item) for item in items]`` as tasks on the cluster at ``address``, in order;
+    with ``common``, ``function(common, item)``, ``common`` sent to each worker once, not
+    once per task."""
     try:
         from distributed import Client
     except ImportError:
@@ -53,7 +55,10 @@ def cluster_map(address: str, function: Callable, items: Sequence[Any]) -> list[
         raise ClusterError(f"--cluster {address}: cannot reach the scheduler: {error}") from None
     try:
         # pure=False: two shares with equal arguments are still two tasks.
-        return client.gather(client.map(function, list(items), pure=False))
+        if common is None:
+            return client.gather(client.map(function, list(items), pure=False))
+        [scattered] = client.scatter([common], broadcast=True)
+        return client.gather(client.map(function, [scattered] * len(items), list(items), pure=False))
     finally:
         client.close()
 
@@ -102,11 +107,11 @@ def trace_on_cluster(address: str, tracer: Any, groups: list[Any], shares: int) 
     return traces, sorted(problem for _, failed in done for problem in failed)
 
 
-def _simulate_pool(task: tuple[Any, ...]) -> Any:
+def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
     from .kv_cache import make_cache
     from .replay import simulate
 
-    traces, settings, capacity, keys, unit = task
+    traces, settings, keys, unit = common
     cache = make_cache(settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse)
     return simulate(traces, cache, keys, settings.model, unit, capacity)
 
@@ -119,7 +124,7 @@ def replay_on_cluster(
 
     traces, problems = trace_on_cluster(address, tracer, groups, shares)
     keys = [group.key for group in groups]
-    summaries = cluster_map(address, _simulate_pool, [(traces, settings, capacity, keys, tracer.unit) for capacity in capacities])
+    summaries = cluster_map(address, _simulate_pool, capacities, (traces, settings, keys, tracer.unit))
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
         raise ReplayError(summaries[0].error)
