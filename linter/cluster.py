@@ -108,12 +108,10 @@ def trace_on_cluster(address: str, tracer: Any, groups: list[Any], shares: int) 
 
 
 def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
-    from .kv_cache import make_cache
     from .replay import simulate
 
     traces, settings, keys, unit = common
-    cache = make_cache(settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse)
-    return simulate(traces, cache, keys, settings.model, unit, capacity)
+    return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
 
 
 def replay_on_cluster(

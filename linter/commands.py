@@ -272,6 +272,9 @@ class ReplayOptions:
     jobs: int = 1
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
+    api_model: str | None = None  # a hosted API's model (--cache-model anthropic or gemini)
+    cache_ttl: float | None = None  # seconds a hosted API's cache lives after its last use
+    cluster: str | None = None  # a Dask scheduler's address: the stages run on its workers
 
 
 @dataclass
@@ -289,15 +292,28 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
     from . import replay as replaying
+    from .cluster import ClusterError, cluster_address, replay_on_cluster
     from .diff import read_template
     from .engines import engine_for_cache, profile_of
+    from .hosted_cache import HOSTED_MODELS
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
     from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
-    engine, cache_model = engine_for_cache(options.engine, options.cache_model)
+    hosted = options.cache_model in HOSTED_MODELS
+    engine, cache_model = engine_for_cache(options.engine, None if hosted else options.cache_model)
+    if hosted:
+        cache_model = options.cache_model
+        if options.cache_blocks is not None or options.kv_cache_gib is not None:
+            raise OptionsError(f"--cache-model {cache_model} is a hosted API's cache: it has no --cache-blocks or --kv-cache-gib")
+    elif options.api_model is not None or options.cache_ttl is not None:
+        flag = "--api-model" if options.api_model is not None else "--cache-ttl"
+        raise OptionsError(f"{flag} is a hosted API's: it needs --cache-model {'|'.join(HOSTED_MODELS)}")
+    cluster = cluster_address(options.cluster)
+    if cluster is not None and options.server:
+        raise OptionsError("--cluster renders on the workers: it cannot take --server's token ids")
     # A flag of another engine's cache would be read as if it changed these figures.
     if options.page_size != 1 and cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
@@ -320,7 +336,10 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(cache_model, block_size, options.page_size, options.slots, options.cache_reuse)
+        settings = replaying.CacheSettings(
+            cache_model, block_size, options.page_size, options.slots, options.cache_reuse, options.api_model, options.cache_ttl
+        )
+        settings.cache(None)  # an unknown --api-model is one usage line before any request is rendered
         calls, unread = replaying.read_log(options.log)
         if not calls and not unread:  # (lines that are not requests are each an error of their own)
             raise RunError(f"{options.log}: no requests to replay")
@@ -338,13 +357,17 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             tracer = replaying.Tracer(
                 text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
             )
-            summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
+            tracer.marks = cache_model == "anthropic"
+            if cluster is not None:
+                summary, refused = replay_on_cluster(cluster, tracer, groups, settings, capacities, options.jobs)
+            else:
+                summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
             summary.engine = profile_of(renderer).label
             summaries.append((label, summary))
             # With --compare two templates replay the same lines: the line says whose failure it is.
             whose = f"{quoted_name(path)}: " if options.compare else ""
             failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
+    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError, ClusterError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None

@@ -51,7 +51,8 @@ from typing import Any
 from .engines import engine_tokenizer, prepare, render_prompt, request_prompt
 from .engines.base import ENGINES, HARMONY, EngineError, Prompt
 from .findings import Finding, Outcome
-from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
+from .hosted_cache import HOSTED_MODELS, TimedRequest, breakpoints_of, make_hosted_cache
+from .kv_cache import CacheError, CacheModel, LlamaCppSlots, make_cache
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from .proving.attribution import explaining_code
 from .proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
@@ -500,6 +501,9 @@ class Trace:
     departure: int | None = None  # the first prompt token that does not extend them
     template_departure: int | None = None  # the same with the client's changes undone
     reasons: tuple[Departure, ...] = ()  # the client's change (if it came first), then the template's
+    time: float | None = None  # seconds since the epoch, as logged: hosted caches expire by it
+    breakpoints: tuple = ()  # Anthropic's cache_control marks as token positions (hosted_cache.Breakpoint)
+    block_ends: tuple[int, ...] = ()  # and the content-block ends before them
 
 
 @dataclass
@@ -532,6 +536,7 @@ class Tracer:
         self.engine = engine
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
+        self.marks = False  # place Anthropic's cache_control marks (--cache-model anthropic)
 
     @functools.cached_property
     def findings(self) -> list[Finding]:
@@ -698,6 +703,13 @@ class Tracer:
             shared = common_prefix_length(previous.prompt.ids, prompt.ids) if previous else 0
             trace = Trace(call.order, call.line, index, shared, prompt.ids[shared:], len(prompt.ids), generated, call.salt)
             trace.reply = source
+            if call.timestamp is not None:
+                trace.time = call.timestamp.replace(tzinfo=UTC).timestamp()
+            if self.marks:
+                try:
+                    trace.breakpoints, trace.block_ends = breakpoints_of(call.body, prompt.ids, self._message_ids(call))
+                except (RenderError, CacheError) as error:
+                    problems.append((call.line, f"its cache_control marks cannot be placed: {error}"))
             if previous is not None:
                 try:
                     self.attribute(trace, previous, call, prompt)
@@ -706,6 +718,17 @@ class Tracer:
             traces.append(trace)
             previous = _Previous(call, prompt, generated, generated_text, reply, carried[position])
         return traces, problems
+
+    def _message_ids(self, call: Call) -> Callable[[list[dict[str, Any]]], list[int]]:
+        """The token ids of some messages of ``call`` rendered with no generation prompt."""
+
+        def ids(messages: list[dict[str, Any]]) -> list[int]:
+            rendered = self.render(call, messages, False)
+            if rendered.token_ids is not None:
+                return list(rendered.token_ids)
+            return self.measure.ids(rendered.text)
+
+        return ids
 
     def attribute(self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded) -> None:
         trace.first = False
@@ -1128,7 +1151,16 @@ def simulate(
         prompts[trace.session] = prompt
         try:
             served = cache.serve(
-                CacheRequest(trace.session, prompt, trace.generated, trace.salt, None if trace.first else trace.shared)
+                TimedRequest(
+                    trace.session,
+                    prompt,
+                    trace.generated,
+                    trace.salt,
+                    None if trace.first else trace.shared,
+                    trace.time,
+                    trace.breakpoints,
+                    trace.block_ends,
+                )
             )
         except CacheError as error:
             summary.error = f"line {trace.line}: {error}"
@@ -1159,11 +1191,21 @@ def simulate(
 
 # --- reports -------------------------------------------------------------------------
 
-ENGINE_NAMES = {"vllm": "vLLM prefix cache", "sglang": "SGLang radix cache", "llamacpp": "llama.cpp slots"}
+ENGINE_NAMES = {
+    "vllm": "vLLM prefix cache",
+    "sglang": "SGLang radix cache",
+    "llamacpp": "llama.cpp slots",
+    "openai": "OpenAI prompt caching",
+    "anthropic": "Anthropic prompt caching",
+    "gemini": "Gemini implicit caching",
+    "deepseek": "DeepSeek context caching",
+}
 
 
 def _capacity(summary: Summary) -> str:
     size = summary.granularity
+    if summary.cache_model in HOSTED_MODELS:
+        return "the provider's published rules, by the log's timestamps"
     if summary.cache_model == "vllm":
         pool = "unbounded pool" if summary.capacity_blocks is None else f"{summary.capacity_blocks} blocks"
         return f"blocks of {size}, {pool}"
@@ -1369,6 +1411,14 @@ class CacheSettings:
     page_size: int = 1
     slots: int | None = None
     cache_reuse: int = 0
+    api_model: str | None = None  # a hosted API's model, for its minimum cacheable prompt
+    ttl: float | None = None  # seconds a hosted API's cache lives after its last use (None: modelled default)
+
+    def cache(self, capacity: int | None) -> CacheModel:
+        """A fresh cache of this model at ``capacity`` blocks."""
+        if self.model in HOSTED_MODELS:
+            return make_hosted_cache(self.model, self.api_model, self.ttl)
+        return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
 
 
 def replay(
@@ -1380,10 +1430,7 @@ def replay(
     keys = [group.key for group in groups]
     summaries = []
     for capacity in capacities:
-        cache = make_cache(
-            settings.model, settings.block_size, capacity, settings.page_size, settings.slots, settings.cache_reuse
-        )
-        summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
+        summaries.append(simulate(traces, settings.cache(capacity), keys, settings.model, tracer.unit, capacity))
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
         raise ReplayError(summaries[0].error)

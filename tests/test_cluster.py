@@ -111,3 +111,24 @@ def test_an_unreachable_scheduler_is_one_error(monkeypatch):
 def test_shares_deal_the_longest_sessions_first():
     # 9 to share 0 (loads 9, 0); 7 to 1 (9, 7); 5 to 1 (9, 12); 3 to 0 (12, 12); 1 to the first of equals, 0.
     assert shares_of([5, 9, 1, 7, 3], 2) == [[1, 4, 2], [3, 0]]
+
+
+def test_the_environment_variable_runs_the_command_on_the_cluster(tmp_path, local_cluster, monkeypatch):
+    """The whole command, its JSON report byte for byte, with TMPL_LINT_CLUSTER set and not."""
+    from click.testing import CliRunner
+
+    from tmpl_lint.cli import main
+
+    log = tmp_path / "log.jsonl"
+    write_log(log, count=40)
+    command = ["replay", str(log), "--template", str(CORPUS / "PC001_clock_per_minute.jinja"), "--session-key", "user"]
+    command += ["--block-size", "4", "--cache-blocks", "60,400", "--format", "json", "--jobs", "2"]
+    monkeypatch.delenv("TMPL_LINT_CLUSTER", raising=False)
+    local = CliRunner().invoke(main, command)
+    monkeypatch.setenv("TMPL_LINT_CLUSTER", local_cluster.scheduler_address)
+    before = len(local_cluster.scheduler.transition_log)
+    clustered = CliRunner().invoke(main, command)
+    assert len(local_cluster.scheduler.transition_log) > before  # the scheduler ran its tasks
+    assert local.exit_code == clustered.exit_code == 0, (local.output, clustered.output)
+    assert clustered.stdout_bytes == local.stdout_bytes
+    assert json.loads(local.stdout)["template"]["requests"] > 40
