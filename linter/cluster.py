@@ -9,7 +9,8 @@ The stages split where the work is independent:
    it does locally.
 2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
    pools are independent of each other (each capacity swept here; each replica once a
-   fleet's router has dealt the requests), so each runs as one task.
+   fleet's router has dealt the requests), so each runs as one task, the traces sent to
+   each worker once. A single pool is simulated where the traces were gathered.
 3. The figures are merged where they are gathered: the traces in arrival order, the
    problems sorted, the summaries in the order of their capacities. The result is the
    local run's, byte for byte.
@@ -122,7 +123,11 @@ def replay_on_cluster(
 
     traces, problems = trace_on_cluster(address, tracer, groups, shares)
     keys = [group.key for group in groups]
-    summaries = cluster_map(address, _simulate_pool, capacities, (traces, settings, keys, tracer.unit))
+    common = (traces, settings, keys, tracer.unit)
+    if len(capacities) > 1:
+        summaries = cluster_map(address, _simulate_pool, capacities, common)
+    else:  # one pool: sending every trace to a worker and back gains nothing
+        summaries = [_simulate_pool(common, capacities[0])]
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
         raise ReplayError(summaries[0].error)
