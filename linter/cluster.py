@@ -67,7 +67,8 @@ def cluster_map(address: str, function: Callable, items: Sequence[Any], common: 
 def shares_of(sizes: Sequence[int], count: int) -> list[list[int]]:
     """Indices dealt into ``count`` shares: the largest first, each to the lightest share."""
     count = max(1, min(count, len(sizes)))
-    loads, parts = [0] * count, [[] for _ in range(count)]
+    loads = [0] * count
+    parts: list[list[int]] = [[] for _ in range(count)]
     for index in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):
         lightest = loads.index(min(loads))
         parts[lightest].append(index)

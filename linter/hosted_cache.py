@@ -407,9 +407,11 @@ def breakpoints_of(
         ids = render([*kept, _with_blocks(messages[index], block + 1)])
         return common_prefix_length(ids, prompt)
 
-    marks, ends = [], set()
+    marks: list[Breakpoint] = []
+    ends: set[int] = set()
     for mark in cache_control_marks(body):
-        if mark.place == "messages":
+        place: tuple[int, int]
+        if mark.place == "messages" and mark.index is not None and mark.block is not None:
             place = (mark.index, mark.block)
         elif mark.place == "request" and messages:
             place = order[-1]
