@@ -231,7 +231,8 @@ class AnthropicPromptCache(_PrefixCache):
 
     def serve(self, request: CacheRequest) -> Served:
         now = self._clock(request)
-        breakpoints: tuple[Breakpoint, ...] = getattr(request, "breakpoints", ())
+        # A mark at the very start covers nothing (a render that parts from the prompt at once).
+        breakpoints = tuple(mark for mark in getattr(request, "breakpoints", ()) if mark.position > 0)
         if len(breakpoints) > ANTHROPIC_BREAKPOINTS:
             raise CacheError(
                 f"a request has {len(breakpoints)} cache_control breakpoints: the API allows {ANTHROPIC_BREAKPOINTS}"
@@ -239,7 +240,7 @@ class AnthropicPromptCache(_PrefixCache):
         prompt = request.prompt
         if not breakpoints:
             return Served(0)
-        if any(not 0 < mark.position <= len(prompt) for mark in breakpoints):
+        if any(mark.position > len(prompt) for mark in breakpoints):
             raise CacheError("a cache_control breakpoint lies outside its prompt")
         hashes = self._hashes(request, prompt)
         ends = sorted(set(getattr(request, "block_ends", ())) & set(range(1, len(prompt) + 1)))

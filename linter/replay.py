@@ -51,7 +51,7 @@ from typing import Any
 from .engines import engine_tokenizer, prepare, render_prompt, request_prompt
 from .engines.base import ENGINES, HARMONY, EngineError, Prompt
 from .findings import Finding, Outcome
-from .hosted_cache import HOSTED_MODELS, TimedRequest, breakpoints_of, make_hosted_cache
+from .hosted_cache import ANTHROPIC_BREAKPOINTS, HOSTED_MODELS, TimedRequest, breakpoints_of, make_hosted_cache
 from .kv_cache import CacheError, CacheModel, LlamaCppSlots, make_cache
 from .proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from .proving.attribution import explaining_code
@@ -706,10 +706,17 @@ class Tracer:
             if call.timestamp is not None:
                 trace.time = call.timestamp.replace(tzinfo=UTC).timestamp()
             if self.marks:
+                # The API answers 400 to marks it does not take, and caches nothing of the request.
                 try:
                     trace.breakpoints, trace.block_ends = breakpoints_of(call.body, prompt.ids, self._message_ids(call))
                 except (RenderError, CacheError) as error:
-                    problems.append((call.line, f"its cache_control marks cannot be placed: {error}"))
+                    problems.append((call.line, f"its cache_control marks cannot be placed: {error}; left out"))
+                    continue
+                if len(trace.breakpoints) > ANTHROPIC_BREAKPOINTS:
+                    problems.append(
+                        (call.line, f"{len(trace.breakpoints)} cache_control breakpoints: the API allows 4 (400); left out")
+                    )
+                    continue
             if previous is not None:
                 try:
                     self.attribute(trace, previous, call, prompt)

@@ -102,3 +102,24 @@ def test_hosted_flags_are_refused_where_they_mean_nothing(tmp_path):
         result = CliRunner().invoke(main, ["replay", str(log), "--template", template, *flags])
         assert result.exit_code == 2, result.output  # one error line, no traceback
         assert message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_request_with_five_breakpoints_is_left_out_and_the_rest_replayed(tmp_path):
+    log = tmp_path / "log.jsonl"
+    marked = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    write_log(log, marked)
+    lines = log.read_text().splitlines()
+    second = json.loads(lines[1])
+    # Four more marks on the second request's user message: five in all, which the API refuses.
+    second["request"]["messages"][1]["content"] = [{"type": "text", "text": "h", "cache_control": {}}] * 4
+    lines[1] = json.dumps(second)
+    log.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(
+        main,
+        ["replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--session-key", "user", "--format", "json"]
+        + ["--cache-model", "anthropic", "--api-model", "claude-sonnet-4-5"],
+    )
+    assert f"{log}:2: 5 cache_control breakpoints: the API allows 4 (400); left out" in result.stderr
+    report = json.loads(result.stdout)["template"]
+    # The first and third requests replayed (1182 + 1317); the third's mark expired 361 s after the first's write.
+    assert (report["requests"], report["prefix_cache_queries"], report["prefix_cache_hits"]) == (2, 1182 + 1317, 0)
