@@ -30,7 +30,9 @@ def main() -> None:
 
     from tmpl_lint.cluster import replay_on_cluster
     from tmpl_lint.diff import read_template
-    from tmpl_lint.replay import CacheSettings, Tracer, read_log, replay, sessions
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import read_log, sessions
+    from tmpl_lint.replay.simulate import CacheSettings, replay
     from tmpl_lint.tokenizer import load_tokenizer
 
     if not TOKENIZER.is_dir():
@@ -42,8 +44,8 @@ def main() -> None:
         requests = sharegpt_log(log)
         tokenizer = load_tokenizer(TOKENIZER)
         text, _ = read_template(TOKENIZER)
-        calls, _ = read_log(log)
-        groups = sessions(calls, "user")
+        opened = read_log(log, "user")
+        groups = sessions(opened, "user")
         settings = CacheSettings("vllm", 16)
 
         def tracer() -> Tracer:
@@ -54,7 +56,7 @@ def main() -> None:
 
         load = os.getloadavg()[0]
         start = time.perf_counter()
-        local = report(*replay(tracer(), groups, settings, [None], 1))
+        local = report(*replay(tracer(), opened, groups, settings, [None], 1))
         print(f"{requests} requests; local, one process: {time.perf_counter() - start:6.1f} s (load {load:.1f})")
         runs = int(os.environ.get("RUNS", "3"))
         clusters = {}
@@ -69,7 +71,9 @@ def main() -> None:
                 for count, cluster in clusters.items():
                     load = os.getloadavg()[0]
                     start = time.perf_counter()
-                    result = report(*replay_on_cluster(cluster.scheduler_address, tracer(), groups, settings, [None], count))
+                    result = report(
+                        *replay_on_cluster(cluster.scheduler_address, tracer(), opened, groups, settings, [None], count)
+                    )
                     times[count].append(time.perf_counter() - start)
                     assert result == local, f"{count} workers: not the local run's report"
                     print(f"cluster of {count} worker(s): {times[count][-1]:6.1f} s (load {load:.1f}); equals the local run")

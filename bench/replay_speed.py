@@ -41,16 +41,17 @@ from pathlib import Path
 from tmpl_lint.diff import read_template
 from tmpl_lint.engines import render_prompt
 from tmpl_lint.render import FrozenClock
-from tmpl_lint.replay import read_log, sessions
+from tmpl_lint.replay.log import read_log, sessions
 from tmpl_lint.tokenizer import PrefixEncoder, load_tokenizer
 tokenizer = load_tokenizer(Path(sys.argv[2]))
 template, _ = read_template(Path(sys.argv[2]))
 encoder = PrefixEncoder(tokenizer)
 clock = FrozenClock(datetime(2026, 3, 1))
 tokens = 0
-for session in sessions(read_log(Path(sys.argv[1]))[0], "user"):
+log = read_log(Path(sys.argv[1]), "user")
+for session in sessions(log, "user"):
     previous = None
-    for call in session.calls:
+    for call in map(log.call, session.entries):
         clock.set(call.timestamp or datetime(2026, 3, 1))
         text = render_prompt("vllm", template, call.messages, clock=clock, tools=call.tools,
                              special_tokens=tokenizer.special_tokens).text
@@ -65,13 +66,14 @@ from pathlib import Path
 from tmpl_lint.diff import read_template
 from tmpl_lint.engines import render_prompt
 from tmpl_lint.render import FrozenClock
-from tmpl_lint.replay import read_log
+from tmpl_lint.replay.log import read_log
 from tmpl_lint.tokenizer import load_tokenizer
 tokenizer = load_tokenizer(Path(sys.argv[2]))
 template, _ = read_template(Path(sys.argv[2]))
 clock = FrozenClock(datetime(2026, 3, 1))
 tokens = 0
-for call in read_log(Path(sys.argv[1]))[0]:
+log = read_log(Path(sys.argv[1]))
+for call in (log.call(entry) for entry in log.entries):
     clock.set(call.timestamp or datetime(2026, 3, 1))
     text = render_prompt("vllm", template, call.messages, clock=clock, tools=call.tools,
                          special_tokens=tokenizer.special_tokens).text

@@ -19,13 +19,13 @@ from .analysis.parsing import parse_with_tokens
 from .analysis.reuse import top_level_scan
 from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
-from .findings import Finding, Outcome, Switch
+from .findings import Finding, FixOffer, Outcome, Switch
 from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import STATIC, described, reporting
+from .rules import BY_CODE, STATIC, described, reporting
 from .selection import Selection
 from .suppressions import Suppression, suppressions
 
@@ -229,6 +229,8 @@ def lint_with_facts(
     if suppress:
         findings = apply_suppressions(findings, source_map, selection, complete=tree is not None)
     findings = fold_related(findings)
+    if tree is not None:
+        offer_fixes(facts, with_related(findings), selection.tool_args_style)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
     for finding in with_related(findings):
         finding.path = str(source.path)
@@ -238,6 +240,28 @@ def lint_with_facts(
             finding.file_line, finding.file_column = placed.position(finding.line, finding.column)
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
     return facts, findings
+
+
+@dataclass(frozen=True)
+class OfferOptions:
+    """What a rule's fix reads of --fix's options (``fix.options.FixOptions``, a layer above)
+    to say what it would edit."""
+
+    frozen_date: date
+    tool_args_style: str | None = None
+
+
+def offer_fixes(facts: Facts, findings: list[Finding], tool_args_style: str | None) -> None:
+    """Say on each finding what its rule's fix would do, or why it makes none: the check
+    counts what ``--fix`` can do, and a finding promises no fix its rule declines. (The edit
+    is verified only when ``--fix`` makes it.)"""
+    options = OfferOptions(date.today(), tool_args_style)
+    for finding in findings:
+        rule = BY_CODE.get(finding.code)
+        if rule is None or rule.RULE.fix_safety is None or rule.fix is None:
+            continue
+        fix = rule.fix(facts, finding, options)
+        finding.fix = FixOffer(None, fix.unfixable) if fix.unfixable else FixOffer(rule.RULE.fix_safety, fix.title)
 
 
 def with_related(findings: list[Finding]) -> list[Finding]:

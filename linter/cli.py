@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import MAX_BLOCK_SIZE
+from .config import MAX_BLOCK_SIZE, MAX_SLOTS
 from .engines import profile_of
 from .engines.base import ENGINES
 from .render import RenderLimits
@@ -62,6 +62,11 @@ def main() -> None:
 
     `tmpl-lint PATH...` lints tokenizer_config.json, chat_template.jinja / .json, *.jinja
     files, model directories and directories of them.
+
+    \b
+    Example:
+      tmpl-lint path/to/model/            # lint and prove
+      tmpl-lint path/to/model/ --fix      # apply the safe fixes
     """
 
 
@@ -150,6 +155,9 @@ config_option = click.option(
 )
 
 
+TEXT_FORMATS = ("concise", "full", "text")
+
+
 def use_colour() -> bool:
     return "NO_COLOR" not in os.environ and sys.stdout.isatty()
 
@@ -157,7 +165,14 @@ def use_colour() -> bool:
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=file_path())
 @click.option(
-    "--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True
+    "--output-format",
+    "--format",
+    "output_format",
+    type=click.Choice(["concise", "full", "text", "json", "sarif", "github"]),
+    default="concise",
+    show_default=True,
+    help="concise: a line per finding and one for its proof; full: the source line, both renders where the prompts "
+    "part, related places and notes under each proof (as ruff's --output-format full); text is concise.",
 )
 @click.option("-o", "--output", type=file_path(dir_okay=False), help="Write the report to FILE instead of standard output.")
 @click.option("--select", multiple=True, metavar="CODES", help="Codes or prefixes to enable (comma-separated).")
@@ -183,7 +198,15 @@ def use_colour() -> bool:
     type=click.IntRange(1, MAX_BLOCK_SIZE),
     help="KV cache block size for reusable-token figures (default: the configuration's, else 16).",
 )
-@click.option("--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified fixes (only the template changes).")
+@click.option(
+    "--fix", "apply_fixes", is_flag=True, help="Rewrite templates with verified safe fixes (only the template changes)."
+)
+@click.option(
+    "--unsafe-fixes/--no-unsafe-fixes",
+    default=None,
+    help="With --fix or --diff, make unsafe fixes too: those that change what the model sees (a frozen date, "
+    "reasoning kept in history); --no-unsafe-fixes overrides unsafe-fixes = true in the configuration.",
+)
 @click.option("--diff", "show_diff", is_flag=True, help="Print the fixes as a unified diff; write nothing.")
 @click.option(
     "--frozen-date",
@@ -248,6 +271,7 @@ def check(
     tokenizer,
     block_size,
     apply_fixes,
+    unsafe_fixes,
     show_diff,
     frozen_date,
     render_timeout,
@@ -259,11 +283,16 @@ def check(
     no_cache,
     chat_template_kwargs,
 ) -> None:
-    """Lint chat templates and prove each finding by rendering turn pairs."""
+    """Lint chat templates and prove each finding by rendering turn pairs.
+
+    \b
+    Example:
+      tmpl-lint check path/to/model/ --diff --unsafe-fixes | git apply
+    """
     if gguf_copy is not None and (not apply_fixes or show_diff):
         raise click.UsageError("--gguf-copy writes a fixed model: it needs --fix (and no --diff)")
     if statistics and output_format in ("sarif", "github"):
-        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use text or json)")
+        raise click.UsageError(f"--statistics is not supported with --format {output_format} (use concise or json)")
     options = CheckOptions(
         paths=tuple(paths),
         select=select,
@@ -284,10 +313,11 @@ def check(
         jobs=jobs,
         gguf_copy=_copy_target(gguf_copy),
         cache=not no_cache,
+        unsafe_fixes=unsafe_fixes,
     )
     # Standard output carries one thing a program can read: the report in a machine format,
     # else --diff's patch; what --fix says and the text report then go to standard error.
-    machine = output_format != "text" and output is None
+    machine = output_format not in TEXT_FORMATS and output is None
 
     def print_fix_line(line: FixLine) -> None:
         if line.patch:
@@ -327,6 +357,12 @@ def check(
             unread=result.unread,
             unwritten=result.unwritten,
             unapplied=result.would_change,
+            full=output_format == "full",
+            # pre-commit sets PRE_COMMIT=1 for its hooks: there a commit's output shows what
+            # fails it, and informational findings are counted, not printed.
+            hide_info=bool(os.environ.get("PRE_COMMIT")),
+            fixed=result.fixed if result.fix is FixMode.WRITE else None,
+            unsafe_fixes=result.unsafe_fixes,
         )
     if output is not None:
         from .writes import WriteError
@@ -344,7 +380,12 @@ def check(
 @main.command()
 @click.argument("code")
 def rule(code) -> None:
-    """Print a rule's page: what it does, why it breaks the cache, examples, the fix."""
+    """Print a rule's page: what it does, why it breaks the cache, examples, the fix.
+
+    \b
+    Example:
+      tmpl-lint rule PC002
+    """
     from .rules import lookup, page
 
     found = lookup(code)
@@ -356,13 +397,18 @@ def rule(code) -> None:
 
 @main.command()
 def rules() -> None:
-    """List every rule: code, name, default severity and summary."""
+    """List every rule: code, name, default severity, its fix (safe or unsafe) and summary.
+
+    \b
+    Example:
+      tmpl-lint rules
+    """
     from .rules import RULES
 
     for rule in RULES:
         info = rule.RULE
-        fix = "fix" if rule.fix is not None else "   "
-        click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix}  {info.summary}")
+        fix = f"{info.fix_safety}-fix" if info.fix_safety is not None else "-"
+        click.echo(f"{info.code}  {info.name:28} {info.severity:8} {fix:10}  {info.summary}")
 
 
 @main.command()
@@ -384,7 +430,12 @@ def rules() -> None:
 @server_kwargs_option
 @config_option
 def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_format, engine, server_kwargs, config_path) -> None:
-    """Where two consecutive requests of a session diverge (first token, reusable blocks, cause)."""
+    """Where two consecutive requests of a session diverge (first token, reusable blocks, cause).
+
+    \b
+    Example:
+      tmpl-lint diff turn1.json turn2.json --tokenizer path/to/model
+    """
     from .commands import DiffOptions, run_diff
     from .diff import client_change, diff_text, dumps
 
@@ -415,7 +466,12 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 def render(request, template, tokenizer, output_format, engine, server_kwargs, config_path) -> None:
     """What the engine would feed the model for a chat-completions REQUEST: the prompt text
     and token ids, or the engine's refusal (exit 2). The offline twin of vLLM's
-    /v1/chat/completions/render."""
+    /v1/chat/completions/render.
+
+    \b
+    Example:
+      tmpl-lint render request.json --tokenizer path/to/model --engine sglang
+    """
     from .commands import Refused, RenderOptions, run_render
 
     options = RenderOptions(request, template, tokenizer, engine, config_path, server_kwargs)
@@ -466,7 +522,12 @@ def render(request, template, tokenizer, output_format, engine, server_kwargs, c
 def validate(log, server, model, template, tokenizer, deadline, output_format, engine, server_kwargs, config_path) -> None:
     """Send each request of LOG to a running engine's render endpoint and compare its token
     ids with the offline profile: the agreement, and the first disagreements with their
-    places. How to check tmpl-lint's model against your own engine version."""
+    places. How to check tmpl-lint's model against your own engine version.
+
+    \b
+    Example:
+      tmpl-lint validate traffic.jsonl --server http://localhost:8000 --tokenizer path/to/model
+    """
     from .commands import ValidateOptions, run_validate
     from .validate import text_report, to_json
 
@@ -530,7 +591,12 @@ def audit(
     engine,
     config_path,
 ) -> None:
-    """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders."""
+    """Audit Hugging Face model repos (org/name[@revision]), cached models or local model folders.
+
+    \b
+    Example:
+      tmpl-lint audit Qwen/Qwen3-8B --tokens
+    """
     from .commands import AuditOptions, run_audit
     from .report.audit import html_page, print_audit
     from .report.progress import ProgressBar
@@ -651,7 +717,9 @@ def audit(
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="vLLM's --kv-cache-dtype (auto: the model's dtype).")
 @click.option("--page-size", type=click.IntRange(1), default=1, show_default=True, help="SGLang's page size.")
 @click.option(
-    "--slots", type=click.IntRange(1), help="llama.cpp: slots the sessions share (--parallel); default one per session."
+    "--slots",
+    type=click.IntRange(1, MAX_SLOTS),
+    help="llama.cpp: slots the sessions share (--parallel); default one per session.",
 )
 @click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
 @click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")
@@ -695,9 +763,14 @@ def replay(
     config_path,
 ) -> None:
     """Prefix-cache hit rate of logged traffic as the engine would report it, and why every
-    recomputed token was recomputed; before and after a fix."""
-    from . import replay as replaying
+    recomputed token was recomputed; before and after a fix.
+
+    \b
+    Example:
+      tmpl-lint replay traffic.jsonl --tokenizer path/to/model --compare fixed/chat_template.jinja
+    """
     from .commands import ReplayOptions, run_replay
+    from .replay.simulate import text_report as replay_text
 
     options = ReplayOptions(
         log,
@@ -739,12 +812,13 @@ def replay(
     if output_format == "json":
         click.echo(json.dumps({label: summary.to_json() for label, summary in result.summaries}, indent=2))
     else:
-        click.echo(replaying.text_report(result.summaries), nl=False)
+        click.echo(replay_text(result.summaries), nl=False)
     if html_file:
+        from .report.replay import html_report
         from .writes import WriteError
 
         try:
-            write_report(html_file, replaying.html_report(result.summaries))
+            write_report(html_file, html_report(result.named(), str(log), options.described()))
         except WriteError as error:
             click.echo(f"tmpl-lint: error: cannot write the page: {error}", err=True)
             sys.exit(EXIT_ERROR)

@@ -76,53 +76,85 @@ def shares_of(sizes: Sequence[int], count: int) -> list[list[int]]:
     return [part for part in parts if part]
 
 
-def _trace_share(task: tuple[Any, list[Any], list[int]]) -> tuple[list[Any], list[tuple[int, str]]]:
+class ShareLog:
+    """The lines of one share's sessions, read on the client and sent with the share: what
+    the share's sessions read of the log (``Log.call`` and ``Log.entries[order]``), so that a
+    worker needs no copy of the log file."""
+
+    def __init__(self, log: Any, sessions: list[Any]):
+        self.entries = {entry.order: entry for session in sessions for entry in session.entries}
+        self.lines = {order: log.line(entry) for order, entry in self.entries.items()}
+
+    def call(self, entry: Any) -> Any:
+        from .replay.log import ReplayError, parse_line
+
+        call = parse_line(entry.line, self.lines[entry.order])
+        if call is None:
+            raise ReplayError("the line changed while it was replayed")
+        call.order = entry.order
+        return call
+
+
+def _trace_share(task: tuple[Any, ShareLog, list[Any], list[int]]) -> tuple[list[Any], list[tuple[int, str]]]:
     """On a worker: one share's sessions traced in a limited child, as the local run does."""
     import multiprocessing
 
     from .isolation import run_isolated
-    from .replay import _trace_group
+    from .replay.attribution import _trace_group
 
     if multiprocessing.current_process().daemon:
         raise ClusterError(
             "a worker renders in limited children and a daemonic worker may have none: "
             "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
         )
-    tracer, sessions, indices = task
+    tracer, log, sessions, indices = task
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The share carries only its own sessions: its indices are the log's, its list is short.
     groups: list[Any] = [None] * (max(indices) + 1)
     for index, session in zip(indices, sessions):
         groups[index] = session
-    return run_isolated(_trace_group, (tracer, groups, indices), seconds=None)
+    return run_isolated(_trace_group, (tracer, log, groups, indices), seconds=None)
 
 
-def trace_on_cluster(address: str, tracer: Any, groups: list[Any], shares: int) -> tuple[list[Any], list[tuple[int, str]]]:
+def trace_on_cluster(
+    address: str, tracer: Any, log: Any, groups: list[Any], shares: int
+) -> tuple[list[Any], list[tuple[int, str]]]:
     """Every request's trace in arrival order and the requests the template refused, as
-    ``replay.trace_sessions`` gives them, the sessions traced on the cluster."""
+    ``replay.attribution.trace_sessions`` gives them, the sessions traced on the cluster."""
+    from .engines.base import HARMONY
+    from .isolation import run_isolated
+    from .replay.attribution import TemplateError, _compiles
+
     if tracer.server_ids is not None:
         raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
-    parts = shares_of([len(group.calls) for group in groups], shares)
-    tasks = [(tracer, [groups[index] for index in part], part) for part in parts]
+    if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
+        failure = run_isolated(_compiles, (tracer.template,))
+        if failure is not None:
+            raise TemplateError(failure)
+    parts = shares_of([len(group.entries) for group in groups], shares)
+    tasks = []
+    for part in parts:
+        sessions = [groups[index] for index in part]
+        tasks.append((tracer, ShareLog(log, sessions), sessions, part))
     done = cluster_map(address, _trace_share, tasks)
     traces = sorted((trace for traced, _ in done for trace in traced), key=lambda trace: trace.order)
     return traces, sorted(problem for _, failed in done for problem in failed)
 
 
 def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
-    from .replay import simulate
+    from .replay.simulate import simulate
 
     traces, settings, keys, unit = common
     return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
 
 
 def replay_on_cluster(
-    address: str, tracer: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
+    address: str, tracer: Any, log: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
 ) -> tuple[Any, list[tuple[int, str]]]:
-    """``replay.replay`` with its stages on the cluster: the same summary and problems."""
-    from .replay import ReplayError
+    """``replay.simulate.replay`` with its stages on the cluster: the same summary and problems."""
+    from .replay.log import ReplayError
 
-    traces, problems = trace_on_cluster(address, tracer, groups, shares)
+    traces, problems = trace_on_cluster(address, tracer, log, groups, shares)
     keys = [group.key for group in groups]
     common = (traces, settings, keys, tracer.unit)
     if len(capacities) > 1:

@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checker import ProveOptions
+from .config import MAX_SLOTS
 from .findings import quoted_name
 from .render import RenderLimits
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError, read_config
@@ -21,7 +25,7 @@ if TYPE_CHECKING:
     from .audit import Audit
     from .offline import Rendered
     from .proofs import Divergence
-    from .replay import Summary
+    from .replay.simulate import Summary
 
 
 # --- tmpl-lint diff -----------------------------------------------------------------------
@@ -47,10 +51,11 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     (a model vLLM renders without the template, a served model replaced). Raises
     OptionsError or RunError."""
     from .diff import diff_requests, read_template
+    from .engines import reasoning_note
     from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
-    from .requests import RequestError, read_request
+    from .requests import RequestError, read_request, reasoning_fields
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
@@ -61,6 +66,9 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         raise OptionsError(str(error)) from None
     try:
         first, second = read_request(options.first), read_request(options.second)
+        said = reasoning_note(reasoning_fields(first.messages + second.messages), {}, options.engine)
+        if said:
+            note(said)
         template_source = options.template or tokenizer
         text, special = read_template(template_source) if template_source is not None else (None, {})
         if text is None and options.server is None:
@@ -193,11 +201,11 @@ class ValidateResult:
 def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda text: None) -> ValidateResult:
     """Each logged request rendered offline by ``options.engine``'s profile and by the
     server, and the token ids compared. Raises OptionsError or RunError."""
-    from . import replay as replaying
     from . import validate
     from .diff import read_template
     from .engines import profile_of
     from .isolation import IsolationError, run_isolated
+    from .replay.log import ReplayError, read_log
     from .requests import RequestError
     from .server import LlamaServer, ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
@@ -214,7 +222,8 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
     except ServerURLError as error:
         raise OptionsError(str(error)) from None
     try:
-        calls, unread = replaying.read_log(options.log)
+        with read_log(options.log) as log:  # every request is compared: all are read
+            calls, unread = [log.call(entry) for entry in log.entries], log.problems
         if not calls and not unread:
             raise RunError(f"{options.log}: no requests to validate")
         text, special = read_template(template_source)
@@ -230,7 +239,7 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
             vllm.discover(body.get("model") for body in bodies)
             ask, base_url = (lambda body: validate.Answer(ids=tuple(vllm.prompt_token_ids(body)))), vllm.base_url
         answered, unanswered, stopped = validate.ask_server(ask, [call.line for call in calls], bodies, options.deadline)
-    except (replaying.ReplayError, RequestError, TokenizerError) as error:
+    except (ReplayError, RequestError, TokenizerError) as error:
         raise RunError(str(error)) from None
     except ServerError as error:
         raise RunError(str(error)) from None
@@ -276,11 +285,50 @@ class ReplayOptions:
     cache_ttl: float | None = None  # seconds a hosted API's cache lives after its last use
     cluster: str | None = None  # a Dask scheduler's address: the stages run on its workers
 
+    def described(self) -> str:
+        """The options that decide the figures, as a command line would give them; the
+        engine and cache model as the run resolved them (each defaults to the other's)."""
+        from .engines import engine_for_cache
+        from .hosted_cache import HOSTED_MODELS
+
+        hosted = self.cache_model in HOSTED_MODELS
+        engine, cache_model = engine_for_cache(self.engine, None if hosted else self.cache_model)
+        given = [
+            ("--template", self.template),
+            ("--compare", self.compare),
+            ("--tokenizer", self.tokenizer),
+            ("--session-key", self.session_key),
+            ("--server", self.server),
+            ("--model", self.model),
+            ("--engine", engine),
+            ("--cache-model", self.cache_model if hosted else cache_model),
+            ("--api-model", self.api_model),
+            ("--cache-ttl", self.cache_ttl),
+            ("--block-size", self.block_size),
+            ("--cache-blocks", self.cache_blocks),
+            ("--kv-cache-gib", self.kv_cache_gib),
+            ("--model-config", self.model_config),
+            ("--num-layers", self.num_layers),
+            ("--num-kv-heads", self.num_kv_heads),
+            ("--head-dim", self.head_dim),
+            ("--kv-cache-dtype", None if self.kv_cache_dtype == "auto" else self.kv_cache_dtype),
+            ("--page-size", None if self.page_size == 1 else self.page_size),
+            ("--slots", self.slots),
+            ("--cache-reuse", self.cache_reuse or None),
+            ("--default-chat-template-kwargs", json.dumps(self.server_kwargs) if self.server_kwargs else None),
+        ]
+        return " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value is not None)
+
 
 @dataclass
 class ReplayResult:
     summaries: list[tuple[str, Summary]]  # ("template", ...) and, with --compare, ("compare", ...)
     problems: list[str]  # the log's lines not replayed, each said once: "LOG:LINE: why"
+    files: dict[str, str] = field(default_factory=dict)  # label -> the template's file, as given
+
+    def named(self) -> list[tuple[str, Summary]]:
+        """The summaries under their templates' file names."""
+        return [(self.files.get(label, label), summary) for label, summary in self.summaries]
 
     @property
     def status(self) -> int:
@@ -291,13 +339,16 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
-    from . import replay as replaying
     from .cluster import ClusterError, cluster_address, replay_on_cluster
     from .diff import read_template
-    from .engines import engine_for_cache, profile_of
+    from .engines import engine_for_cache, profile_of, reasoning_note
     from .hosted_cache import HOSTED_MODELS
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
+    from .replay.attribution import TemplateError, Tracer
+    from .replay.log import ReplayError, read_log, sessions
+    from .replay.simulate import CacheSettings, replay
+    from .report.progress import ProgressBar
     from .requests import RequestError
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
@@ -317,6 +368,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     # A flag of another engine's cache would be read as if it changed these figures.
     if options.page_size != 1 and cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
+    if options.slots is not None and not 1 <= options.slots <= MAX_SLOTS:
+        raise OptionsError(f"--slots {options.slots} is not in the range 1 to {MAX_SLOTS}")
     if (options.slots is not None or options.cache_reuse) and cache_model != "llamacpp":
         flag = "--slots" if options.slots is not None else "--cache-reuse"
         raise OptionsError(f"{flag} is llama.cpp's: it needs --cache-model llamacpp")
@@ -336,42 +389,51 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
-        settings = replaying.CacheSettings(
+        settings = CacheSettings(
             cache_model, block_size, options.page_size, options.slots, options.cache_reuse, options.api_model, options.cache_ttl
         )
-        settings.cache(None)  # an unknown --api-model is one usage line before any request is rendered
-        calls, unread = replaying.read_log(options.log)
-        if not calls and not unread:  # (lines that are not requests are each an error of their own)
-            raise RunError(f"{options.log}: no requests to replay")
-        loaded = load_tokenizer(tokenizer) if tokenizer else None
-        templates = [("template", template, *read_template(template))]
-        if options.compare:
-            templates.append(("compare", options.compare, *read_template(options.compare)))
-        if vllm is not None:
-            vllm.discover(call.body.get("model") for call in calls)
-        server_ids = vllm.prompt_token_ids if vllm is not None else None
-        groups = replaying.sessions(calls, options.session_key)
-        summaries, failed = [], []
-        for label, path, text, special in templates:
-            renderer = engine_for(engine, text, path, note)
-            tracer = replaying.Tracer(
-                text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
-            )
-            tracer.marks = cache_model == "anthropic"
-            if cluster is not None:
-                summary, refused = replay_on_cluster(cluster, tracer, groups, settings, capacities, options.jobs)
-            else:
-                summary, refused = replaying.replay(tracer, groups, settings, capacities, 1 if options.server else options.jobs)
-            summary.engine = profile_of(renderer).label
-            summaries.append((label, summary))
-            # With --compare two templates replay the same lines: the line says whose failure it is.
-            whose = f"{quoted_name(path)}: " if options.compare else ""
-            failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
-    except (replaying.ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError, ClusterError) as error:
+        with read_log(options.log, options.session_key) as log:
+            if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
+                raise RunError(f"{options.log}: no requests to replay")
+            loaded = load_tokenizer(tokenizer) if tokenizer else None
+            templates = [("template", template, *read_template(template))]
+            if options.compare:
+                templates.append(("compare", options.compare, *read_template(options.compare)))
+            if vllm is not None:
+                vllm.discover(log.models)
+            server_ids = vllm.prompt_token_ids if vllm is not None else None
+            groups = sessions(log, options.session_key)
+            said = reasoning_note(log.requests_carry, log.replies_carry, engine)
+            if said:
+                note(said)
+            summaries, failed = [], []
+            for label, path, text, special in templates:
+                renderer = engine_for(engine, text, path, note)
+                tracer = Tracer(
+                    text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
+                )
+                tracer.marks = cache_model == "anthropic"
+                jobs = 1 if options.server else options.jobs
+                try:
+                    if cluster is not None:
+                        summary, refused = replay_on_cluster(cluster, tracer, log, groups, settings, capacities, jobs)
+                    else:
+                        bar = functools.partial(ProgressBar, f"replaying {quoted_name(path)}")
+                        summary, refused = replay(tracer, log, groups, settings, capacities, jobs, bar)
+                except TemplateError as error:  # said once, not for every request
+                    raise RunError(f"{quoted_name(path)}: {error}") from None
+                summary.engine = profile_of(renderer).label
+                summaries.append((label, summary))
+                # With --compare two templates replay the same lines: the line says whose failure it is.
+                whose = f"{quoted_name(path)}: " if options.compare else ""
+                failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
+            unread = log.problems
+    except (ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError, ClusterError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None
-    return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])))
+    files = {label: quoted_name(path) for label, path, *_ in templates}
+    return ReplayResult(summaries, list(dict.fromkeys([*map(str, unread), *failed])), files)
 
 
 # --- tmpl-lint audit ----------------------------------------------------------------------

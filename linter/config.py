@@ -10,6 +10,7 @@ know).
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -19,6 +20,8 @@ from .inputs import SourceError, read_bytes
 
 # The largest block size a flag or the configuration takes (vLLM's are 16 to a few hundred).
 MAX_BLOCK_SIZE = 1 << 20
+# llama-server's --parallel for replay: each slot is allocated up front; no server runs more.
+MAX_SLOTS = 65536
 KEYS = (
     "select",
     "ignore",
@@ -29,6 +32,7 @@ KEYS = (
     "strict",
     "tool-args-style",
     "chat-template-kwargs",
+    "unsafe-fixes",
 )
 # How a model writes tool-call arguments (as --tool-args-style): compact {"city":"Paris"}, spaced {"city": "Paris"}.
 TOOL_ARGS_STYLES = ("compact", "spaced")
@@ -53,6 +57,7 @@ class Config:
     # The deployment's template variables (vLLM's --default-chat-template-kwargs): the proof
     # renders every request with them and tries no other value of theirs. None: every value.
     chat_template_kwargs: dict | None = None
+    unsafe_fixes: bool = False  # --fix applies the fixes that change what the model sees too
 
     def layered(self, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
         """The block size and tokenizer of a run: the flags', else this file's, else vLLM's
@@ -157,6 +162,13 @@ def _yaml_problem(error: Exception) -> str:
     return f"{problem}{where}"
 
 
+def _did_you_mean(key: object) -> str:
+    """ ": did you mean 'block-size'?" for a key close to a known one (a typo, or block_size
+    written with the underscore of Python's names), else the known keys."""
+    close = difflib.get_close_matches(str(key).replace("_", "-").lower(), KEYS, n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(KEYS)})"
+
+
 def _codes(path: Path, key: str, value) -> list[str]:
     """A list of codes; a string is a wrong type (as ruff says), not a comma-separated list:
     a list is what the README shows, and there is one way to write it."""
@@ -170,7 +182,7 @@ def load_config(path: Path) -> Config:
     table = _read(path)
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0])}")
     config = Config(path=path)
     if "select" in table:
         config.select = _codes(path, "select", table["select"])
@@ -211,6 +223,10 @@ def load_config(path: Path) -> Config:
         if not isinstance(table["strict"], bool):
             raise ConfigError(f"{path}: strict must be true or false")
         config.strict = table["strict"]
+    if "unsafe-fixes" in table:
+        if not isinstance(table["unsafe-fixes"], bool):
+            raise ConfigError(f"{path}: unsafe-fixes must be true or false")
+        config.unsafe_fixes = table["unsafe-fixes"]
     if "tool-args-style" in table:
         style = table["tool-args-style"]
         if style not in TOOL_ARGS_STYLES or not isinstance(style, str):

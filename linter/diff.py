@@ -15,22 +15,21 @@ from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
+from .findings import quoted_name
 from .inputs import load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
 from .proving.measure import Measure, resolve_special_tokens
 from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
-from .requests import Request, RequestError, read_request
+from .requests import ClientChange, Request, RequestError, read_request
+from .requests import client_change as change_between
 from .sources import ADDITIONAL_TEMPLATES_DIR, collect
 from .tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from .replay import Departure
 
 
 def read_template(path: Path) -> tuple[str, dict[str, Any]]:
@@ -46,6 +45,17 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
     if not in_force:
         raise RequestError(f"{path}: no chat template")
     source = in_force[0]
+    problem = syntax_error_at(source.text)
+    if problem is not None:
+        # Said of the template, once: not of the first request rendered with it. Where the
+        # file is the template, at its place as editors read it; else at the template's own.
+        line, column, message = problem
+        if source.container == "jinja":
+            where = f"{quoted_name(source.path)}:{line}:{column}"
+        else:
+            named = f" {quoted_name(source.name)}" if source.name else ""
+            where = f"{quoted_name(source.path)}: template{named} line {line}, column {column}"
+        raise RequestError(f"{where}: the template does not parse: {message}")
     special: dict[str, Any] = {}
     if source.container == "json":
         document = load_json(source.path)
@@ -55,6 +65,21 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
 
         special = metadata_special_tokens(source.path)
     return source.text, special
+
+
+def syntax_error_at(text: str) -> tuple[int, int, str] | None:
+    """(line, column, Jinja's message) where the text is no template, as PC000 places it;
+    None where it parses."""
+    from .analysis.interpreter import analyze
+    from .analysis.parsing import parse
+    from .findings import Outcome
+    from .rules import reporting
+
+    tree, error = parse(text)
+    if error is None:
+        return None
+    (finding,) = reporting(Outcome.SYNTAX_ERROR).check(analyze(text))
+    return finding.line, finding.column, error.message or "syntax error"
 
 
 def diff_requests(
@@ -240,21 +265,18 @@ def _in_tools(divergence: Divergence, texts: tuple[str, str], turns: tuple[Reque
     return divergence
 
 
-def client_change(first: Path, second: Path) -> Departure | None:
+def client_change(first: Path, second: Path) -> ClientChange | None:
     """What the client changed between the two requests, if anything, before any message it
     added (as replay tells it): a diverging prompt is then the client's doing, not the
     template's, where the change comes at or before the divergence."""
-    from .replay import Call
-    from .replay import client_change as change_between
-
     try:
         before, after = read_request(first), read_request(second)
     except RequestError:
         return None
-    return change_between(Call(0, before.body), None, Call(0, after.body))
+    return change_between(before, None, after)
 
 
-def explains(change: Departure | None, divergence: Divergence) -> bool:
+def explains(change: ClientChange | None, divergence: Divergence) -> bool:
     """Whether the client's change comes at or before where the prompts diverge."""
     if change is None or divergence.first_divergence is None:
         return False
@@ -267,7 +289,7 @@ def explains(change: Departure | None, divergence: Divergence) -> bool:
     return divergence.message_index is None or change.message_index <= divergence.message_index
 
 
-def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[str, Any]:
+def diff_json(divergence: Divergence, change: ClientChange | None = None) -> dict[str, Any]:
     client = change.to_json() if explains(change, divergence) else None
     numbering = {"numbered_in": "previous"} if went_back(divergence) and divergence.message_index is not None else {}
     return {
@@ -288,7 +310,7 @@ def diff_json(divergence: Divergence, change: Departure | None = None) -> dict[s
     }
 
 
-def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
+def diff_text(divergence: Divergence, change: ClientChange | None = None) -> str:
     from .report.text import divergence_lines
 
     unit = divergence.unit
@@ -332,7 +354,7 @@ def diff_text(divergence: Divergence, change: Departure | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _client_place(change: Departure, turns: bool) -> str:
+def _client_place(change: ClientChange, turns: bool) -> str:
     """Where the client's change is: " (turn 1's message 2, assistant, now turn 2's message 3)"."""
     if change.message_index is None:
         return ""
@@ -341,7 +363,7 @@ def _client_place(change: Departure, turns: bool) -> str:
     return f" ({turn}message {change.message_index}, {change.role}{moved})"
 
 
-def dumps(divergence: Divergence, change: Departure | None = None, engine: str | None = None) -> str:
+def dumps(divergence: Divergence, change: ClientChange | None = None, engine: str | None = None) -> str:
     """The JSON report; ``engine`` names the profile that rendered the two requests."""
     document = diff_json(divergence, change)
     if engine:

@@ -56,9 +56,10 @@ class Switch:
             out["also"] = [{"name": name, "value": value} for name, value in self.also]
         return out
 
-    def advice(self, measured_already: bool = False) -> str:
+    def advice(self, measured_already: bool = False, short: bool = False) -> str:
         """How to avoid the finding by the switch. ``measured_already``: the message names the
-        values the renders showed breaking, so only the stable value to pass is said."""
+        values the renders showed breaking, so only the stable value to pass is said.
+        ``short`` leaves out how to pass the value (per request, server-wide)."""
         if measured_already:
             if self.stable_value is None:
                 return f"leave {self.name} unset to avoid it" if self.default_is_stable else ""
@@ -74,8 +75,36 @@ class Switch:
             head += f" or pass {self.name + '=' if self.also else ''}{_jinja_literal(self.stable_value)}"
         else:
             head = f"set {self.name}={_jinja_literal(self.stable_value)} to avoid it"
+        if short:
+            return head
         kwargs = f'{{"{self.name}": {json.dumps(self.stable_value)}}}'
         return f"{head} (per request: chat_template_kwargs={kwargs}; vLLM server-wide: --default-chat-template-kwargs '{kwargs}')"
+
+
+class FixSafety(StrEnum):
+    """Whether a rule's fix keeps what the model sees (ruff's fix applicability): ``--fix``
+    applies safe fixes; unsafe ones, which change the prompt the model reads (a frozen
+    date, reasoning kept in history), only with ``--unsafe-fixes``."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True)
+class FixOffer:
+    """What the check says of a finding's fix: the edit its rule offers and how safe it is,
+    or (``safety`` None) why the rule makes no edit for it."""
+
+    safety: FixSafety | None
+    message: str  # the fix's title, or why there is none
+
+    @property
+    def available(self) -> bool:
+        return self.safety is not None
+
+    def to_json(self) -> dict[str, Any] | None:
+        """As ruff's JSON: ``fix`` null where there is none."""
+        return {"applicability": str(self.safety), "message": self.message} if self.safety is not None else None
 
 
 class Verdict(StrEnum):
@@ -120,6 +149,8 @@ class Finding:
     # YAML, the character's place in that file. None when the file no longer holds it.
     file_line: int | None = None
     file_column: int | None = None
+    # The fix the finding's rule offers (None: the rule has none).
+    fix: FixOffer | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -165,22 +196,32 @@ class Finding:
             return f"not provable: {self.proof.reason}"
         return f"not reproduced in {len(self.proof.scenarios)} scenarios"
 
-    def full_message(self) -> str:
+    def full_message(self, short: bool = False) -> str:
         """The message, then what the renders showed under each switch value (or, unproven,
-        the analysis's advice), then the switch's advice."""
+        the analysis's advice), then the switch's advice (``short``: without how to pass
+        the value)."""
         parts = [self.message]
         measured = self.proof.switches if self.proof is not None else ()
         parts += [values.text() for values in measured]
         if self.proof is not None and self.proof.bound is not None:
             parts.append(f"bounded: {self.proof.bound}: informational")
         if self.switch is not None:
-            parts.append(self.switch.advice(measured_already=bool(measured)))
+            parts.append(self.switch.advice(measured_already=bool(measured), short=short))
         return "; ".join(part for part in parts if part)
 
-    def reported_message(self) -> str:
-        """The message as every report shows it: a finding no render showed says so first."""
+    def reported_message(self, short: bool = False) -> str:
+        """The message as every report shows it: a finding no render showed says so first,
+        and one whose rule makes no edit for it says why."""
         label = f"({self.unproven_reason()}) " if self.unproven else ""
-        return label + self.full_message()
+        # (A finding the proof did not reproduce fails nothing: nothing to fix.)
+        declined = self.fix is not None and not self.fix.available and self.verdict() is not Verdict.UNPROVEN
+        refused = f"; no automatic fix: {self.fix.message}" if declined and self.fix is not None else ""
+        return label + self.full_message(short) + refused
+
+    def fixable(self, strict: bool = False) -> bool:
+        """Whether ``--fix`` makes an edit for it: its rule offers one, and it is not a
+        finding the proof did not reproduce (which --fix leaves, as it does not fail)."""
+        return self.fix is not None and self.fix.available and self.verdict(strict) is not Verdict.UNPROVEN
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {
@@ -198,6 +239,7 @@ class Finding:
             "template_column": self.column,
             "message": self.full_message(),
             "switch": self.switch.to_json() if self.switch else None,
+            "fix": self.fix.to_json() if self.fix else None,
             "proof": self.proof.to_json() if self.proof else None,
             "related": [
                 {

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import resource
+import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -92,7 +93,34 @@ def _limit_cpu(seconds: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
 
 
-def _child(connection, function: Callable, args: tuple, memory: int, seconds: float | None) -> None:
+_PR_SET_PDEATHSIG = 1
+_prctl: Any = None
+
+
+def _load_prctl() -> None:
+    """Linux's prctl, loaded in the parent once so that each forked child only calls it."""
+    global _prctl
+    if _prctl is None:
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):  # not Linux: children still stop at their CPU limit
+            _prctl = False
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this child when the thread that forked it ends, which a SIGKILL of the parent
+    ends too: a killed command leaves nothing computing. Only for a child that thread waits
+    for to the end; the parent may have died before this was set, hence the check after."""
+    if _prctl:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(connection, function: Callable, args: tuple, memory: int, seconds: float | None, parent: int) -> None:
+    _die_with_parent(parent)
     _limit_memory(memory)
     _limit_cpu(seconds)
     try:
@@ -129,7 +157,8 @@ def run_isolated(function: Callable, args: tuple, seconds: float | None = _DEFAU
 def _run_in_new_child(function: Callable, args: tuple, seconds: float | None, memory: int) -> Any:
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(sender, function, args, memory, seconds), daemon=True)
+    _load_prctl()
+    process = context.Process(target=_child, args=(sender, function, args, memory, seconds, os.getpid()), daemon=True)
     process.start()
     CHILDREN.add(process)
     sender.close()
@@ -160,7 +189,11 @@ class _Worker:
     def __init__(self, memory: int):
         context = multiprocessing.get_context("fork")
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_end, self.connection, os.getpid(), memory), daemon=True)
+        # Forked by a thread that ends before the worker's last call, a worker only checks
+        # that its parent is there while idle; forked by the main thread, it dies with it.
+        _load_prctl()
+        dies = threading.current_thread() is threading.main_thread()
+        self.process = context.Process(target=_serve, args=(child_end, self.connection, os.getpid(), memory, dies), daemon=True)
         self.process.start()
         child_end.close()
         CHILDREN.add(self.process)
@@ -184,7 +217,9 @@ _RETIRE_AT = 0.5
 _PARENT_CHECK_SECONDS = 1.0
 
 
-def _serve(connection, parent_end, parent: int, memory: int) -> None:
+def _serve(connection, parent_end, parent: int, memory: int, dies_with_parent: bool) -> None:
+    if dies_with_parent:
+        _die_with_parent(parent)
     parent_end.close()
     _limit_memory(memory)
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)

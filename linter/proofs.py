@@ -128,16 +128,19 @@ class Divergence:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
-            "pair": [self.call, self.call + 1],
+            # The calls as the text report numbers them ("calls 3->4"): counted from 1.
+            "pair": [self.call + 1, self.call + 2],
             "check": self.check,
             "unit": self.unit,
             "block_size": self.block_size,
             "first_divergence": self.first_divergence,
             "first_divergence_char": self.first_divergence_char,
-            "prompt_tokens": list(self.prompt_tokens),
-            "reusable_tokens": self.reusable_tokens,
-            "lost_tokens": self.lost_tokens,
-            "reusable_tokens_without_rollback": self.reusable_without_rollback,
+            # Named by what they count: prompt_tokens in tokens, prompt_chars where the proof
+            # measured in characters (no tokenizer), as "unit" says.
+            f"prompt_{self.unit}s": list(self.prompt_tokens),
+            f"reusable_{self.unit}s": self.reusable_tokens,
+            f"lost_{self.unit}s": self.lost_tokens,
+            f"reusable_{self.unit}s_without_rollback": self.reusable_without_rollback,
             "message_index": self.message_index,
             "role": self.role,
             "field": self.field,

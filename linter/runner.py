@@ -11,6 +11,7 @@ for importing no more than check needs.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -76,6 +77,7 @@ class CheckOptions:
     jobs: int = 1
     gguf_copy: CopyTarget | None = None
     cache: bool = True  # False: --no-cache, no compiled code read or written
+    unsafe_fixes: bool | None = None  # None: as the configuration says (false without one)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     strict: bool = False  # as the options and the configuration decide it
     exit_zero: bool = False
+    fix: FixMode = FixMode.NONE
+    fixed: int = 0  # findings --fix fixed
+    unsafe_fixes: bool = False  # --unsafe-fixes, or the configuration's unsafe-fixes
 
     @property
     def findings(self) -> list[Finding]:
@@ -187,7 +192,8 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     selection = replace(selection, tool_args_style=tool_args_style)
     block_size, tokenizer = config.layered(options.block_size, options.tokenizer)
     strict = config.strict if options.strict is None else options.strict  # the flag, either way, over the file
-    result = CheckResult(strict=strict, exit_zero=options.exit_zero)
+    unsafe_fixes = config.unsafe_fixes if options.unsafe_fixes is None else options.unsafe_fixes
+    result = CheckResult(strict=strict, exit_zero=options.exit_zero, fix=options.fix, unsafe_fixes=unsafe_fixes)
     pinned = options.chat_template_kwargs if options.chat_template_kwargs is not None else config.chat_template_kwargs
     pinned_items = tuple(sorted((pinned or {}).items()))
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
@@ -228,6 +234,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             options.limits,
             unreproduced,
             send_renders=prove is not None,
+            unsafe_fixes=unsafe_fixes,
         )
         fixing = _Fixing(
             fix_options, selection, options.fix is FixMode.WRITE, options.quiet, gguf_copy, result, on_fix_line, options.jobs
@@ -262,7 +269,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
                 bar.advance()
                 return found
 
-            with ProgressBar("proving templates", len(sources)) as bar:
+            with ProgressBar("proving templates", len(sources), quiet=options.quiet) as bar:
                 found_by_source = parallel_map(proven, sources, options.jobs)
         else:
             found_by_source = lint_many_isolated(sources, selection, options.jobs)
@@ -314,6 +321,15 @@ class _Fixing:
     # By (path, template): what verifying its fixes recorded proving the template as it now
     # is, for the check's proof (which takes it only for the same template and inputs).
     recorded: dict[tuple[str, str | None], Recorded] = field(default_factory=dict)
+    # Why a finding's fix was not made, by (path, template, code): said once the check has
+    # proven the template, for the findings it reports (not for one it shows as another's
+    # related location), each at its place then.
+    skipped: dict[tuple[str, str | None, str], list[tuple[int, str]]] = field(default_factory=dict)
+    # (path, template, code) of the findings whose unsafe fix was left: counted, not said.
+    withheld: set[tuple[str, str | None, str]] = field(default_factory=set)
+    # The template a GGUF model's fix was made in, by the (path, template) the check reads
+    # instead: the companion file beside the model.
+    read_as: dict[tuple[str, str | None], tuple[str, str | None]] = field(default_factory=dict)
 
     def say(self, text: str, patch: bool = False) -> None:
         line = FixLine(text, patch)
@@ -334,7 +350,7 @@ class _Fixing:
             sources = [metadata_template(source) or source for source in sources]
         files = [source for source in sources if source.container != "gguf"]
         try:
-            with ProgressBar("fixing templates", len({source.path for source in files})) as bar:
+            with ProgressBar("fixing templates", len({source.path for source in files}), quiet=self.quiet) as bar:
                 fixed_files = fix_files(files, self.options, self.selection, self.write, bar.advance, self.jobs)
         except FixesInterrupted as stopped:
             # The files written before Ctrl-C or SIGTERM are named, then the run says it was
@@ -445,8 +461,8 @@ class _Fixing:
                 if placed.error is None:
                     note = companion_note(model, fix.source.name) if self.write else diff_note(model, fix.source.name)
                     now.append(replace(placed.now, note=note))
-                    for finding, _reason in fix.skipped:  # said of the model's template: not again of the file
-                        self.addressed.add((str(placed.now.path), placed.now.name, finding.code, finding.hypothesis))
+                    # what was not fixed in the model's template is said of the file the check reads
+                    self.read_as[(str(placed.now.path), placed.now.name)] = (str(fix.source.path), fix.source.name)
                 else:
                     now.append(fix.source)
             if self.write and self.gguf_copy is not None:
@@ -471,15 +487,25 @@ class _Fixing:
         done = done or ("fixed" if self.write else "would fix")
         for finding, title in fix.applied:
             self.say_finding(finding, done, title)
+        if done == "fixed":
+            self.result.fixed += len(fix.applied)
+        if done in ("fixed", "would fix") and fix.applied and fix.changed and not self.quiet:
+            # The template's own lines, before and after: a template held on one line of a
+            # JSON file is reviewed here, where the file's patch shows the whole line.
+            for line in edited_lines(fix.source.text, fix.patched):
+                self.say(line)
 
     def say_skipped(self, fix: TemplateFix) -> None:
         from .fix.options import NO_AUTOMATIC_FIX
 
+        for finding in fix.withheld:
+            self.withheld.add((str(finding.path), finding.template, finding.code))
         for finding, reason in fix.skipped if not self.quiet else ():
             # An informational finding of a rule without a fix fails nothing and had nothing
             # to try: "not fixed" read as a failure left behind. Its own line says the rest.
             if finding.severity != "info" or reason != NO_AUTOMATIC_FIX:
-                self.say_finding(finding, "not fixed", reason)
+                key = (str(finding.path), finding.template, finding.code)
+                self.skipped.setdefault(key, []).append((finding.line, reason))
 
     def say_refused(self, fix: TemplateFix) -> None:
         """A template none of whose fixes can be written (adjacent Python literals, a YAML
@@ -500,6 +526,18 @@ class _Fixing:
         run after ``--fix``, so it says why it was left."""
         from .fix.options import NO_AUTOMATIC_FIX
 
+        for item in linted:
+            for finding in item.findings:
+                fixed_in = self.read_as.get((str(finding.path), finding.template), (str(finding.path), finding.template))
+                key = (*fixed_in, finding.code)
+                left = self.skipped.get(key)
+                if not left:
+                    continue
+                # The skipped fix of this code nearest the finding (a fix above it may have
+                # moved its line).
+                nearest = min(left, key=lambda entry: abs(entry[0] - finding.line))
+                left.remove(nearest)
+                self.say_finding(finding, "not fixed", nearest[1])
         unaddressed = [
             finding
             for item in linted
@@ -507,6 +545,8 @@ class _Fixing:
             if finding.fails(self.result.strict)
             and (str(finding.path), finding.template, finding.code, finding.hypothesis) not in self.addressed
             and (str(finding.path), finding.template) not in self.refused
+            and (*self.read_as.get((str(finding.path), finding.template), (str(finding.path), finding.template)), finding.code)
+            not in self.withheld
         ]
         at_one_place = Counter((finding.location(), finding.code) for finding in unaddressed)
         for finding in unaddressed if not self.quiet else ():
@@ -522,6 +562,50 @@ class _Fixing:
             if at_one_place[(finding.location(), finding.code)] > 1 and finding.proof is not None:
                 why += f" (the {finding.proof.cause} divergence)"  # two causes at one place (PC103's date and analysis)
             self.say_finding(finding, "not fixed", why)
+
+
+def edited_lines(before: str, after: str) -> list[str]:
+    """The lines of a template a fix edited, as ``    5 - old`` and ``    5 + new`` (each
+    numbered in its own text). A long line (a template written on one line) is shown around
+    what changed in it, as ``git diff --word-diff`` would point there."""
+    import difflib
+
+    old, new = before.splitlines(), after.splitlines()
+    lines = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        removed, added = old[i1:i2], new[j1:j2]
+        pairs = zip(removed, added) if len(removed) == len(added) else ()
+        windows = [_changed_window(one, other) for one, other in pairs]
+        removed = [window[0] for window in windows] or [_cut(line) for line in removed]
+        added = [window[1] for window in windows] or [_cut(line) for line in added]
+        lines += [f"{number:>5} - {line}" for number, line in zip(range(i1 + 1, i2 + 1), removed)]
+        lines += [f"{number:>5} + {line}" for number, line in zip(range(j1 + 1, j2 + 1), added)]
+    return lines
+
+
+# Context kept on each side of what a fix changed in a long line.
+EDIT_CONTEXT = 40
+
+
+def _changed_window(old: str, new: str) -> tuple[str, str]:
+    """Both lines cut to what differs between them and some context, "…" where cut."""
+    if max(len(old), len(new)) <= 2 * EDIT_CONTEXT + 40:
+        return old, new
+    prefix = len(os.path.commonprefix([old, new]))
+    suffix = len(os.path.commonprefix([old[prefix:][::-1], new[prefix:][::-1]]))
+    start = max(0, prefix - EDIT_CONTEXT)
+
+    def window(line: str) -> str:
+        end = min(len(line), len(line) - suffix + EDIT_CONTEXT)
+        return ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
+
+    return window(old), window(new)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= 2 * EDIT_CONTEXT + 40 else line[: 2 * EDIT_CONTEXT + 40] + "…"
 
 
 def _headline(finding: Finding, verb: str) -> str:

@@ -220,7 +220,7 @@ def _load_file(tokenizer_file: Path) -> Any:
             from tokenizers import Tokenizer as FastTokenizer
         except ImportError:
             raise TokenizerError(
-                "proving with a tokenizer needs the 'tokenizers' package: pip install 'tmpl-lint[prove]'"
+                "proving with a tokenizer needs the 'tokenizers' package, a dependency of tmpl-lint: pip install tokenizers"
             ) from None
         try:
             with rust_panics_as_errors(f"{tokenizer_file}: cannot load"):

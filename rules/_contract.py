@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tmpl_lint.analysis.facts import Label, Site
-from tmpl_lint.findings import READS, Finding, Outcome, switch_candidates
+from tmpl_lint.findings import READS, Finding, FixSafety, Outcome, switch_candidates
 from tmpl_lint.proofs import Cause, Divergence
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class RuleInfo:
     # proof found (None: "found by the proof, not from a pattern a fix edits", said alike
     # for every such rule); a finding of a pattern says its rule has no fix, or why not.
     no_fix: str | None = None
+    # Whether its fix (the rule module's ``fix``) keeps what the model sees: None for a rule
+    # without one. Its page's "Fix safety" section says which, and why.
+    fix_safety: FixSafety | None = None
 
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged

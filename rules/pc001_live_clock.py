@@ -32,6 +32,7 @@ live session recomputes its full context on its next turn, with no log line sayi
 and pass the real date once per session: `chat_template_kwargs={"date_string": ...}`.
 
 ## Fix safety
+This fix is unsafe: `--fix` applies it only with `--unsafe-fixes` (or `unsafe-fixes = true`), because the model then sees a fixed date instead of today's.
 The fix freezes the clock at a fixed default (noon of the fix date, or of `--frozen-date`)
 and lets callers pass it: every call that reaches the prompt is replaced, each in its own
 format, through one variable per format named after what it shows (`date_string`, or
@@ -51,7 +52,7 @@ from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause, Proof
 from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
 from tmpl_lint.suppressions import suppressions
@@ -67,6 +68,7 @@ RULE = RuleInfo(
     "the current time reaches the rendered prompt",
     proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE, Cause.AFTER_HISTORY}),
     proven_in=frozenset({ScenarioKind.CLOCK}),
+    fix_safety=FixSafety.UNSAFE,
 )
 
 

@@ -44,6 +44,7 @@ serving engine recomputes everything after that point on every turn of the sessi
 ```
 
 ## Fix safety
+This fix is unsafe: `--fix` applies it only with `--unsafe-fixes` (or `unsafe-fixes = true`), because the model then sees its earlier reasoning and the prompt grows.
 Where the template has a switch that keeps history (`clear_thinking`,
 `preserve_thinking`, `truncate_history_thinking`), the fix sets its default to the stable
 value. Otherwise it keeps reasoning for every assistant turn that has it. The model then
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -67,6 +68,7 @@ RULE = RuleInfo(
     "an earlier message renders differently once a new user message arrives",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE}),
     moved_by=frozenset({"user"}),  # only a new user query moves the last query's position
+    fix_safety=FixSafety.UNSAFE,
 )
 
 

@@ -73,6 +73,7 @@ it is recomputed on every turn.
 ```
 
 ## Fix safety
+This fix is unsafe: `--fix` applies it only with `--unsafe-fixes` (or `unsafe-fixes = true`), because the model then sees its earlier analysis.
 Look-ahead that drops reasoning (gpt-oss analysis) is fixed by keeping it for every turn
 that has it; the model then sees its earlier analysis. Blocks a model was trained to see
 on the last user message (Mistral's tool list and system prompt) have no edit that keeps
@@ -90,7 +91,7 @@ from tmpl_lint.analysis.facts import Control, Facts, Label, LabelKind, Sink
 from tmpl_lint.analysis.interpreter import only_literals
 from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -103,6 +104,7 @@ RULE = RuleInfo(
     Severity.WARNING,
     "a message renders differently once later messages exist",
     proven_by=frozenset({Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE, Cause.SYSTEM}),
+    fix_safety=FixSafety.UNSAFE,
 )
 
 

@@ -48,6 +48,7 @@ mapping printed as it is, `{{ arguments }}`: Python's `{'city': 'Paris'}` under 
 reported here too, where the template first reads `arguments`.
 
 ## Fix safety
+This fix is unsafe: `--fix` applies it only with `--unsafe-fixes` (or `unsafe-fixes = true`), because mappings are then written with the separators of `--tool-args-style`, which the model sees.
 The fix adds the `is string` pass-through where there is none, so a client that keeps the
 model's raw argument string replays it byte for byte, and names the separators mappings
 are written with (vLLM always passes a mapping): `--tool-args-style compact` (the default,
@@ -96,7 +97,7 @@ from jinja2 import nodes
 from tmpl_lint.analysis.facts import Facts, LabelKind, Site
 from tmpl_lint.analysis.separators import TOJSON_SEPARATORS, TOOL_ARGS_STYLES, model_separators
 from tmpl_lint.edits import Edit, Fix, filter_span
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause, Divergence
 from tmpl_lint.scenarios import ScenarioKind
 
@@ -109,12 +110,15 @@ RULE = RuleInfo(
     "tool-call arguments are re-serialised with tojson",
     proven_by=frozenset({Cause.TOOL_ARGUMENTS}),
     fix_removes_proof=False,
+    fix_safety=FixSafety.UNSAFE,
 )
 
 
 # How a model writes tool-call arguments, by --tool-args-style: the separators a fix names.
 SEPARATORS = TOOL_ARGS_STYLES
-REMEDY = '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+# What the message says to do: the fixable count says whether --fix can (the message
+# promises no fix the rule may decline: a whole tool call serialised at once).
+REMEDY = 'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -187,7 +191,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
     use = next((use for use in facts.json_uses if use.node is finding.site.node), None)
     if use is None or not any(label.kind is LabelKind.TOOL_ARGS for label in use.labels):
         return Fix.refuse(
-            "the whole tool call is serialised (its name with its arguments), so the arguments cannot be written on their own"
+            "the whole tool call is serialised (its name with its arguments), so the arguments cannot be written on their own: "
+            "write them apart, as the rule's page shows, or pass --tool-args-style spaced if the model writes spaced JSON"
         )
     spans = filter_span(facts.source_map, use.node)
     if spans is None:

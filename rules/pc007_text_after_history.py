@@ -57,6 +57,7 @@ reply and everything after that point on every such turn.
 ```
 
 ## Fix safety
+This fix is safe: `--fix` applies it, because the model sees the reply as the template printed it on the earlier turn.
 The fix prints the closing tag where each branch that turns the flag off without it
 does so, right before that assignment, and leaves the tag after the loop as it is. A
 conversation whose last message is a tool result renders exactly as before; a tool
@@ -73,7 +74,7 @@ from jinja2 import nodes
 from tmpl_lint.analysis.facts import Facts, FlagReset, Label, LabelKind, Sink, Site
 from tmpl_lint.analysis.locations import leftmost_name
 from tmpl_lint.edits import Edit, Fix, jinja_literal
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, FixSafety
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -84,6 +85,7 @@ RULE = RuleInfo(
     Severity.WARNING,
     "text printed after the messages moves or vanishes once a new message arrives",
     proven_by=frozenset({Cause.HISTORY_REWRITE}),
+    fix_safety=FixSafety.SAFE,
 )
 
 

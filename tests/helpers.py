@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def qwen3_and_its_fix(folder: Path) -> tuple[Path, Path]:
     original, fixed = folder / "qwen3.jinja", folder / "fixed.jinja"
     shutil.copyfile(SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja", original)
     shutil.copyfile(original, fixed)
-    assert CliRunner().invoke(main, [str(fixed), "--fix", "--no-prove", "-q"]).exit_code in (0, 1)
+    assert CliRunner().invoke(main, [str(fixed), "--fix", "--unsafe-fixes", "--no-prove", "-q"]).exit_code in (0, 1)
     assert fixed.read_text() != original.read_text()
     return original, fixed
 
@@ -164,3 +165,9 @@ from tmpl_lint.__main__ import run
 sys.argv[0] = "tmpl-lint"
 run()
 """
+
+
+def without_edits(text: str) -> str:
+    """A --fix run's output without the template lines each fix shows it edited ("    5 - old",
+    "    5 + new"), for tests of what it says; tests/test_fix_safety.py checks those lines."""
+    return "".join(line for line in text.splitlines(keepends=True) if not re.match(r" *\d+ [-+] ", line))

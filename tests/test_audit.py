@@ -432,7 +432,7 @@ def test_the_configuration_gives_the_block_size_of_the_projected_figures(tmp_pat
         assert result.exit_code == 1, result.output
         (row,) = json.loads(result.stdout)["rows"]
         found = row["findings"][0]["proof"]
-        return found["block_size"], found["first_divergence"], found["reusable_tokens"]
+        return found["block_size"], found["first_divergence"], found["reusable_chars"]  # no tokenizer: characters
 
     assert proof() == (16, 84, 80)
     (tmp_path / ".tmpl-lint.yaml").write_text("block-size: 4\n")

@@ -21,7 +21,7 @@ def run(*args):
 
 
 def test_text_output_is_ruff_style_with_source_line():
-    code, out, _ = run(str(CORPUS / "PC001_live_clock.jinja"))
+    code, out, _ = run("--output-format", "full", str(CORPUS / "PC001_live_clock.jinja"))
     assert code == 1
     lines = out.splitlines()
     assert lines[0] == (
@@ -31,7 +31,7 @@ def test_text_output_is_ruff_style_with_source_line():
     )
     assert lines[1] == '    3 |     {{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}'
     assert lines[2] == "      | " + " " * 27 + "^"
-    assert lines[-1] == "Found 1 finding (1 failing)."
+    assert lines[-2:] == ["Found 1 finding (1 failing).", "[*] 1 fixable with --fix --unsafe-fixes"]
 
 
 def test_clean_exit_zero():
@@ -56,7 +56,7 @@ def test_json_fields():
 def test_named_templates_are_reported_under_their_name(tmp_path):
     config = tmp_path / "tokenizer_config.json"
     config.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "{{ strftime_now('%Y') }}"}]}))
-    code, out, _ = run(str(config), "-q")
+    code, out, _ = run("--output-format", "full", str(config), "-q")
     assert code == 1
     assert (
         out
@@ -121,14 +121,16 @@ def test_a_newline_in_a_file_name_is_quoted_as_git_quotes_it_and_splits_no_line(
     template = tmp_path / "nl\nx.jinja"
     template.write_text((CORPUS / "PC001_live_clock.jinja").read_text())
     missing = tmp_path / "gone\tz.jinja"
-    code, out, err = run(str(template), str(missing), "-q", "--no-prove")
+    code, out, err = run("--output-format", "full", str(template), str(missing), "-q", "--no-prove")
     assert code == 2
     assert out.splitlines() == [
         f'"{tmp_path}/nl\\nx.jinja":3:28: PC001 [live-clock] (not proven: --no-prove) `strftime_now(...)` puts the '
         "current time into the prompt: the prefix cache goes cold whenever the rendered date changes"
     ]
     assert err == f'tmpl-lint: error: "{tmp_path}/gone\\tz.jinja": no such file or directory\n'
-    code, out, _ = run(str(template), "-q", "--no-prove", "--fix", "--frozen-date", "2026-01-15")
+    code, out, _ = run(
+        "--output-format", "full", str(template), "-q", "--no-prove", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"
+    )
     assert out.splitlines()[0].startswith(f'"{tmp_path}/nl\\nx.jinja":3:28: fixed PC001 [live-clock]: ')
 
 
@@ -169,13 +171,13 @@ def test_statistics_say_each_verdict_as_the_summary_counts_it():
         "PC003_unproven_same_text_either_way.jinja",
     ]
     paths = [str(CORPUS / name) for name in fixtures]
-    assert run(*paths)[1].splitlines()[-1] == "Found 4 findings (2 failing, 1 not reproduced, 1 info)."
+    assert run(*paths)[1].splitlines()[-2] == "Found 4 findings (2 failing, 1 not reproduced, 1 info)."
     code, out, _ = run("--statistics", *paths)
     assert (code, out.splitlines()[1:3]) == (
         1,
         ["    1\tPC003\t[future-dependent-render] (not reproduced)", "    1\tPC003\t[future-dependent-render] (info)"],
     )
-    code, out, _ = run("--statistics", "--format", "json", *paths)
+    code, out, _ = run("--output-format", "full", "--statistics", "--format", "json", *paths)
     assert code == 1
     assert json.loads(out) == [
         {"code": "PC001", "name": "live-clock", "count": 1, "fails": True, "verdict": "failing"},
@@ -189,7 +191,7 @@ def test_statistics_say_each_verdict_as_the_summary_counts_it():
 def test_statistics_in_sarif_or_github_is_a_usage_error(output_format):
     code, out, err = run("--statistics", "--format", output_format, str(CORPUS / "PC001_live_clock.jinja"))
     assert (code, out) == (2, "")
-    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use text or json)"
+    assert err.splitlines()[-1] == f"Error: --statistics is not supported with --format {output_format} (use concise or json)"
 
 
 def test_explicit_check_subcommand_and_module_entry_point():
@@ -500,13 +502,15 @@ def test_a_template_name_holding_a_newline_is_quoted_and_splits_no_line(tmp_path
     config = tmp_path / "tokenizer_config.json"
     clock = '{{ strftime_now("%Y") }}{% for m in messages %}{{ m.content }}{% endfor %}'
     config.write_text(json.dumps({"chat_template": [{"name": 'a\nb"', "template": clock}]}))
-    code, out, _ = run(str(config), "--no-prove", "-q")
+    code, out, _ = run("--output-format", "full", str(config), "--no-prove", "-q")
     assert code == 1
     assert out.splitlines() == [
         f'{config}:1:55: PC001 [live-clock] (template "a\\nb\\"") (not proven: --no-prove) `strftime_now(...)` puts the '
         "current time into the prompt: the prefix cache goes cold whenever the rendered date changes",
     ]
-    code, out, _ = run(str(config), "--no-prove", "-q", "--fix", "--frozen-date", "2026-01-15")
+    code, out, _ = run(
+        "--output-format", "full", str(config), "--no-prove", "-q", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"
+    )
     assert out.splitlines()[0] == (
         f'{config}:1:55: fixed PC001 [live-clock] (template "a\\nb\\""): the model sees the date 2026 instead of '
         "today's unless the caller passes date_string"

@@ -15,7 +15,9 @@ distributed = pytest.importorskip("distributed")
 
 from tmpl_lint.cluster import ClusterError, cluster_address, cluster_map, replay_on_cluster, shares_of  # noqa: E402
 from tmpl_lint.diff import read_template  # noqa: E402
-from tmpl_lint.replay import CacheSettings, Tracer, read_log, replay, sessions  # noqa: E402
+from tmpl_lint.replay.attribution import Tracer  # noqa: E402
+from tmpl_lint.replay.log import read_log, sessions  # noqa: E402
+from tmpl_lint.replay.simulate import CacheSettings, replay  # noqa: E402
 
 
 def write_log(path, count=12, turns=4, seed=3):
@@ -61,22 +63,24 @@ def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_clus
     log = tmp_path / "log.jsonl"
     write_log(log)
     text, special = read_template(CORPUS / template)
-    calls, unread = read_log(log)
-    assert not unread
-    groups = sessions(calls, "user")
     settings = CacheSettings("vllm", 4)
     capacities = [None, 40, 200]  # 40 blocks hold too little: an error, the same on both
 
     def report(summary, problems):
         return json.dumps({"summary": summary.to_json(), "problems": problems}, sort_keys=True).encode()
 
-    local = report(*replay(Tracer(text, None, special, "vllm"), groups, settings, capacities, 1))
-    distributed_run = report(
-        *replay_on_cluster(local_cluster.scheduler_address, Tracer(text, None, special, "vllm"), groups, settings, capacities, 2)
-    )
+    with read_log(log, "user") as opened:
+        assert not opened.problems
+        groups = sessions(opened, "user")
+        local = report(*replay(Tracer(text, None, special, "vllm"), opened, groups, settings, capacities, 1))
+        address = local_cluster.scheduler_address
+        distributed_run = report(
+            *replay_on_cluster(address, Tracer(text, None, special, "vllm"), opened, groups, settings, capacities, 2)
+        )
+        requests = len(opened.entries)
     assert distributed_run == local
     figures = json.loads(local)["summary"]
-    assert figures["requests"] == len(calls)
+    assert figures["requests"] == requests
     if template.startswith("PC001"):  # the clock's losses were attributed on the workers too
         assert figures["tokens_by_cause"]["template"] > 0 and figures["causes"]
 

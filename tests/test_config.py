@@ -55,7 +55,7 @@ def test_yaml_config_with_block_size(tmp_path, monkeypatch):
 
 def test_frozen_date_from_config(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "frozen-date: 2025-12-24\n")
-    run("b.jinja", "--fix", "--no-prove")
+    run("b.jinja", "--fix", "--unsafe-fixes", "--no-prove")
     assert '{%- set date_string = "2025-12-24" %}' in (tmp_path / "b.jinja").read_text()
 
 
@@ -64,6 +64,32 @@ def test_unknown_key_is_an_error_naming_it(tmp_path, monkeypatch):
     code, _, err = run("a.jinja")
     assert code == 2
     assert err.startswith(f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unknown key 'selekt'")
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"), [("selekt", "select"), ("block_size", "block-size"), ("unsafe-fix", "unsafe-fixes"), ("strikt", "strict")]
+)
+def test_a_mistyped_key_gets_a_did_you_mean(tmp_path, monkeypatch, key, meant):
+    setup(tmp_path, monkeypatch, "pyproject.toml", f"[tool.tmpl-lint]\n{key} = true\n")
+    code, out, err = run("a.jinja")
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unknown key {key!r}: did you mean {meant!r}?\n"
+
+
+def test_a_key_like_no_known_one_lists_the_known_keys(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "colour: red\n")
+    code, _, err = run("a.jinja")
+    assert code == 2
+    assert err == (
+        f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: unknown key 'colour' (known: select, ignore, per-file-ignores, "
+        "block-size, frozen-date, tokenizer, strict, tool-args-style, chat-template-kwargs, unsafe-fixes)\n"
+    )
+
+
+def test_unsafe_fixes_must_be_a_boolean(tmp_path, monkeypatch):
+    setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nunsafe-fixes = "yes"\n')
+    code, _, err = run("a.jinja")
+    assert (code, err) == (2, f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: unsafe-fixes must be true or false\n")
 
 
 def test_bad_value_is_an_error(tmp_path, monkeypatch):
@@ -114,10 +140,10 @@ def test_explicit_config_file(tmp_path, monkeypatch):
 def test_per_file_ignores_apply_to_diff_and_fix(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nper-file-ignores = { "b.jinja" = ["PC001"] }\n')
     before = (tmp_path / "b.jinja").read_bytes()
-    code, out, err = run("b.jinja", "--diff", "--no-prove")
+    code, out, err = run("b.jinja", "--diff", "--unsafe-fixes", "--no-prove")
     # --diff: standard output is the patch (none), the report goes to standard error
     assert (code, out, err) == (0, "", "All checks passed!\n")
-    run("b.jinja", "--fix", "--no-prove")
+    run("b.jinja", "--fix", "--unsafe-fixes", "--no-prove")
     assert (tmp_path / "b.jinja").read_bytes() == before
 
 
@@ -206,7 +232,7 @@ def test_a_command_line_ignore_adds_to_the_configurations_select(tmp_path, monke
 def test_the_fix_hooks_command_leaves_what_the_configuration_ignores(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, "pyproject.toml", '[tool.tmpl-lint]\nignore = ["PC001"]\n')
     before = (tmp_path / "b.jinja").read_bytes()
-    code, _, _ = run("b.jinja", "--fix", "--no-prove", "--ignore", "PC103")
+    code, _, _ = run("b.jinja", "--fix", "--unsafe-fixes", "--no-prove", "--ignore", "PC103")
     assert code == 0
     assert (tmp_path / "b.jinja").read_bytes() == before
 
@@ -226,7 +252,7 @@ def test_an_unknown_code_in_the_configuration_is_one_error_line_naming_the_file(
 
 def test_a_yaml_date_that_is_no_date_is_one_error_line(tmp_path, monkeypatch):
     setup(tmp_path, monkeypatch, ".tmpl-lint.yaml", "frozen-date: 2026-13-01\n")
-    code, out, err = run("b.jinja", "--fix", "--no-prove")
+    code, out, err = run("b.jinja", "--fix", "--unsafe-fixes", "--no-prove")
     assert (code, out) == (2, "")
     assert err.startswith(f"tmpl-lint: error: {tmp_path / '.tmpl-lint.yaml'}: invalid YAML: ")
     assert err.count("\n") == 1 and "internal error" not in err
@@ -235,7 +261,7 @@ def test_a_yaml_date_that_is_no_date_is_one_error_line(tmp_path, monkeypatch):
 def test_a_frozen_date_of_another_type_is_one_error_line(tmp_path, monkeypatch):
     for value, shown in (("20260101", "20260101"), ("2026-01-01T10:00:00", "'2026-01-01T10:00:00'")):
         setup(tmp_path, monkeypatch, "pyproject.toml", f"[tool.tmpl-lint]\nfrozen-date = {value}\n")
-        code, out, err = run("b.jinja", "--fix", "--no-prove")
+        code, out, err = run("b.jinja", "--fix", "--unsafe-fixes", "--no-prove")
         assert (code, out) == (2, "")
         assert err == f"tmpl-lint: error: {tmp_path / 'pyproject.toml'}: frozen-date must be YYYY-MM-DD, not {shown}\n"
         assert "strftime_now" in (tmp_path / "b.jinja").read_text()

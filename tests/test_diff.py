@@ -70,7 +70,8 @@ def test_an_unreadable_extra_template_does_not_stop_a_diff_of_the_one_in_force(t
     (model / "additional_chat_templates" / "draft.jinja").write_text("")
     turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
     code, out, err = run(*turns, "--template", str(model), "--format", "json")
-    assert (code, err) == (0, "")
+    # (the note says which reasoning fields the requests carry, and what the engine passes)
+    assert (code, [line for line in err.splitlines() if not line.startswith("tmpl-lint: note: ")]) == (0, [])
     assert json.loads(out)["cause"] == "clean-extension"
 
 
@@ -172,6 +173,21 @@ def test_an_unreadable_turn_is_one_error_line(tmp_path):
     result = run_unprivileged("diff", first, second, "--template", str(CORPUS / "clean_chatml.jinja"))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"tmpl-lint: error: {second}: permission denied\n"
+
+
+def test_a_template_that_does_not_parse_is_blamed_not_the_request(tmp_path):
+    turns = write_turns(tmp_path, {"messages": [USER_1]}, {"messages": [USER_1, REPLY, USER_2]})
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }\n{% endfor %}\n")  # the stray } is at column 37
+    code, out, err = run(*turns, "--template", str(bad))
+    assert (code, out) == (2, "")
+    assert err == f"tmpl-lint: error: {bad}:1:37: the template does not parse: unexpected '}}'\n"
+    # inside tokenizer_config.json: the template's own line and column, after the file
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": "hi\n" + bad.read_text()}))
+    code, _, err = run(*turns, "--template", str(config))
+    assert code == 2
+    assert err == (f"tmpl-lint: error: {config}: template line 2, column 37: the template does not parse: unexpected '}}'\n")
 
 
 def test_needs_a_template_or_server(tmp_path):
@@ -659,7 +675,8 @@ def test_the_configuration_gives_the_tokenizer_and_with_it_the_template(tmp_path
     monkeypatch.chdir(tmp_path)
     code, out, err = run(*turns, "--format", "json")
     result = json.loads(out)
-    assert (code, err, result["unit"]) == (0, "", "token")
+    errors = [line for line in err.splitlines() if not line.startswith("tmpl-lint: note: ")]  # (the reasoning fields')
+    assert (code, errors, result["unit"]) == (0, [], "token")
     ids = transformers_tokenizer("qwen3").apply_chat_template([USER_1], tokenize=True, add_generation_prompt=True)["input_ids"]
     assert result["prompt_tokens"][0] == len(ids)
 
@@ -801,7 +818,7 @@ def test_a_turn_2_that_drops_turn_1s_last_messages_is_no_prefix_and_says_the_cli
         "(turn 1's message 2, assistant, content), where turn 1 goes on; cause client: message removed "
         "(turn 1's message 2, assistant), not the template",
         f"       {reusable} of {len(first)} chars reusable in 16-char blocks, 0 recomputed; "
-        "without rollback (hybrid models) 0 reusable",
+        "0 on a model that cannot roll back its state (a hybrid model reuses all of a prefix or none)",
     ]
     code, out, _ = run(*turns, "--template", str(template), "--format", "json")
     result = json.loads(out)

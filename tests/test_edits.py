@@ -90,7 +90,7 @@ def test_fix_keeps_the_alias_and_says_why(tmp_path):
     path = tmp_path / "chat_template.jinja"
     original = THINKING_FROM_ENABLE_THINKING + BODY
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove"])
     assert result.exit_code == 0
     assert any(line.startswith(f"{path}:13:39: fixed PC002 [history-rewrite]: ") for line in result.stdout.splitlines())
     fixed = path.read_text()
@@ -111,7 +111,7 @@ def test_strict_fix_of_deepseek_v3_2_leaves_enable_thinking_turning_thinking_on(
     original = (SHARED_TEMPLATES / "deepseek-ai--DeepSeek-V3.2.jinja").read_text()
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--strict"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--strict"])
     # PC002 is fixed by keeping reasoning, not by a default for thinking (issue 33)
     assert any(line.startswith(f"{path}:55:48: fixed PC002 [history-rewrite]: ") for line in result.stdout.splitlines())
     fixed = path.read_text()

@@ -205,7 +205,7 @@ def test_under_vllm_the_string_pass_through_never_fires():
 def test_compact_tool_args_style_fix_makes_the_replay_match(tmp_path):
     path = tmp_path / "t.jinja"
     shutil.copyfile(CORPUS / "PC004_tool_args_reserialized.jinja", path)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--tool-args-style", "compact"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--tool-args-style", "compact"])
     assert (
         f"{path}:5:89: fixed PC004 [tool-args-reserialized]: tool-call arguments render as the model writes them: "
         'a string byte for byte, a mapping as {"city":"Paris"}\n'

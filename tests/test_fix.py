@@ -62,7 +62,7 @@ def single_turn(text: str, at: datetime) -> str:
 def test_live_clock_fix_on_a_jinja_file(tmp_path):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     original = path.read_bytes()
-    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, "--no-prove")
     assert code == 0
     assert out.startswith(
         f"{path}:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string\n"
@@ -86,7 +86,7 @@ def test_live_clock_fix_on_a_jinja_file(tmp_path):
 def test_diff_prints_and_writes_nothing(tmp_path):
     path = copy(CORPUS / "PC004_tool_args_reserialized.jinja", tmp_path)
     before = path.read_bytes()
-    code, out, err = run(str(path), "--diff", "--no-prove")
+    code, out, err = run(str(path), "--diff", "--unsafe-fixes", "--no-prove")
     assert path.read_bytes() == before
     name = Path(os.path.relpath(path)).as_posix()  # named from the working directory, outside it too
     assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ -2,7 +2,7 @@\n")  # the patch, and only it
@@ -106,19 +106,19 @@ def test_diff_counts_what_remains_once_its_fixes_are_applied(tmp_path):
     # value (issue 33): the fix reads the scanned position as "before every message" instead,
     # whatever the switch says. --diff wrote nothing, so its summary is of the fixes unapplied.
     path = copy(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path)
-    code, _, err = run(str(path), "--diff", "--no-prove")
+    code, _, err = run(str(path), "--diff", "--unsafe-fixes", "--no-prove")
     assert code == 1
     assert err.splitlines()[-1] == "All checks pass once the fixes above are applied."
-    code, out, _ = run(str(path), "--fix", "--no-prove")
-    assert (code, out.splitlines()[-1]) == (0, "All checks passed!")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
+    assert (code, out.splitlines()[-1]) == (0, "Found 1 finding (1 fixed, 0 remaining).")
 
 
 def test_second_fix_is_a_no_op(tmp_path):
     path = copy(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path)
-    run(str(path), "--fix", "--no-prove")
+    run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     once = path.read_bytes()
     assert b"(keep_history_reasoning or loop.index0 > -1)" in once
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert path.read_bytes() == once
     assert "fixed" not in out.replace("not fixed", "")
     assert (code, out.splitlines()[-1]) == (0, "All checks passed!")
@@ -126,7 +126,7 @@ def test_second_fix_is_a_no_op(tmp_path):
 
 def test_history_rewrite_fix_without_switch_keeps_reasoning(tmp_path):
     path = copy(CORPUS / "PC002_history_rewrite.jinja", tmp_path)
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert "fixed PC002 [history-rewrite]" in out
     patched = path.read_text()
     assert "loop.index0 > -1 and reasoning" in patched
@@ -136,7 +136,7 @@ def test_history_rewrite_fix_without_switch_keeps_reasoning(tmp_path):
 def test_unfixable_look_ahead_is_explained_and_untouched(tmp_path):
     path = copy(CORPUS / "PC003_future_dependent_render.jinja", tmp_path)
     before = path.read_bytes()
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert path.read_bytes() == before
     assert f"{path}:14:16: not fixed PC003 [future-dependent-render]: no edit keeps the model's trained format" in out
     assert code == 1
@@ -149,7 +149,7 @@ def test_a_fix_that_drops_tool_results_from_the_prompt_is_refused(tmp_path):
     # message (message 2, "18 C, sunny") would never reach the model.
     path = copy(CORPUS / "PC003_tool_results_grouped.jinja", tmp_path)
     before = path.read_bytes()
-    code, out, _ = run(str(path), "--fix")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes")
     assert path.read_bytes() == before
     assert out.splitlines()[0] == (
         f"{path}:10:14: not fixed PC003 [future-dependent-render]: the patched template leaves out text of "
@@ -193,7 +193,7 @@ def test_a_fix_that_splits_a_replys_parallel_tool_results_is_refused(tmp_path, f
     assert rendered.endswith("<|end|><|results|>sunny, rain<|/results|>")  # one group, as trained
     path = tmp_path / "grouped.jinja"
     path.write_text(PARALLEL_RESULTS_GROUPED)
-    code, out, _ = run(str(path), "--fix", flag)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", flag)
     assert path.read_text() == PARALLEL_RESULTS_GROUPED
     assert out.splitlines()[0] == (
         f"{path}:7:18: not fixed PC003 [future-dependent-render]: the patched template joins a reply's parallel tool "
@@ -223,7 +223,7 @@ DOCUMENTS_ON_THE_LAST_QUERY = """\
 def test_a_fix_that_leaves_out_the_documents_is_refused(tmp_path):
     path = tmp_path / "rag.jinja"
     path.write_text(DOCUMENTS_ON_THE_LAST_QUERY)
-    code, out, _ = run(str(path), "--fix")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes")
     assert path.read_text() == DOCUMENTS_ON_THE_LAST_QUERY
     first = out.splitlines()[0]
     match = re.fullmatch(
@@ -252,7 +252,7 @@ def test_a_fix_that_leaves_out_a_variable_the_caller_passes_is_refused(tmp_path)
     )
     path = tmp_path / "rules.jinja"
     path.write_text(template)
-    code, out, _ = run(str(path), "--fix")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes")
     assert path.read_text() == template
     first = out.splitlines()[0]
     match = re.fullmatch(
@@ -279,7 +279,7 @@ def test_a_history_rewrite_fix_keeps_documents_printed_at_the_top(tmp_path):
     )
     path = tmp_path / "rag.jinja"
     path.write_text(template)
-    code, out, _ = run(str(path), "--fix")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes")
     assert out.splitlines()[0].endswith(
         "fixed PC002 [history-rewrite]: every assistant turn keeps its reasoning in history, whatever follows it (`ns.last_user` no longer decides)"
     )
@@ -300,7 +300,7 @@ def test_a_fix_refused_for_a_finding_still_there_says_where(tmp_path):
     shutil.copyfile(SHARED_TEMPLATES / "google--gemma-4-31B-it.jinja", path)
     second = path.read_text().splitlines()[353]
     assert second.lstrip().startswith("{%- for j in range(loop.index0 + 1")
-    code, _, err = run(str(path), "--diff", "--no-prove")  # the patch on stdout, what was done on stderr
+    code, _, err = run(str(path), "--diff", "--unsafe-fixes", "--no-prove")  # the patch on stdout, what was done on stderr
     assert (
         f"{path}:280:30: not fixed PC003 [future-dependent-render]: PC003 is still found in the patched template, "
         f"at line 354, column {second.index('range(') + 1} of the patched template"
@@ -312,7 +312,7 @@ def test_failed_verification_leaves_the_file_untouched(tmp_path, monkeypatch):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
     monkeypatch.setattr(Verifier, "check", lambda self, patched, fixed: "a single-turn conversation would render differently")
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert path.read_bytes() == before
     assert "not fixed PC001 [live-clock]: a single-turn conversation would render differently" in out
     assert code == 1
@@ -322,7 +322,7 @@ def test_read_only_file_is_an_error_and_untouched(tmp_path):
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
     path.chmod(0o444)
-    code, out, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == f"tmpl-lint: error: {path}: the file is read-only; nothing written\n"
     # not "found by the proof, not from a pattern a fix edits": its fix was made, not written
@@ -334,7 +334,7 @@ def test_read_only_file_is_an_error_and_untouched(tmp_path):
 def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.py", tmp_path)
     before = path.read_text()
-    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     column = before.splitlines()[5].index("strftime_now") + 1  # the call, in the file's line 6
     assert f"{path}:6:{column}: fixed PC001 [live-clock] (template chat_template@6): " in out
     after = path.read_text()
@@ -352,7 +352,7 @@ def test_python_source_survives_byte_for_byte_outside_the_template(tmp_path):
 def test_yaml_survives_byte_for_byte_outside_the_template(tmp_path):
     path = copy(FIXTURES / "embedded_template.yaml", tmp_path)
     before = path.read_text().splitlines(keepends=True)
-    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     column = before[5].index("strftime_now") + 1  # a literal block: the template's line 1 is the file's line 6
     assert f"{path}:6:{column}: fixed PC001 [live-clock] (template model.chat_template): " in out
     after = path.read_text().splitlines(keepends=True)
@@ -383,7 +383,7 @@ REAL = [
 def test_real_templates_fixed_and_proven_stable(tmp_path, name, trained_look_ahead):
     path = copy(SHARED_TEMPLATES / name, tmp_path)
     original = path.read_text()
-    code, out, err = run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, "--no-prove")
     assert err == ""
     patched = path.read_text()
     assert ("no edit keeps the model's trained format" in out) == trained_look_ahead
@@ -400,14 +400,14 @@ def test_real_templates_fixed_and_proven_stable(tmp_path, name, trained_look_ahe
     # a single turn renders as the original did on the fix date
     assert single_turn(patched, datetime(2027, 7, 7)) == single_turn(original, datetime(2026, 1, 15, 12))
     # a second run changes nothing
-    run(str(path), "--fix", "--frozen-date", FROZEN, "--no-prove")
+    run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, "--no-prove")
     assert path.read_text() == patched
 
 
 @needs_shared
 def test_mistral_small_keeps_its_trained_last_message_blocks(tmp_path):
     path = copy(SHARED_TEMPLATES / "mistralai--Mistral-Small-3.2-24B-Instruct-2506.jinja", tmp_path)
-    code, out, _ = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert "fixed PC001 [live-clock]" in out
     assert "not fixed PC003 [future-dependent-render]: no edit keeps the model's trained format" in out
 
@@ -449,7 +449,7 @@ def test_a_finding_the_proof_does_not_reproduce_is_tried_only_under_strict(tmp_p
     assert [row[1:3] for row in oracle if row[0] == name] == [["tail", "tail"]]
     path = copy(SHARED_TEMPLATES / name, tmp_path)
     original = path.read_text()
-    code, _, err = run(str(path), "--fix", "--format", "json", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--format", "json", "--frozen-date", FROZEN)
     assert (code, path.read_text()) == (0, original)
     assert (
         f"{path}:148:20: not fixed PC003 [future-dependent-render]: the proof did not reproduce it in 12 scenarios, "
@@ -457,7 +457,7 @@ def test_a_finding_the_proof_does_not_reproduce_is_tried_only_under_strict(tmp_p
     ) in err.splitlines()
     # --strict tries the fix, and its verifier sees the group split (with a document: the
     # branch that prints tool results): not fixed either
-    code, _, err = run(str(path), "--fix", "--strict", "--format", "json", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--strict", "--format", "json", "--frozen-date", FROZEN)
     assert (code, path.read_text()) == (1, original)
     assert results_in_one_turn(original)
     assert (
@@ -473,7 +473,7 @@ def fixed_once(shared_folder: Path, directory: Path) -> Path:
     verifies with its real tokenizer, a second of CPU, which two tests below only read."""
 
     def fix(folder: Path) -> None:
-        run(str(copy(directory, folder)), "--fix", "--frozen-date", FROZEN, "-q")
+        run(str(copy(directory, folder)), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, "-q")
 
     return built_once(shared_folder, f"fixed-{directory.name}", fix) / directory.name
 
@@ -491,7 +491,7 @@ def test_tokenizer_config_changes_only_the_template(tmp_path, shared_folder, dir
     document = json.loads(after)
     assert {k for k in document if document[k] != json.loads(before)[k]} <= {"chat_template"}
     again = copy(fixed_once(shared_folder, directory), tmp_path)  # a copy: the fixed folder is shared
-    run(str(again), "--fix", "--frozen-date", FROZEN, "-q")
+    run(str(again), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, "-q")
     assert (again / "tokenizer_config.json").read_text() == after
 
 
@@ -571,7 +571,7 @@ again: *a
 def test_yaml_with_distant_edits_changes_no_byte_outside_the_template(tmp_path):
     path = tmp_path / "serving.yaml"
     path.write_text(DISTANT)
-    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert err == ""
     (line,) = [number for number, text in enumerate(DISTANT.splitlines(), 1) if "strftime_now" in text]
     column = DISTANT.splitlines()[line - 1].index("strftime_now") + 1  # the template's line 7, in the file
@@ -596,7 +596,7 @@ def test_json_changes_no_byte_outside_the_template_value(tmp_path):
     tail = ', "name":"tool_use"}],  "eos_token":"</s>"\r\n}'
     path = tmp_path / "tokenizer_config.json"
     path.write_bytes((head + literal + tail).encode())
-    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     # the date, fixed, is still printed after the messages: PC007, which no edit fixes
     assert (code, err) == (1, "")
     assert "fixed PC001 [live-clock]" in out and "not fixed PC007 [text-after-history]" in out
@@ -615,7 +615,7 @@ def test_json_escapes_outside_the_edit_are_kept_and_the_edit_escapes_as_the_file
     literal = json.dumps(template).replace("/", "\\/").replace("<", "\\u003c")
     path = tmp_path / "tokenizer_config.json"
     path.write_text('{"chat_template": ' + literal + "}\n")
-    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert "fixed PC001 [live-clock]" in out and err == ""
     header = '{%- if date_string is not defined %}{%- set date_string = "15/01" %}{%- endif %}\n'
     fixed = header + template.replace("strftime_now('%d/%m')", "date_string")
@@ -648,7 +648,7 @@ def test_two_python_literals_on_one_line_are_each_fixed_as_themselves(tmp_path):
     path = tmp_path / "configs.py"
     first, second = "{{ strftime_now('%Y') }}", "{{ strftime_now('%d') }}"
     path.write_text(f'a = dict(chat_template="{first}"); b = dict(chat_template="{second}")\n')
-    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, err) == (0, "")
     assert out.count("fixed PC001") == 2
     (a_literal, b_literal) = [node.value.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.keyword)]
@@ -660,7 +660,7 @@ def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path
     path = tmp_path / "config.py"
     before = 'chat_template = (\n    "{{ strftime_now(\'%Y\') }}"\n    "{% for m in messages %}{{ m.content }}{% endfor %}"\n)\n'
     path.write_text(before)
-    code, out, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--output-format", "full")
     assert path.read_text() == before
     assert err == ""
     assert out.splitlines()[0] == (
@@ -671,7 +671,7 @@ def test_a_template_written_as_adjacent_python_literals_is_refused_once(tmp_path
     assert f"{path}:2:9: PC001 [live-clock] (template chat_template@2)" in out  # still reported, where the file holds it
     assert code == 1
     # proven, the PC001 fails after --fix: the refusal is its reason, said once, not another
-    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN)
     assert (code, [line for line in out.splitlines() if "not fixed" in line]) == (1, [out.splitlines()[0]])
 
 
@@ -681,7 +681,19 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
     config.write_text(json.dumps({"chat_template": "{{ strftime_now('%Y') }}\n{{ messages }}"}, indent=2))
     before = {file: file.read_bytes() for file in (path, config)}
     result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", path.name, config.name, "--diff", "--no-prove", "-q", "--frozen-date", FROZEN],
+        [
+            sys.executable,
+            "-m",
+            "tmpl_lint",
+            path.name,
+            config.name,
+            "--diff",
+            "--unsafe-fixes",
+            "--no-prove",
+            "-q",
+            "--frozen-date",
+            FROZEN,
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -701,9 +713,9 @@ def test_diff_exits_1_and_applies_with_patch(tmp_path):
     fixed = {file: file.read_bytes() for file in before}
     for file, data in before.items():
         file.write_bytes(data)
-    assert run(str(path), str(config), "--fix", "--no-prove", "--frozen-date", FROZEN)[0] == 0
+    assert run(str(path), str(config), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)[0] == 0
     assert {file: file.read_bytes() for file in before} == fixed  # the diff is what --fix writes
-    clean = run(str(CORPUS / "clean_chatml.jinja"), "--diff", "--no-prove")
+    clean = run(str(CORPUS / "clean_chatml.jinja"), "--diff", "--unsafe-fixes", "--no-prove")
     assert clean[0] == 0
 
 
@@ -717,9 +729,9 @@ def test_tool_args_style_on_a_stock_qwen3_config_is_what_the_finding_advises(tmp
     code, out, _ = run(str(config), "--format", "json", "--no-prove")
     (advice,) = [finding["message"] for finding in json.loads(out) if finding["code"] == "PC004"]
     assert advice.endswith(
-        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+        'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
     )
-    code, out, err = run(str(config), "--fix", "--no-prove", "--tool-args-style", style, "--format", "json")
+    code, out, err = run(str(config), "--fix", "--unsafe-fixes", "--no-prove", "--tool-args-style", style, "--format", "json")
     fixed = (
         "fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) renders as the "
         'model writes it: {"city":"Paris"}\n'
@@ -749,7 +761,7 @@ def test_a_config_folder_does_not_cost_the_fix_a_second_lint(monkeypatch):
                 "lint_with_facts",
                 lambda *a, _real=module.lint_with_facts, _lints=lints, **k: _lints.append(1) or _real(*a, **k),
             )
-        fixed = apply.fix_template(source, FixOptions(date(2026, 1, 15)), selection)
+        fixed = apply.fix_template(source, FixOptions(date(2026, 1, 15), unsafe_fixes=True), selection)
         monkeypatch.undo()
         counts.append((len(lints), len(fixed.applied)))
     assert counts[1] == counts[0]
@@ -765,7 +777,7 @@ def test_a_failing_finding_the_proof_found_says_why_fix_left_it(tmp_path):
     # test, 9:8), and --fix has nothing to edit. It fails the run after --fix: a line says why.
     template = copy(CORPUS / "PC006_header_never_replayed.jinja", tmp_path)
     original = template.read_bytes()
-    code, out, _ = run(str(template), "--fix")
+    code, out, _ = run(str(template), "--fix", "--unsafe-fixes")
     assert code == 1
     assert (
         f"{template}:9:8: not fixed PC006 [generation-prompt-mismatch]: found by the proof, not from a pattern a fix edits: no automatic fix\n"
@@ -793,7 +805,7 @@ def lone_line_feeds(data: bytes) -> int:
 def test_a_crlf_template_gets_its_inserted_line_in_crlf(tmp_path):
     path = tmp_path / "chat_template.jinja"
     path.write_bytes("\r\n".join(CLOCK_LINES).encode() + b"\r\n")
-    code, out, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, err) == (0, "")
     assert "fixed PC001 [live-clock]" in out
     assert path.read_bytes() == ("\r\n".join(fixed_lines()) + "\r\n").encode()
@@ -806,7 +818,7 @@ def test_a_template_in_json_gets_its_own_line_ending_not_the_files(tmp_path, new
     template = newline.join(CLOCK_LINES) + newline
     path = tmp_path / "tokenizer_config.json"
     path.write_bytes(b'{\r\n  "chat_template": ' + json.dumps(template).encode() + b',\r\n  "eos_token": "</s>"\r\n}\r\n')
-    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, err) == (0, "")
     after = path.read_bytes()
     assert after.startswith(b'{\r\n  "chat_template": ') and after.endswith(b',\r\n  "eos_token": "</s>"\r\n}\r\n')
@@ -818,7 +830,7 @@ def test_a_yaml_block_in_a_crlf_file_keeps_crlf_on_every_line(tmp_path):
     text = "models:\r\n  - name: a\r\n    chat_template: |\r\n" + "".join(f"      {line}\r\n" for line in CLOCK_LINES)
     path = tmp_path / "serving.yaml"
     path.write_bytes((text + "other: 1\r\n").encode())
-    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, err) == (0, "")
     block = "".join(f"      {line}\r\n" for line in fixed_lines())
     assert path.read_bytes() == ("models:\r\n  - name: a\r\n    chat_template: |\r\n" + block + "other: 1\r\n").encode()
@@ -834,7 +846,7 @@ def test_a_yaml_block_in_a_crlf_file_keeps_crlf_on_every_line(tmp_path):
 def test_a_triple_quoted_python_template_in_a_crlf_file_keeps_crlf(tmp_path, lines):
     path = tmp_path / "serving.py"
     path.write_bytes(('chat_template = """' + "\r\n".join(lines) + '"""\r\nOTHER = 1\r\n').encode())
-    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, err) == (0, "")
     fixed = [HEADER] + [line.replace('strftime_now("%Y")', "date_string") for line in lines]
     assert path.read_bytes() == ('chat_template = """' + "\r\n".join(fixed) + '"""\r\nOTHER = 1\r\n').encode()
@@ -844,10 +856,10 @@ def test_a_python_file_keeps_its_byte_order_mark(tmp_path):
     # libcst does not write a leading BOM back: --fix and --diff dropped the three bytes
     path = tmp_path / "serving.py"
     path.write_bytes(b"\xef\xbb\xbf# bom\nchat_template = '" + "".join(CLOCK_LINES).encode() + b"'\nOTHER = 1\n")
-    code, out, _ = run(str(path), "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert code == 1
     assert [line for line in out.splitlines() if "# bom" in line] == [" \ufeff# bom"]  # context, not changed
-    code, _, err = run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, _, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     fixed = HEADER + "\n" + "".join(line.replace('strftime_now("%Y")', "date_string") for line in CLOCK_LINES)
     assert (code, err) == (0, "")
     assert path.read_bytes() == b"\xef\xbb\xbf# bom\nchat_template = " + repr(fixed).encode() + b"\nOTHER = 1\n"
@@ -876,7 +888,7 @@ def test_a_suppressed_clock_still_explains_its_divergence_and_does_not_block_ano
     path = tmp_path / "s2.jinja"
     first = "{{- 'Date: ' + strftime_now('%Y') }}{# tmpl-lint: ignore[PC001] #}\n"
     path.write_text(first + "{% for m in messages %}{{ m.content }}{% endfor %}{{ strftime_now('%Y') }}\n")
-    code, _, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    code, _, _ = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN)
     assert path.read_text() == (
         '{%- if date_string is not defined %}{%- set date_string = "2026" %}{%- endif %}\n'
         + first
@@ -902,7 +914,7 @@ def test_a_template_in_several_files_of_a_run_is_verified_once(tmp_path, monkeyp
     (tmp_path / "c").mkdir()
     paths.append(tmp_path / "c" / "chat_template.jinja")
     paths[-1].write_text(text.replace("Knowledge cutoff", "Cutoff"))
-    code, out, _ = run(*map(str, paths), "--fix", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(*map(str, paths), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert sorted(made.read_text().splitlines()) == ["a", "c"]  # a and c are fixed at once
     assert paths[0].read_text() == paths[1].read_text() != text
     assert paths[2].read_text() == paths[0].read_text().replace("Knowledge cutoff", "Cutoff")
@@ -937,7 +949,7 @@ def test_files_are_fixed_jobs_at_a_time_and_copies_of_a_text_one_after_another(t
         (tmp_path / name).mkdir()
         paths.append(tmp_path / name / "chat_template.jinja")
         paths[-1].write_text(content)
-    code, out, _ = run(*map(str, paths), "--fix", "--no-prove", "--frozen-date", FROZEN, "--jobs", "2")
+    code, out, _ = run(*map(str, paths), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN, "--jobs", "2")
     assert sorted(made.read_text().splitlines()) == ["a met", "c met"]
     assert [line.split(":")[0] for line in out.splitlines() if " fixed PC001 " in line] == list(map(str, paths))
     assert paths[0].read_text() == paths[1].read_text() != text
@@ -983,7 +995,7 @@ def test_recalled_verdicts_answer_only_the_same_text_and_inputs(tmp_path):
     (as_jinja,), _ = collect([tmp_path / "jinja" / "chat_template.jinja"])
     (as_json,), _ = collect([tmp_path / "json" / "tokenizer_config.json"])
     (other,), _ = collect([tmp_path / "other" / "chat_template.jinja"])
-    options = FixOptions(date(2026, 1, 15))
+    options = FixOptions(date(2026, 1, 15), unsafe_fixes=True)
 
     fresh = fix_template(as_jinja, options)
     assert [finding.code for finding, _ in fresh.applied] == ["PC001"] and fresh.verdicts.checks
@@ -991,7 +1003,10 @@ def test_recalled_verdicts_answer_only_the_same_text_and_inputs(tmp_path):
     recalled = fix_template(as_jinja, options, recalled=(forged,))
     assert ([finding.code for finding, reason in recalled.skipped if reason == "forged"], recalled.patched) == (["PC001"], text)
 
-    for source, other_options in ((as_json, options), (as_jinja, FixOptions(date(2026, 1, 15), block_size=32))):
+    for source, other_options in (
+        (as_json, options),
+        (as_jinja, FixOptions(date(2026, 1, 15), block_size=32, unsafe_fixes=True)),
+    ):
         fixed = fix_template(source, other_options, recalled=(forged,))
         assert [finding.code for finding, _ in fixed.applied] == ["PC001"]
         assert fixed.patched == fresh.patched
@@ -1012,7 +1027,7 @@ def test_answers_of_a_verifier_over_a_render_limit_are_not_kept():
     from tmpl_lint.render import RenderLimits
 
     (source,), _ = collect([CORPUS / "PC001_live_clock.jinja"])
-    fixed = fix_template(source, FixOptions(date(2026, 1, 15), limits=RenderLimits(max_bytes=300)))
+    fixed = fix_template(source, FixOptions(date(2026, 1, 15), limits=RenderLimits(max_bytes=300), unsafe_fixes=True))
     assert [finding.code for finding, _ in fixed.applied] == ["PC001"]  # verified: the check was asked
     assert (fixed.verdicts.checks, fixed.verdicts.unreproduced) == ({}, {})
 
@@ -1037,7 +1052,7 @@ def test_the_check_after_a_fix_renders_no_request_the_fix_proved_already(tmp_pat
 
     monkeypatch.setattr(proving, "render_prompt", logged)
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
-    _, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN)
+    _, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN)
     fixed = path.read_text()
     assert f"{path}:3:28: fixed PC001 [live-clock]: " in out
     of_fixed = Counter(line for line in log.read_text().splitlines() if json.loads(line)[1] == fixed)
@@ -1061,6 +1076,6 @@ def test_the_verifiers_renders_come_back_only_for_a_check_that_proves(tmp_path, 
 
     monkeypatch.setattr(fixer, "fix_template", logged)
     path = copy(CORPUS / "PC001_live_clock.jinja", tmp_path)
-    code, out, _ = run(str(path), "--fix", "--frozen-date", FROZEN, *flags)
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--frozen-date", FROZEN, *flags)
     assert f"{path}:3:28: fixed PC001 [live-clock]: " in out and code == 0
     assert log.read_text() == f"{sent_back}\n"

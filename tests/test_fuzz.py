@@ -234,7 +234,7 @@ def test_prover_never_raises_and_stable_means_stable():
 def test_fix_is_idempotent(text):
     from datetime import date
 
-    options = FixOptions(date(2026, 1, 1))
+    options = FixOptions(date(2026, 1, 1), unsafe_fixes=True)
     first = fix_template(source(text), options)
     second = fix_template(source(first.patched), options)
     assert second.patched == first.patched
@@ -273,7 +273,7 @@ def fixed_by_the_library(text: str) -> str:
     ones no render reproduces are fixed too."""
     from datetime import date
 
-    return fix_template(source(text), FixOptions(date(2026, 1, 1), unreproduced=True)).patched
+    return fix_template(source(text), FixOptions(date(2026, 1, 1), unreproduced=True, unsafe_fixes=True)).patched
 
 
 @dataclass(frozen=True)
@@ -301,10 +301,14 @@ def fix_and_diff_every_container(text: str, directory: Path) -> dict[str, Contai
     report = directory / "report.json"
     files = [str(path) for path in paths.values()]
     runner = CliRunner()
-    shown = runner.invoke(main, [*files, "--diff", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    shown = runner.invoke(
+        main, [*files, "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)]
+    )
     assert shown.exception is None or isinstance(shown.exception, SystemExit), shown.exception
     after_diff = {container: path.read_text() for container, path in paths.items()}
-    fixed = runner.invoke(main, [*files, "--fix", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)])
+    fixed = runner.invoke(
+        main, [*files, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-01", "-o", str(report)]
+    )
     assert fixed.exception is None or isinstance(fixed.exception, SystemExit), fixed.exception
     assert fixed.stderr == ""
     # --diff prints one patch per changed file, each from its "--- a/PATH" line

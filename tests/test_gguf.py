@@ -27,6 +27,7 @@ from helpers import (
     needs_shared,
     run_unprivileged,
     signal_after,
+    without_edits,
 )
 
 from tmpl_lint.cli import main
@@ -296,7 +297,7 @@ def test_without_the_gguf_package_reading_works_and_the_copy_names_the_extra(tmp
     result = without_gguf(model, "--no-prove", "-q")
     assert (result.returncode, result.stderr) == (1, "")
     assert result.stdout.startswith(f"{model}:default:3:28: PC001")
-    result = without_gguf(model, "--no-prove", "-q", "--fix", *FROZEN_FIX, "--gguf-copy", tmp_path / "c.gguf")
+    result = without_gguf(model, "--no-prove", "-q", "--fix", "--unsafe-fixes", *FROZEN_FIX, "--gguf-copy", tmp_path / "c.gguf")
     assert result.returncode == 2
     assert (
         result.stderr
@@ -564,12 +565,14 @@ def test_a_finding_fix_declined_in_a_model_is_said_once_with_its_reason(tmp_path
     # again for the fixed template beside it, which the lint after --fix reads.
     prompt = CLOCK.index("{%- if add_generation_prompt %}")
     model = write_gguf(tmp_path / "m.gguf", CLOCK[:prompt] + "Remember: be brief.\n" + CLOCK[prompt:])
-    code, out, _ = run(model, "--fix", *FROZEN_FIX)
+    code, out, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX)
     declined = [line for line in out.splitlines() if "not fixed PC007" in line]
     assert code == 1
+    # said where the check finds it: in the fixed template beside the model, which the check
+    # reads (PC001's fix added a line above it)
     assert declined == [
-        f"{model}:default:{CLOCK[:prompt].count(chr(10)) + 1}:1: not fixed PC007 [text-after-history]: no edit keeps the model's trained format: "
-        "it was trained to see this after the messages"
+        f"{tmp_path / 'm.chat_template.jinja'}:{CLOCK[:prompt].count(chr(10)) + 2}:1: not fixed PC007 [text-after-history]: "
+        "no edit keeps the model's trained format: it was trained to see this after the messages"
     ]
 
 
@@ -581,8 +584,8 @@ def test_fix_writes_the_template_beside_the_model_and_the_check_reads_it_as_llam
     before = sha(model)
     reference = tmp_path / "reference.jinja"
     reference.write_text(CLOCK)
-    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
-    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove")
+    assert run(reference, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")[0] == 0
+    code, out, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")
     companion = tmp_path / "m.chat_template.jinja"
     checked_instead = (
         f"note: {tmp_path}: m.chat_template.jinja is checked instead of the default template in m.gguf's metadata: "
@@ -594,15 +597,15 @@ def test_fix_writes_the_template_beside_the_model_and_the_check_reads_it_as_llam
     assert companion.read_text().startswith(
         '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     )
-    assert out.splitlines() == [
+    assert without_edits(out).splitlines() == [
         f"{model}:default:3:28: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller passes date_string",
         f"{model}:default: wrote the fixed template to {companion}",
         f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {companion}",
         checked_instead,
-        "All checks passed!",
+        "Found 1 finding (1 fixed, 0 remaining).",
     ]
     # again, and the check: the fixed file is what is read; nothing to fix, nothing "fixed"
-    for flags in (["--fix"], []):
+    for flags in (["--fix", "--unsafe-fixes"], []):
         code, out, _ = run(model, *flags, *FROZEN_FIX, "--no-prove")
         assert (code, out.splitlines()) == (0, [checked_instead, "All checks passed!"])
     # the folder as CI checks it: green, the fixed file read once, with its model
@@ -612,7 +615,7 @@ def test_fix_writes_the_template_beside_the_model_and_the_check_reads_it_as_llam
     companion.write_text(CLOCK)
     code, out, _ = run(model, "--no-prove", "-q")
     assert code == 1 and out.startswith(f"{companion}:3:28: PC001 [live-clock]")
-    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q")
+    code, out, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q")
     assert (code, companion.read_bytes()) == (0, reference.read_bytes())
     assert out.startswith(f"{companion}:3:28: fixed PC001 [live-clock]")
     assert sha(model) == before
@@ -625,7 +628,7 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
     made = log_verifiers(monkeypatch, tmp_path / "verifiers made")
     tokenizer = request.getfixturevalue("small_qwen") if with_tokenizer else None
     models = [write_gguf(tmp_path / f"m-{kind}.gguf", CLOCK, tokenizer=tokenizer) for kind in ("Q4_K_M", "Q8_0")]
-    code, out, err = run(*models, "--fix", *FROZEN_FIX, "--no-prove")
+    code, out, err = run(*models, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")
     assert (code, err) == (0, "")  # the check after reads the fixed templates beside the models
     assert made.read_text() == "m-Q4_K_M.gguf\n"
     companions = [tmp_path / f"m-{kind}.chat_template.jinja" for kind in ("Q4_K_M", "Q8_0")]
@@ -636,7 +639,7 @@ def test_quantisations_of_one_template_are_verified_once(tmp_path, monkeypatch, 
 
 def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
-    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q")
+    code, out, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q")
     assert (tmp_path / "m.chat_template.tool_use.jinja").is_file()
     assert (
         "  note: with --chat-template-file, llama.cpp renders requests with tools with it too, instead of the model's tool_use template"
@@ -650,7 +653,7 @@ def test_fixed_variant_is_written_and_llama_cpp_limits_said(tmp_path):
 
 def test_the_companion_template_is_proven_with_the_models_tokens(tmp_path):
     write_gguf(tmp_path / "m.gguf", CLOCK)
-    assert run(tmp_path / "m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed file is checked
+    assert run(tmp_path / "m.gguf", "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed file is checked
     (tmp_path / "m.chat_template.jinja").write_text(CLOCK)  # as if broken again
     code, out, _ = run(tmp_path / "m.chat_template.jinja", "--format", "json")
     assert json.loads(out)[0]["proof"]["note"] == "measured in characters: m.gguf has no tokenizer in its metadata"
@@ -660,7 +663,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
     before, model_bytes = sorted(os.listdir(tmp_path)), sha(model)
-    code, out, err = run("m.gguf", "--diff", *FROZEN_FIX, "--no-prove", "-q")
+    code, out, err = run("m.gguf", "--diff", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q")
     assert sorted(os.listdir(tmp_path)) == before  # --diff writes nothing
     assert code == 1  # as ruff's --diff: a change it would make is a finding
     assert [line for line in out.splitlines() if line.startswith(("---", "+++", "@@"))] == [
@@ -673,7 +676,7 @@ def test_diff_is_the_new_files_fix_writes_and_git_and_patch_create_them(tmp_path
     ]
     assert err.startswith("m.gguf:default:3:28: would fix PC001 [live-clock]: ")
     companions = [tmp_path / "m.chat_template.jinja", tmp_path / "m.chat_template.tool_use.jinja"]
-    assert run("m.gguf", "--fix", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed files are checked
+    assert run("m.gguf", "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")[0] == 0  # the fixed files are checked
     written = [path.read_bytes() for path in companions]
     for command in (["git", "apply"], ["patch", "-p1", "-s"]):
         for path in companions:
@@ -688,7 +691,7 @@ def test_fixed_is_never_said_of_a_companion_that_is_not_written(tmp_path, monkey
     write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m.chat_template.jinja").mkdir()  # a folder of the user's, under the file's name
-    code, out, err = run("m.gguf", mode, *FROZEN_FIX, "--no-prove", "-q")
+    code, out, err = run("m.gguf", mode, "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q")
     assert code == 2
     assert (tmp_path / "m.chat_template.jinja").is_dir()
     said = (out + err).splitlines() if mode == "--fix" else err.splitlines()
@@ -713,7 +716,7 @@ def test_split_model_fix_and_copy_are_named_after_the_model(tmp_path):
     second = write_gguf(tmp_path / "Model-Q4-00002-of-00002.gguf")
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, out, _ = run(second, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
+    code, out, _ = run(second, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
     companion = tmp_path / "Model-Q4.chat_template.jinja"
     copy = out_dir / first.name
     assert code == 0 and companion.is_file() and copy.is_file()
@@ -760,7 +763,7 @@ def test_gguf_copy_carries_the_fixed_templates_and_the_same_tensors(tmp_path, al
     before = sha(model)
     copy = tmp_path / "out" / "fixed.gguf"
     copy.parent.mkdir()
-    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", copy)
+    code, out, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", copy)
     assert err == ""
     assert (
         f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n  llama.cpp: llama-server -m {copy} --jinja\n"
@@ -787,7 +790,7 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "fixed"
     out_dir.mkdir()
-    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
+    code, _, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir)
     assert code == 0  # the fixed template beside the model is checked; the copy carries the fix
     assert fields(out_dir / "m.gguf")["tokenizer.chat_template"][1] == (tmp_path / "m.chat_template.jinja").read_text()
 
@@ -795,7 +798,9 @@ def test_gguf_copy_into_a_directory_takes_the_models_name(tmp_path):
 def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path):
     # as the README's example: --gguf-copy fixed/ writes fixed/m.gguf (it wrote a file named fixed)
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}")
+    code, out, err = run(
+        model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'fixed'}{os.sep}"
+    )
     assert (code, err) == (0, "")
     copy = tmp_path / "fixed" / "m.gguf"
     assert f"{model}: wrote {copy}, a copy with the fixed templates in its metadata (tensors unchanged)\n" in out
@@ -813,7 +818,7 @@ def test_gguf_copy_into_a_folder_named_with_a_trailing_slash_creates_it(tmp_path
 def test_gguf_copy_where_it_cannot_go_is_one_line_before_anything_is_written(tmp_path, given, reason):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     before = sorted(os.listdir(tmp_path))
-    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
+    code, out, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/{given}")
     assert (code, out) == (2, "")
     assert err == f"tmpl-lint: error: {tmp_path / given}: {reason.format(tmp=tmp_path)}\n"
     assert sorted(os.listdir(tmp_path)) == before  # not even the fixed template beside the model
@@ -824,20 +829,21 @@ def test_gguf_copy_never_overwrites(tmp_path):
     before = sha(model)
     taken = tmp_path / "taken.gguf"
     taken.write_bytes(b"precious")
-    code, out, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", taken)
+    code, out, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", taken)
     assert code == 2
     assert err == f"tmpl-lint: error: {taken}: already exists; tmpl-lint does not overwrite it\n"
-    assert out.splitlines()[-1] == "No findings; 1 file could not be written (see the errors above)."
+    # the fix beside the model was written (and is what the check reads); the copy was not
+    assert out.splitlines()[-1] == "Found 1 finding (1 fixed, 0 remaining); 1 file could not be written (see the errors above)."
     assert taken.read_bytes() == b"precious"
     # the model's own folder as the destination names the model itself
-    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", tmp_path)
+    code, _, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", tmp_path)
     assert code == 2 and err == f"tmpl-lint: error: {model}: already exists; tmpl-lint does not overwrite it\n"
     assert sha(model) == before
 
 
 def test_gguf_copy_needs_fix(tmp_path):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    for flags in ([], ["--diff"], ["--fix", "--diff"]):
+    for flags in ([], ["--diff", "--unsafe-fixes"], ["--fix", "--diff", "--unsafe-fixes"]):
         code, _, err = run(model, *flags, "--gguf-copy", tmp_path / "c.gguf")
         assert code == 2 and "--gguf-copy writes a fixed model: it needs --fix (and no --diff)" in err
     assert not (tmp_path / "c.gguf").exists()
@@ -861,21 +867,21 @@ def test_a_copy_that_does_not_read_back_never_appears(tmp_path, monkeypatch):
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
+    code, _, err = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", out_dir / "c.gguf")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: the copy of {model} does not read back as written: tensor blk.0.attn_q.weight differs; nothing written\n"
     )
     assert os.listdir(out_dir) == []
     # a folder made for the copy goes with it
-    code, _, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
+    code, _, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path / 'new'}{os.sep}")
     assert code == 2 and not (tmp_path / "new").exists()
 
 
 def fixing(*args) -> subprocess.Popen:
     """A real tmpl-lint --fix process, its lines read as it prints them."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", *FROZEN_FIX, "--no-prove"],
+        [sys.executable, "-m", "tmpl_lint", *map(str, args), "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -887,8 +893,19 @@ def fixed_reference(tmp_path: Path, text: str) -> bytes:
     reference = tmp_path / "reference" / "chat_template.jinja"
     reference.parent.mkdir()
     reference.write_text(text)
-    assert run(reference, "--fix", *FROZEN_FIX, "--no-prove")[0] == 0
+    assert run(reference, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove")[0] == 0
     return reference.read_bytes()
+
+
+def said_lines(process, count: int) -> list[str]:
+    """The next ``count`` lines a --fix process says, past the template lines its fixes edited."""
+    said: list[str] = []
+    while len(said) < count:
+        line = process.stdout.readline()
+        if not without_edits(line):
+            continue
+        said.append(line)
+    return said
 
 
 def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path):
@@ -901,7 +918,7 @@ def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path
         process = fixing(model)
         # the default template's lines, said once its file is written; the tool_use
         # template's file is written next, which takes the lock first
-        said = [process.stdout.readline() for _ in range(4)]
+        said = said_lines(process, 4)
         assert said[0].startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
         assert said[3].startswith("  note: with --chat-template-file")
         time.sleep(1)
@@ -928,7 +945,7 @@ def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
     with writes.locked(destination):
         process = fixing(model, "--gguf-copy", destination)
         # the companion's lines, said once it is written; the copy is written next
-        said = [process.stdout.readline() for _ in range(3)]
+        said = said_lines(process, 3)
         assert said[0].startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
         assert (
             said[2] == f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {tmp_path / 'm.chat_template.jinja'}\n"
@@ -1264,7 +1281,9 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
     locked.mkdir()
     locked.chmod(0o600)  # readable, not searchable: what is in it cannot be looked at
     try:
-        result = run_unprivileged(str(model), "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", named, cwd=tmp_path)
+        result = run_unprivileged(
+            str(model), "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", named, cwd=tmp_path
+        )
     finally:
         locked.chmod(0o755)
     assert (result.returncode, result.stdout) == (2, "")
@@ -1275,10 +1294,10 @@ def test_gguf_copy_under_a_folder_that_cannot_be_searched_is_one_line_before_any
 
 def test_names_with_a_newline_are_quoted_in_the_fix_and_copy_lines_and_the_commands_read_back(tmp_path):
     model = write_gguf(tmp_path / "a\nb.gguf", CLOCK)
-    code, out, _ = run(model, "--fix", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
+    code, out, _ = run(model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "--gguf-copy", f"{tmp_path}/out/")
     companion, copy = tmp_path / "a\nb.chat_template.jinja", tmp_path / "out" / "a\nb.gguf"
     assert code == 0 and companion.is_file() and copy.is_file()
-    lines = out.splitlines()
+    lines = without_edits(out).splitlines()
     quoted = '"' + str(tmp_path) + "/a\\nb"
     assert lines[1] == f'{quoted}.gguf":default: wrote the fixed template to {quoted}.chat_template.jinja"'
     assert lines[3].startswith(f'{quoted}.gguf": wrote "{tmp_path}/out/a\\nb.gguf", a copy')
@@ -1338,7 +1357,17 @@ def test_a_signal_as_a_fixed_template_or_copy_is_put_in_place_names_it(tmp_path,
     target = destination if copy else beside
     extra = ["--gguf-copy", str(destination)] if copy else []
     process = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AS_LINKED, str(int(number)), os.path.realpath(target), str(model), "--fix", "--no-prove"]
+        [
+            sys.executable,
+            "-c",
+            SIGNAL_AS_LINKED,
+            str(int(number)),
+            os.path.realpath(target),
+            str(model),
+            "--fix",
+            "--unsafe-fixes",
+            "--no-prove",
+        ]
         + [*FROZEN_FIX, *extra],
         capture_output=True,
         text=True,

@@ -288,7 +288,7 @@ def test_a_variant_name_that_cannot_name_a_file_is_one_error_and_the_batch_conti
     )
     assert out.startswith(f"{good}:default:3:28: PC001")  # the other file is reported
     assert "m.gguf:default" not in out  # and the model's own default template linted (clean)
-    code, _, _ = run(model, good, "--fix", "--no-prove", *FROZEN_FIX, "-q")
+    code, _, _ = run(model, good, "--fix", "--unsafe-fixes", "--no-prove", *FROZEN_FIX, "-q")
     assert code == 2 and (tmp_path / "good.chat_template.jinja").is_file()
 
 
@@ -304,7 +304,7 @@ def capped(memory: int):
 
 def copy_under_cap(model: Path, out: Path, memory: int = 1 << 30) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", str(model), "--fix", *FROZEN_FIX, "--no-prove", "-q"]
+        [sys.executable, "-m", "tmpl_lint", str(model), "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q"]
         + ["--gguf-copy", f"{out}{os.sep}"],
         capture_output=True,
         text=True,
@@ -354,7 +354,7 @@ def test_a_model_cut_short_in_its_tensor_data_is_one_error_line_and_no_copy(tmp_
     with open(model, "r+b") as stream:
         stream.truncate(model.stat().st_size - 100)
     code, out, err = run(
-        model, "--fix", *FROZEN_FIX, "--no-prove", "-q", "--gguf-copy", f"{tmp_path / 'out'}{os.sep}"
+        model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q", "--gguf-copy", f"{tmp_path / 'out'}{os.sep}"
     )
     assert (code, err) == (
         2,
@@ -384,7 +384,9 @@ def test_tensors_laid_over_one_region_are_refused_before_the_copy_is_written(tmp
         at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 4 + 8 + 4  # past name, dims, type
         data[at : at + 8] = bytes(8)
     model.write_bytes(data[: read_metadata(model, with_tensors=True).data_start + 4096])
-    code, _, err = run(model, "--fix", *FROZEN_FIX, "--no-prove", "-q", "--gguf-copy", f"{tmp_path / 'out'}{os.sep}")
+    code, _, err = run(
+        model, "--fix", "--unsafe-fixes", *FROZEN_FIX, "--no-prove", "-q", "--gguf-copy", f"{tmp_path / 'out'}{os.sep}"
+    )
     size = model.stat().st_size
     laid_out = read_metadata(model, with_tensors=True).data_start + 64 * 4096
     assert (code, err) == (

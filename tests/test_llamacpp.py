@@ -179,7 +179,7 @@ def test_pc001s_date_string_fix_is_not_made_for_a_gguf_llama_server_dates_it_its
     """llama-server defines date_string from its clock (common_chat_extra_context), so a
     template fixed to read date_string still changes every day there: --fix declines."""
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
-    result = CliRunner().invoke(main, [str(model), "--fix", "--frozen-date", "2026-01-15", "--no-prove"])
+    result = CliRunner().invoke(main, [str(model), "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15", "--no-prove"])
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stdout.startswith(f"{model}:default:3:28: not fixed PC001 [live-clock]: ")
     assert not (tmp_path / "m.chat_template.jinja").exists()

@@ -42,7 +42,7 @@ def fixed_bytes(repo, name, monkeypatch):
     """What --fix writes for ``name``, leaving the repository as it was."""
     original = (repo / name).read_bytes()
     monkeypatch.chdir(repo)
-    run(name, "--fix", "--no-prove", "--frozen-date", FROZEN)
+    run(name, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     written = (repo / name).read_bytes()
     (repo / name).write_bytes(original)
     return written
@@ -69,7 +69,7 @@ def test_diff_is_the_patch_fix_would_write_and_nothing_else(tmp_path, monkeypatc
     repo = repository(tmp_path, {name: source})
     expected = fixed_bytes(repo, name, monkeypatch)
     assert expected != source.read_bytes()
-    code, out, err = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(name, "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert code == 1  # as ruff: --diff exits 1 when it would change a file
     assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ ")
     assert " would fix " in err and ": fixed " not in err
@@ -82,7 +82,7 @@ def test_diff_of_a_file_without_a_final_newline_applies(tmp_path, monkeypatch):
     source.write_text("{%- for m in messages %}{{ m.content }}{%- endfor %}\n{{- 'Date: ' + strftime_now('%Y-%m-%d') }}")
     repo = repository(tmp_path, {"chat_template.jinja": source})
     expected = fixed_bytes(repo, "chat_template.jinja", monkeypatch)
-    code, out, _ = run("chat_template.jinja", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run("chat_template.jinja", "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert out.endswith("\n\\ No newline at end of file\n")
     check_patch_applies(repo, "chat_template.jinja", out, expected)
 
@@ -92,7 +92,7 @@ def test_diff_of_a_stock_qwen3_config_is_file_relative_and_applies(tmp_path, mon
     name = "tokenizer_config.json"
     repo = repository(tmp_path, {name: SHARED_TOKENIZERS / "qwen3" / name})
     expected = fixed_bytes(repo, name, monkeypatch)
-    code, out, err = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, err = run(name, "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     # The template is the value on line 230 of the file: the hunk is there, not at a template line.
     assert out.startswith(f"--- a/{name}\n+++ b/{name}\n@@ -227,7 +227,7 @@\n")
     assert out.count("\n-") == 1 and out.count("\n+") == 2  # one line of the file changes
@@ -102,7 +102,7 @@ def test_diff_of_a_stock_qwen3_config_is_file_relative_and_applies(tmp_path, mon
 def fixed_by(path, monkeypatch):
     """What --fix writes to ``path`` (run from where the caller is), leaving it as it was."""
     original = path.read_bytes()
-    assert run(str(path), "--fix", "--no-prove", "--frozen-date", FROZEN)[0] == 0
+    assert run(str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)[0] == 0
     written = path.read_bytes()
     path.write_bytes(original)
     assert written != original
@@ -124,7 +124,14 @@ def test_diff_of_a_file_outside_the_working_directory_applies_from_there(tmp_pat
     shutil.copyfile(CORPUS / "PC001_live_clock.jinja", path)
     monkeypatch.chdir(tmp_path / "elsewhere")
     expected = fixed_by(path, monkeypatch)
-    code, out, _ = run(str(path) if given == "absolute" else "../tok/abs.jinja", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(
+        str(path) if given == "absolute" else "../tok/abs.jinja",
+        "--diff",
+        "--unsafe-fixes",
+        "--no-prove",
+        "--frozen-date",
+        FROZEN,
+    )
     assert code == 1
     assert out.startswith("--- a/../tok/abs.jinja\n+++ b/../tok/abs.jinja\n@@ -1,6 +1,7 @@\n")
     applied = apply_with(["git", "apply", "--unsafe-paths"], out, tmp_path / "elsewhere")
@@ -145,7 +152,7 @@ def test_diff_through_a_symbolic_link_names_the_file_fix_writes_and_applies(tmp_
     git("-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "start", cwd=repo)
     monkeypatch.chdir(repo)
     expected = fixed_by(repo / "blobs" / "abc", monkeypatch)
-    code, out, _ = run("snapshots/rev1", "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run("snapshots/rev1", "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert (code, out.splitlines()[:2]) == (1, ["--- a/blobs/abc", "+++ b/blobs/abc"])
     check_patch_applies(repo, "blobs/abc", out, expected)
     assert (repo / "snapshots" / "rev1" / "chat_template.jinja").is_symlink()
@@ -162,7 +169,7 @@ def test_diff_from_a_subdirectory_of_a_repository_applies_there_to_a_sibling(tmp
     path = repo / "other" / "x.jinja"
     monkeypatch.chdir(repo / "sub")
     expected = fixed_by(path, monkeypatch)
-    code, out, _ = run(str(path), "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(str(path), "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert out.startswith("--- a/../other/x.jinja\n+++ b/../other/x.jinja\n")
     applied = apply_with(["git", "apply", "--unsafe-paths"], out, repo / "sub")
     assert (applied.returncode, applied.stderr) == (0, "")
@@ -182,13 +189,15 @@ def test_diff_from_a_subdirectory_of_a_repository_applies_there_to_a_sibling(tmp
 def test_diff_of_an_awkward_file_name_applies_with_git_and_patch(tmp_path, monkeypatch, name, header):
     repo = repository(tmp_path, {name: CORPUS / "PC001_live_clock.jinja"})
     expected = fixed_bytes(repo, name, monkeypatch)
-    code, out, _ = run(name, "--diff", "--no-prove", "--frozen-date", FROZEN)
+    code, out, _ = run(name, "--diff", "--unsafe-fixes", "--no-prove", "--frozen-date", FROZEN)
     assert code == 1
     assert out.startswith(f"--- {header}\n+++ {header.replace('a/', 'b/', 1)}\n@@ ")
     check_patch_applies(repo, name, out, expected)
 
 
-@pytest.mark.parametrize("mode", [[], ["--fix"], ["--diff"], ["-q"], ["--fix", "-q"]])
+@pytest.mark.parametrize(
+    "mode", [[], ["--fix", "--unsafe-fixes"], ["--diff", "--unsafe-fixes"], ["-q"], ["--fix", "--unsafe-fixes", "-q"]]
+)
 def test_json_stdout_parses_in_every_mode(tmp_path, monkeypatch, mode):
     shutil.copyfile(CORPUS / "PC002_history_rewrite_switch.jinja", tmp_path / "a.jinja")
     shutil.copyfile(CORPUS / "PC006_generation_prompt_mismatch.jinja", tmp_path / "b.jinja")
@@ -214,7 +223,7 @@ def test_sarif_and_github_stdout_hold_only_their_format_when_fixing(tmp_path, mo
     shutil.copyfile(CORPUS / "PC006_generation_prompt_mismatch.jinja", tmp_path / "b.jinja")
     shutil.copyfile(CORPUS / "PC001_live_clock.jinja", tmp_path / "a.jinja")
     monkeypatch.chdir(tmp_path)
-    code, out, err = run("a.jinja", "b.jinja", "--fix", "--no-prove", "--format", output_format)
+    code, out, err = run("a.jinja", "b.jinja", "--fix", "--unsafe-fixes", "--no-prove", "--format", output_format)
     if output_format == "sarif":
         results = json.loads(out)["runs"][0]["results"]
         assert [result["ruleId"] for result in results] == ["PC006"]
@@ -238,7 +247,7 @@ def test_an_input_error_is_never_followed_by_all_checks_passed(tmp_path):
     assert out == "No findings; 1 input could not be read (see the errors above).\n"
     assert err == f"tmpl-lint: error: {missing}: no such file or directory\n"
     code, out, _ = run(str(missing), str(CORPUS / "PC001_live_clock.jinja"), "--no-prove")
-    assert out.splitlines()[-1] == (
+    assert out.splitlines()[-2] == (
         "Found 1 finding (1 failing; 1 of the failing unproven); 1 input could not be read (see the errors above)."
     )
 
@@ -271,7 +280,7 @@ def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
     for name in ("clean_chatml.jinja", "PC001_live_clock.jinja"):
         shutil.copyfile(CORPUS / name, templates / name)
     shutil.copyfile(CORPUS.parent / "tests" / "hostile" / "nested_loops.jinja", templates / "nested_loops.jinja")
-    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "-q", "--render-timeout", "2"]
+    command = [sys.executable, "-m", "tmpl_lint", str(templates), "--jobs", "1", "--render-timeout", "2"]
     environment = {**os.environ, "COLUMNS": "100"}
     # stderr a terminal: the bar is drawn there, and standard output is the report alone.
     primary, secondary = pty.openpty()
@@ -290,3 +299,13 @@ def test_a_long_run_shows_progress_on_a_terminal_only(tmp_path):
     assert "PC101" in out  # the run lasted the render limit
     assert quiet_err == ""
     assert quiet_out == out
+    # -q on a terminal: quiet, no bar either
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen([*command, "-q"], stdout=subprocess.PIPE, stderr=secondary, env=environment)
+    os.close(secondary)
+    drawn = read_terminal(primary)
+    out = process.stdout.read().decode()
+    process.wait()
+    os.close(primary)
+    assert "PC101" in out
+    assert drawn == b""

@@ -49,9 +49,9 @@ def test_quick_start_lints_the_corpus_without_extras(installed):
     assert command == "tmpl-lint corpus/"
     result = subprocess.run([str(installed / "tmpl-lint"), "corpus/"], cwd=PROJECT, capture_output=True, text=True)
     assert result.returncode == 1  # the corpus has problems on purpose, as the README says
-    assert re.fullmatch(
-        r"Found \d+ findings \(\d+ failing(, \d+ not reproduced)?(, \d+ info)?\)\.", result.stdout.splitlines()[-1]
-    )
+    summary, fixable = result.stdout.splitlines()[-2:]
+    assert re.fullmatch(r"Found \d+ findings \(\d+ failing(, \d+ not reproduced)?(, \d+ info)?\)\.", summary)
+    assert re.fullmatch(r"\[\*\] \d+ fixable with --fix \(\d+ more with --unsafe-fixes\)", fixable)
     assert result.stderr == ""
 
 

@@ -4,7 +4,7 @@ from datetime import date, datetime
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text
+from helpers import CORPUS, at, lint_fixture, lint_text, prove_fixture, prove_text, without_edits
 
 from tmpl_lint.cli import main
 from tmpl_lint.proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
@@ -173,13 +173,13 @@ def test_the_advised_date_is_written_in_the_templates_own_format():
 # -- where the clock is, outside every message ----------------------------------------------
 
 
-@pytest.mark.parametrize("format", ["text", "json", "sarif", "github"])
+@pytest.mark.parametrize("format", ["full", "json", "sarif", "github"])
 def test_a_clock_before_the_first_message_is_located_there_in_every_report(format):
     # The fixture prints its system block before the loop; the clock scenario sends one user
     # message. "<|im_start|>system\nIt is 12:00" against 12:01: char 29, counted by hand.
     result = CliRunner().invoke(main, [str(CORPUS / "PC001_clock_per_minute.jinja"), "--format", format])
     assert result.exit_code == 1, result.output
-    if format == "text":
+    if format == "full":
         assert "first divergence at char 29, before the first message, cause system" in result.stdout
         assert "message 0" not in result.stdout
     elif format == "json":
@@ -222,7 +222,7 @@ def test_the_fix_header_goes_after_a_byte_order_mark(tmp_path):
     path = tmp_path / "chat_template.jinja"
     body = '{{ strftime_now("%Y-%m-%d") }}{% for m in messages %}{{ m.content }}{% endfor %}\n'
     path.write_bytes(b"\xef\xbb\xbf" + body.encode())
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     fixed = body.replace('strftime_now("%Y-%m-%d")', "date_string")
     assert path.read_bytes() == b"\xef\xbb\xbf" + (header + fixed).encode()
@@ -266,7 +266,7 @@ def test_a_clock_with_the_time_of_day_is_fixed_at_noon_of_the_fix_date(tmp_path,
     original = CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format))
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"{path}:2:9: fixed PC001 [live-clock]: ")
     header = f'{{%- if {variable} is not defined %}}{{%- set {variable} = "{frozen}" %}}{{%- endif %}}\n'
@@ -296,10 +296,10 @@ def test_the_variable_a_fixed_clock_is_passed_in_is_named_after_what_it_shows(tm
     # be a value of the wrong kind for them to pass.
     path = tmp_path / "chat_template.jinja"
     path.write_text(CLOCK_IN_THE_SYSTEM_BLOCK.replace("FORMAT", repr(format)))
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
-    assert (result.exit_code, result.stdout) == (
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert (result.exit_code, without_edits(result.stdout)) == (
         0,
-        f"{path}:2:9: fixed PC001 [live-clock]: the model sees {title}\nAll checks passed!\n",
+        f"{path}:2:9: fixed PC001 [live-clock]: the model sees {title}\nFound 1 finding (1 fixed, 0 remaining).\n",
     )
 
 
@@ -312,11 +312,11 @@ def test_two_clock_calls_on_one_line_are_both_fixed(tmp_path):
     )
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
-    assert (result.exit_code, result.stdout) == (
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
+    assert (result.exit_code, without_edits(result.stdout)) == (
         0,
         f"{path}:2:13: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's unless the caller "
-        "passes date_string\nAll checks passed!\n",
+        "passes date_string\nFound 1 finding (1 fixed, 0 remaining).\n",
     )
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     assert path.read_text() == header + original.replace('strftime_now("%Y-%m-%d")', "date_string")
@@ -332,14 +332,14 @@ def test_clocks_in_two_formats_are_each_fixed_in_their_own_variable(tmp_path):
     )
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
     title = (
         "the model sees the weekday Thursday and the date 2026-01-15 instead of the current ones unless the caller "
         "passes weekday_string and date_string"
     )
-    assert (result.exit_code, result.stdout) == (
+    assert (result.exit_code, without_edits(result.stdout)) == (
         0,
-        f"{path}:2:13: fixed PC001 [live-clock]: {title}\n{path}:3:4: fixed PC001 [live-clock]: {title}\nAll checks passed!\n",
+        f"{path}:2:13: fixed PC001 [live-clock]: {title}\n{path}:3:4: fixed PC001 [live-clock]: {title}\nFound 2 findings (2 fixed, 0 remaining).\n",
     )
     fixed = path.read_text()
     assert fixed == (
@@ -359,7 +359,7 @@ def test_a_clock_whose_format_is_not_literal_refuses_the_whole_fix(tmp_path):
     original = "{{ strftime_now('%Y') }} {{ strftime_now(fmt) }}{% for m in messages %}{{ m.content }}{% endfor %}"
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
     assert result.exit_code == 1
     assert result.stdout.splitlines()[0] == (
         f"{path}:1:4: not fixed PC001 [live-clock]: the clock's format at line 1 is not a literal string, "
@@ -392,12 +392,12 @@ def test_a_clock_called_through_a_name_it_was_set_to_is_proven_and_fixed(tmp_pat
     assert finding.proof.is_proven
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"])
     _, line, column = at("PC001", original, "clock(")
-    assert (result.exit_code, result.stdout) == (
+    assert (result.exit_code, without_edits(result.stdout)) == (
         0,
         f"{path}:{line}:{column}: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's "
-        "unless the caller passes date_string\nAll checks passed!\n",
+        "unless the caller passes date_string\nFound 1 finding (1 fixed, 0 remaining).\n",
     )
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     assert path.read_text() == header + original.replace("clock('%Y-%m-%d')", "date_string")
@@ -433,12 +433,12 @@ def test_a_clock_held_in_a_namespace_or_a_list_is_proven_at_its_call_and_fixed(t
     assert findings[0].proof.is_proven
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"])
     _, line, column = at("PC001", original, anchor)
-    assert (result.exit_code, result.stdout) == (
+    assert (result.exit_code, without_edits(result.stdout)) == (
         0,
         f"{path}:{line}:{column}: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's "
-        "unless the caller passes date_string\nAll checks passed!\n",
+        "unless the caller passes date_string\nFound 1 finding (1 fixed, 0 remaining).\n",
     )
     header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
     assert path.read_text() == header + original.replace(call, "date_string")
@@ -453,7 +453,7 @@ def test_a_format_variable_a_caller_may_pass_refuses_the_fix(tmp_path):
     )
     path = tmp_path / "chat_template.jinja"
     path.write_text(original)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove"])
     assert result.stdout.splitlines()[0] == (
         f"{path}:2:5: not fixed PC001 [live-clock]: the clock's format at line 2 is not a literal string, "
         "nor a variable set to one"

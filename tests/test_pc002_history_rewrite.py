@@ -169,7 +169,7 @@ def test_accumulator_fix_replaces_the_one_read_of_the_scan(tmp_path):
     original = (CORPUS / "PC002_accumulator.jinja").read_text(encoding="utf-8")
     path = tmp_path / "PC002_accumulator.jinja"
     path.write_text(original, encoding="utf-8")
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove"])
     assert "fixed PC002 [history-rewrite]" in result.stdout
     assert path.read_text(encoding="utf-8") == original.replace(
         "{%- set newest = ns.last_query_index %}", "{%- set newest = -1 %}"

@@ -453,7 +453,7 @@ def test_a_count_on_every_message_is_refused_for_what_it_is(tmp_path):
     path.write_text(
         "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }} ({{ messages|length - loop.index }} later)<|end|>\n{% endfor %}"
     )
-    result = CliRunner().invoke(main, [str(path), "--fix"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes"])
     assert result.exit_code == 1
     assert (
         f"{path}:1:61: not fixed PC003 [future-dependent-render]: the template prints a count of the messages in each one: "

@@ -138,7 +138,7 @@ def test_a_template_that_names_its_json_layout_is_taken_at_its_word(expression):
 def fix_file(tmp_path, name, *options):
     path = tmp_path / name
     shutil.copyfile(CORPUS / name, path)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove", *options])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove", *options])
     return path, result
 
 
@@ -179,7 +179,7 @@ def test_a_spaced_fix_of_a_template_that_already_writes_spaced_json_writes_nothi
 def test_a_spaced_fix_replaces_the_compact_separators_a_template_names(tmp_path):
     path = tmp_path / "t.jinja"
     path.write_text((CORPUS / "PC004_tool_args_guarded.jinja").read_text().replace("tojson", 'tojson(separators=(",", ":"))'))
-    result = CliRunner().invoke(main, [str(path), "--fix", "--tool-args-style", "spaced"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--tool-args-style", "spaced"])
     assert result.stdout.splitlines()[0] == (
         f"{path}:8:43: fixed PC004 [tool-args-reserialized]: a mapping of tool-call arguments (vLLM always passes one) "
         'renders as the model writes it: {"city": "Paris"}'
@@ -207,7 +207,7 @@ def test_a_template_that_never_prints_arguments_is_not_fixed_and_says_why(tmp_pa
     )
     path = tmp_path / "t.jinja"
     path.write_text(source)
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove"])
     assert result.stdout.splitlines()[0] == (
         f"{path}:1:{at('PC004', source, 'tojson')[2]}: not fixed PC004 [tool-args-reserialized]: no conversation the template renders prints "
         "tool-call arguments, so the fix cannot be checked"
@@ -288,7 +288,7 @@ def test_tool_arguments_of_a_namespace_copy_of_the_messages_are_found_and_fixed(
     assert lint_text(source)[0] == [at("PC004", source, "tojson")]
     path = tmp_path / "copy.jinja"
     path.write_text(source)
-    result = CliRunner().invoke(main, [str(path), "--fix"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes"])
     _, line, column = at("PC004", source, "tojson")
     assert result.stdout.startswith(f"{path}:{line}:{column}: fixed PC004 [tool-args-reserialized]")
     assert result.exit_code == 0
@@ -325,7 +325,9 @@ def test_templates_that_render_alike_get_one_verdict_for_the_style_the_model_wri
         path.write_text(
             (CORPUS / "PC004_tool_args_reserialized.jinja").read_text().replace("call.arguments | tojson", expression)
         )
-        result = CliRunner().invoke(main, [str(path), *(["--tool-args-style", style] if style else [])])
+        result = CliRunner().invoke(
+            main, [str(path), "--output-format", "full", *(["--tool-args-style", style] if style else [])]
+        )
         found[name] = result.exit_code
         if result.exit_code:
             assert result.stdout.startswith(f"{path}:5:89: PC004 [tool-args-reserialized]")
@@ -352,7 +354,7 @@ def test_a_string_encoded_again_is_what_the_message_says():
     assert finding.message == (
         "tool-call arguments pass through `tojson`, which JSON-encodes an argument string a second time: the replay "
         'shows "{\\"city\\":\\"Paris\\"}" where the model wrote {"city":"Paris"}; '
-        '`--fix` writes them as the model does (--tool-args-style compact, the default, or spaced for ", " and ": ")'
+        'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
     )
     (finding,) = prove_fixture("PC004_tool_args_reserialized.jinja", "vllm")[1]
     assert 'which re-serialises them with ", " and ": " separators' in finding.message

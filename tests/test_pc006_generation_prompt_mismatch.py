@@ -203,13 +203,16 @@ def test_fix_leaves_a_switched_opener_it_has_no_fix_for_failing(tmp_path, monkey
     )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.jinja").write_text(source)
-    fixed = CliRunner().invoke(main, ["t.jinja", "--fix"])
+    fixed = CliRunner().invoke(main, ["t.jinja", "--fix", "--unsafe-fixes", "--output-format", "full"])
     _, line, column = at("PC006", source, "<think></think>")
     assert fixed.exit_code == 1
     (said,) = [text for text in fixed.stdout.splitlines() if text.startswith(f"t.jinja:{line}:{column}: PC006")]
     assert "breaks when enable_thinking=false (stable when true or unset)" in said
     assert (tmp_path / "t.jinja").read_text() == source
-    assert fixed.stdout.endswith("Found 1 finding (1 failing).\n")
+    assert fixed.stdout.endswith(
+        "Found 1 finding (1 failing).\nLeft to fix by hand: PC006 (`tmpl-lint rule CODE` shows what to write instead; "
+        "`{# tmpl-lint: ignore[CODE] #}` on its line suppresses one).\n"
+    )
 
 
 @needs_shared
@@ -433,7 +436,7 @@ def test_the_place_is_the_same_in_json_sarif_and_the_fix_lines(tmp_path, monkeyp
     (result,) = sarif["runs"][0]["results"]
     region = result["locations"][0]["physicalLocation"]["region"]
     assert (region["startLine"], region["startColumn"]) == (line, column)
-    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix"])
+    fixed = runner.invoke(main, ["t.jinja", "--no-prove", "--fix", "--unsafe-fixes"])
     assert f"t.jinja:{line}:{column}: not fixed PC006 [generation-prompt-mismatch]" in fixed.stdout
 
 

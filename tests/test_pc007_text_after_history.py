@@ -47,7 +47,7 @@ def test_fix_closes_the_group_where_the_flag_is_turned_off(tmp_path):
     original = (CORPUS / FIXTURE).read_text(encoding="utf-8")
     path = tmp_path / FIXTURE
     path.write_text(original, encoding="utf-8")
-    result = CliRunner().invoke(main, [str(path), "--fix"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes"])
     assert "fixed PC007 [text-after-history]" in result.stdout
     closer = '{%- if ns.is_tool %}{{- "<｜tool▁outputs▁end｜>" }}{%- endif %}'
     lines = original.splitlines(keepends=True)
@@ -114,7 +114,7 @@ def test_text_after_the_messages_on_every_turn_is_reported_and_not_fixable(tmp_p
     assert (divergence.reusable_tokens, divergence.lost_tokens) == (32, 112)
     path = tmp_path / "t.jinja"
     path.write_text(source, encoding="utf-8")
-    result = CliRunner().invoke(main, [str(path), "--fix", "--no-prove"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "--no-prove"])
     assert "not fixed PC007 [text-after-history]: no edit keeps the model's trained format" in result.stdout
     assert path.read_text(encoding="utf-8") == source
 

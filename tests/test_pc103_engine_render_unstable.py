@@ -143,7 +143,7 @@ def test_fix_says_no_edit_of_the_template_changes_the_engines_render(tmp_path, m
     monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
     path = tmp_path / "harmony.jinja"
     path.write_bytes(FIXTURE.read_bytes())
-    result = CliRunner().invoke(main, [str(path), "--fix"])
+    result = CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes"])
     assert path.read_bytes() == FIXTURE.read_bytes()
     why = "the engine renders this model with its own code, not the template: no edit of the template changes it"
     assert [line for line in result.stdout.splitlines() if "not fixed" in line] == [

@@ -77,10 +77,10 @@ def test_a_template_that_does_not_parse_reports_no_suppression_unused_but_a_code
     """Line 2 does not parse: the rules never saw line 1's live clock, so its suppression
     cannot be said to suppress nothing. A typo is one whatever the template."""
     source = '{{ strftime_now("%Y") }}{# tmpl-lint: ignore[PC001] #}\n{% for m in messages %}{{ m.content }}{% endif %}\n'
-    assert lint_text(source)[0] == [("PC000", 2, 1)]
+    assert lint_text(source)[0] == [at("PC000", source, "endif")]
     source = source.replace("PC001", "PC01")
     codes, findings = lint_text(source)
-    assert codes == [at("PC900", source, "{#"), ("PC000", 2, 1)]
+    assert codes == [at("PC900", source, "{#"), at("PC000", source, "endif")]
     assert findings[0].message == "the suppression names PC01, which is no rule code: it suppresses nothing"
 
 

@@ -36,21 +36,43 @@ def hook_lines(result) -> list[str]:
 
 
 def test_bad_template_fails_and_fix_hook_repairs_it(tmp_path, hook_repository, environment):
-    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    # PC007's fix is safe: the fix hook makes it
+    repo = consumer(tmp_path, hook_repository, {"chat_template.jinja": CORPUS / "PC007_text_after_history.jinja"})
     checked = run_hooks(repo, environment, "tmpl-lint")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert hook_lines(checked) == [("tmpl-lint", "Failed")]
-    assert "chat_template.jinja:3:28: PC001 [live-clock]" in checked.stdout
+    assert "chat_template.jinja:29:8: PC007 [text-after-history]" in checked.stdout
+    assert "[*] 1 fixable with --fix" in checked.stdout
 
     fixed = run_hooks(repo, environment, "tmpl-lint-fix")
     assert fixed.returncode == 1  # pre-commit fails a hook that modifies files
     assert "files were modified by this hook" in fixed.stdout
-    assert "chat_template.jinja:3:28: fixed PC001 [live-clock]" in fixed.stdout
-    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
+    assert "chat_template.jinja:29:8: fixed PC007 [text-after-history]" in fixed.stdout
 
     again = run_hooks(repo, environment, "tmpl-lint")
     assert again.returncode == 0, again.stdout
     assert hook_lines(again) == [("tmpl-lint", "Passed")]
+
+
+def test_the_fix_hook_makes_an_unsafe_fix_only_where_the_project_asks(tmp_path, hook_repository, environment):
+    # PC001's fix freezes the date the model sees: unsafe, left by the fix hook...
+    repo = consumer(tmp_path / "a", hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    left = run_hooks(repo, environment, "tmpl-lint-fix")
+    assert left.returncode == 1
+    assert hook_lines(left) == [("tmpl-lint (fix)", "Failed")]
+    assert "files were modified by this hook" not in left.stdout
+    assert "[*] 1 fixable with --fix --unsafe-fixes" in left.stdout
+    assert "strftime_now" in (repo / "chat_template.jinja").read_text()
+    # ...and made where the project's configuration says unsafe-fixes = true
+    (tmp_path / "settings").mkdir()  # not above the first repository, whose run would find it
+    settings = tmp_path / "settings" / "pyproject.toml"
+    settings.write_text("[tool.tmpl-lint]\nunsafe-fixes = true\n")
+    repo = consumer(
+        tmp_path / "b", hook_repository, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja", "pyproject.toml": settings}
+    )
+    fixed = run_hooks(repo, environment, "tmpl-lint-fix")
+    assert "chat_template.jinja:3:28: fixed PC001 [live-clock]" in fixed.stdout
+    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
 
 
 def test_the_readme_snippet_works_as_written(tmp_path):
@@ -61,11 +83,12 @@ def test_the_readme_snippet_works_as_written(tmp_path):
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), SESSION_ENVIRONMENT.get("PATH", "")]),
     }
     snippet = readme_snippet()
-    repo = configured(tmp_path, snippet, {"chat_template.jinja": CORPUS / "PC001_live_clock.jinja"})
+    # PC007's fix is safe, so the fixing entry, which makes safe fixes only, makes it
+    repo = configured(tmp_path, snippet, {"chat_template.jinja": CORPUS / "PC007_text_after_history.jinja"})
     checked = run_hooks(repo, environment)
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert hook_lines(checked) == [("tmpl-lint", "Failed")]
-    assert checked.stdout.count("chat_template.jinja:3:28: PC001 [live-clock]") == 1
+    assert checked.stdout.count("chat_template.jinja:29:8: PC007 [text-after-history]") == 1
 
     # the alternative the snippet names in its comment: the same hook, fixing
     fixing = re.search(r"# to rewrite templates with verified fixes instead: (.+)\n", snippet).group(1)
@@ -73,7 +96,7 @@ def test_the_readme_snippet_works_as_written(tmp_path):
     fixed = run_hooks(repo, environment)
     assert fixed.returncode == 1  # pre-commit fails a hook that modifies files
     assert "files were modified by this hook" in fixed.stdout
-    assert "strftime_now" not in (repo / "chat_template.jinja").read_text()
+    assert (repo / "chat_template.jinja").read_bytes() != (CORPUS / "PC007_text_after_history.jinja").read_bytes()
 
     (repo / ".pre-commit-config.yaml").write_text(snippet)
     again = run_hooks(repo, environment)
@@ -98,17 +121,28 @@ def test_a_template_vllm_never_reads_does_not_fail_on_vllms_render(tmp_path, hoo
         ("gpt-oss", ["tokenizer_config.json", "chat_template.jinja"]),
     ],
 )
-def test_a_stock_config_passes_the_readme_hooks_once_fixed(tmp_path, hook_repository, environment, model, files):
-    repo = consumer(tmp_path, hook_repository, {f"{model}/{name}": SHARED_TOKENIZERS / model / name for name in files})
+def test_a_stock_config_is_fixed_as_far_as_fixes_go_and_says_what_is_left(tmp_path, hook_repository, environment, model, files):
+    # Their fixes change what the model sees (reasoning kept in history): the project takes them.
+    settings = tmp_path / "pyproject.toml"
+    settings.write_text("[tool.tmpl-lint]\nunsafe-fixes = true\n")
+    repo = consumer(
+        tmp_path,
+        hook_repository,
+        {**{f"{model}/{name}": SHARED_TOKENIZERS / model / name for name in files}, "pyproject.toml": settings},
+    )
     first = run_hooks(repo, environment)
     # the check fails on the stock template, the fix hook rewrites it
     assert first.returncode == 1, first.stdout + first.stderr
     assert hook_lines(first) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Failed")]
     assert "files were modified by this hook" in first.stdout
-    assert "not fixed" not in first.stdout  # every failing finding had a fix; an info one without a fix is not "not fixed"
     second = run_hooks(repo, environment)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert hook_lines(second) == [("tmpl-lint", "Passed"), ("tmpl-lint (fix)", "Passed")]
+    # The fix hook has nothing left to make (it changes no file a second time), but the check
+    # still fails: ORACLE.tsv gives both models a break in the generation prompt or the reply
+    # itself ("tail", in chat and agent), which no edit of history mends: PC006, with no fix.
+    assert hook_lines(second) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Passed")], second.stdout
+    assert "files were modified by this hook" not in second.stdout
+    assert "PC006 [generation-prompt-mismatch]" in second.stdout
+    assert "fixable with --fix" not in second.stdout
 
 
 def test_a_base_models_tokenizer_config_does_not_fail_the_hook(tmp_path, hook_repository, environment):

@@ -132,7 +132,7 @@ def test_a_tool_call_reply_is_measured_to_its_end_marker_in_tokens_too(tmp_path)
 
     path = tmp_path / "chat_template.jinja"
     path.write_text((SHARED_TEMPLATES / "Qwen--Qwen3-0.6B.jinja").read_text())
-    CliRunner().invoke(main, [str(path), "--fix", "-q", "--frozen-date", "2026-01-15"])
+    CliRunner().invoke(main, [str(path), "--fix", "--unsafe-fixes", "-q", "--frozen-date", "2026-01-15"])
     fixed = path.read_text()
     tokenizer = shared_tokenizer("qwen3")
     agent = scenario_named("agent")

@@ -214,7 +214,22 @@ def test_the_template_rule_and_the_fix_on_the_same_pool(tmp_path, tokenizer):
     assert "tokens lost, cumulative" in html_page and "request of the session" in html_page
     sweep_chart = html_page.split("<h2>Hit rate by cache capacity</h2>")[1].split("<h2>")[0]
     assert sweep_chart.count("<polyline") == 2  # both templates
-    assert "<li>" in sweep_chart and "template: vllm" in sweep_chart and "compare: vllm" in sweep_chart
+    # The page names what it replayed: the files, the log and the options.
+    assert "<li>" in sweep_chart and f"{original}: vllm" in sweep_chart and f"{fixed}: vllm" in sweep_chart
+    assert f"<p>Log: <code>{log}</code></p>" in html_page
+    assert (
+        f"<p>Options: <code>--template {original} --compare {fixed} --tokenizer {QWEN3} --session-key user "
+        "--engine vllm --cache-model vllm --cache-blocks 50,90,100000</code></p>"
+    ) in html_page
+    # A row for each capacity of each template, not the smallest alone; at 50 blocks the
+    # original's rate is the independent pool's.
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>vllm</td><td>blocks of 16, (\d+) blocks</td><td>([0-9.]+)%</td>", html_page)
+    assert [(name, int(blocks)) for name, blocks, _ in rows] == [
+        (str(path), blocks) for path in (original, fixed) for blocks in (50, 90, 100000)
+    ]
+    assert rows[0][2] == f"{hits / queries:.1%}"[:-1]
+    for (_, _, shown), point in zip(rows, before["sweep"] + after["sweep"]):
+        assert shown == f"{point['prefix_cache_hit_rate']:.1%}"[:-1]
     sessions_chart = html_page.split("<h2>Worst sessions")[1]
     legend = re.findall(r"<li>.*?</li>", sessions_chart)
     assert any(f"session {DROPPING}" in item for item in legend)  # named in the legend, not only in tooltips
@@ -373,10 +388,11 @@ def test_capacity_from_memory_and_errors(tmp_path, tokenizer):
 
     result = replay(log, "--tokenizer", QWEN3, "--template", template, "--cache-blocks", "3")
     assert result.exit_code == 2
+    errors = "".join(line for line in result.stderr.splitlines(keepends=True) if not line.startswith("tmpl-lint: note: "))
     assert re.fullmatch(
         r"tmpl-lint: error: line \d+: a request needs \d+ blocks \(\d+ tokens\) and the pool holds 2: "
         r"vLLM does not start with a max_model_len that does not fit\n",
-        result.stderr,
+        errors,
     )
     result = replay(log, "--tokenizer", QWEN3, "--template", template, "--kv-cache-gib", "1")
     assert result.exit_code == 2
@@ -431,7 +447,8 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
     """What the model wrote: the arguments as it wrote them and the closing markup up to
     <|im_end|> (the last token, never fed back, is left out of the cache later)."""
     from tmpl_lint.diff import read_template
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text, special = read_template(SHARED_TEMPLATES / "Qwen--Qwen2.5-7B-Instruct.jinja")
     tracer = Tracer(text, None, special, "vllm")
@@ -441,7 +458,9 @@ def test_a_tool_call_reply_is_generated_through_its_end_of_turn_marker():
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}],
     }
     call = Call(
-        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+        line=1,
+        response={"choices": [{"message": reply}]},
     )
     prompt = tracer.prompt(call, None)
     ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -467,7 +486,8 @@ def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(pri
     """The cache holds what the model generated: the arguments string of the log, not the
     template's re-serialisation of the mapping the engine parsed it into, whatever the
     template's separators, key order or indentation."""
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text = QWEN25.read_text().replace("tool_call.arguments | tojson", printed)
     assert printed in text
@@ -478,7 +498,9 @@ def test_a_reply_keeps_the_logged_arguments_however_the_template_prints_them(pri
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": SPACED_ARGUMENTS}}],
     }
     call = Call(
-        1, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}, {"choices": [{"message": reply}]}
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+        line=1,
+        response={"choices": [{"message": reply}]},
     )
     prompt = tracer.prompt(call, None)
     _ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -553,7 +575,8 @@ def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     the reply, the user message loses its mark, so the render parts from the prompt before
     the prompt ends. The model still wrote only its answer and <|im_end|>, after prompt N's
     generation prompt, and never the mark the render gives the reply as the newest."""
-    from tmpl_lint.replay import Call, Tracer, reply_message
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import Call, reply_message
 
     text = (
         "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -562,7 +585,7 @@ def test_a_reply_after_a_marked_last_message_is_what_the_model_wrote():
     )
     tracer = Tracer(text, None, {}, "vllm")
     reply = {"role": "assistant", "content": "Answer 1."}
-    call = Call(1, {"messages": [{"role": "user", "content": "Question 1?"}]}, {"choices": [{"message": reply}]})
+    call = Call({"messages": [{"role": "user", "content": "Question 1?"}]}, line=1, response={"choices": [{"message": reply}]})
     prompt = tracer.prompt(call, None)
     assert prompt.text == "<|im_start|>user\nQuestion 1? (latest)<|im_end|>\n<|im_start|>assistant\n"
     ids, generated = tracer.generated(call, prompt.text, reply_message(call.response))
@@ -638,7 +661,8 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
     request's clock showed today and the next one's 1970, a date change the template never
     made. A string of digits is seconds too."""
     from tmpl_lint.diff import read_template
-    from tmpl_lint.replay import Tracer, read_log
+    from tmpl_lint.replay.attribution import Tracer
+    from tmpl_lint.replay.log import read_log
 
     template = tmp_path / "dated.jinja"
     template.write_text(
@@ -655,8 +679,9 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
         + json.dumps({"request": {"messages": second, "user": "u"}, "timestamp": "60"})
         + "\n"
     )
-    calls, problems = read_log(log)
-    assert problems == []
+    with read_log(log) as read:
+        assert read.problems == []
+        calls = [read.call(entry) for entry in read.entries]
     assert [call.timestamp for call in calls] == [datetime(1970, 1, 1, 0, 0), datetime(1970, 1, 1, 0, 1)]
     text, special = read_template(template)
     assert Tracer(text, None, special, "vllm").prompt(calls[0], None).text.startswith("Today: 1970-01-01\n<|im_start|>user\n")
@@ -668,7 +693,7 @@ def test_a_timestamp_of_0_is_1970_and_the_clock_shows_it(tmp_path):
 
 
 def test_a_choice_that_is_not_an_object_is_no_reply():
-    from tmpl_lint.replay import reply_message
+    from tmpl_lint.replay.log import reply_message
 
     assert reply_message({"choices": [5]}) is None
     assert reply_message({"choices": [{"message": {"role": "assistant", "content": "x"}}]}) == {
@@ -756,7 +781,8 @@ def test_sessions_traced_in_parallel_give_the_same_report(tmp_path, tokenizer):
     ],
 )
 def test_what_the_client_changed(change, detail, index, described):
-    from tmpl_lint.replay import Call, client_change
+    from tmpl_lint.replay.attribution import Departure
+    from tmpl_lint.requests import Request, client_change
 
     history = [
         {"role": "system", "content": "Be helpful."},
@@ -765,30 +791,30 @@ def test_what_the_client_changed(change, detail, index, described):
         {"role": "user", "content": "Red."},
     ]
     reply = {"role": "assistant", "content": "Red it is.", "reasoning_content": "Confirm.", "refusal": None}
-    previous = Call(1, {"messages": history})
+    previous = Request({"messages": history})
     sent = [*history, {key: value for key, value in reply.items() if value is not None}]
-    assert client_change(previous, reply, Call(2, {"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
-    found = client_change(previous, reply, Call(2, {"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
-    assert (found.cause, found.detail, found.message_index) == ("client", detail, index)
-    assert found.describe() == described
+    assert client_change(previous, reply, Request({"messages": [*sent, {"role": "user", "content": "Thanks"}]})) is None
+    found = client_change(previous, reply, Request({"messages": [*change(sent), {"role": "user", "content": "Thanks"}]}))
+    assert (found.to_json()["cause"], found.detail, found.message_index) == ("client", detail, index)
+    assert Departure.of_client(found).describe() == described
 
 
 def test_what_else_the_client_changed():
-    from tmpl_lint.replay import Call, client_change
+    from tmpl_lint.requests import Request, client_change
 
     messages = [{"role": "user", "content": "Weather?"}]
     reply = {
         "role": "assistant",
         "tool_calls": [{"id": "1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Paris"}'}}],
     }
-    previous = Call(1, {"messages": messages, "tools": TOOLS})
+    previous = Request({"messages": messages, "tools": TOOLS})
     echoed = {**reply, "tool_calls": [{**reply["tool_calls"][0], "function": {"name": "w", "arguments": '{"city": "Paris"}'}}]}
-    found = client_change(previous, reply, Call(2, {"messages": [*messages, echoed], "tools": TOOLS}))
+    found = client_change(previous, reply, Request({"messages": [*messages, echoed], "tools": TOOLS}))
     assert (found.detail, found.message_index) == ("tool-call arguments re-serialized", 1)
-    found = client_change(previous, reply, Call(2, {"messages": [*messages, reply], "tools": TOOLS[:0]}))
+    found = client_change(previous, reply, Request({"messages": [*messages, reply], "tools": TOOLS[:0]}))
     assert (found.detail, found.message_index) == ("tools changed", None)
     options = {"messages": [*messages, reply], "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
-    assert client_change(previous, reply, Call(2, options)).detail == "request options changed"
+    assert client_change(previous, reply, Request(options)).detail == "request options changed"
 
 
 def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path):
@@ -885,7 +911,7 @@ def test_the_configuration_gives_the_block_size(tmp_path, monkeypatch):
 
 def test_a_departure_before_the_first_message_says_so_and_names_no_message():
     from tmpl_lint.proofs import BEFORE_MESSAGES
-    from tmpl_lint.replay import Departure, TokenCause
+    from tmpl_lint.replay.attribution import Departure, TokenCause
 
     departure = Departure(TokenCause.TEMPLATE, "PC100 system", None, None, BEFORE_MESSAGES)
     assert departure.describe() == "template PC100 system, before the first message"
@@ -1010,6 +1036,6 @@ def test_a_compare_template_that_fails_everywhere_is_named_and_rates_nothing(tmp
     assert "  steady state, each session's first request left out: n/a (no session sent a second request)" in lines
     compare = lines[lines.index(next(line for line in lines if line.startswith("compare: "))) :]
     assert compare[:2] == [
-        "compare: 0 requests in 2 sessions, vLLM prefix cache (blocks of 16, unbounded pool), requests as vLLM 0.33.0 handles them",
+        "compare: 0 requests in 0 sessions, vLLM prefix cache (blocks of 16, unbounded pool), requests as vLLM 0.33.0 handles them",
         "  Prefix cache hit rate: n/a (no request could be rendered)",
     ]

@@ -87,7 +87,10 @@ def test_fix_safety_says_no_automatic_fix_exactly_when_the_rule_has_none(rule):
     (row,) = [line for line in listed.splitlines() if line.startswith(rule.RULE.code + " ")]
     has_fix = rule.fix is not None
     assert safety.startswith("No automatic fix") is not has_fix
-    assert (" fix " in f" {row} ") is has_fix
+    # a fix declares its safety, which `tmpl-lint rules` lists and the page's section opens with
+    assert (rule.RULE.fix_safety is not None) is has_fix
+    assert (f" {rule.RULE.fix_safety}-fix " in f" {row} ") is has_fix
+    assert safety.startswith(f"This fix is {rule.RULE.fix_safety}") is has_fix
     assert ("Fix is sometimes available." in page(rule)) is has_fix
 
 

@@ -112,8 +112,19 @@ def test_fix_writes_says_each_fix_as_it_is_decided_and_lints_the_file_as_written
     path = copy("PC001_live_clock.jinja", tmp_path)
     original = path.read_text()
     heard: list[FixLine] = []
-    result = run_check(CheckOptions((path,), prove=False, fix=FixMode.WRITE, frozen_date=FROZEN), on_fix_line=heard.append)
-    assert result.fix_lines == [FixLine(f"{path}:3:28: fixed {CLOCK_FIX}")]
+    result = run_check(
+        CheckOptions((path,), prove=False, fix=FixMode.WRITE, frozen_date=FROZEN, unsafe_fixes=True), on_fix_line=heard.append
+    )
+    header = '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}'
+    old = original.splitlines()[2]
+    new = old.replace('strftime_now("%Y-%m-%d")', "date_string")
+    # the fix, then the template lines it edited: a line added at the top, line 3 (now 4) rewritten
+    assert result.fix_lines == [
+        FixLine(f"{path}:3:28: fixed {CLOCK_FIX}"),
+        FixLine(f"    1 + {header}"),
+        FixLine(f"    3 - {old}"),
+        FixLine(f"    4 + {new}"),
+    ]
     assert heard == result.fix_lines
     assert path.read_text() == (
         '{%- if date_string is not defined %}{%- set date_string = "2026-01-15" %}{%- endif %}\n'
@@ -125,9 +136,9 @@ def test_fix_writes_says_each_fix_as_it_is_decided_and_lints_the_file_as_written
 def test_diff_writes_nothing_gives_the_patch_and_exits_1(tmp_path):
     path = copy("PC001_live_clock.jinja", tmp_path)
     before = path.read_bytes()
-    result = run_check(CheckOptions((path,), prove=False, fix=FixMode.DIFF, frozen_date=FROZEN))
+    result = run_check(CheckOptions((path,), prove=False, fix=FixMode.DIFF, frozen_date=FROZEN, unsafe_fixes=True))
     assert path.read_bytes() == before
-    message, patch = result.fix_lines
+    message, *_edited, patch = result.fix_lines
     assert message == FixLine(f"{path}:3:28: would fix {CLOCK_FIX}")
     assert patch.patch
     assert patch.text.startswith(f"--- a/{path.name}\n+++ b/{path.name}\n@@ -1,6 +1,7 @@\n")
@@ -135,8 +146,10 @@ def test_diff_writes_nothing_gives_the_patch_and_exits_1(tmp_path):
     assert places(result) == {path.name: []}
     assert (result.would_change, result.status) == (True, EXIT_FINDINGS)
     # --exit-zero covers the patch as ruff's does: the patch is still given, the exit is 0
-    result = run_check(CheckOptions((path,), prove=False, fix=FixMode.DIFF, frozen_date=FROZEN, exit_zero=True))
-    assert (path.read_bytes(), result.fix_lines[1].text, result.status) == (before, patch.text, EXIT_CLEAN)
+    result = run_check(
+        CheckOptions((path,), prove=False, fix=FixMode.DIFF, frozen_date=FROZEN, exit_zero=True, unsafe_fixes=True)
+    )
+    assert (path.read_bytes(), result.fix_lines[-1].text, result.status) == (before, patch.text, EXIT_CLEAN)
 
 
 def test_options_that_cannot_run_raise_before_anything_is_read(tmp_path):

@@ -457,7 +457,7 @@ def test_an_unreadable_extra_template_is_its_own_error_and_hides_no_other_templa
         "m/additional_chat_templates/tool_use.jinja:1:54: PC007 [text-after-history] (template tool_use)",
     ]
 
-    result = CliRunner().invoke(main, ["m", "--no-prove", "-q", "--fix", "--frozen-date", "2026-01-15"])
+    result = CliRunner().invoke(main, ["m", "--no-prove", "-q", "--fix", "--unsafe-fixes", "--frozen-date", "2026-01-15"])
     assert result.exit_code == 2
     assert result.stdout.splitlines()[0] == (
         "m/tokenizer_config.json:1:23: fixed PC001 [live-clock]: the model sees the date 2026-01-15 instead of today's"

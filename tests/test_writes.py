@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, signal_after, wait_for_children
+from helpers import CORPUS, PROJECT, signal_after, wait_for_children, without_edits
 
 from tmpl_lint import writes
 from tmpl_lint.cli import main
@@ -58,7 +58,7 @@ def fixed_once(tmp_path: Path, source: Path) -> bytes:
     alone.mkdir()
     copy = alone / source.name
     shutil.copyfile(source, copy)
-    assert run(str(copy), "--fix", "--no-prove", "--frozen-date", "2026-01-15")[0] == 0
+    assert run(str(copy), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")[0] == 0
     return copy.read_bytes()
 
 
@@ -72,7 +72,7 @@ def leftovers(directory: Path, *keep: Path) -> list[str]:
 def test_two_concurrent_fixes_on_one_file_take_turns(tmp_path):
     path = live_clock(tmp_path / "repo")
     expected = fixed_once(tmp_path, path)
-    runs = [tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15") for _ in range(2)]
+    runs = [tmpl_lint(path, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15") for _ in range(2)]
     results = [(process.communicate(timeout=120), process.returncode) for process in runs]
     results = [(code, out, err) for (out, err), code in results]
     assert [code for code, _, _ in results] == [0, 0]
@@ -88,7 +88,7 @@ def test_two_concurrent_fixes_on_one_file_take_turns(tmp_path):
 def test_a_fix_waits_for_the_lock_and_fixes_what_the_holder_wrote(tmp_path):
     path = live_clock(tmp_path)
     with writes.locked(path):
-        process = tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+        process = tmpl_lint(path, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")
         time.sleep(3)
         assert process.poll() is None  # still waiting for the lock
         # the holder writes its own change meanwhile
@@ -112,7 +112,7 @@ def test_a_file_changed_after_it_was_read_is_not_overwritten(tmp_path, monkeypat
         return result
 
     monkeypatch.setattr(fixer, "fix_isolated", fix_while_an_editor_saves)
-    code, out, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: {path}: changed since it was read (another program wrote it); nothing written, run tmpl-lint again\n"
@@ -139,7 +139,7 @@ def test_a_file_whose_lock_cannot_be_taken_says_each_finding_is_not_fixed_for_th
     # the fixes are never made: no finding is "found by the proof, not from a pattern"
     path = live_clock(tmp_path / "model")
     blocker = lock_folder_blocked(tmp_path, monkeypatch)
-    code, out, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == f"tmpl-lint: error: {blocker}: cannot hold lock files: File exists\n"
     assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be written (see the error)"
@@ -156,7 +156,7 @@ def test_a_file_whose_lock_cannot_be_taken_says_no_fix_where_its_rule_has_none(t
         "{%- if add_generation_prompt %}<|assistant|><think>\n{%- endif %}\n"
     )
     lock_folder_blocked(tmp_path, monkeypatch)
-    code, out, _ = run(str(path), "--fix", "--no-prove")
+    code, out, _ = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert out.splitlines()[:2] == [
         f"{path}:1:4: not fixed PC001 [live-clock]: the file could not be written (see the error)",
@@ -173,7 +173,7 @@ def test_a_file_that_cannot_be_read_again_to_be_fixed_says_so_for_each_finding(t
         return read(target)
 
     monkeypatch.setattr(writes, "read", read_after_an_editor_broke_it)
-    code, out, err = run(str(path), "--fix", "--no-prove")
+    code, out, err = run(str(path), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == f"tmpl-lint: error: {path}: not valid UTF-8 (byte 0)\n"
     assert out.splitlines()[0] == f"{path}:3:28: not fixed PC001 [live-clock]: the file could not be read again (see the error)"
@@ -189,7 +189,7 @@ def test_sigterm_during_a_write_leaves_no_temporary_file_and_the_target_whole(tm
     # second, where a template of 9 MiB took seconds to lint and fix.
     path.write_text(json.dumps({"chat_template": CLOCK, "padding": "x" * (9 * 1024 * 1024)}, indent=2) + "\n")
     original = path.read_bytes()
-    process = tmpl_lint(path, "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+    process = tmpl_lint(path, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")
     caught = False
     while process.poll() is None:
         if any(name.endswith(".tmp") for name in os.listdir(tmp_path)):
@@ -276,7 +276,7 @@ def test_hf_cache_symlink_is_written_through_to_its_blob(tmp_path):
     blob.write_text(original)
     link = snapshot / "tokenizer_config.json"
     link.symlink_to(Path("..") / ".." / "blobs" / blob.name)
-    code, out, err = run(str(snapshot), "--fix", "--no-prove", "--frozen-date", "2026-01-15")
+    code, out, err = run(str(snapshot), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")
     assert (code, err) == (0, "")
     (line,) = [number for number, text in enumerate(original.splitlines(), 1) if "strftime_now" in text]
     column = original.splitlines()[line - 1].index("strftime_now") + 1  # in the file, escapes counted
@@ -294,7 +294,7 @@ def test_mode_and_owner_are_kept(tmp_path):
     path = live_clock(tmp_path)
     os.chown(path, 1234, 5678)
     path.chmod(0o640)
-    assert run(str(path), "--fix", "--no-prove")[0] == 0
+    assert run(str(path), "--fix", "--unsafe-fixes", "--no-prove")[0] == 0
     status = path.stat()
     assert "date_string" in path.read_text()
     assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (1234, 5678, 0o640)
@@ -319,6 +319,7 @@ def test_an_owner_this_process_cannot_give_is_kept_by_writing_in_place(tmp_path)
             "tmpl_lint",
             str(path),
             "--fix",
+            "--unsafe-fixes",
             "--no-prove",
         ],
         capture_output=True,
@@ -336,7 +337,7 @@ def test_hard_links_stay_linked(tmp_path):
     path = live_clock(tmp_path)
     other = tmp_path / "elsewhere.jinja"
     os.link(path, other)
-    assert run(str(path), "--fix", "--no-prove")[0] == 0
+    assert run(str(path), "--fix", "--unsafe-fixes", "--no-prove")[0] == 0
     assert "date_string" in other.read_text()
     assert path.stat().st_ino == other.stat().st_ino and path.stat().st_nlink == 2
     assert leftovers(tmp_path, path, other) == []
@@ -374,7 +375,7 @@ def test_a_full_disk_is_one_error_and_the_batch_goes_on(tmp_path, monkeypatch):
         return real_fsync(descriptor)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    code, out, err = run(str(full), str(fine), "--fix", "--no-prove")
+    code, out, err = run(str(full), str(fine), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == f"tmpl-lint: error: {full}: cannot write: No space left on device; the file is unchanged\n"
     assert full.read_bytes() == before and leftovers(full.parent, full) == []
@@ -400,7 +401,7 @@ def test_a_lone_surrogate_is_linted_fixed_and_printed_without_an_internal_error(
     # in the file: the surrogate is written as a six-character escape
     column = config.read_text().index("strftime_now") + 1
     result = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", str(config), "--fix", "--no-prove", "--frozen-date", "2026-01-15"],
+        [sys.executable, "-m", "tmpl_lint", str(config), "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -432,7 +433,7 @@ def test_the_summary_counts_files_not_written_apart_from_inputs_not_read(tmp_pat
     read_only = live_clock(tmp_path)
     read_only.chmod(0o444)
     missing = tmp_path / "missing.jinja"
-    code, out, err = run(str(read_only), str(missing), "--fix", "--no-prove")
+    code, out, err = run(str(read_only), str(missing), "--fix", "--unsafe-fixes", "--no-prove")
     assert code == 2
     assert err == (
         f"tmpl-lint: error: {missing}: no such file or directory\n"
@@ -442,7 +443,7 @@ def test_the_summary_counts_files_not_written_apart_from_inputs_not_read(tmp_pat
         "Found 1 finding (1 failing; 1 of the failing unproven); "
         "1 input could not be read, 1 file could not be written (see the errors above)."
     )
-    code, out, _ = run(str(read_only), "--fix", "--no-prove")
+    code, out, _ = run(str(read_only), "--fix", "--unsafe-fixes", "--no-prove")
     assert out.splitlines()[-1] == (
         "Found 1 finding (1 failing; 1 of the failing unproven); 1 file could not be written (see the errors above)."
     )
@@ -562,7 +563,7 @@ def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Po
     """``tmpl-lint PATHS --fix --no-prove --jobs 2`` (or ``--diff``) whose tool_use templates
     take a minute to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
     return subprocess.Popen(
-        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), mode, "--no-prove", "--jobs", "2"],
+        [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), mode, "--unsafe-fixes", "--no-prove", "--jobs", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -623,7 +624,7 @@ def test_a_signal_during_a_fix_of_files_at_once_names_the_files_it_wrote_before(
     out, err = process.communicate(timeout=30)
     assert (process.returncode, err) == (code, said)
     column = before.decode().splitlines()[2].index("strftime_now") + 1
-    assert [line.split(" [")[0] for line in out.splitlines()] == [f"{other}:3:{column}: fixed PC001"]
+    assert [line.split(" [")[0] for line in without_edits(out).splitlines()] == [f"{other}:3:{column}: fixed PC001"]
 
 
 @STOPS
@@ -655,7 +656,7 @@ def test_a_signal_held_while_the_file_is_put_in_place_lands_after_and_the_file_i
     named as fixed before the run says it stopped."""
     path = live_clock(tmp_path)
     original = path.read_bytes()
-    arguments = [str(int(number)), os.path.realpath(path), str(path), "--fix", "--no-prove"]
+    arguments = [str(int(number)), os.path.realpath(path), str(path), "--fix", "--unsafe-fixes", "--no-prove"]
     process = subprocess.run(
         [sys.executable, "-c", SIGNAL_AS_PUT_IN_PLACE, *arguments],
         capture_output=True,
@@ -665,4 +666,4 @@ def test_a_signal_held_while_the_file_is_put_in_place_lands_after_and_the_file_i
     )
     assert (process.returncode, process.stderr) == (code, said)
     assert path.read_bytes() != original and leftovers(tmp_path, path) == []
-    assert [line.split(" [")[0] for line in process.stdout.splitlines()] == [f"{path}:3:28: fixed PC001"]
+    assert [line.split(" [")[0] for line in without_edits(process.stdout).splitlines()] == [f"{path}:3:28: fixed PC001"]

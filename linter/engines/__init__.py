@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..render import DEFAULT_LIMITS, RenderLimits, render
+from ..requests import REASONING_KEYS
 from . import hf, llamacpp, sglang, vllm
 from .base import ENGINES, HARMONY, HARMONY_MARKUP, LLAMACPP, EngineProfile, EngineRefusal, Prompt
 
@@ -189,3 +190,34 @@ def request_prompt(
         server_kwargs=server_kwargs,
         continue_final_message=continuing,
     )
+
+
+# --- what an engine passes of a message's reasoning ------------------------------------
+
+
+def passed_reasoning(engine: str, field: str) -> tuple[str, ...]:
+    """The names under which ``engine`` hands the template an assistant message's ``field``
+    as a client sent it; empty where it drops it: its profile's answer
+    (``EngineProfile.passes_reasoning``). gpt-oss renders through harmony, no template."""
+    if engine == HARMONY:
+        return ()
+    return profile_of(engine).passes_reasoning(field)
+
+
+def reasoning_note(requests_carry: dict[str, int], replies_carry: dict[str, int], engine: str) -> str | None:
+    """What the requests and the logged replies carry of reasoning (messages per field,
+    ``requests.reasoning_fields``), and what ``engine`` passes of it to the template: said
+    once per run, by replay and diff alike."""
+    parts = []
+    for name in REASONING_KEYS:
+        requests, replies = requests_carry.get(name, 0), replies_carry.get(name, 0)
+        if requests:
+            passed = " and ".join(f"`{seen}`" for seen in passed_reasoning(engine, name))
+            fate = f"passes to the template as {passed}" if passed else "does not pass to the template"
+            fate = f"which {profile_of(engine).label} {fate}"
+            parts.append(f"{requests:,} request {'messages carry' if requests != 1 else 'message carries'} `{name}`, {fate}")
+        if replies:
+            parts.append(
+                f"{replies:,} logged {'replies carry' if replies != 1 else 'reply carries'} `{name}`, read as the reply's reasoning"
+            )
+    return "; ".join(parts) or None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..checker import lint_with_facts
 from ..edits import Edit, Fix, OverlappingEdits, apply_edits
-from ..findings import Finding
+from ..findings import Finding, FixSafety
 from ..inputs import TemplateSource
 from ..proving.session import Recorded
 from ..rules import BY_CODE
@@ -23,6 +23,8 @@ class TemplateFix:
     patched: str
     applied: list[tuple[Finding, str]] = field(default_factory=list)
     skipped: list[tuple[Finding, str]] = field(default_factory=list)
+    # Findings whose rule's fix is unsafe, left without --unsafe-fixes (counted, not said one by one).
+    withheld: list[Finding] = field(default_factory=list)
     # Why the verified fixes cannot be kept (the template cannot be put back into its file,
     # or fixing it ran over the limits): said once for the template.
     refusal: str | None = None
@@ -67,6 +69,8 @@ def fix_template(
             result.skipped.append((finding, NO_AUTOMATIC_FIX))
         elif fix.unfixable:
             result.skipped.append((finding, fix.unfixable))
+        elif rule is not None and rule.RULE.fix_safety is not FixSafety.SAFE and not options.unsafe_fixes:
+            result.withheld.append(finding)
         else:
             pending.append((finding, fix))
     if not pending:

@@ -59,7 +59,8 @@ def _fix_for_parent(
     source: TemplateSource, options: FixOptions, selection: Selection, recalled: tuple[Verdicts, ...]
 ) -> TemplateFix:
     result = fix_template(source, options, selection, recalled)
-    for finding, _ in result.applied + result.skipped:  # places hold parse trees, which need not cross processes
+    # places hold parse trees, which need not cross processes
+    for finding in [finding for finding, _ in result.applied + result.skipped] + result.withheld:
         finding.site, finding.related = None, ()
     return result
 

@@ -30,6 +30,8 @@ class FixOptions:
     # The check that follows proves the template as fixed, and takes over what the verifier
     # rendered for it (TemplateFix.recorded); without proofs that is not sent back at all.
     send_renders: bool = True
+    # Make unsafe fixes too (--unsafe-fixes): those that change what the model sees.
+    unsafe_fixes: bool = False
 
 
 @dataclass

@@ -15,7 +15,7 @@ DELAY = 1.0  # seconds before a bar appears: quick runs print nothing extra
 
 
 class ProgressBar:
-    def __init__(self, description: str, total: int | None, delay: float = DELAY):
+    def __init__(self, description: str, total: int | None, delay: float = DELAY, quiet: bool = False):
         """``total``: the steps to come; None when unknown (a bar without an end)."""
         self.description = description
         self.total = total
@@ -24,7 +24,7 @@ class ProgressBar:
         self._bar: Any = None  # rich's Progress, once shown (rich is optional)
         self._task: Any = None
         self._timer: threading.Timer | None = None
-        if total != 0 and sys.stderr.isatty():
+        if total != 0 and not quiet and sys.stderr.isatty():  # -q: nothing but the findings
             self._timer = threading.Timer(delay, self._show)
             self._timer.daemon = True
 

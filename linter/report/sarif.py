@@ -103,6 +103,8 @@ def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequ
                 "templateColumn": finding.column,
                 "fails": finding.fails(strict),
                 "unproven": finding.unproven,
+                # As ruff's JSON carries it: the fix's applicability (safe, unsafe), null without one.
+                "fix": finding.fix.to_json() if finding.fix else None,
                 "proof": finding.proof.to_json() if finding.proof else None,
             },
         }

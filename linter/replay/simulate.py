@@ -1,0 +1,413 @@
+"""Pass 2 of ``tmpl-lint replay``: all requests in arrival order through one cache model
+(``kv_cache``: vLLM's block pool, SGLang's radix tree or llama.cpp's slots) at each capacity
+asked for.
+
+The headline is the engine's own figure: vLLM's "Prefix cache hit rate", hits / queries in
+tokens over every request (``PrefixCacheStats``). Each prompt token not served from cache
+gets one cause: cold (the session had not sent it before), partial block (the engine caches
+whole blocks and computes the last token), template, client, or capacity (its blocks were
+evicted); hits on blocks another session computed (a shared system prompt and tools) are
+counted apart.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hosted_cache import HOSTED_MODELS, TimedRequest, make_hosted_cache
+from ..kv_cache import CacheError, CacheModel, LlamaCppSlots, make_cache
+from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
+from .log import Log, ReplayError, Session
+
+# --- pass 2: all requests through one cache ------------------------------------------
+
+
+def _blocks(count: int, size: int) -> int:
+    return count // size * size
+
+
+def split_tokens(trace: Trace, hit: int, shared: int, granularity: int) -> Counter:
+    """Every prompt token of a request by cause (see ``TokenCause``)."""
+    size = trace.prompt_tokens
+    split = Counter({TokenCause.HIT: hit - shared, TokenCause.SHARED: shared})
+    if trace.first:
+        split[TokenCause.COLD] = size - hit
+        return split
+    previous, cap = trace.previous, size - 1
+    departure = min(previous, size) if trace.departure is None else trace.departure
+    reusable = _blocks(min(departure, previous, cap), granularity)  # the session's own, up to the departure
+    ideal = _blocks(min(previous, cap), granularity)  # the session's own, had nothing departed
+    low, middle, high = (max(hit, mark) for mark in (reusable, ideal, min(previous, size)))
+    split[TokenCause.CAPACITY] = low - hit
+    lost = middle - low
+    client = 0
+    if any(reason.cause is TokenCause.CLIENT for reason in trace.reasons):
+        template_at = previous if trace.template_departure is None else trace.template_departure
+        client = min(max(hit, _blocks(min(template_at, previous, cap), granularity)), middle) - low
+    split[TokenCause.CLIENT] = client
+    split[TokenCause.TEMPLATE] = lost - client
+    split[TokenCause.PARTIAL] = high - middle
+    split[TokenCause.COLD] = size - high
+    return split
+
+
+@dataclass
+class SessionFigures:
+    key: str
+    requests: int = 0
+    tokens: Counter = field(default_factory=Counter)
+    cumulative_lost: list[int] = field(default_factory=list)
+    first_departure: tuple[Trace, int] | None = None  # the trace and its request number in the session
+
+    @property
+    def lost(self) -> int:
+        return sum(self.tokens[cause] for cause in LOST)
+
+
+@dataclass
+class Summary:
+    """What one cache model made of the log at one capacity."""
+
+    cache_model: str
+    metric: str
+    unit: str
+    granularity: int
+    capacity_blocks: int | None
+    requests: int = 0  # replayed
+    sessions: int = 0  # with a request replayed
+    grouped: int = 0  # in the log, replayed or not
+    queries: int = 0
+    hits: int = 0
+    steady_queries: int = 0
+    steady_hits: int = 0
+    tokens: Counter = field(default_factory=Counter)
+    departures: Counter = field(default_factory=Counter)  # (cause, detail) -> tokens
+    departure_requests: Counter = field(default_factory=Counter)  # (cause, detail) -> requests
+    per_session: list[SessionFigures] = field(default_factory=list)
+    sweep: list[Summary] = field(default_factory=list)
+    error: str | None = None  # the capacity could not hold a request
+    replies: Counter = field(default_factory=Counter)  # ReplySource -> requests
+    bounded: bool = False  # the cache holds less than everything: replies take room in it
+    per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
+    engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
+
+    @property
+    def unmodelled_replies(self) -> int:
+        return self.replies[ReplySource.LAST] + self.replies[ReplySource.UNKNOWN]
+
+    @property
+    def engine_figure(self) -> bool:
+        """Whether the hit rate is the engine's own figure. The engine caches every reply
+        (but its last token). A reply is not modelled only where no later request of its
+        session sends it back, so in an unbounded cache nothing of the session could hit its
+        blocks (chained hashes: only a request sending the same prompt and reply could); in
+        a bounded one its blocks take room and evict others."""
+        return not (self.bounded and self.unmodelled_replies)
+
+    @property
+    def metric_label(self) -> str:
+        if self.engine_figure:
+            return self.metric
+        return f"hits / queries; not {self.metric}: the engine caches the replies not modelled"
+
+    def replies_note(self) -> str | None:
+        """What of the replies the figures model, where not all were logged."""
+        parts = []
+        if self.replies[ReplySource.LATER_REQUEST]:
+            count = self.replies[ReplySource.LATER_REQUEST]
+            parts.append(
+                f"{count} not logged: taken from the next request of the session that sends it back "
+                "(its assistant message, rendered as generated)"
+            )
+        if self.unmodelled_replies:
+            why = []
+            if self.replies[ReplySource.LAST]:
+                why.append(f"{self.replies[ReplySource.LAST]} the last of its session")
+            if self.replies[ReplySource.UNKNOWN]:
+                why.append(f"{self.replies[ReplySource.UNKNOWN]} sent back by no later request")
+            parts.append(f"not modelled for {count_of(self.unmodelled_replies, 'request')} ({', '.join(why)})")
+        return "; ".join(parts) or None
+
+    @property
+    def capacity_text(self) -> str:
+        """The cache's granularity and capacity, as the reports name them."""
+        size = self.granularity
+        if self.cache_model in HOSTED_MODELS:
+            return "the provider's published rules, by the log's timestamps"
+        if self.cache_model == "vllm":
+            pool = "unbounded pool" if self.capacity_blocks is None else f"{self.capacity_blocks} blocks"
+            return f"blocks of {size}, {pool}"
+        if self.capacity_blocks is None:
+            return "unbounded" if self.cache_model == "llamacpp" else f"page size {size}, unbounded"
+        return f"{self.capacity_blocks} blocks' worth of tokens"
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def steady_hit_rate(self) -> float:
+        return self.steady_hits / self.steady_queries if self.steady_queries else 0.0
+
+    @property
+    def ideal_hit_rate(self) -> float:
+        unavoidable = self.tokens[TokenCause.COLD] + self.tokens[TokenCause.PARTIAL]
+        return 1 - unavoidable / self.queries if self.queries else 0.0
+
+    def worst(self, count: int = 5) -> list[SessionFigures]:
+        ranked = sorted((figures for figures in self.per_session if figures.lost), key=lambda f: f.lost, reverse=True)
+        return ranked[:count]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "engine": self.engine,
+            "cache_model": self.cache_model,
+            "metric": self.metric_label,
+            "unit": self.unit,
+            "block_size": self.granularity,
+            "capacity_blocks": self.capacity_blocks,
+            "requests": self.requests,
+            "sessions": self.sessions,
+        }
+        out["engine_figure"] = self.engine_figure
+        out["replies"] = {
+            "logged": self.replies[ReplySource.LOGGED],
+            "from_next_request": self.replies[ReplySource.LATER_REQUEST],
+            "not_modelled": self.unmodelled_replies,
+            "not_modelled_last_of_session": self.replies[ReplySource.LAST],
+        }
+        out.update(
+            {
+                "prefix_cache_queries": self.queries,
+                "prefix_cache_hits": self.hits,
+                "prefix_cache_hit_rate": self.hit_rate,
+                "steady_state_hit_rate": self.steady_hit_rate,
+                "ideal_hit_rate": self.ideal_hit_rate,
+                "tokens_by_cause": {str(cause): self.tokens[cause] for cause in TokenCause},
+                "lost_tokens": sum(self.tokens[cause] for cause in LOST),
+                "causes": [
+                    {
+                        "cause": str(cause),
+                        "detail": detail,
+                        "tokens": tokens,
+                        "requests": self.departure_requests[(cause, detail)],
+                    }
+                    for (cause, detail), tokens in self.departures.most_common()
+                ],
+                "worst_sessions": [_session_json(figures) for figures in self.worst()],
+            }
+        )
+        if self.sweep:
+            out["sweep"] = [
+                {"capacity_blocks": point.capacity_blocks, "prefix_cache_hit_rate": None if point.error else point.hit_rate}
+                | ({"error": point.error} if point.error else {"capacity_tokens_lost": point.tokens[TokenCause.CAPACITY]})
+                for point in self.sweep
+            ]
+        return out
+
+
+def _session_json(figures: SessionFigures) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "session": figures.key,
+        "requests": figures.requests,
+        "lost_tokens": figures.lost,
+        "by_cause": {str(cause): figures.tokens[cause] for cause in LOST if figures.tokens[cause]},
+        "cumulative_lost": figures.cumulative_lost,
+    }
+    if figures.first_departure is not None:
+        trace, number = figures.first_departure
+        out["first_departure"] = {
+            "line": trace.line,
+            "request": number,
+            "token": trace.departure,
+            "reasons": [reason.to_json() for reason in trace.reasons],
+        }
+    return out
+
+
+def simulate(
+    traces: list[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
+) -> Summary:
+    """Every request, in arrival order, through ``cache``. A session counts once one of its
+    requests is replayed (one whose every request the template refused is no session of
+    the figures); its prompt is held until its last request."""
+    final = {trace.session: number for number, trace in enumerate(traces)}
+    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(final))
+    summary.grouped = len(keys)
+    summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
+    figures = [SessionFigures(key) for key in keys]
+    prompts: dict[int, list[int]] = {}
+    for number, trace in enumerate(traces):
+        earlier = prompts.pop(trace.session, None)
+        tail = trace.tail.tolist()
+        prompt = earlier[: trace.shared] + tail if earlier is not None and trace.shared else tail
+        if final[trace.session] != number:
+            prompts[trace.session] = prompt
+        try:
+            served = cache.serve(
+                TimedRequest(
+                    trace.session,
+                    prompt,
+                    trace.generated.tolist(),
+                    trace.salt,
+                    None if trace.first else trace.shared,
+                    trace.time,
+                    trace.breakpoints,
+                    trace.block_ends,
+                )
+            )
+        except CacheError as error:
+            summary.error = f"line {trace.line}: {error}"
+            return summary
+        split = split_tokens(trace, served.hit, served.shared, cache.granularity)
+        summary.requests += 1
+        summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
+        summary.replies[trace.reply] += 1
+        summary.queries += trace.prompt_tokens
+        summary.hits += served.hit
+        if not trace.first:
+            summary.steady_queries += trace.prompt_tokens
+            summary.steady_hits += served.hit
+        summary.tokens.update(split)
+        session = figures[trace.session]
+        session.requests += 1
+        session.tokens.update(split)
+        session.cumulative_lost.append(session.lost)
+        if trace.reasons and session.first_departure is None:
+            session.first_departure = (trace, session.requests)
+        for cause, detail in [(reason.cause, reason.detail) for reason in trace.reasons] + [(TokenCause.CAPACITY, "evicted")]:
+            if split[cause]:
+                summary.departures[(cause, detail)] += split[cause]
+                summary.departure_requests[(cause, detail)] += 1
+    summary.per_session = figures
+    return summary
+
+
+# --- the text report -----------------------------------------------------------------
+
+ENGINE_NAMES = {
+    "vllm": "vLLM prefix cache",
+    "sglang": "SGLang radix cache",
+    "llamacpp": "llama.cpp slots",
+    "openai": "OpenAI prompt caching",
+    "anthropic": "Anthropic prompt caching",
+    "gemini": "Gemini implicit caching",
+    "deepseek": "DeepSeek context caching",
+}
+
+
+def count_of(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def text_report(results: list[tuple[str, Summary]]) -> str:
+    lines = []
+    for label, summary in results:
+        unit = summary.unit
+        lines.append(
+            f"{label}: {count_of(summary.requests, 'request')} in {count_of(summary.sessions, 'session')}, "
+            f"{ENGINE_NAMES[summary.cache_model]} ({summary.capacity_text})"
+            + (f", requests as {summary.engine} handles them" if summary.engine else "")
+        )
+        name = "Prefix cache hit rate" if summary.cache_model == "vllm" else "cache hit rate"
+        if not summary.queries:  # a rate of nothing is no 0.0%: the template rendered no request
+            why = "no request could be rendered" if summary.grouped else "no request in the log could be read"
+            lines.append(f"  {name}: n/a ({why})")
+        else:
+            lines.append(
+                f"  {name}: {summary.hit_rate:.1%} ({summary.metric_label}, every request: "
+                f"{summary.hits:,} of {summary.queries:,} {unit}s)"
+            )
+            steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
+            lines.append(f"  steady state, each session's first request left out: {steady}")
+            lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
+            note = summary.replies_note()
+            if note:
+                lines.append(f"  replies: {note}")
+        lines.append(f"  prompt {unit}s by cause:")
+        for cause in TokenCause:
+            count = summary.tokens[cause]
+            share = count / summary.queries if summary.queries else 0.0
+            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
+        for (cause, detail), tokens in summary.departures.most_common():
+            requests = summary.departure_requests[(cause, detail)]
+            lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {count_of(requests, 'request')}")
+        for figures in summary.worst():
+            by_cause = ", ".join(f"{cause} {figures.tokens[cause]:,}" for cause in LOST if figures.tokens[cause])
+            line = f"  worst session {figures.key}: {figures.lost:,} {unit}s lost ({by_cause})"
+            if figures.first_departure is not None:
+                trace, number = figures.first_departure
+                reasons = "; ".join(reason.describe() for reason in trace.reasons)
+                line += f"; first departs at request {number} (line {trace.line}, {unit} {trace.departure}): {reasons}"
+            lines.append(line)
+        if summary.sweep:
+            points = ", ".join(
+                f"{point.capacity_blocks}: {'does not fit' if point.error else f'{point.hit_rate:.1%}'}"
+                for point in summary.sweep
+            )
+            lines.append(f"  hit rate by --cache-blocks: {points}")
+    if len(results) == 2:
+        lines.append(delta_line(results))
+    return "\n".join(lines) + "\n"
+
+
+def delta_line(results: list[tuple[str, Summary]]) -> str:
+    """What the second template changes against the first, at the same cache."""
+    (first_label, first), (second_label, second) = results
+    rates = ("n/a" if not summary.queries else f"{summary.hit_rate:.1%}" for summary in (first, second))
+    line = f"{second_label} against {first_label}: hit rate {' -> '.join(rates)}"
+    if first.queries and second.queries:
+        line += f" ({(second.hit_rate - first.hit_rate) * 100:+.1f} points)"
+    unit = first.unit
+    lost = [sum(summary.tokens[cause] for cause in LOST) for summary in (first, second)]
+    template = [summary.tokens[TokenCause.TEMPLATE] for summary in (first, second)]
+    line += f"; {unit}s lost {lost[0]:,} -> {lost[1]:,}, to the template {template[0]:,} -> {template[1]:,}"
+    return line
+
+
+# --- the command ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    model: str = "vllm"
+    block_size: int = 16
+    page_size: int = 1
+    slots: int | None = None
+    cache_reuse: int = 0
+    api_model: str | None = None  # a hosted API's model, for its minimum cacheable prompt
+    ttl: float | None = None  # seconds a hosted API's cache lives after its last use (None: modelled default)
+
+    def cache(self, capacity: int | None) -> CacheModel:
+        """A fresh cache of this model at ``capacity`` blocks."""
+        if self.model in HOSTED_MODELS:
+            return make_hosted_cache(self.model, self.api_model, self.ttl)
+        return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
+
+
+def replay(
+    tracer: Tracer,
+    log: Log,
+    groups: list[Session],
+    settings: CacheSettings,
+    capacities: list[int | None],
+    jobs: int = 1,
+    progress: Callable[[int], Any] | None = None,
+) -> tuple[Summary, list[tuple[int, str]]]:
+    """The log through ``settings``' cache at each capacity: the summary of the first
+    capacity that holds every request, with all of them as its sweep. ``progress``
+    opens the progress bar (``trace_sessions``)."""
+    traces, problems = trace_sessions(tracer, log, groups, jobs, progress)
+    keys = [group.key for group in groups]
+    summaries = []
+    for capacity in capacities:
+        summaries.append(simulate(traces, settings.cache(capacity), keys, settings.model, tracer.unit, capacity))
+    fitting = [summary for summary in summaries if not summary.error]
+    if not fitting:
+        raise ReplayError(summaries[0].error)
+    if len(summaries) > 1:
+        fitting[0].sweep = summaries
+    return fitting[0], problems
