@@ -136,12 +136,13 @@ def test_a_stock_config_is_fixed_as_far_as_fixes_go_and_says_what_is_left(tmp_pa
     assert hook_lines(first) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Failed")]
     assert "files were modified by this hook" in first.stdout
     second = run_hooks(repo, environment)
-    # The fix hook has nothing left to make (it changes no file a second time), but the check
-    # still fails: ORACLE.tsv gives both models a break in the generation prompt or the reply
-    # itself ("tail", in chat and agent), which no edit of history mends: PC006, with no fix.
-    assert hook_lines(second) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Passed")], second.stdout
+    # The fix hook has nothing left to make (it changes no file a second time), and both still
+    # fail, as ruff --fix does while findings remain: ORACLE.tsv gives both models a break in the
+    # generation prompt or the reply itself ("tail", in chat and agent), which no edit of
+    # history mends: PC006, said to have no fix rather than promised one.
+    assert hook_lines(second) == [("tmpl-lint", "Failed"), ("tmpl-lint (fix)", "Failed")], second.stdout
     assert "files were modified by this hook" not in second.stdout
-    assert "PC006 [generation-prompt-mismatch]" in second.stdout
+    assert "not fixed PC006 [generation-prompt-mismatch]" in second.stdout
     assert "fixable with --fix" not in second.stdout
 
 
