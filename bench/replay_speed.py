@@ -6,9 +6,19 @@
     (each call adds a tool result, a source file of Python's standard library), with the
     responses logged, sessions interleaved.
 
-The floor renders every prompt and tokenizes it whole, as replay did before it tokenized
-only what a prompt adds. Qwen3's template and tokenizer from ../shared.
-Run: python bench/replay_speed.py [--skip-floor-b]
+(c) ShareGPT-shaped: 700 conversations of 1 to 8 turns, prompts and replies of real prose
+    (paragraphs of the standard library's sources, 10 to 300 words), replies logged as
+    messages, conversations interleaved in time.
+
+Two floors, each a whole process run the same way:
+- the naive floor renders every prompt and tokenizes it whole, as replay did before it
+  tokenized only what a prompt adds;
+- issue 37's floor renders each request once and tokenizes only what each prompt adds to
+  its session's previous one (``PrefixEncoder``): what replay cannot do without. Replay on
+  one core (``--jobs 1``) is printed as a ratio to it; the goal is 1.3x.
+Beside each figure, the load average when it was taken: this machine is shared.
+Qwen3's template and tokenizer from ../shared.
+Run: python bench/replay_speed.py [--skip-floor-b] [--only a|b|c]
 """
 
 from __future__ import annotations
@@ -24,6 +34,31 @@ from pathlib import Path
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TOKENIZER = SHARED / "tokenizers" / "qwen3"
+ADDED_FLOOR = """
+import sys
+from datetime import datetime
+from pathlib import Path
+from tmpl_lint.diff import read_template
+from tmpl_lint.engines import render_prompt
+from tmpl_lint.render import FrozenClock
+from tmpl_lint.replay.log import read_log, sessions
+from tmpl_lint.tokenizer import PrefixEncoder, load_tokenizer
+tokenizer = load_tokenizer(Path(sys.argv[2]))
+template, _ = read_template(Path(sys.argv[2]))
+encoder = PrefixEncoder(tokenizer)
+clock = FrozenClock(datetime(2026, 3, 1))
+tokens = 0
+log = read_log(Path(sys.argv[1]), "user")
+for session in sessions(log, "user"):
+    previous = None
+    for call in map(log.call, session.entries):
+        clock.set(call.timestamp or datetime(2026, 3, 1))
+        text = render_prompt("vllm", template, call.messages, clock=clock, tools=call.tools,
+                             special_tokens=tokenizer.special_tokens).text
+        previous = encoder.encode(text, previous)
+        tokens += len(previous.ids)
+print(tokens)
+"""
 FLOOR = """
 import sys
 from datetime import datetime
@@ -104,6 +139,43 @@ def agent_log(path: Path, sessions: int = 16, calls: int = 63) -> None:
                 ]
 
 
+def sharegpt_log(path: Path, conversations: int = 700, seed: int = 37) -> int:
+    """Conversations of prose turns; returns the number of requests."""
+    import random
+
+    rng = random.Random(seed)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paragraphs = []
+    for source in sorted(stdlib.glob("*.py"))[:150]:
+        text = source.read_text(errors="replace")
+        paragraphs.extend(part.strip() for part in text.split("\n\n") if 80 < len(part.strip()) < 4000)
+
+    def prose(low: int, high: int) -> str:
+        words: list[str] = []
+        target = rng.randrange(low, high)
+        while len(words) < target:
+            words.extend(rng.choice(paragraphs).split())
+        return " ".join(words[:target])
+
+    entries = []
+    for number in range(conversations):
+        start = 1_770_000_000 + rng.randrange(0, 36_000)
+        history: list[dict] = []
+        for turn in range(rng.randrange(1, 9)):
+            history = history + [{"role": "user", "content": prose(10, 150)}]
+            reply = {"role": "assistant", "content": prose(30, 300)}
+            request = {"user": f"c{number}", "model": "m", "messages": history}
+            entries.append({"timestamp": start + 45 * turn, "request": request, "response": {"choices": [{"message": reply}]}})
+            history = history + [reply]
+    entries.sort(key=lambda entry: entry["timestamp"])
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    return len(entries)
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
 def timed(command: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -115,8 +187,9 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 def measure(name: str, log: Path, requests: int, floor: bool) -> None:
     replay = [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--tokenizer", str(TOKENIZER), "--session-key", "user"]
-    figures = {}
+    figures, loads = {}, {}
     for jobs in ("1", str(os.cpu_count() or 1)):
+        loads[jobs] = load()
         elapsed, output = timed([*replay, "--format", "json", "--jobs", jobs])
         figures[jobs] = elapsed
         report = json.loads(output)["template"]
@@ -125,11 +198,22 @@ def measure(name: str, log: Path, requests: int, floor: bool) -> None:
     for jobs, elapsed in figures.items():
         print(
             f"    replay --jobs {jobs}: {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s"
+            f"  ({loads[jobs]})"
         )
+    before = load()
+    elapsed, output = timed([sys.executable, "-c", ADDED_FLOOR, str(log), str(TOKENIZER)])
+    assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
+    print(
+        f"    floor, each request rendered once, what each prompt adds tokenized: {elapsed:6.1f} s ({before}); "
+        f"replay on one core is {figures['1'] / elapsed:.2f}x it (goal 1.3x)"
+    )
     if floor:
         elapsed, output = timed([sys.executable, "-c", FLOOR, str(log), str(TOKENIZER)])
         assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
-        print(f"    naive floor:    {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s")
+        print(
+            f"    naive floor:    {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s"
+            f"  ({load()})"
+        )
         for jobs, replayed in figures.items():
             print(f"    replay --jobs {jobs} is {elapsed / replayed:.1f}x the floor")
 
@@ -137,13 +221,19 @@ def measure(name: str, log: Path, requests: int, floor: bool) -> None:
 def main() -> None:
     if not TOKENIZER.is_dir():
         sys.exit(f"needs {TOKENIZER}")
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     with tempfile.TemporaryDirectory() as folder:
-        chat = Path(folder) / "chat.jsonl"
-        chat_log(chat)
-        measure("a", chat, 10_000, True)
-        agent = Path(folder) / "agent.jsonl"
-        agent_log(agent)
-        measure("b", agent, 1_008, "--skip-floor-b" not in sys.argv)
+        if only in (None, "a"):
+            chat = Path(folder) / "chat.jsonl"
+            chat_log(chat)
+            measure("a", chat, 10_000, True)
+        if only in (None, "b"):
+            agent = Path(folder) / "agent.jsonl"
+            agent_log(agent)
+            measure("b", agent, 1_008, "--skip-floor-b" not in sys.argv)
+        if only in (None, "c"):
+            sharegpt = Path(folder) / "sharegpt.jsonl"
+            measure("c", sharegpt, sharegpt_log(sharegpt), False)
 
 
 if __name__ == "__main__":

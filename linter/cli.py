@@ -708,9 +708,26 @@ def audit(
 )
 @click.option(
     "--cache-model",
-    type=click.Choice(["vllm", "sglang", "llamacpp"]),
-    help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots. "
+    type=click.Choice(["vllm", "sglang", "llamacpp", "openai", "anthropic", "gemini", "deepseek"]),
+    help="Whose KV cache to replay: vLLM's block pool, SGLang's radix tree, llama.cpp's slots, or a hosted API's "
+    "prompt cache by its published rules (openai, anthropic, gemini, deepseek). "
     "Default: the engine's (--cache-model sglang alone also means SGLang's request handling).",
+)
+@click.option(
+    "--api-model",
+    help="The hosted model, for its minimum cacheable prompt (anthropic: claude-sonnet-4-5...; gemini: gemini-2.5-flash...).",
+)
+@click.option(
+    "--cache-ttl",
+    type=FiniteRange(0, 365 * 86400, min_open=True),
+    help="Seconds a hosted API's cache lives after its last use (openai: 300 by default; gemini, deepseek: no expiry).",
+)
+@click.option(
+    "--cluster",
+    metavar="ADDRESS",
+    envvar="TMPL_LINT_CLUSTER",
+    help="A Dask scheduler (tcp://host:8786; or TMPL_LINT_CLUSTER): sessions rendered and pools simulated on its "
+    "workers. Needs tmpl-lint[cluster]. Default: this machine.",
 )
 @click.option(
     "--block-size", type=click.IntRange(1, MAX_BLOCK_SIZE), help="vLLM's block size (default: the configuration's, else 16)."
@@ -770,6 +787,9 @@ def replay(
     model,
     engine,
     cache_model,
+    api_model,
+    cache_ttl,
+    cluster,
     block_size,
     cache_blocks,
     kv_cache_gib,
@@ -809,6 +829,9 @@ def replay(
         model=model,
         engine=engine,
         cache_model=cache_model,
+        api_model=api_model,
+        cache_ttl=cache_ttl,
+        cluster=cluster,
         block_size=block_size,
         cache_blocks=cache_blocks,
         kv_cache_gib=kv_cache_gib,

@@ -289,13 +289,18 @@ class ReplayOptions:
     router: str | None = None  # None: round-robin
     config_path: Path | None = None  # None: the nearest configuration to the working directory
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
+    api_model: str | None = None  # a hosted API's model (--cache-model anthropic or gemini)
+    cache_ttl: float | None = None  # seconds a hosted API's cache lives after its last use
+    cluster: str | None = None  # a Dask scheduler's address: the stages run on its workers
 
     def described(self) -> str:
         """The options that decide the figures, as a command line would give them; the
         engine and cache model as the run resolved them (each defaults to the other's)."""
         from .engines import engine_for_cache
+        from .hosted_cache import HOSTED_MODELS
 
-        engine, cache_model = engine_for_cache(self.engine, self.cache_model)
+        hosted = self.cache_model in HOSTED_MODELS
+        engine, cache_model = engine_for_cache(self.engine, None if hosted else self.cache_model)
         given = [
             ("--template", self.template),
             ("--compare", self.compare),
@@ -304,7 +309,9 @@ class ReplayOptions:
             ("--server", self.server),
             ("--model", self.model),
             ("--engine", engine),
-            ("--cache-model", cache_model),
+            ("--cache-model", self.cache_model if hosted else cache_model),
+            ("--api-model", self.api_model),
+            ("--cache-ttl", self.cache_ttl),
             ("--block-size", self.block_size),
             ("--cache-blocks", self.cache_blocks),
             ("--kv-cache-gib", self.kv_cache_gib),
@@ -342,8 +349,10 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
     from . import kv_cache
+    from .cluster import ClusterError, cluster_address, replay_on_cluster
     from .diff import read_template
     from .engines import engine_for_cache, profile_of, reasoning_note
+    from .hosted_cache import HOSTED_MODELS
     from .isolation import IsolationError
     from .proving.measure import resolve_special_tokens
     from .replay.attribution import TemplateError, Tracer
@@ -354,7 +363,18 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .server import ServerError, ServerURLError, VLLMServer
     from .tokenizer import load_tokenizer
 
-    engine, cache_model = engine_for_cache(options.engine, options.cache_model)
+    hosted = options.cache_model in HOSTED_MODELS
+    engine, cache_model = engine_for_cache(options.engine, None if hosted else options.cache_model)
+    if hosted:
+        cache_model = options.cache_model
+        if options.cache_blocks is not None or options.kv_cache_gib is not None:
+            raise OptionsError(f"--cache-model {cache_model} is a hosted API's cache: it has no --cache-blocks or --kv-cache-gib")
+    elif options.api_model is not None or options.cache_ttl is not None:
+        flag = "--api-model" if options.api_model is not None else "--cache-ttl"
+        raise OptionsError(f"{flag} is a hosted API's: it needs --cache-model {'|'.join(HOSTED_MODELS)}")
+    cluster = cluster_address(options.cluster)
+    if cluster is not None and options.server:
+        raise OptionsError("--cluster renders on the workers: it cannot take --server's token ids")
     # A flag of another engine's cache would be read as if it changed these figures.
     if options.page_size != 1 and cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")
@@ -400,9 +420,11 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             options.page_size,
             options.slots,
             options.cache_reuse,
-            options.replicas,
-            options.router or "round-robin",
-            layout,
+            replicas=options.replicas,
+            router=options.router or "round-robin",
+            layout=layout,
+            api_model=options.api_model,
+            ttl=options.cache_ttl,
         )
         with read_log(options.log, options.session_key) as log:
             if not log.entries and not log.problems:  # (lines that are not requests are each an error of their own)
@@ -425,10 +447,14 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 tracer = Tracer(
                     text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
                 )
+                tracer.marks = cache_model == "anthropic"
                 jobs = 1 if options.server else options.jobs
                 try:
-                    bar = functools.partial(ProgressBar, f"replaying {quoted_name(path)}")
-                    summary, refused = replay(tracer, log, groups, settings, capacities, jobs, bar)
+                    if cluster is not None:
+                        summary, refused = replay_on_cluster(cluster, tracer, log, groups, settings, capacities, jobs)
+                    else:
+                        bar = functools.partial(ProgressBar, f"replaying {quoted_name(path)}")
+                        summary, refused = replay(tracer, log, groups, settings, capacities, jobs, bar)
                 except TemplateError as error:  # said once, not for every request
                     raise RunError(f"{quoted_name(path)}: {error}") from None
                 summary.engine = profile_of(renderer).label
@@ -437,7 +463,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 whose = f"{quoted_name(path)}: " if options.compare else ""
                 failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
             unread = log.problems
-    except (ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError) as error:
+    except (ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError, ClusterError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None

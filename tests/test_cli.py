@@ -445,7 +445,12 @@ def test_every_float_option_of_every_command_refuses_nan_and_inf():
         for option in command.params
         if isinstance(option.type, click.types.FloatParamType)
     }
-    assert floats == {("check", "--render-timeout"), ("replay", "--kv-cache-gib"), ("validate", "--deadline")}
+    assert floats == {
+        ("check", "--render-timeout"),
+        ("replay", "--cache-ttl"),
+        ("replay", "--kv-cache-gib"),
+        ("validate", "--deadline"),
+    }
     for name, flag in sorted(floats):
         for value in ("nan", "inf", "-inf"):
             code, _, err = run(name, "x", flag, value)

@@ -20,7 +20,7 @@ import re
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from typing import Any
 from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt, request_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
+from ..hosted_cache import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
+from ..kv_cache import CacheError
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from ..proving.attribution import explaining_code
 from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
@@ -165,6 +167,9 @@ class Trace:
     departure: int | None = None  # the first prompt token that does not extend them
     template_departure: int | None = None  # the same with the client's changes undone
     reasons: tuple[Departure, ...] = ()  # the client's change (if it came first), then the template's
+    time: float | None = None  # seconds since the epoch, as logged: hosted caches expire by it
+    breakpoints: tuple[Breakpoint, ...] = ()  # Anthropic's cache_control marks as token positions
+    block_ends: tuple[int, ...] = ()  # and the content-block ends before them
 
 
 @dataclass
@@ -197,6 +202,7 @@ class Tracer:
         self.engine = engine
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
+        self.marks = False  # place Anthropic's cache_control marks (--cache-model anthropic)
 
     @functools.cached_property
     def findings(self) -> list[Finding]:
@@ -405,12 +411,33 @@ class Tracer:
         trace = Trace(call.order, call.line, index, shared, ids_array(prompt.ids[shared:]), len(prompt.ids), ids_array(generated))
         trace.salt = call.salt
         trace.reply = source
+        if call.timestamp is not None:
+            trace.time = call.timestamp.replace(tzinfo=UTC).timestamp()
+        if self.marks:
+            # The API answers 400 to marks it does not take, and caches nothing of the request.
+            try:
+                trace.breakpoints, trace.block_ends = breakpoints_of(call.body, prompt.ids, self._message_ids(call))
+            except (RenderError, CacheError) as error:
+                raise ReplayError(f"its cache_control marks cannot be placed: {error}; left out") from None
+            if len(trace.breakpoints) > ANTHROPIC_BREAKPOINTS:
+                raise ReplayError(f"{len(trace.breakpoints)} cache_control breakpoints: the API allows 4 (400); left out")
         if previous is not None:
             try:
                 self.attribute(trace, previous, call, prompt)
             except RenderError as error:  # the request with the client's changes undone
                 problems.append((call.line, f"the template fails on this request as first sent: {error}"))
         return trace, _Previous(call, prompt, generated, generated_text, reply, carried)
+
+    def _message_ids(self, call: Call) -> Callable[[list[dict[str, Any]]], list[int]]:
+        """The token ids of some messages of ``call`` rendered with no generation prompt."""
+
+        def ids(messages: list[dict[str, Any]]) -> list[int]:
+            rendered = self.render(call, messages, False)
+            if rendered.token_ids is not None:
+                return list(rendered.token_ids)
+            return self.measure.ids(rendered.text)
+
+        return ids
 
     def attribute(self, trace: Trace, previous: _Previous, call: Call, prompt: Encoded) -> None:
         trace.first = False

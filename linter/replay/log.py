@@ -179,9 +179,13 @@ class Log:
         if reply is not None:
             self.replies_carry.update(reasoning_fields([reply]))
 
+    def line(self, entry: Entry) -> bytes:
+        """The bytes of ``entry``'s line, read again."""
+        return os.pread(self._file.fileno(), entry.size, entry.offset)
+
     def call(self, entry: Entry) -> Call:
         """The request of ``entry``, read again from its line."""
-        line = os.pread(self._file.fileno(), entry.size, entry.offset)
+        line = self.line(entry)
         call = parse_line(entry.line, line)  # ReplayError: the file changed under the replay
         if call is None:
             raise ReplayError("the line changed while it was replayed")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fleet import Fleet, make_router
+from ..hosted_cache import HOSTED_MODELS, TimedRequest, make_hosted_cache
 from ..hybrid import HybridPrefixCache, Layout
-from ..kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, make_cache
+from ..kv_cache import CacheError, CacheModel, LlamaCppSlots, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
 from .log import Log, ReplayError, Session
 
@@ -138,6 +139,8 @@ class Summary:
     def capacity_text(self) -> str:
         """The cache's granularity and capacity, as the reports name them."""
         size = self.granularity
+        if self.cache_model in HOSTED_MODELS:
+            return "the provider's published rules, by the log's timestamps"
         if self.cache_model == "vllm":
             pool = "unbounded pool" if self.capacity_blocks is None else f"{self.capacity_blocks} blocks"
             return f"blocks of {size}, {pool}"
@@ -253,7 +256,16 @@ def simulate(
             prompts[trace.session] = prompt
         try:
             served = cache.serve(
-                CacheRequest(trace.session, prompt, trace.generated.tolist(), trace.salt, None if trace.first else trace.shared)
+                TimedRequest(
+                    trace.session,
+                    prompt,
+                    trace.generated.tolist(),
+                    trace.salt,
+                    None if trace.first else trace.shared,
+                    trace.time,
+                    trace.breakpoints,
+                    trace.block_ends,
+                )
             )
         except CacheError as error:
             summary.error = f"line {trace.line}: {error}"
@@ -291,7 +303,15 @@ def simulate(
 
 # --- the text report -----------------------------------------------------------------
 
-ENGINE_NAMES = {"vllm": "vLLM prefix cache", "sglang": "SGLang radix cache", "llamacpp": "llama.cpp slots"}
+ENGINE_NAMES = {
+    "vllm": "vLLM prefix cache",
+    "sglang": "SGLang radix cache",
+    "llamacpp": "llama.cpp slots",
+    "openai": "OpenAI prompt caching",
+    "anthropic": "Anthropic prompt caching",
+    "gemini": "Gemini implicit caching",
+    "deepseek": "DeepSeek context caching",
+}
 
 
 def count_of(number: int, noun: str) -> str:
@@ -382,11 +402,15 @@ class CacheSettings:
     replicas: int = 1
     router: str = "round-robin"
     layout: Layout | None = None  # a hybrid model's KV-cache groups (vLLM)
+    api_model: str | None = None  # a hosted API's model, for its minimum cacheable prompt
+    ttl: float | None = None  # seconds a hosted API's cache lives after its last use (None: modelled default)
 
     def cache(self, capacity: int | None) -> CacheModel:
         """A fresh cache at ``capacity`` blocks (of each replica)."""
 
         def one() -> CacheModel:
+            if self.model in HOSTED_MODELS:
+                return make_hosted_cache(self.model, self.api_model, self.ttl)
             if self.layout is not None:
                 return HybridPrefixCache(self.layout, capacity)
             return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)

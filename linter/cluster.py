@@ -1,0 +1,169 @@
+"""Replay's independent stages on a Dask cluster: ``--cluster ADDRESS`` or
+``TMPL_LINT_CLUSTER=ADDRESS`` (a scheduler's ``tcp://host:8786``); neither: the local run.
+
+The stages split where the work is independent:
+
+1. Rendering and tokenizing, with each session's attribution, are per session: the sessions
+   are dealt into shares (the longest first, each to the lightest share) and each share
+   runs on a worker, where the template still runs in a limited child (isolation.py), as
+   it does locally.
+2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
+   pools are independent of each other (each capacity swept here; each replica once a
+   fleet's router has dealt the requests), so each runs as one task, the traces sent to
+   each worker once. A single pool is simulated where the traces were gathered.
+3. The figures are merged where they are gathered: the traces in arrival order, the
+   problems sorted, the summaries in the order of their capacities. The result is the
+   local run's, byte for byte.
+
+Dask rather than Ray: ``dask[distributed]`` is pure Python (about 25 MB installed with its
+dependencies, 15 s to install on this machine), runs the plain functions replay already has
+with no actor model or object store to fit them into, and starts a local cluster of worker
+processes for a test in seconds; Ray's wheel alone is 79 MB, compiled, with a raylet and
+GCS to start. The scheduler address is the only thing to configure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+CLUSTER_ENV = "TMPL_LINT_CLUSTER"
+CONNECT_TIMEOUT = "30s"  # to reach the scheduler
+
+
+class ClusterError(Exception):
+    """The cluster cannot be reached, or the extra is not installed."""
+
+
+def cluster_address(option: str | None = None) -> str | None:
+    """The scheduler to run on: the flag, else the environment variable; None: local."""
+    address = option if option is not None else os.environ.get(CLUSTER_ENV)
+    return address.strip() or None if address is not None else None
+
+
+def cluster_map(address: str, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
+    """``[function(item) for item in items]`` as tasks on the cluster at ``address``, in order;
+    with ``common``, ``function(common, item)``, ``common`` sent to each worker once, not
+    once per task."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ClusterError(f"--cluster {address}: needs Dask's distributed scheduler: pip install 'tmpl-lint[cluster]'") from None
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError) as error:
+        raise ClusterError(f"--cluster {address}: cannot reach the scheduler: {error}") from None
+    try:
+        # pure=False: two shares with equal arguments are still two tasks.
+        if common is None:
+            return client.gather(client.map(function, list(items), pure=False))
+        [scattered] = client.scatter([common], broadcast=True)
+        return client.gather(client.map(function, [scattered] * len(items), list(items), pure=False))
+    finally:
+        client.close()
+
+
+def shares_of(sizes: Sequence[int], count: int) -> list[list[int]]:
+    """Indices dealt into ``count`` shares: the largest first, each to the lightest share."""
+    count = max(1, min(count, len(sizes)))
+    loads = [0] * count
+    parts: list[list[int]] = [[] for _ in range(count)]
+    for index in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):
+        lightest = loads.index(min(loads))
+        parts[lightest].append(index)
+        loads[lightest] += sizes[index]
+    return [part for part in parts if part]
+
+
+class ShareLog:
+    """The lines of one share's sessions, read on the client and sent with the share: what
+    the share's sessions read of the log (``Log.call`` and ``Log.entries[order]``), so that a
+    worker needs no copy of the log file."""
+
+    def __init__(self, log: Any, sessions: list[Any]):
+        self.entries = {entry.order: entry for session in sessions for entry in session.entries}
+        self.lines = {order: log.line(entry) for order, entry in self.entries.items()}
+
+    def call(self, entry: Any) -> Any:
+        from .replay.log import ReplayError, parse_line
+
+        call = parse_line(entry.line, self.lines[entry.order])
+        if call is None:
+            raise ReplayError("the line changed while it was replayed")
+        call.order = entry.order
+        return call
+
+
+def _trace_share(task: tuple[Any, ShareLog, list[Any], list[int]]) -> tuple[list[Any], list[tuple[int, str]]]:
+    """On a worker: one share's sessions traced in a limited child, as the local run does."""
+    import multiprocessing
+
+    from .isolation import run_isolated
+    from .replay.attribution import _trace_group
+
+    if multiprocessing.current_process().daemon:
+        raise ClusterError(
+            "a worker renders in limited children and a daemonic worker may have none: "
+            "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
+        )
+    tracer, log, sessions, indices = task
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The share carries only its own sessions: its indices are the log's, its list is short.
+    groups: list[Any] = [None] * (max(indices) + 1)
+    for index, session in zip(indices, sessions):
+        groups[index] = session
+    return run_isolated(_trace_group, (tracer, log, groups, indices), seconds=None)
+
+
+def trace_on_cluster(
+    address: str, tracer: Any, log: Any, groups: list[Any], shares: int
+) -> tuple[list[Any], list[tuple[int, str]]]:
+    """Every request's trace in arrival order and the requests the template refused, as
+    ``replay.attribution.trace_sessions`` gives them, the sessions traced on the cluster."""
+    from .engines.base import HARMONY
+    from .isolation import run_isolated
+    from .replay.attribution import TemplateError, _compiles
+
+    if tracer.server_ids is not None:
+        raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
+    if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
+        failure = run_isolated(_compiles, (tracer.template,))
+        if failure is not None:
+            raise TemplateError(failure)
+    parts = shares_of([len(group.entries) for group in groups], shares)
+    tasks = []
+    for part in parts:
+        sessions = [groups[index] for index in part]
+        tasks.append((tracer, ShareLog(log, sessions), sessions, part))
+    done = cluster_map(address, _trace_share, tasks)
+    traces = sorted((trace for traced, _ in done for trace in traced), key=lambda trace: trace.order)
+    return traces, sorted(problem for _, failed in done for problem in failed)
+
+
+def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
+    from .replay.simulate import simulate
+
+    traces, settings, keys, unit = common
+    return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
+
+
+def replay_on_cluster(
+    address: str, tracer: Any, log: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
+) -> tuple[Any, list[tuple[int, str]]]:
+    """``replay.simulate.replay`` with its stages on the cluster: the same summary and problems."""
+    from .replay.log import ReplayError
+
+    traces, problems = trace_on_cluster(address, tracer, log, groups, shares)
+    keys = [group.key for group in groups]
+    common = (traces, settings, keys, tracer.unit)
+    if len(capacities) > 1:
+        summaries = cluster_map(address, _simulate_pool, capacities, common)
+    else:  # one pool: sending every trace to a worker and back gains nothing
+        summaries = [_simulate_pool(common, capacities[0])]
+    fitting = [summary for summary in summaries if not summary.error]
+    if not fitting:
+        raise ReplayError(summaries[0].error)
+    if len(summaries) > 1:
+        fitting[0].sweep = summaries
+    return fitting[0], problems

@@ -1,0 +1,138 @@
+"""Replay on a real local Dask cluster of two worker processes equals the local run, byte for
+byte. Skipped where the ``cluster`` extra (dask[distributed]) is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from datetime import datetime, timedelta
+
+import pytest
+from helpers import CORPUS
+
+distributed = pytest.importorskip("distributed")
+
+from tmpl_lint.cluster import ClusterError, cluster_address, cluster_map, replay_on_cluster, shares_of  # noqa: E402
+from tmpl_lint.diff import read_template  # noqa: E402
+from tmpl_lint.replay.attribution import Tracer  # noqa: E402
+from tmpl_lint.replay.log import read_log, sessions  # noqa: E402
+from tmpl_lint.replay.simulate import CacheSettings, replay  # noqa: E402
+
+
+def write_log(path, count=12, turns=4, seed=3):
+    """Interleaved sessions, turns 37 s apart (a clock printed to the minute moves within
+    a session), timestamps out of file order."""
+    rng = random.Random(seed)
+    start = datetime(2026, 3, 1, 9)
+    entries = []
+    for number in range(count):
+        history = [{"role": "system", "content": "You track orders."}]
+        for turn in range(rng.randrange(1, turns + 1)):
+            history = history + [{"role": "user", "content": f"Order {number}-{turn}? " * rng.randrange(1, 5)}]
+            reply = {"role": "assistant", "content": f"Ships {turn}.", "reasoning_content": f"Check {number}-{turn}. " * 3}
+            entries.append(
+                {
+                    "timestamp": (start + timedelta(seconds=37 * turn + number)).isoformat(),
+                    "request": {"user": f"s{number}", "messages": history},
+                    "response": {"choices": [{"message": reply}]},
+                }
+            )
+            history = history + [reply]
+    rng.shuffle(entries)
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    import dask
+
+    # Replay's renders run in a limited child of the worker: a worker must be allowed children.
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("template", ["PC001_clock_per_minute.jinja", "clean_chatml.jinja"])
+def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_cluster, template):
+    log = tmp_path / "log.jsonl"
+    write_log(log)
+    text, special = read_template(CORPUS / template)
+    settings = CacheSettings("vllm", 4)
+    capacities = [None, 40, 200]  # 40 blocks hold too little: an error, the same on both
+
+    def report(summary, problems):
+        return json.dumps({"summary": summary.to_json(), "problems": problems}, sort_keys=True).encode()
+
+    with read_log(log, "user") as opened:
+        assert not opened.problems
+        groups = sessions(opened, "user")
+        local = report(*replay(Tracer(text, None, special, "vllm"), opened, groups, settings, capacities, 1))
+        address = local_cluster.scheduler_address
+        distributed_run = report(
+            *replay_on_cluster(address, Tracer(text, None, special, "vllm"), opened, groups, settings, capacities, 2)
+        )
+        requests = len(opened.entries)
+    assert distributed_run == local
+    figures = json.loads(local)["summary"]
+    assert figures["requests"] == requests
+    if template.startswith("PC001"):  # the clock's losses were attributed on the workers too
+        assert figures["tokens_by_cause"]["template"] > 0 and figures["causes"]
+
+
+def test_the_tasks_ran_in_two_other_processes(local_cluster):
+    pids = cluster_map(local_cluster.scheduler_address, _pid, list(range(8)))
+    assert os.getpid() not in pids
+    workers = distributed.Client(local_cluster.scheduler_address).run(os.getpid)
+    assert len(set(workers.values())) == 2 and set(pids) <= set(workers.values())
+
+
+def _pid(_item):
+    return os.getpid()
+
+
+def test_the_address_comes_from_the_flag_else_the_environment(monkeypatch):
+    monkeypatch.delenv("TMPL_LINT_CLUSTER", raising=False)
+    assert cluster_address(None) is None
+    monkeypatch.setenv("TMPL_LINT_CLUSTER", "tcp://127.0.0.1:8786")
+    assert cluster_address(None) == "tcp://127.0.0.1:8786"
+    assert cluster_address("tcp://127.0.0.1:9999") == "tcp://127.0.0.1:9999"
+    monkeypatch.setenv("TMPL_LINT_CLUSTER", " ")
+    assert cluster_address(None) is None
+
+
+def test_an_unreachable_scheduler_is_one_error(monkeypatch):
+    monkeypatch.setattr("tmpl_lint.cluster.CONNECT_TIMEOUT", "2s")
+    with pytest.raises(ClusterError, match="cannot reach the scheduler"):
+        cluster_map("tcp://127.0.0.1:9", _pid, [1])
+
+
+def test_shares_deal_the_longest_sessions_first():
+    # 9 to share 0 (loads 9, 0); 7 to 1 (9, 7); 5 to 1 (9, 12); 3 to 0 (12, 12); 1 to the first of equals, 0.
+    assert shares_of([5, 9, 1, 7, 3], 2) == [[1, 4, 2], [3, 0]]
+
+
+def test_the_environment_variable_runs_the_command_on_the_cluster(tmp_path, local_cluster, monkeypatch):
+    """The whole command, its JSON report byte for byte, with TMPL_LINT_CLUSTER set and not."""
+    from click.testing import CliRunner
+
+    from tmpl_lint.cli import main
+
+    log = tmp_path / "log.jsonl"
+    write_log(log, count=40)
+    command = ["replay", str(log), "--template", str(CORPUS / "PC001_clock_per_minute.jinja"), "--session-key", "user"]
+    command += ["--block-size", "4", "--cache-blocks", "60,400", "--format", "json", "--jobs", "2"]
+    monkeypatch.delenv("TMPL_LINT_CLUSTER", raising=False)
+    local = CliRunner().invoke(main, command)
+    monkeypatch.setenv("TMPL_LINT_CLUSTER", local_cluster.scheduler_address)
+    before = len(local_cluster.scheduler.transition_log)
+    clustered = CliRunner().invoke(main, command)
+    assert len(local_cluster.scheduler.transition_log) > before  # the scheduler ran its tasks
+    assert local.exit_code == clustered.exit_code == 0, (local.output, clustered.output)
+    assert clustered.stdout_bytes == local.stdout_bytes
+    assert json.loads(local.stdout)["template"]["requests"] > 40
