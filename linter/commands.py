@@ -237,7 +237,9 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
         offline = run_isolated(validate.offline_answers, (engine, text, bodies, special, loaded, options.server_kwargs))
         # The server's part of the run, each request within what is left of it.
         ends_at = time.monotonic() + options.deadline
-        (llama or vllm).ends_at = ends_at
+        server = llama or vllm
+        assert server is not None, "validate asks one server"
+        server.ends_at = ends_at
         if llama is not None:
             ask, base_url = (lambda body: validate.Answer(text=llama.prompt_text(body))), llama.base_url
         else:
@@ -366,7 +368,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     hosted = options.cache_model in HOSTED_MODELS
     engine, cache_model = engine_for_cache(options.engine, None if hosted else options.cache_model)
     if hosted:
-        cache_model = options.cache_model
+        cache_model = str(options.cache_model)  # one of HOSTED_MODELS
         if options.cache_blocks is not None or options.kv_cache_gib is not None:
             raise OptionsError(f"--cache-model {cache_model} is a hosted API's cache: it has no --cache-blocks or --kv-cache-gib")
     elif options.api_model is not None or options.cache_ttl is not None:

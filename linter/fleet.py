@@ -70,7 +70,7 @@ KV_OVERLAP_SCORE_WEIGHT = 1.0
 
 def block_hashes(prompt: list[int], block_size: int, salt: str | None = None, limit: int | None = None) -> list[int]:
     """The chained hashes of the prompt's full blocks, as ``VllmPrefixCache`` keys them."""
-    parent, out = chain_seed(salt), []
+    parent, out = chain_seed(salt), list[int]()
     end = len(prompt) - block_size + 1
     for start in range(0, end, block_size):
         if limit is not None and len(out) == limit:

@@ -57,6 +57,12 @@ class Group:
     kind: str  # FULL, SLIDING or MAMBA
     sliding_window: int | None = None
 
+    @property
+    def window(self) -> int:
+        """The sliding window in tokens: a SLIDING group is made with one."""
+        assert self.sliding_window is not None, "only a sliding-window group has a window"
+        return self.sliding_window
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -164,6 +170,12 @@ class _Pool:
         found = self.cached.get((block_hash, group))
         return next(iter(found)) if found else None
 
+    def cached_block(self, block_hash: int, group: int) -> _Block:
+        """A block the caller has just found cached (``get_cached``)."""
+        block = self.get_cached(block_hash, group)
+        assert block is not None, "looked up after it was found cached"
+        return block
+
     def new_blocks(self, count: int) -> list[_Block]:
         if self.bounded and count > self.free:
             raise CacheError(f"the pool has {self.free} free blocks and a step needs {count}: vLLM cannot schedule it")
@@ -176,10 +188,12 @@ class _Pool:
                 self.unmade -= self.bounded
             else:
                 block = self.evictable.popitem(last=False)[0]
-                holders = self.cached[block.key]
+                key = block.key
+                assert key is not None, "an evictable block is cached under its key"
+                holders = self.cached[key]
                 del holders[block]
                 if not holders:
-                    del self.cached[block.key]
+                    del self.cached[key]
                 block.key = block.owner = None
             block.refs = 1
             out.append(block)
@@ -253,7 +267,7 @@ class HybridPrefixCache:
                 blocks.append(block)
             return blocks, len(blocks) * size
         if spec.kind == SLIDING:
-            need = _cdiv(spec.sliding_window - 1, size)
+            need = _cdiv(spec.window - 1, size)
             run = 0
             for index in range(limit - 1, -1, -1):
                 block = pool.get_cached(hashes[index], group)
@@ -263,9 +277,9 @@ class HybridPrefixCache:
                 run += 1
                 if run >= need:
                     end = index + run
-                    blocks = [pool.null] * index + [pool.get_cached(hashes[i], group) for i in range(index, end)]
+                    blocks = [pool.null] * index + [pool.cached_block(hashes[i], group) for i in range(index, end)]
                     return blocks, end * size
-            blocks = [pool.get_cached(hashes[i], group) for i in range(run)]
+            blocks = [pool.cached_block(hashes[i], group) for i in range(run)]
             return blocks, run * size
         for index in range(limit - 1, -1, -1):  # Mamba: one state block at the boundary
             block = pool.get_cached(hashes[index], group)
@@ -386,7 +400,7 @@ class HybridPrefixCache:
             end = boundary // size
             if spec.kind == MAMBA and index == end - 1:
                 return True
-            if spec.kind == SLIDING and end - _cdiv(spec.sliding_window - 1, size) <= index < end:
+            if spec.kind == SLIDING and end - _cdiv(spec.window - 1, size) <= index < end:
                 return True
         return False
 
@@ -395,7 +409,7 @@ class HybridPrefixCache:
         if spec.kind == FULL:
             return
         pool, size = self.pool, self.block_size
-        skipped = computed - spec.sliding_window + 1 if spec.kind == SLIDING else computed - 1
+        skipped = computed - spec.window + 1 if spec.kind == SLIDING else computed - 1
         if skipped > 0:
             last = min(skipped // size, len(table))
             freed = []
@@ -406,10 +420,10 @@ class HybridPrefixCache:
                 table[index] = pool.null
             pool.release(freed)
         if spec.kind == MAMBA:
-            index = state_index[group]
-            if index is not None and index < _cdiv(computed, size) - 1 and table[index] is not pool.null:
-                pool.release([table[index]])
-                table[index] = pool.null
+            state = state_index[group]
+            if state is not None and state < _cdiv(computed, size) - 1 and table[state] is not pool.null:
+                pool.release([table[state]])
+                table[state] = pool.null
 
     def _allocate(self, group: int, spec: Group, table: list[_Block], tokens: int, state_index: list[int | None]) -> None:
         """allocate_new_blocks: slots for ``tokens``; a Mamba "align" group adds one running
