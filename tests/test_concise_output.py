@@ -133,3 +133,16 @@ def test_every_concise_proof_is_one_line(fixture):
     index = out.splitlines().index(proofs[0])
     following = out.splitlines()[index + 1]
     assert not following.startswith("      ")  # nothing of the proof wrapped onto the next line
+
+
+def test_a_long_path_keeps_place_code_and_name_on_the_first_line(tmp_path):
+    # grep and editors read "path:line:col: CODE [name]" from one line, however long the path
+    folder = tmp_path.joinpath(*["deep"] * 30)
+    folder.mkdir(parents=True)
+    template = folder / "c.jinja"
+    shutil.copyfile(CLOCK, template)
+    code, out, _ = run(str(template), "--no-prove")
+    assert code == 1
+    first = out.splitlines()[0]
+    assert len(f"{template}:3:28: PC001 [live-clock] ") > 120
+    assert first.startswith(f"{template}:3:28: PC001 [live-clock] ")

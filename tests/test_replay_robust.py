@@ -220,7 +220,7 @@ def test_a_template_that_does_not_parse_is_one_error(tmp_path):
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}{{ m.content }\n")
     result = replay(log, "--template", broken, "--session-key", "user")
-    assert result.stderr.splitlines() == [f"tmpl-lint: error: {broken}: template does not parse: unexpected '}}' (line 1)"]
+    assert result.stderr.splitlines() == [f"tmpl-lint: error: {broken}:1:37: the template does not parse: unexpected '}}'"]
     assert (result.exit_code, result.stdout) == (2, "")
 
 

@@ -62,8 +62,10 @@ def text_report(
         code = style(finding.code, fg=colour_of, bold=True)
         named = finding.template_label()
         if not full:
-            head = f"{finding.location()}: {finding.code} [{finding.name}] {named}{finding.reported_message(short=True)}"
-            lines = [head] if quiet else _wrapped(head, "    ")  # -q: a line per finding, for scripts
+            # The place, code and name stay on the first line, as grep and editors read them.
+            place = f"{finding.location()}: {finding.code} [{finding.name}] "
+            message = f"{named}{finding.reported_message(short=True)}"
+            lines = [place + message] if quiet else _wrapped(message, "    ", place)  # -q: a line per finding, for scripts
             lines[0] = (
                 lines[0]
                 .replace(finding.location(), style(finding.location(), bold=True), 1)
@@ -114,14 +116,21 @@ def text_report(
 WIDTH = 120
 
 
-def _wrapped(text: str, indent: str) -> list[str]:
-    """``text`` on lines of at most WIDTH characters where it has spaces to break at (a
-    quoted render without one stays whole); continuation lines indented."""
-    if len(text) <= WIDTH:
-        return [text]
+def _wrapped(text: str, indent: str, first: str = "") -> list[str]:
+    """``first`` + ``text`` on lines of at most WIDTH characters where ``text`` has spaces to
+    break at (a quoted render without one stays whole; ``first`` is never broken);
+    continuation lines indented."""
+    if len(first) + len(text) <= WIDTH:
+        return [first + text]
     return textwrap.wrap(
-        text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False, drop_whitespace=True
-    )
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    ) or [first.rstrip()]
 
 
 def proof_summary(proof: Proof) -> str:
