@@ -103,10 +103,12 @@ def test_the_configuration_page_documents_every_key_the_loader_takes():
     assert sorted(documented) == sorted(KEYS)
 
 
-def test_the_readmes_rule_table_is_the_registry():
+def test_the_readme_keeps_no_rule_table_by_hand():
+    # Adding a rule is its module, fixture and test: the rule list a reader sees is generated
+    # (the site's Rules section, `tmpl-lint rules`), never a table to keep in step.
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")
-    rows = re.findall(r"^\| (PC\d{3}) \| (\S+) \| ([^|]+) \|$", readme, re.MULTILINE)
-    assert rows == [(rule.RULE.code, rule.RULE.name, rule.RULE.summary) for rule in RULES]
+    assert not re.findall(r"^\| PC\d{3} \|", readme, re.MULTILINE)
+    assert "`tmpl-lint rules`" in readme
 
 
 def test_the_readme_starts_with_the_two_commands():
