@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -354,13 +356,8 @@ def check(
         else:
             click.echo(line.text, err=machine or show_diff)
 
-    try:
+    with command_errors():
         result = run_check(options, on_fix_line=print_fix_line)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except RunError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
     for warning in result.warnings:
         click.echo(f"tmpl-lint: warning: {warning}", err=True)
     for problem in result.errors:
@@ -469,13 +466,8 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     from .diff import client_change, diff_text, dumps
 
     options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path, server_kwargs)
-    try:
+    with command_errors():
         divergence = run_diff(options, note_on_stderr)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except RunError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
     change = client_change(turn1, turn2)
     label = None if server else profile_of(engine).label  # with --server the server rendered them
     if output_format == "json":
@@ -508,13 +500,8 @@ def render(request, template, tokenizer, output_format, engine, server_kwargs, c
     from .commands import Refused, RenderOptions, run_render
 
     options = RenderOptions(request, template, tokenizer, engine, config_path, server_kwargs)
-    try:
+    with command_errors(Refused):
         rendered = run_render(options, note_on_stderr)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except (RunError, Refused) as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
     if output_format == "json":
         click.echo(json.dumps(rendered.to_json(), ensure_ascii=False))
     else:
@@ -565,13 +552,8 @@ def validate(log, server, model, template, tokenizer, deadline, output_format, e
     from .validate import text_report, to_json
 
     options = ValidateOptions(log, server, template, tokenizer, engine, model, deadline, config_path, server_kwargs)
-    try:
+    with command_errors():
         result = run_validate(options, note_on_stderr)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except RunError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
     for problem in result.problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if output_format == "json":
@@ -651,14 +633,8 @@ def audit(
         engine=engine,
         config_path=config_path,
     )
-    try:
-        with ProgressBar("analysing templates", None) as bar:
-            run = run_audit(options, bar.advance)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except RunError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
+    with command_errors(), ProgressBar("analysing templates", None) as bar:
+        run = run_audit(options, bar.advance)
     result, table = run.audit, run.rows
     # Where every repo is an error, its line says all there is: no table of errors, nor a
     # line saying no template was found (the machine-read formats still print their rows).
@@ -849,13 +825,8 @@ def replay(
         config_path=config_path,
         server_kwargs=server_kwargs,
     )
-    try:
+    with command_errors():
         result = run_replay(options, note_on_stderr)
-    except OptionsError as error:
-        raise click.UsageError(str(error)) from None
-    except RunError as error:
-        click.echo(f"tmpl-lint: error: {error}", err=True)
-        sys.exit(EXIT_ERROR)
     for problem in result.problems:
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     if output_format == "json":
@@ -880,6 +851,20 @@ def _copy_target(given: str | None):
     from .gguf.writing import CopyTarget
 
     return CopyTarget.given(given)
+
+
+@contextlib.contextmanager
+def command_errors(*also: type[Exception]) -> Iterator[None]:
+    """A command's run: its usage errors as click's (exit 2 with the usage), a run error (or
+    one of ``also``) as one error line and exit 2."""
+    failures: tuple[type[Exception], ...] = (RunError, *also)
+    try:
+        yield
+    except OptionsError as error:
+        raise click.UsageError(str(error)) from None
+    except failures as error:
+        click.echo(f"tmpl-lint: error: {error}", err=True)
+        sys.exit(EXIT_ERROR)
 
 
 def note_on_stderr(text: str) -> None:
