@@ -152,7 +152,7 @@ def replay_on_cluster(
     address: str, tracer: Any, log: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
 ) -> tuple[Any, list[tuple[int, str]]]:
     """``replay.simulate.replay`` with its stages on the cluster: the same summary and problems."""
-    from .replay.log import ReplayError
+    from .replay.simulate import first_fitting
 
     traces, problems = trace_on_cluster(address, tracer, log, groups, shares)
     keys = [group.key for group in groups]
@@ -161,9 +161,4 @@ def replay_on_cluster(
         summaries = cluster_map(address, _simulate_pool, capacities, common)
     else:  # one pool: sending every trace to a worker and back gains nothing
         summaries = [_simulate_pool(common, capacities[0])]
-    fitting = [summary for summary in summaries if not summary.error]
-    if not fitting:
-        raise ReplayError(summaries[0].error)
-    if len(summaries) > 1:
-        fitting[0].sweep = summaries
-    return fitting[0], problems
+    return first_fitting(summaries), problems

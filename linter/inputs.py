@@ -93,21 +93,28 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES, kind: str = "a template"
         for is_kind, message in _FILE_KINDS:
             if is_kind(status.st_mode):
                 raise SourceError(path, message)
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_at_most(descriptor, limit)
     except OSError as error:
         raise SourceError(path, error.strerror or str(error)) from None
     finally:
         os.close(descriptor)
-    if size > limit:
+    if data is None:
         raise SourceError(path, f"file is over the {limit}-byte limit for {kind}")
-    return b"".join(chunks), status
+    return data, status
+
+
+def read_at_most(descriptor: int, limit: int) -> bytes | None:
+    """What an open file holds, or None if it holds more than ``limit`` bytes: read in
+    chunks, one byte past the limit at most, never sized by what fstat says."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks) if size <= limit else None
 
 
 def decode(path: Path, data: bytes) -> str:

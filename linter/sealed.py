@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from .config import cache_directory
+from .inputs import read_at_most
 
 KEY_BYTES = 32
 MAC_BYTES = 32  # HMAC-SHA256
@@ -155,14 +156,7 @@ def read_entry(directory: int, name: str, limit: int) -> bytes | None:
         status = os.fstat(descriptor)
         if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size > limit:
             return None
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks) if size <= limit else None
+        return read_at_most(descriptor, limit)
     except OSError:
         return None
     finally:

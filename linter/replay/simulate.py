@@ -438,9 +438,15 @@ def replay(
     for capacity in capacities:
         cache = settings.cache(capacity)
         summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
+    return first_fitting(summaries), problems
+
+
+def first_fitting(summaries: list[Summary]) -> Summary:
+    """The summary of the first capacity that holds every request, with all of them as its
+    sweep; ReplayError where none does."""
     fitting = [summary for summary in summaries if not summary.error]
     if not fitting:
         raise ReplayError(summaries[0].error)
     if len(summaries) > 1:
         fitting[0].sweep = summaries
-    return fitting[0], problems
+    return fitting[0]
