@@ -299,7 +299,7 @@ class ReplayOptions:
         """The options that decide the figures, as a command line would give them; the
         engine and cache model as the run resolved them (each defaults to the other's)."""
         from .engines import engine_for_cache
-        from .hosted_cache import HOSTED_MODELS
+        from .kv_cache.hosted import HOSTED_MODELS
 
         hosted = self.cache_model in HOSTED_MODELS
         engine, cache_model = engine_for_cache(self.engine, None if hosted else self.cache_model)
@@ -350,12 +350,12 @@ class ReplayResult:
 def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text: None) -> ReplayResult:
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
-    from . import kv_cache
     from .cluster import ClusterError, cluster_address, replay_on_cluster
     from .diff import read_template
     from .engines import engine_for_cache, profile_of, reasoning_note
-    from .hosted_cache import HOSTED_MODELS
     from .isolation import IsolationError
+    from .kv_cache import pools
+    from .kv_cache.hosted import HOSTED_MODELS
     from .proving.measure import resolve_special_tokens
     from .replay.attribution import TemplateError, Tracer
     from .replay.log import ReplayError, read_log, sessions
@@ -397,9 +397,9 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         raise OptionsError(str(error)) from None
     try:
         shape, layout = None, None
-        config = kv_cache.read_model_config(options.model_config) if options.model_config else None
+        config = pools.read_model_config(options.model_config) if options.model_config else None
         if config is not None:
-            from .hybrid import read_layout
+            from .kv_cache.hybrid import read_layout
 
             layout = read_layout(config, block_size)
             if not layout.hybrid:
@@ -412,8 +412,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 "give --cache-blocks (the num_gpu_blocks vLLM logs at start)"
             )
         if options.kv_cache_gib is not None and options.cache_blocks is None:  # both: capacities says so
-            shape = kv_cache.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
-        capacities = kv_cache.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
+            shape = pools.kv_shape(config, options.kv_cache_dtype, options.num_layers, options.num_kv_heads, options.head_dim)
+        capacities = pools.capacities(options.cache_blocks, options.kv_cache_gib, block_size, shape)
         if cache_model == "llamacpp" and capacities != [None] and not options.slots:
             raise OptionsError("with --cache-model llamacpp a capacity is split over --slots N; give --slots")
         settings = CacheSettings(
@@ -465,7 +465,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 whose = f"{quoted_name(path)}: " if options.compare else ""
                 failed.extend(f"{options.log}:{line}: {whose}{reason}" for line, reason in refused)
             unread = log.problems
-    except (ReplayError, RequestError, ServerError, TokenizerError, kv_cache.CacheError, ClusterError) as error:
+    except (ReplayError, RequestError, ServerError, TokenizerError, pools.CacheError, ClusterError) as error:
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"replay stopped: {error}") from None

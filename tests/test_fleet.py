@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from tmpl_lint.cli import main
-from tmpl_lint.fleet import Fleet, make_router
-from tmpl_lint.hybrid import FULL, MAMBA, SLIDING, Group, HybridPrefixCache, Layout, layout_from_model_config
-from tmpl_lint.kv_cache import CacheError, CacheRequest, VllmPrefixCache
+from tmpl_lint.kv_cache.fleet import Fleet, make_router
+from tmpl_lint.kv_cache.hybrid import FULL, MAMBA, SLIDING, Group, HybridPrefixCache, Layout, layout_from_model_config
+from tmpl_lint.kv_cache.pools import CacheError, CacheRequest, VllmPrefixCache
 
 SYSTEM = list(range(1, 9))  # two blocks of 4 every session shares
 

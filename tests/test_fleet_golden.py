@@ -14,7 +14,7 @@ import pytest
 from helpers import SHARED, SHARED_TOKENIZERS
 
 from tmpl_lint.commands import ReplayOptions, run_replay
-from tmpl_lint.hybrid import groups_from_golden, layout_from_model_config
+from tmpl_lint.kv_cache.hybrid import groups_from_golden, layout_from_model_config
 
 REPLAY = SHARED / "engine-golden" / "replay"
 needs_golden = pytest.mark.skipif(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmpl_lint.hosted_cache import (
+from tmpl_lint.kv_cache.hosted import (
     Breakpoint,
     Mark,
     TimedRequest,
@@ -14,7 +14,7 @@ from tmpl_lint.hosted_cache import (
     cache_control_marks,
     make_hosted_cache,
 )
-from tmpl_lint.kv_cache import CacheError
+from tmpl_lint.kv_cache.pools import CacheError
 
 
 def tokens(start: int, count: int) -> list[int]:

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from tmpl_lint.kv_cache import (
+from tmpl_lint.kv_cache.pools import (
     CacheError,
     CacheRequest,
     KVShape,
@@ -212,7 +212,7 @@ def test_sglang_keeps_the_prompt_when_eviction_takes_the_reply_after_it():
     # B computes 5 with 4 free, so 1 more is evicted: the least recently used leaf is A's
     # reply [5,6], a whole leaf of 2; A's prompt stays, and A's next turn hits its 4 tokens.
     # One leaf [1..6] would have gone whole, and the next turn would hit nothing.
-    from tmpl_lint.kv_cache import CacheRequest, SglangRadixCache
+    from tmpl_lint.kv_cache.pools import CacheRequest, SglangRadixCache
 
     cache = SglangRadixCache(page_size=1, capacity_tokens=10)
     assert cache.serve(CacheRequest("a", [1, 2, 3, 4], [5, 6, 7])).hit == 0

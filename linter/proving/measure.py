@@ -100,7 +100,7 @@ def served_requests(prompts: list[Units], generated: list[Units], block_size: in
     what its PrefixCacheStats count for each. The ideal is what each would hit had its prompt
     extended the previous request's prompt and reply (but the last sampled token, never fed
     back), at most num_tokens - 1 looked up."""
-    from ..kv_cache import CacheRequest, VllmPrefixCache
+    from ..kv_cache.pools import CacheRequest, VllmPrefixCache
 
     cache = VllmPrefixCache(block_size)
     out, computed = [], None

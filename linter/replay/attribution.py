@@ -28,8 +28,8 @@ from typing import Any
 from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt, request_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
-from ..hosted_cache import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
-from ..kv_cache import CacheError
+from ..kv_cache.hosted import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
+from ..kv_cache.pools import CacheError
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from ..proving.attribution import explaining_code
 from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fleet import Fleet, make_router
-from ..hosted_cache import HOSTED_MODELS, TimedRequest, make_hosted_cache
-from ..hybrid import HybridPrefixCache, Layout
-from ..kv_cache import CacheError, CacheModel, LlamaCppSlots, make_cache
+from ..kv_cache.fleet import Fleet, make_router
+from ..kv_cache.hosted import HOSTED_MODELS, TimedRequest, make_hosted_cache
+from ..kv_cache.hybrid import HybridPrefixCache, Layout
+from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
 from .log import Log, ReplayError, Session
 

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .inputs import SourceError, read_bytes
-from .tokenizer import common_prefix_length
+from ..inputs import SourceError, read_bytes
+from ..tokenizer import common_prefix_length
 
 CACHE_MODELS = ("vllm", "sglang", "llamacpp")
 GIB = 1 << 30
@@ -201,7 +201,7 @@ def kv_shape(
 IN_USE = -1  # the free batch of a block a request holds
 
 
-def _chain_seed(salt: str | None) -> int:
+def chain_seed(salt: str | None) -> int:
     """The parent hash of a prompt's first block; a cache salt changes every block after it."""
     if salt is None:
         return 0
@@ -301,7 +301,7 @@ class VllmPrefixCache:
             hashes, others = previous.hashes[:kept], previous.others
         else:
             kept, hashes, others = 0, [], []
-        parent = hashes[-1] if hashes else _chain_seed(request.salt)
+        parent = hashes[-1] if hashes else chain_seed(request.salt)
         for start in range(kept * size, len(prompt) - size + 1, size):
             parent = hash((parent, tuple(prompt[start : start + size])))
             hashes.append(parent)
@@ -312,7 +312,7 @@ class VllmPrefixCache:
         size = self.block_size
         start = len(chain) * size
         tokens = request.prompt[start:] + request.generated[: max(len(request.generated) - 1, 0)]
-        parent = chain[-1] if chain else _chain_seed(request.salt)
+        parent = chain[-1] if chain else chain_seed(request.salt)
         out = []
         for offset in range(0, (full - len(chain)) * size, size):
             parent = hash((parent, tuple(tokens[offset : offset + size])))

@@ -54,8 +54,8 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .kv_cache import CacheError, CacheRequest, Served
-from .tokenizer import common_prefix_length
+from ..tokenizer import common_prefix_length
+from .pools import CacheError, CacheRequest, Served
 
 HOSTED_MODELS = ("openai", "anthropic", "gemini", "deepseek")
 

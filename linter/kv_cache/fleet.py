@@ -54,10 +54,9 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from ..tokenizer import common_prefix_length
 from .hybrid import HybridPrefixCache
-from .kv_cache import CacheError, CacheModel, CacheRequest, LlamaCppSlots, Served, SglangRadixCache, VllmPrefixCache
-from .kv_cache import _chain_seed as chain_seed
-from .tokenizer import common_prefix_length
+from .pools import CacheError, CacheModel, CacheRequest, LlamaCppSlots, Served, SglangRadixCache, VllmPrefixCache, chain_seed
 
 ROUTERS = ("round-robin", "session", "prefix", "kv")
 

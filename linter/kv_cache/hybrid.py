@@ -45,8 +45,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from .kv_cache import CacheError, CacheRequest, Served
-from .kv_cache import _chain_seed as chain_seed
+from .pools import CacheError, CacheRequest, Served, chain_seed
 
 FULL, SLIDING, MAMBA = "full", "sliding_window", "mamba"
 MAX_NUM_BATCHED_TOKENS = 8192  # `vllm serve`'s default on H100/H200-class GPUs
