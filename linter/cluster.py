@@ -42,6 +42,25 @@ def cluster_address(option: str | None = None) -> str | None:
     return address.strip() or None if address is not None else None
 
 
+# The schemes a Dask scheduler listens on.
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` names no scheduler, before a client is made for it: a malformed one
+    would otherwise wait out the connect timeout and leave a half-made client behind."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address, strict=True)
+        parse_host_port(location)
+    except ValueError as error:
+        return f"not a scheduler address ({error}): give SCHEME://HOST:PORT, e.g. tcp://scheduler:8786"
+    if scheme not in SCHEMES:
+        return f"a Dask scheduler listens on {', '.join(SCHEMES)}, not {scheme}: e.g. tcp://scheduler:8786"
+    return None
+
+
 def cluster_map(address: str, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
     """``[function(item) for item in items]`` as tasks on the cluster at ``address``, in order;
     with ``common``, ``function(common, item)``, ``common`` sent to each worker once, not
@@ -50,9 +69,12 @@ def cluster_map(address: str, function: Callable, items: Sequence[Any], common: 
         from distributed import Client
     except ImportError:
         raise ClusterError(f"--cluster {address}: needs Dask's distributed scheduler: pip install 'tmpl-lint[cluster]'") from None
+    problem = address_problem(address)
+    if problem:
+        raise ClusterError(f"--cluster {address}: {problem}")
     try:
         client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=False)
-    except (OSError, TimeoutError) as error:
+    except (OSError, TimeoutError, ValueError) as error:
         raise ClusterError(f"--cluster {address}: cannot reach the scheduler: {error}") from None
     try:
         # pure=False: two shares with equal arguments are still two tasks.

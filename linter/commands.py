@@ -350,7 +350,7 @@ class ReplayResult:
 def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text: None) -> ReplayResult:
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
-    from .cluster import ClusterError, cluster_address, replay_on_cluster
+    from .cluster import ClusterError, address_problem, cluster_address, replay_on_cluster
     from .diff import read_template
     from .engines import engine_for_cache, profile_of, reasoning_note
     from .isolation import IsolationError
@@ -377,6 +377,13 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     cluster = cluster_address(options.cluster)
     if cluster is not None and options.server:
         raise OptionsError("--cluster renders on the workers: it cannot take --server's token ids")
+    if cluster is not None:
+        try:
+            problem = address_problem(cluster)
+        except ImportError:  # said when the run reaches the cluster, with the extra to install
+            problem = None
+        if problem:
+            raise RunError(f"--cluster {cluster}: {problem}")
     # A flag of another engine's cache would be read as if it changed these figures.
     if options.page_size != 1 and cache_model != "sglang":
         raise OptionsError("--page-size is SGLang's page size: it needs --cache-model sglang")

@@ -112,6 +112,37 @@ def test_an_unreachable_scheduler_is_one_error(monkeypatch):
         cluster_map("tcp://127.0.0.1:9", _pid, [1])
 
 
+@pytest.mark.parametrize(
+    ("address", "said"),
+    [
+        ("notanaddress", "not a scheduler address"),
+        ("tcp://scheduler", "missing port number"),
+        ("http://127.0.0.1:8786", "not http"),
+    ],
+)
+def test_an_address_that_names_no_scheduler_is_one_line_at_once(tmp_path, address, said):
+    # A malformed address used to wait out the 60 s connect timeout, then print the
+    # half-made client's traceback.
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "log.jsonl"
+    write_log(log, count=2)
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja")]
+        + ["--session-key", "user", "--cluster", address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert time.monotonic() - start < 20
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"tmpl-lint: error: --cluster {address}: ") and said in result.stderr
+
+
 def test_shares_deal_the_longest_sessions_first():
     # 9 to share 0 (loads 9, 0); 7 to 1 (9, 7); 5 to 1 (9, 12); 3 to 0 (12, 12); 1 to the first of equals, 0.
     assert shares_of([5, 9, 1, 7, 3], 2) == [[1, 4, 2], [3, 0]]
