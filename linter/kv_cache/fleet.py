@@ -313,7 +313,8 @@ class Fleet:
         """The report's lines on the fleet."""
         lines = [
             f"  {len(self.replicas)} replicas, router {self.router.name}: busiest replica {self.imbalance:.2f}× the mean "
-            f"prompt {unit}s; {self.lost_to_routing:,} {unit}s lost to routing (another replica held them)"
+            f"prompt {unit}s; {self.lost_to_routing:,} {unit}s lost to routing (another replica held them, other sessions' "
+            "shared prefixes included; the cause table's routing row counts the session's own)"
         ]
         for figures in self.replicas:
             lines.append(

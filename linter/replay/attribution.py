@@ -81,7 +81,7 @@ CAUSE_NOTES = {
     TokenCause.TEMPLATE: "the template rendered the same history differently",
     TokenCause.CLIENT: "the client changed what it sent",
     TokenCause.CAPACITY: "cached once, evicted before the session came back",
-    TokenCause.ROUTING: "cached on another replica than the one the router chose",
+    TokenCause.ROUTING: "the session's own tokens, cached on another replica than the one the router chose",
     TokenCause.LAYERS: "full attention held them; the sliding-window or Mamba layers keep no state there",
 }
 
