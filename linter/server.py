@@ -37,6 +37,10 @@ class ServerURLError(ServerError):
     """A --server that is not a URL tmpl-lint can ask: the caller's mistake, a usage error."""
 
 
+class ServerUnreachable(ServerError):
+    """No connection to the server: the requests after this one would not reach it either."""
+
+
 class ServerRefused(ServerError):
     """The server answered the request HTTP 400: the engine refuses it (``validate``
     compares that with the profile's refusal)."""
@@ -159,7 +163,7 @@ def _request(url: str, body: dict[str, Any] | None = None, seconds: float = TIME
         if deadline.expired:
             raise ServerError(f"{url} did not answer within {seconds:.3g} s") from None
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
-        raise ServerError(f"cannot reach {url}: {reason or type(error).__name__}") from None
+        raise ServerUnreachable(f"cannot reach {url}: {reason or type(error).__name__}") from None
     finally:
         deadline.cancel()
     if deadline.expired:  # the answer ended because the deadline shut its connection

@@ -106,7 +106,7 @@ def ask_server(
     """The server's answer to each request (``ask``), in log order, until the run's deadline
     (``end``, monotonic: ``deadline_seconds`` from now unless given; ``ask`` bounds each
     request by what is left of it)."""
-    from .server import ServerError, ServerRefused
+    from .server import ServerError, ServerRefused, ServerUnreachable
 
     answered: list[tuple[int, Answer]] = []
     unanswered: list[tuple[int, str]] = []
@@ -122,6 +122,10 @@ def ask_server(
             answered.append((line, ask(body)))
         except ServerRefused as error:
             answered.append((line, Answer(refusal=str(error))))
+        except ServerUnreachable as error:
+            # One line for the run, not one per request: none of the rest would reach it.
+            unanswered.append((line, str(error)))
+            return answered, unanswered, f"{error}: {len(bodies) - position - 1} requests not asked"
         except ServerError as error:
             unanswered.append((line, str(error)))
     return answered, unanswered, None

@@ -275,3 +275,21 @@ def test_an_engine_without_a_render_endpoint_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "--engine sglang: no render endpoint to ask (vLLM's and llama-server's are)" in result.stderr
+
+
+def test_a_server_that_cannot_be_reached_is_said_once_not_per_request(tmp_path):
+    import socket
+
+    from helpers import CORPUS
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(3)))
+    args = ["validate", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--engine", "llamacpp"]
+    result = CliRunner().invoke(main, [*args, "--server", f"http://127.0.0.1:{port}"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.count("cannot reach") == 2  # the first request's line, and the run's
+    assert result.stdout.count("not compared") == 1
+    assert "2 requests not asked" in result.stdout
