@@ -123,3 +123,19 @@ def test_a_request_with_five_breakpoints_is_left_out_and_the_rest_replayed(tmp_p
     report = json.loads(result.stdout)["template"]
     # The first and third requests replayed (1182 + 1317); the third's mark expired 361 s after the first's write.
     assert (report["requests"], report["prefix_cache_queries"], report["prefix_cache_hits"]) == (2, 1182 + 1317, 0)
+
+
+def test_anthropic_without_any_breakpoint_says_so(tmp_path):
+    # A log with no cache_control: Anthropic caches nothing, and the report says why instead
+    # of leaving the loss to look like eviction.
+    log = tmp_path / "log.jsonl"
+    write_log(log, SYSTEM)
+    args = ["replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--session-key", "user"]
+    result = CliRunner().invoke(main, [*args, "--cache-model", "anthropic", "--api-model", "claude-sonnet-4-5"])
+    assert result.exit_code == 0, result.output
+    assert "  no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints" in result.stdout
+    marked = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    write_log(log, marked)
+    result = CliRunner().invoke(main, [*args, "--cache-model", "anthropic", "--api-model", "claude-sonnet-4-5"])
+    assert result.exit_code == 0, result.output
+    assert "no request carries a cache_control breakpoint" not in result.stdout

@@ -97,6 +97,7 @@ class Summary:
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
     fleet: Fleet | None = None  # with --replicas: each replica's figures
     layout: Layout | None = None  # a hybrid model's KV-cache groups
+    marked: int = 0  # requests carrying cache_control breakpoints (what Anthropic caches at)
 
     @property
     def unmodelled_replies(self) -> int:
@@ -276,6 +277,7 @@ def simulate(
             split[TokenCause.CAPACITY] -= moved
             split[cause] += moved
         summary.requests += 1
+        summary.marked += bool(trace.breakpoints)
         summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
         summary.replies[trace.reply] += 1
         summary.queries += trace.prompt_tokens
@@ -343,6 +345,11 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
                 lines.append(f"  KV-cache groups sharing the pool: {summary.layout.describe()}")
             if summary.fleet is not None:
                 lines.extend(summary.fleet.describe(unit))
+            if summary.cache_model == "anthropic" and not summary.marked:
+                lines.append(
+                    "  no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints, "
+                    "so nothing was cached (counted below as capacity)"
+                )
             note = summary.replies_note()
             if note:
                 lines.append(f"  replies: {note}")
