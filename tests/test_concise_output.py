@@ -49,18 +49,22 @@ def test_concise_is_the_default_a_finding_s_line_and_its_proof_s(tmp_path, monke
     assert run("c.jinja", "--format", "text")[1] == out
 
 
-def test_long_messages_are_wrapped_and_the_switch_advice_is_short():
-    code, out, _ = run(SWITCHED)
+def test_long_messages_are_wrapped_and_the_switch_advice_is_short(tmp_path, monkeypatch):
+    # A short path, so that the 120 columns are the message's (a long path keeps its place
+    # whole on the first line: test_a_long_path_keeps_place_code_and_name_on_the_first_line).
+    shutil.copyfile(SWITCHED, tmp_path / "s.jinja")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run("s.jinja")
     assert code == 1
     head = [line for line in out.splitlines() if not line.startswith("    proof: ")][:-1]
     assert all(len(line) <= 120 for line in head), head
-    assert head[0].startswith(f"{SWITCHED}:12:13: PC006 [generation-prompt-mismatch] ")
+    assert head[0].startswith("s.jinja:12:13: PC006 [generation-prompt-mismatch] ")
     assert all(line.startswith("    ") for line in head[1:])
     # the advice, without how to pass the value (per request, server-wide): that is full's
     joined = " ".join(line.strip() for line in head)
     assert joined.endswith("breaks when enable_thinking=false (stable when true or unset); set enable_thinking=true to avoid it")
     assert "chat_template_kwargs" not in out
-    full = run(SWITCHED, "--output-format", "full")[1]
+    full = run("s.jinja", "--output-format", "full")[1]
     assert '(per request: chat_template_kwargs={"enable_thinking": true}; vLLM server-wide:' in full
 
 
