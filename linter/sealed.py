@@ -137,12 +137,17 @@ def private_directory(path: Path):
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
     try:
-        status = os.fstat(directory)
-        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
-            raise PermissionError(f"{path}: a cache folder must be this user's and writable by no one else")
+        check_private(directory, str(path))
         yield directory
     finally:
         os.close(directory)
+
+
+def check_private(directory: int, name: str) -> None:
+    """PermissionError unless the open folder is this user's and writable by no one else."""
+    status = os.fstat(directory)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+        raise PermissionError(f"{name}: a cache folder must be this user's and writable by no one else")
 
 
 def read_entry(directory: int, name: str, limit: int) -> bytes | None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from .. import sealed
 from ..config import cache_directory
+from ..sealed import check_private
 from .format import ARCHITECTURE_KEY, Metadata
 
 CACHE_FORMAT = "1"  # of an entry: changed when what is stored changes
@@ -70,12 +71,6 @@ ENTRY = "tokenizer.json"  # in a folder of its own, as a tokenizer directory hol
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _check_private(descriptor: int, name: str) -> None:
-    status = os.fstat(descriptor)
-    if status.st_uid != os.geteuid() or status.st_mode & 0o022:
-        raise PermissionError(f"{name}: a cache folder must be this user's and writable by no one else")
-
-
 @contextlib.contextmanager
 def _entry_folder(key: str, create: bool) -> Iterator[int]:
     """The folder of entry ``key``, opened (a descriptor), or OSError. The cache directory
@@ -86,13 +81,13 @@ def _entry_folder(key: str, create: bool) -> Iterator[int]:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     opened = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
     try:
-        _check_private(opened[-1], str(root))
+        check_private(opened[-1], str(root))
         for name in (FOLDER, key):
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, 0o700, dir_fd=opened[-1])
             opened.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW, dir_fd=opened[-1]))
-            _check_private(opened[-1], name)
+            check_private(opened[-1], name)
         yield opened[-1]
     finally:
         for descriptor in opened:
@@ -116,15 +111,10 @@ def read_entry(key: str, limit: int) -> str | None:
     user's, over ``limit`` bytes, or not text."""
     try:
         with _entry_folder(key, create=False) as folder:
-            descriptor = os.open(ENTRY, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW, dir_fd=folder)
-            with open(descriptor, "rb") as stream:
-                status = os.fstat(descriptor)
-                if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_size > limit:
-                    return None
-                data = stream.read(limit + 1)
+            data = sealed.read_entry(folder, ENTRY, limit)
     except OSError:
         return None
-    if len(data) > limit:
+    if data is None:
         return None
     try:
         return data.decode("utf-8")
@@ -138,16 +128,7 @@ def write_entry(key: str, text: str) -> None:
     data = text.encode("utf-8")
     try:
         with _entry_folder(key, create=True) as folder:
-            temporary = f".{ENTRY}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o600, dir_fd=folder)
-            try:
-                with open(descriptor, "wb") as stream:
-                    stream.write(data)
-                # a rename replaces a link at the entry's name; it never writes through it
-                os.replace(temporary, ENTRY, src_dir_fd=folder, dst_dir_fd=folder)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary, dir_fd=folder)
-                raise
+            # a rename replaces a link at the entry's name; it never writes through it
+            sealed.write_entry(folder, ENTRY, data)
     except OSError:
         pass
