@@ -9,6 +9,7 @@ without it are asked through ``/v1/chat/completions`` with ``return_token_ids`` 
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import json
 import socket
@@ -163,7 +164,13 @@ def _request(url: str, body: dict[str, Any] | None = None, seconds: float = TIME
         if deadline.expired:
             raise ServerError(f"{url} did not answer within {seconds:.3g} s") from None
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
-        raise ServerUnreachable(f"cannot reach {url}: {reason or type(error).__name__}") from None
+        # No connection at all (refused, no route, no such host) holds for every later
+        # request too; a timeout or a dropped answer may be this request's alone.
+        unreachable = isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or (
+            isinstance(reason, OSError) and reason.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+        )
+        failure = ServerUnreachable if unreachable else ServerError
+        raise failure(f"cannot reach {url}: {reason or type(error).__name__}") from None
     finally:
         deadline.cancel()
     if deadline.expired:  # the answer ended because the deadline shut its connection
