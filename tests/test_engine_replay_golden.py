@@ -9,7 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from helpers import SHARED, SHARED_TOKENIZERS
+from helpers import SHARED, SHARED_TOKENIZERS, needs_shared
 
 from tmpl_lint.cli import main
 from tmpl_lint.commands import ReplayOptions, run_replay
@@ -32,6 +32,7 @@ def _blocks(run: dict) -> int | None:
     return run["cache_blocks"] if "cache_blocks" in run else run["cache_blocks_flag"]
 
 
+@needs_shared
 @needs_golden
 @pytest.mark.parametrize("engine, run", RUNS, ids=[f"{engine}-{_blocks(run) or 'unbounded'}" for engine, run in RUNS])
 def test_replay_hits_what_the_engines_own_cache_hit_request_by_request(engine, run):
@@ -54,6 +55,7 @@ def test_replay_hits_what_the_engines_own_cache_hit_request_by_request(engine, r
     assert (summary.queries, summary.hits) == (run["queried_tokens"], run["hit_tokens"])
 
 
+@needs_shared
 @needs_golden
 @pytest.mark.parametrize("flags, engine", [((), "vllm"), (("--cache-model", "sglang"), "sglang")])
 def test_the_command_without_an_engine_flag_reports_the_engines_figure(flags, engine):
