@@ -13,16 +13,24 @@ them so that only the template's own bytes change.
 from __future__ import annotations
 
 import ast
+import copy
+import difflib
 import json
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from json.decoder import WHITESPACE, scanstring
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .edits import line_ending
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 TEMPLATE_KEYS = ("chat_template", "chat_template_jinja")
 _DECODER = json.JSONDecoder()
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace (RFC 8259), as the json module skips it
 
 
 class ContainerError(Exception):
@@ -39,7 +47,9 @@ class Span:
 
 
 def _skip(text: str, index: int) -> int:
-    return WHITESPACE.match(text, index).end()
+    whitespace = _WHITESPACE.match(text, index)
+    assert whitespace is not None  # the pattern matches the empty string
+    return whitespace.end()
 
 
 def object_spans(text: str, start: int = 0) -> tuple[dict[str, tuple[Span, Span]], int]:
@@ -54,7 +64,7 @@ def object_spans(text: str, start: int = 0) -> tuple[dict[str, tuple[Span, Span]
     while True:
         if text[index : index + 1] != '"':
             raise ContainerError(f"expected a key at offset {index}")
-        key, key_end = scanstring(text, index + 1)
+        key, key_end = _DECODER.raw_decode(text, index)  # a string: the key
         key_span = Span(index, key_end)
         index = _skip(text, key_end)
         if text[index : index + 1] != ":":
@@ -128,7 +138,6 @@ def _changes(old: str, new: str) -> Iterator[tuple[bool, int, int, int, int]]:
     the lines they share, then within the lines that differ the words and characters they
     share, are kept; the rest is new. A fix edits a few places of a long template (a
     one-line template is one line), so lines alone would rewrite most of it."""
-    import difflib
 
     def runs(a: int, c: int, old_parts: list[str], new_parts: list[str], finer) -> Iterator[tuple[bool, int, int, int, int]]:
         old_at, new_at = _part_starts(a, old_parts), _part_starts(c, new_parts)
@@ -194,7 +203,7 @@ def _escape_surrogates(literal: str) -> str:
 
 
 def _target_name(node) -> str | None:
-    import libcst as cst
+    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
 
     if isinstance(node, cst.Name):
         return node.value
@@ -203,16 +212,22 @@ def _target_name(node) -> str | None:
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         index = node.slice[0].slice
         if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
-            return index.value.evaluated_value
+            return _text(index.value)
     return None
+
+
+def _text(literal: cst.SimpleString) -> str | None:
+    """The string a ``str`` literal holds; None for a bytes literal (no key of a template)."""
+    value = literal.evaluated_value
+    return value if isinstance(value, str) else None
 
 
 def python_literals(module):
     """(name, literal node) of every string literal assigned to chat_template. A name is the
     key and the literal's line, ``chat_template@12``, and its column too where one line
     holds two (``chat_template@12:40``). A literal may be two or more adjacent strings."""
-    import libcst as cst
-    from libcst.metadata import MetadataWrapper, PositionProvider
+    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
+    from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: PLC0415 - libcst: the optional [fix] extra
 
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
@@ -251,7 +266,7 @@ def python_literals(module):
 
         def visit_DictElement(self, node) -> None:
             if isinstance(node.key, cst.SimpleString):
-                record(node.key.evaluated_value, node.value)
+                record(_text(node.key), node.value)
 
     wrapper.module.visit(Finder())
     lines = [(key, line) for key, line, _, _ in found]
@@ -266,7 +281,7 @@ def python_literals(module):
 
 
 def parse_python(text: str):
-    import libcst as cst
+    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
 
     try:
         return cst.parse_module(text)
@@ -311,6 +326,7 @@ def _python_literal(original: str, template: str, newline: str = "\n") -> str:
     a line break a triple-quoted literal holds raw is written as ``newline``, the file's own
     (Python reads a CRLF in a literal as "\n", so the template holds "\n" there)."""
     match = QUOTED_LITERAL.match(original)
+    assert match is not None, "a literal libcst parsed starts with its prefix and quote"
     prefix, quote = match.group(1), match.group(2)
     raw = "r" in prefix.lower()
     if raw and quote not in template and not template.endswith("\\") and (len(quote) == 3 or "\n" not in template):
@@ -333,7 +349,7 @@ def _python_literal(original: str, template: str, newline: str = "\n") -> str:
 
 
 def replace_python_template(text: str, name: str, template: str) -> str:
-    import libcst as cst
+    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
 
     try:
         module, found, _ = python_literals(parse_python(text))
@@ -345,15 +361,13 @@ def replace_python_template(text: str, name: str, template: str) -> str:
     (target,) = targets
     if isinstance(target, cst.ConcatenatedString):
         parts = 0
-        node = target
+        node: cst.BaseString = target
         while isinstance(node, cst.ConcatenatedString):
             parts, node = parts + 1, node.right
         raise ContainerError(
             f"the template {name} is written as {parts + 1} adjacent string literals; tmpl-lint rewrites a single "
             "literal only: join them into one and run --fix again"
         )
-
-    from .edits import line_ending
 
     newline = line_ending(text)
 
@@ -373,7 +387,7 @@ def replace_python_template(text: str, name: str, template: str) -> str:
 
 def round_trip_yaml():
     """ruamel.yaml in round-trip mode, keeping quotes and long lines as the file has them."""
-    from ruamel.yaml import YAML
+    from ruamel.yaml import YAML  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
 
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
@@ -385,7 +399,7 @@ def yaml_places(node, path=(), seen=None):
     """(path, mapping, key) of every template key at any depth, each where it is written: a
     mapping an alias repeats is walked once, and a key a merge (`<<: *defaults`) brings in
     is its anchor's, not another template."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
 
     seen = set() if seen is None else seen
     if isinstance(node, (CommentedMap, CommentedSeq)):
@@ -414,7 +428,7 @@ def _yaml_problem(error: Exception) -> str:
 
 
 def yaml_templates(text: str) -> list[tuple[str, str]]:
-    from ruamel.yaml import YAMLError
+    from ruamel.yaml import YAMLError  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
 
     try:
         document = round_trip_yaml().load(text)
@@ -427,7 +441,7 @@ def yaml_templates(text: str) -> list[tuple[str, str]]:
 
 def _yaml_node(root, name: str):
     """(key node, value node) of the template at ``name`` in a composed YAML document."""
-    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
 
     def walk(node, path):
         if isinstance(node, MappingNode):
@@ -487,6 +501,7 @@ def _block(text: str, key, value) -> _Block:
     span = text[value.start_mark.index : value.end_mark.index]
     header, _, body = span.partition("\n")
     indicators = _BLOCK_HEADER.match(header)
+    assert indicators is not None, "a block scalar starts with | or >"
     explicit = indicators.group(1) or indicators.group(3)
     content = [line for line in body.split("\n") if line.strip(" \r")]
     if explicit:
@@ -533,7 +548,7 @@ def replace_yaml_template(text: str, name: str, template: str) -> str:
     value's own text is written (a block scalar becomes a literal block at its indentation,
     a quoted value stays quoted, else double quotes), and the result is read back to check
     that it holds the new template and every other value as before."""
-    from ruamel.yaml import YAML, YAMLError
+    from ruamel.yaml import YAML, YAMLError  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
 
     safe = YAML(typ="safe", pure=True)
     try:
@@ -588,8 +603,6 @@ def _at(document, name: str):
 
 def _without(document, name: str):
     """A copy of ``document`` with the value at ``name`` blanked, to compare the rest."""
-    import copy
-
     document = copy.deepcopy(document)
     *parents, last = name.split(".")
     holder = _at(document, ".".join(parents)) if parents else document
@@ -598,7 +611,7 @@ def _without(document, name: str):
     return document
 
 
-def read_container(path: Path, text: str) -> tuple[list[tuple[str | None, str]], list[str]]:
+def read_container(path: Path, text: str) -> tuple[list[tuple[str, str]], list[str]]:
     """Templates in a Python or YAML file, and why any it holds was passed over."""
     if path.suffix == ".py":
         return python_templates(text)
@@ -608,8 +621,10 @@ def read_container(path: Path, text: str) -> tuple[list[tuple[str | None, str]],
 def replace_in_container(text: str, name: str | None, template: str, container: str) -> str:
     if container == "json":
         return replace_json_template(text, name, template)
-    if container == "python":
-        return replace_python_template(text, name, template)
-    if container == "yaml":
+    if container in ("python", "yaml"):
+        if name is None:  # read_container names every template of these files
+            raise ContainerError(f"no unnamed template in a {container} file")
+        if container == "python":
+            return replace_python_template(text, name, template)
         return replace_yaml_template(text, name, template)
     return template
