@@ -139,9 +139,8 @@ class ChatTemplateSandbox(ImmutableSandboxedEnvironment):
         super().__init__(*args, optimized=False, **kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
 
-    @staticmethod
-    def joined(value):
-        """What ``~`` made (render.py bounds it by the render's limits)."""
+    def joined(self, value: str) -> str:
+        """What ``~`` made (render.RenderSandbox bounds it by the render's limits)."""
         return value
 
     def getattr(self, obj, attribute):
@@ -218,8 +217,12 @@ def _counted_lipsum(*args, **kwargs):
     return jinja2.utils.generate_lorem_ipsum(*args, **kwargs)
 
 
-def make_environment(clock: Clock = datetime.now) -> ImmutableSandboxedEnvironment:
-    env = ChatTemplateSandbox(
+def make_environment(
+    clock: Clock = datetime.now, sandbox: Callable[..., ChatTemplateSandbox] = ChatTemplateSandbox
+) -> ChatTemplateSandbox:
+    """The environment templates parse and render in; ``sandbox``: the class to make it of
+    (rendering makes a subclass that bounds what a render allocates, render.RenderSandbox)."""
+    env = sandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[GenerationTag, jinja2.ext.loopcontrols],

@@ -20,10 +20,11 @@ import marshal
 import os
 import re
 import signal
+import string
 import sys
 import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -33,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.runtime import Context
 
 from . import jinja_env, sealed
 from .config import cache_directory
-from .jinja_env import Clock, make_environment
+from .jinja_env import ChatTemplateSandbox, Clock, make_environment
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -91,11 +93,8 @@ def _compile(text: str, limits: RenderLimits, tree: jinja2.nodes.Template | None
     key = (text, limits)
     template = _COMPILED.get(key)
     if template is None:
-        environment = make_environment(_render_clock_now)
-        environment.intercepted_binops = frozenset({"*", "**", "+", "%"})
-        environment.call_binop = partial(_bounded_binop, environment, limits)
-        environment.joined = partial(_bounded_join, limits)
-        _bound_sizes(environment, limits)
+        environment = make_environment(_render_clock_now, partial(RenderSandbox, limits))
+        _bound_filters(environment, limits)
         code = _compiled_code(environment, text, tree)
         # The globals as a plain dict, not jinja2's ChainMap over the environment's: every
         # render starts its context from them, and reading a ChainMap key by key costs a
@@ -190,38 +189,6 @@ def _code_key() -> str:
     return digest.hexdigest()[:32]
 
 
-def _bounded_join(limits: RenderLimits, value):
-    """``a ~ b`` as usual, unless it made a string larger than a render may print."""
-    if len(value) > limits.max_bytes:
-        raise RenderLimitExceeded(f"a string joined with ~ reached {len(value)} characters, over the {limits.max_bytes} limit")
-    return value
-
-
-def _bounded_binop(environment, limits: RenderLimits, context, operator: str, left, right):
-    """``*``, ``**``, ``+`` and ``%`` as usual, unless the result would be larger than a
-    render may print (a string doubled forty times was gigabytes before the time limit
-    stopped it; ``'%3000000000s' % x`` is as large as its width)."""
-    if operator == "+":
-        if (
-            isinstance(left, (str, list, tuple))
-            and isinstance(right, (str, list, tuple))
-            and len(left) + len(right) > limits.max_bytes
-        ):
-            raise RenderLimitExceeded(f"a sum would make {len(left) + len(right)} items, over the {limits.max_bytes} limit")
-        return left + right
-    if operator == "*":
-        for sequence, count in ((left, right), (right, left)):
-            if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) and len(sequence) * count > limits.max_bytes:
-                raise RenderLimitExceeded(
-                    f"a repetition would make {len(sequence) * count} items, over the {limits.max_bytes} limit"
-                )
-    if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 256:
-        raise RenderLimitExceeded(f"{left} ** {right} is too large to compute")
-    if operator == "%" and isinstance(left, str):
-        _check_percent_format(limits, left, right)
-    return environment.binop_table[operator](left, right)
-
-
 # -- sizes checked before they are allocated ------------------------------------------------
 # A filter or a str method that makes a string of a size it is given (a width, a count, a
 # separator repeated per item) is checked against the render's size limit before it runs:
@@ -272,8 +239,6 @@ def _check_percent_format(limits: RenderLimits, text: str, values) -> None:
 def _check_str_format(limits: RenderLimits, text: str, args, kwargs) -> None:
     """``str.format``'s fields: each spec's width and precision (nested fields resolve to
     the values given)."""
-    import string
-
     nested = False
     pending = [text]
     while pending:
@@ -322,30 +287,79 @@ def _check_str_method(limits: RenderLimits, text: str, name: str, args: tuple, k
     return args
 
 
-def _bound_sizes(environment, limits: RenderLimits) -> None:
-    """Put the checks of this section into a render environment: its calls (str methods,
-    ``lipsum``), ``str.format`` and the filters that size their output."""
-    filters = environment.filters
-    sandbox_call = type(environment).call
-    sandbox_wrap_str_format = type(environment).wrap_str_format
-    lipsum = environment.globals["lipsum"]
+class RenderSandbox(ChatTemplateSandbox):
+    """The environment a template is compiled in for rendering: the chat template sandbox,
+    whose operators, calls (str methods, ``lipsum``) and ``str.format`` check the sizes of
+    this section against the render's limits before they run."""
 
-    def call(__context, __obj, *args, **kwargs):
-        kind = type(__obj)
-        if (kind is types.BuiltinMethodType or kind is types.MethodType) and isinstance(__obj.__self__, str):
-            args = _check_str_method(limits, __obj.__self__, __obj.__name__, args, kwargs)
-        elif __obj is lipsum:
+    # Each is compiled to a call_binop call, where it is bounded.
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, limits: RenderLimits, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+
+    def joined(self, value: str) -> str:
+        """``a ~ b`` as usual, unless it made a string larger than a render may print."""
+        limits = self.limits
+        if len(value) > limits.max_bytes:
+            raise RenderLimitExceeded(
+                f"a string joined with ~ reached {len(value)} characters, over the {limits.max_bytes} limit"
+            )
+        return value
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        """``*``, ``**``, ``+`` and ``%`` as usual, unless the result would be larger than a
+        render may print (a string doubled forty times was gigabytes before the time limit
+        stopped it; ``'%3000000000s' % x`` is as large as its width)."""
+        limits = self.limits
+        if operator == "+":
+            if (
+                isinstance(left, (str, list, tuple))
+                and isinstance(right, (str, list, tuple))
+                and len(left) + len(right) > limits.max_bytes
+            ):
+                raise RenderLimitExceeded(f"a sum would make {len(left) + len(right)} items, over the {limits.max_bytes} limit")
+            return left + right
+        if operator == "*":
+            for sequence, count in ((left, right), (right, left)):
+                if (
+                    isinstance(sequence, (str, list, tuple))
+                    and isinstance(count, int)
+                    and len(sequence) * count > limits.max_bytes
+                ):
+                    raise RenderLimitExceeded(
+                        f"a repetition would make {len(sequence) * count} items, over the {limits.max_bytes} limit"
+                    )
+        if (
+            operator == "**"
+            and isinstance(left, (int, float))
+            and isinstance(right, (int, float))
+            and abs(left) > 1
+            and right > 256
+        ):
+            raise RenderLimitExceeded(f"{left} ** {right} is too large to compute")
+        if operator == "%" and isinstance(left, str):
+            _check_percent_format(limits, left, right)
+        return self.binop_table[operator](left, right)
+
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        kind = type(obj)
+        if (kind is types.BuiltinMethodType or kind is types.MethodType) and isinstance(obj.__self__, str):
+            args = _check_str_method(self.limits, obj.__self__, obj.__name__, args, kwargs)
+        elif obj is self.globals["lipsum"]:
             with contextlib.suppress(TypeError):  # arguments lipsum refuses: its own error
-                _over(limits, _lipsum_size(*args, **kwargs), "lipsum")
-        return sandbox_call(environment, __context, __obj, *args, **kwargs)
+                _over(self.limits, _lipsum_size(*args, **kwargs), "lipsum")
+        return super().call(context, obj, *args, **kwargs)
 
-    def wrap_str_format(value):
-        wrapper = sandbox_wrap_str_format(environment, value)
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapper = super().wrap_str_format(value)
         if wrapper is None:
             return None
+        limits = self.limits
         text = value.__self__
 
-        def bounded(*args, **kwargs):
+        def bounded(*args: Any, **kwargs: Any) -> str:
             if value.__name__ == "format_map" and len(args) == 1 and isinstance(args[0], dict):
                 _check_str_format(limits, text, (), args[0])
             else:
@@ -354,8 +368,11 @@ def _bound_sizes(environment, limits: RenderLimits) -> None:
 
         return bounded
 
-    environment.call = call
-    environment.wrap_str_format = wrap_str_format
+
+def _bound_filters(environment: ChatTemplateSandbox, limits: RenderLimits) -> None:
+    """Put the checks of this section into the filters of a render environment that size
+    their output."""
+    filters = environment.filters
 
     def center(value, width=80):
         _over(limits, _width(width), "center")
@@ -411,13 +428,17 @@ def _checked_filter(original, check):
         def checked(*args, **kwargs):
             return original(*(check(*args, **kwargs) or args), **kwargs)
 
-    else:
+        return checked
 
-        def checked(passed, *args, **kwargs):
-            return original(passed, *(check(*args, **kwargs) or args), **kwargs)
+    def checked_passing(passed, *args, **kwargs):
+        return original(passed, *(check(*args, **kwargs) or args), **kwargs)
 
-        checked.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
-    return checked
+    # Marked as the original is (jinja2.pass_context, say), so jinja2 passes the same argument first.
+    return _PASSING[pass_arg.name](checked_passing)
+
+
+# jinja2's decorators for a filter that takes the context, eval context or environment first.
+_PASSING = {"context": jinja2.pass_context, "eval_context": jinja2.pass_eval_context, "environment": jinja2.pass_environment}
 
 
 def _lipsum_size(n=5, html=True, min=20, max=100) -> int:  # noqa: A002 - lipsum's own names
