@@ -115,7 +115,7 @@ def check(facts: Facts) -> list[Finding]:
     for sink in facts.sinks:
         if not sink.loops:
             counted = _printed_count(sink, facts)
-            if counted is not None and (counted.site.line, counted.site.column) not in findings:
+            if counted is not None and counted.site is not None and (counted.site.line, counted.site.column) not in findings:
                 message = (
                     f"`{counted.site.text}` prints the number of messages: the text it is in renders differently "
                     "once later messages exist"
@@ -132,6 +132,8 @@ def check(facts: Facts) -> list[Finding]:
             found = first_look_ahead[decision]
             if found is not None:
                 label, message = found
+                if label.site is None:  # _look_aheads yields labels with a site only
+                    continue
                 key = (label.site.line, label.site.column)
                 if key not in findings:
                     findings[key] = RULE.at(label.site, message, sink.all_labels())
@@ -180,6 +182,8 @@ def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
     rendered = sink.loops[-1] if sink.loops else None
 
     def message(label: Label) -> str | None:
+        if label.site is None:  # asked of labels with a site only (below)
+            return None
         if (
             reply_only
             and (
@@ -231,6 +235,7 @@ def _reasoning_or_markup(facts: Facts, label: Label) -> bool:
     decision = _decisions(facts).get(id(node)) if node is not None else None
     if decision is None:
         return True  # not a test of an `if`: nothing to tell it by, as before
+    parts: list[nodes.Node | None]  # an inline `if` may have no else
     if isinstance(decision, nodes.If):
         parts = [decision.test, *decision.body, *decision.else_]
     else:
@@ -256,12 +261,13 @@ def _markup_or_flag(statement: nodes.Node) -> bool:
     return isinstance(statement, nodes.Assign) and isinstance(statement.node, nodes.Const)
 
 
-def _decisions(facts: Facts) -> dict[int, nodes.Node]:
+def _decisions(facts: Facts) -> dict[int, nodes.If | nodes.CondExpr]:
     """Each node inside the test of an `if` or inline `if`, to the innermost one."""
 
-    def find() -> dict[int, nodes.Node]:
-        found: dict[int, nodes.Node] = {}
-        for decision in facts.nodes_of(nodes.If, nodes.CondExpr):  # outer ones first
+    def find() -> dict[int, nodes.If | nodes.CondExpr]:
+        found: dict[int, nodes.If | nodes.CondExpr] = {}
+        decisions: list[nodes.If | nodes.CondExpr] = facts.nodes_of(nodes.If, nodes.CondExpr)
+        for decision in decisions:  # outer ones first
             for inner in [decision.test, *descendants(decision.test)]:
                 found[id(inner)] = decision
         return found
@@ -312,6 +318,8 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
 
 
 def _keep_reasoning(facts: Facts, finding: Finding) -> Fix:
+    if finding.site is None:  # PC003's findings are made at a site (check)
+        return Fix.refuse("cannot locate the look-ahead in the source")
     place = (finding.site.line, finding.site.column)
     affected = [
         sink
@@ -373,6 +381,6 @@ def drops_harmony_analysis(divergence) -> bool:
 def describe(finding: Finding) -> None:
     """Name harmony's analysis drop where the proof shows it (gpt-oss's look-ahead for a
     final answer): the break has a name, not only a look-ahead's."""
-    divergence = finding.proof.divergence
+    divergence = finding.proof.divergence if finding.proof is not None else None
     if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in finding.message:
         finding.message = f"{finding.message}: {HARMONY_DROP}"
