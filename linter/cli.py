@@ -15,7 +15,6 @@ import click
 
 from . import __version__
 from .config import MAX_BLOCK_SIZE, MAX_SLOTS
-from .engines import profile_of
 from .engines.base import ENGINES
 from .render import RenderLimits
 from .report.github import github_report
@@ -118,7 +117,8 @@ class FiniteRange(click.FloatRange):
 # One --engine for every command that renders: check, diff, audit, render and replay.
 ENGINE_HELP = (
     "What serves the model: vllm (vLLM 0.33.0), sglang (SGLang 0.5.23), llamacpp (llama.cpp b10775) or hf "
-    "(transformers, no engine): its request handling, renderer, tokenization and cache model."
+    "(transformers, no engine): its request handling, renderer, tokenization and cache model. "
+    "A GGUF's template is rendered as llama.cpp renders it, under any engine but hf."
 )
 engine_option = click.option("--engine", type=click.Choice(list(ENGINES)), default="vllm", show_default=True, help=ENGINE_HELP)
 
@@ -467,14 +467,13 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
 
     options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path, server_kwargs)
     with command_errors():
-        divergence = run_diff(options, note_on_stderr)
+        divergence, rendered_by = run_diff(options, note_on_stderr)
     change = client_change(turn1, turn2)
-    label = None if server else profile_of(engine).label  # with --server the server rendered them
     if output_format == "json":
-        click.echo(dumps(divergence, change, label), nl=False)
+        click.echo(dumps(divergence, change, None if server else rendered_by), nl=False)
     else:
         # Which engine rendered the two requests, as replay names it (its JSON's "engine").
-        click.echo(diff_text(divergence, change) + f"requests as {label or server} renders them\n", nl=False)
+        click.echo(diff_text(divergence, change) + f"requests as {rendered_by} renders them\n", nl=False)
     sys.exit(EXIT_CLEAN if divergence.first_divergence is None else EXIT_FINDINGS)
 
 

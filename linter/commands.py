@@ -46,13 +46,13 @@ class DiffOptions:
     server_kwargs: dict[str, Any] | None = None  # the server's --default-chat-template-kwargs
 
 
-def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: None) -> Divergence:
+def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: None) -> tuple[Divergence, str]:
     """Where the second request stops extending the first, rendered as ``options.engine``
-    would (or as a running vLLM tokenizes them). ``note`` hears what the user should know
-    (a model vLLM renders without the template, a served model replaced). Raises
-    OptionsError or RunError."""
+    would (or as a running vLLM tokenizes them), and what rendered them (an engine's
+    label, or the server). ``note`` hears what the user should know (a model vLLM renders
+    without the template, a served model replaced). Raises OptionsError or RunError."""
     from .diff import diff_requests, read_template
-    from .engines import reasoning_note
+    from .engines import profile_of, reasoning_note
     from .engines.base import EngineError
     from .isolation import IsolationError, run_isolated
     from .render import RenderError
@@ -80,7 +80,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         server_ids = vllm.prompt_token_ids if vllm is not None else None
         engine = options.engine
         if text is not None and template_source is not None:  # a text is read only from a template source
-            engine = engine_for(options.engine, text, template_source, note)
+            engine = engine_for(options.engine, template_source, note)
         # Rendering is untrusted code: in a child with check's memory limit; each render has
         # its own time and size limits.
         arguments = (first, second, text, special, loaded, block_size, server_ids, engine, options.server_kwargs)
@@ -91,7 +91,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
         raise RunError(str(error)) from None
     except IsolationError as error:
         raise RunError(f"diff stopped: {error}") from None
-    return divergence
+    return divergence, options.server or profile_of(engine).label
 
 
 def configured(config_path: Path | None, block_size: int | None, tokenizer: Path | None) -> tuple[int, Path | None]:
@@ -114,13 +114,18 @@ def _diff_or_error(function, args):
         return str(error)
 
 
-def engine_for(engine: str, template: str, path: Path, note: Callable[[str], None]) -> str:
-    """What renders requests for the model of ``path``, saying so when vLLM ignores the template."""
+def engine_for(engine: str, path: Path, note: Callable[[str], None], served: bool = False) -> str:
+    """What renders requests for the model of ``path``, as check's proofs render it (a GGUF's
+    template as llama.cpp does, unless ``served``: a running server of ``engine`` renders
+    them), saying so when vLLM ignores the template."""
+    from .checker import source_engine
+    from .diff import template_in_force
     from .engines import resolve_engine
     from .engines.base import HARMONY
     from .sources import model_type_beside
 
-    resolved = resolve_engine(engine, template, model_type_beside(path))
+    source = template_in_force(path)
+    resolved = resolve_engine(engine, source.text, model_type_beside(path)) if served else source_engine(engine, source)
     if resolved == HARMONY:
         note("vLLM renders this model (gpt-oss) with openai-harmony, not this template; --engine hf renders the template")
     return resolved
@@ -160,7 +165,7 @@ def run_render(options: RenderOptions, note: Callable[[str], None] = lambda text
         request = read_request(options.request)
         text, special = read_template(template_source)
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        engine = engine_for(options.engine, text, template_source, note)
+        engine = engine_for(options.engine, template_source, note)
         # Rendering is untrusted code: in a child with check's memory limit.
         outcome = run_isolated(render_request, (engine, text, request.body, special, loaded, options.server_kwargs), seconds=None)
     except (RequestError, TokenizerError) as error:
@@ -231,7 +236,7 @@ def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda 
             raise RunError(f"{options.log}: no requests to validate")
         text, special = read_template(template_source)
         loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-        engine = engine_for(options.engine, text, template_source, note)
+        engine = engine_for(options.engine, template_source, note, served=True)
         calls.sort(key=lambda call: call.line)
         bodies = [call.body for call in calls]
         offline = run_isolated(validate.offline_answers, (engine, text, bodies, special, loaded, options.server_kwargs))
@@ -452,7 +457,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
             summaries: list[Any] = []
             failed: list[str] = []
             for label, path, text, special in templates:
-                renderer = engine_for(engine, text, path, note)
+                renderer = engine_for(engine, path, note)
                 tracer = Tracer(
                     text, loaded, resolve_special_tokens(loaded, special), renderer, server_ids, options.server_kwargs
                 )

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
 from .findings import quoted_name
-from .inputs import load_json
+from .inputs import TemplateSource, load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
 from .proving.measure import Measure, resolve_special_tokens
@@ -32,10 +32,8 @@ from .sources import ADDITIONAL_TEMPLATES_DIR, collect
 from .tokenizer import Tokenizer
 
 
-def read_template(path: Path) -> tuple[str, dict[str, Any]]:
-    """The template in force at ``path`` (a file or model directory) and its special tokens."""
-    from .tokenizer import special_tokens_from_config
-
+def template_in_force(path: Path) -> TemplateSource:
+    """The template in force at ``path`` (a file, GGUF or model directory)."""
     sources, errors = collect([path], any_file_is_a_template=True)
     # The template in force is the first found outside additional_chat_templates/: an
     # unreadable extra template there does not change what the server renders.
@@ -56,6 +54,19 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
             named = f" {quoted_name(source.name)}" if source.name else ""
             where = f"{quoted_name(source.path)}: template{named} line {line}, column {column}"
         raise RequestError(f"{where}: the template does not parse: {message}")
+    return source
+
+
+def read_template(path: Path) -> tuple[str, dict[str, Any]]:
+    """The template in force at ``path`` (a file or model directory) and its special tokens."""
+    source = template_in_force(path)
+    return source.text, special_tokens_of(source)
+
+
+def special_tokens_of(source: TemplateSource) -> dict[str, Any]:
+    """The special tokens the file holding ``source`` names (a tokenizer config's, a GGUF's)."""
+    from .tokenizer import special_tokens_from_config
+
     special: dict[str, Any] = {}
     if source.container == "json":
         document = load_json(source.path)
@@ -64,7 +75,7 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
         from .gguf.tokenizer import metadata_special_tokens
 
         special = metadata_special_tokens(source.path)
-    return source.text, special
+    return special
 
 
 def syntax_error_at(text: str) -> tuple[int, int, str] | None:

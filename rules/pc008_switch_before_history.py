@@ -53,8 +53,8 @@ RULE = RuleInfo(
     "a per-request setting is printed before the conversation's history",
     proven_by=frozenset({Cause.SYSTEM}),
     proven_in=frozenset({ScenarioKind.SETTING_CHANGED}),
-    no_fix="moving the setting after the history changes the format the model was trained on (an unsafe edit): "
-    "keep it stable within a session, or move it by hand",
+    no_fix="moving the setting after the history changes the format the model was trained on, an edit no fix makes "
+    "(not even with --unsafe-fixes): keep it stable within a session, or move it by hand",
 )
 
 

@@ -207,3 +207,28 @@ def test_the_compiled_module_is_kept_sealed_and_a_tampered_one_is_compiled_again
     finally:
         sealed.secret.cache_clear()
         llamacpp._runtime.cache_clear()
+
+
+def test_render_and_diff_render_a_ggufs_template_as_check_proves_it(tmp_path):
+    """llama.cpp defines enable_thinking (true) for every render; vLLM and transformers leave
+    it undefined. A GGUF's template is rendered by llama.cpp unless --engine hf, as check
+    proves it: render and diff said vLLM before."""
+    model = write_gguf(tmp_path / "m.gguf", "{{ enable_thinking is defined }}|{{ messages[-1]['content'] }}")
+    first = tmp_path / "1.json"
+    first.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    second = tmp_path / "2.json"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"}]
+    second.write_text(json.dumps({"messages": turns}))
+    runner = CliRunner()
+    rendered = runner.invoke(main, ["render", str(first), "--template", str(model), "--format", "json"])
+    assert (rendered.exit_code, json.loads(rendered.stdout)) == (
+        0,
+        {"text": "True|hi", "token_ids": None, "engine": "llama.cpp b10775"},
+    )
+    on_hf = runner.invoke(main, ["render", str(first), "--template", str(model), "--engine", "hf", "--format", "json"])
+    assert json.loads(on_hf.stdout)["text"] == "False|hi"
+    diffed = runner.invoke(main, ["diff", str(first), str(second), "--template", str(model), "--format", "json"])
+    assert diffed.exit_code == 1 and json.loads(diffed.stdout)["engine"] == "llama.cpp b10775"
+    assert runner.invoke(main, ["diff", str(first), str(second), "--template", str(model)]).stdout.endswith(
+        "requests as llama.cpp b10775 renders them\n"
+    )

@@ -1,6 +1,9 @@
 """PC008: a per-request setting printed before the history, proven by a session whose second
 call changes it. Expected offsets are counted by hand from the fixture's text."""
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from helpers import CORPUS, SHARED_TEMPLATES, needs_shared
@@ -74,3 +77,18 @@ def test_glm_reasoning_effort_line_each_setting_its_own_finding():
     assert "<|system|>Reasoning Effort: " in text.splitlines()[2]
     named = sorted(finding.message.split("`")[1] for finding in prove(text) if finding.code == "PC008")
     assert named == ["enable_thinking", "reasoning_effort"]
+
+
+def test_unsafe_fixes_do_not_move_the_setting_and_the_line_says_so(tmp_path):
+    """ruff's split: --unsafe-fixes makes the fixes that change what the model sees; moving
+    PC008's setting is made by none, and the refusal must not read as if it were unsafe."""
+    template = shutil.copy(CORPUS / "PC008_switch_before_history.jinja", tmp_path / "t.jinja")
+    before = Path(template).read_bytes()
+    run = subprocess.run(
+        [sys.executable, "-m", "tmpl_lint", str(template), "--fix", "--unsafe-fixes", "--engine", "hf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and Path(template).read_bytes() == before
+    assert "an edit no fix makes (not even with --unsafe-fixes)" in run.stdout + run.stderr

@@ -180,7 +180,8 @@ def test_diff_measures_a_clean_extension_in_characters_without_a_tokenizer(tmp_p
     first = write_json(tmp_path / "1.json", {"messages": [USER_HI]})
     turn = [USER_HI, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
     second = write_json(tmp_path / "2.json", {"messages": turn})
-    divergence = run_diff(DiffOptions(first, second, template=CORPUS / "clean_chatml.jinja"))
+    divergence, rendered_by = run_diff(DiffOptions(first, second, template=CORPUS / "clean_chatml.jinja"))
+    assert rendered_by == "vLLM 0.33.0"
     following = CHATML_HI + "Hello<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"
     assert (divergence.first_divergence, divergence.unit) == (None, "char")
     assert divergence.prompt_tokens == (len(CHATML_HI), len(following))
