@@ -162,6 +162,29 @@ class Summary:
         unavoidable = self.tokens[TokenCause.COLD] + self.tokens[TokenCause.PARTIAL]
         return 1 - unavoidable / self.queries if self.queries else 0.0
 
+    @property
+    def groups_note(self) -> str | None:
+        return None if self.layout is None else f"KV-cache groups sharing the pool: {self.layout.describe()}"
+
+    @property
+    def marks_note(self) -> str | None:
+        if self.cache_model != "anthropic" or self.marked:
+            return None
+        return (
+            "no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints, "
+            "so nothing was cached (counted below as capacity)"
+        )
+
+    def reported_causes(self) -> list[tuple[TokenCause, str]]:
+        """The causes the reports list, each with its note: none that cannot occur in this cache."""
+        return [
+            (cause, CAUSE_NOTES[cause])
+            for cause in TokenCause
+            # no routing without replicas, no layers without sparse layers
+            if not (cause is TokenCause.ROUTING and self.fleet is None)
+            and not (cause is TokenCause.LAYERS and self.layout is None)
+        ]
+
     def worst(self, count: int = 5) -> list[SessionFigures]:
         ranked = sorted((figures for figures in self.per_session if figures.lost), key=lambda f: f.lost, reverse=True)
         return ranked[:count]
@@ -341,25 +364,20 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
             lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
-            if summary.layout is not None:
-                lines.append(f"  KV-cache groups sharing the pool: {summary.layout.describe()}")
+            if summary.groups_note:
+                lines.append(f"  {summary.groups_note}")
             if summary.fleet is not None:
                 lines.extend(summary.fleet.describe(unit))
-            if summary.cache_model == "anthropic" and not summary.marked:
-                lines.append(
-                    "  no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints, "
-                    "so nothing was cached (counted below as capacity)"
-                )
+            if summary.marks_note:
+                lines.append(f"  {summary.marks_note}")
             note = summary.replies_note()
             if note:
                 lines.append(f"  replies: {note}")
         lines.append(f"  prompt {unit}s by cause:")
-        for cause in TokenCause:
-            if (cause is TokenCause.ROUTING and summary.fleet is None) or (cause is TokenCause.LAYERS and summary.layout is None):
-                continue  # no such cause without replicas, or without sparse layers
+        for cause, note in summary.reported_causes():
             count = summary.tokens[cause]
             share = count / summary.queries if summary.queries else 0.0
-            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
+            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {note}")
         for (cause, detail), tokens in summary.departures.most_common():
             requests = summary.departure_requests[(cause, detail)]
             lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {count_of(requests, 'request')}")
