@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 from click.testing import CliRunner
+from helpers import CORPUS
 from test_fleet_golden import REPLICAS, _fleet_setups, _replay, needs_golden
 
 from tmpl_lint.cli import main
@@ -200,6 +201,29 @@ def test_names_on_the_page_are_escaped(tmp_path):
     read = Page(text)
     assert "Fleet: " + str(tmp_path / name) in read.headings  # the text a browser shows: the name as it is
     assert_fleet_equals_json(read, report)
+
+
+def test_a_hosted_api_s_causes_and_notes_are_on_the_page(tmp_path):
+    from test_hosted_causes import SYSTEM as LONG_SYSTEM
+    from test_hosted_causes import write_log as write_hosted_log
+
+    log, page = tmp_path / "hosted.jsonl", tmp_path / "hosted.html"
+    write_hosted_log(log, LONG_SYSTEM)
+    result = CliRunner().invoke(
+        main,
+        ["replay", str(log), "--template", str(CORPUS / "clean_chatml.jinja"), "--session-key", "user", "--format", "json"]
+        + ["--cache-model", "anthropic", "--api-model", "claude-sonnet-4-5", "--html", str(page)],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["template"]
+    read = Page(page.read_text(encoding="utf-8"))
+    shown = causes_of(read)
+    assert shown == {cause: report["tokens_by_cause"][cause] for cause in shown}
+    # no eviction at a hosted API, no replicas, no sparse layers
+    assert set(report["tokens_by_cause"]) - set(shown) == {"capacity", "routing", "layers"}
+    assert shown["unmarked"] == 1182 and shown["reply"] == 159  # tests/test_hosted_causes.py works them by hand
+    assert any(item.startswith("no request carries a cache_control breakpoint") for item in read.items)
+    assert "fleet" not in read.tables
 
 
 # --- the golden log: vLLM's own managers, one per replica ------------------------------------
