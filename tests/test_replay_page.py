@@ -147,6 +147,27 @@ def test_the_page_s_fleet_figures_are_the_json_report_s(tmp_path, router):
     assert read.rects == 3  # a bar per replica
 
 
+def test_each_template_of_a_comparison_has_its_fleet_section(tmp_path):
+    other = tmp_path / "other.jinja"
+    other.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")  # 2 more characters per message
+    report, page = run(tmp_path, "--replicas", "2", "--router", "session", "--compare", other)
+    read = Page(page.read_text(encoding="utf-8"))
+    assert len(read.tables["fleet"]) == len(read.tables["causes"]) == 2
+    full = json.loads(
+        CliRunner()
+        .invoke(
+            main,
+            ["replay", str(tmp_path / "log.jsonl"), "--template", str(tmp_path / "plain.jinja"), "--compare", str(other)]
+            + ["--session-key", "user", "--format", "json", "--replicas", "2", "--router", "session"],
+        )
+        .stdout
+    )
+    assert full["template"] == report
+    assert_fleet_equals_json(read, full["template"], 0)
+    assert_fleet_equals_json(read, full["compare"], 1)
+    assert full["compare"]["prefix_cache_queries"] == report["prefix_cache_queries"] + 2 * 9
+
+
 def test_round_robin_s_figures_worked_by_hand_are_on_the_page(tmp_path):
     # Blocks of 16. Prompts: 40 S's, then the session's letter (a, b, c) 10, 27 and 51 times:
     # 50, 67 and 91 characters, each turn extending the last. The 9 requests s0 s1 s2 s0 s1 s2

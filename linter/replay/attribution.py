@@ -90,8 +90,7 @@ CAUSE_NOTES = {
     TokenCause.HIT: "from blocks the session's own requests computed",
     TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
     TokenCause.COLD: "first sight: not sent by the session before",
-    TokenCause.PARTIAL: "sent before, but in a partial block (OpenAI: a 128-token step; DeepSeek: a cache unit), "
-    "or the one token the engine always computes",
+    TokenCause.PARTIAL: "sent before, but in a partial block, or the one token the engine always computes",
     TokenCause.TEMPLATE: "the template rendered the same history differently",
     TokenCause.CLIENT: "the client changed what it sent",
     TokenCause.CAPACITY: "cached once, evicted before the session came back",

@@ -233,9 +233,10 @@ def _fleet_section(label: str, summary: Summary, colour: str) -> str:
 
 def html_report(results: list[tuple[str, Summary]], log: str = "", options: str = "") -> str:
     """One self-contained page: what was replayed (the log, the options, each template by
-    its file name, the label of its series), the figures at each capacity, the hit-rate
-    curve over the capacities swept, and the tokens the worst sessions lost, request by
-    request."""
+    its file name, the label of its series), the figures at each capacity, each template's
+    prompt tokens by cause with the text report's notes, its fleet's replicas (with
+    ``--replicas``), the hit-rate curve over the capacities swept, and the tokens the worst
+    sessions lost, request by request."""
     rows = []
     for label, summary in results:
         for point in summary.sweep or [summary]:
