@@ -143,7 +143,8 @@ def test_the_page_s_fleet_figures_are_the_json_report_s(tmp_path, router):
     assert_fleet_equals_json(read, report)
     assert causes_of(read) == {cause: tokens for cause, tokens in report["tokens_by_cause"].items() if cause != "layers"}
     assert sum(causes_of(read).values()) == report["prefix_cache_queries"]
-    assert "Fleet: " + str(tmp_path / "plain.jinja") in read.headings
+    # the headline capacity: the first of the sweep that holds every request, as in the JSON
+    assert f"Fleet: {tmp_path / 'plain.jinja'} (blocks of 16, {report['capacity_blocks']} blocks)" in read.headings
     assert read.rects == 3  # a bar per replica
 
 
@@ -220,7 +221,8 @@ def test_names_on_the_page_are_escaped(tmp_path):
     text = page.read_text(encoding="utf-8")
     assert "<b>" not in text
     read = Page(text)
-    assert "Fleet: " + str(tmp_path / name) in read.headings  # the text a browser shows: the name as it is
+    # the text a browser shows: the name as it is
+    assert f"Fleet: {tmp_path / name} (blocks of 16, unbounded pool)" in read.headings
     assert_fleet_equals_json(read, report)
 
 

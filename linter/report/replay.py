@@ -156,7 +156,9 @@ def _causes_section(label: str, summary: Summary) -> str:
     ]
     table = _table("causes", ["cause", f"prompt {unit}s", "share", "meaning"], rows)
     return (
-        f"<h2>Prompt {html.escape(unit)}s by cause: {html.escape(label)}</h2>" + (f"<ul>{listed}</ul>" if listed else "") + table
+        f"<h2>Prompt {html.escape(unit)}s by cause: {html.escape(label)} ({html.escape(summary.capacity_text)})</h2>"
+        + (f"<ul>{listed}</ul>" if listed else "")
+        + table
     )
 
 
@@ -226,7 +228,7 @@ def _fleet_section(label: str, summary: Summary, colour: str) -> str:
         "sessions' shared prefixes included; the cause table's routing row counts the session's own.</p>"
     )
     return (
-        f"<h2>Fleet: {html.escape(label)}</h2>{overview}{why}{replicas}"
+        f"<h2>Fleet: {html.escape(label)} ({html.escape(summary.capacity_text)})</h2>{overview}{why}{replicas}"
         f"<h3>Hit rate by replica</h3>{_replica_chart(fleet, colour)}"
     )
 
