@@ -70,9 +70,22 @@ class TokenCause(StrEnum):
     CAPACITY = "capacity"  # cached once, evicted since
     ROUTING = "routing"  # cached on another replica than the one the router chose
     LAYERS = "layers"  # hybrid models: full attention held them, the sliding-window or Mamba layers did not
+    # Hosted APIs (kv_cache.hosted.Miss): tokens sent before that the API's rules did not serve.
+    EXPIRED = "expired"  # cached, but the entry's TTL ran out before the session came back
+    MINIMUM = "minimum"  # the prompt, or what it shares with the previous one, is under the API's minimum
+    REPLY = "reply"  # the previous reply: the API caches prompts, not what the model generated
+    UNMARKED = "unmarked"  # Anthropic: no cached cache_control breakpoint this request reads ends after them
 
 
-LOST = (TokenCause.TEMPLATE, TokenCause.CLIENT, TokenCause.CAPACITY, TokenCause.ROUTING, TokenCause.LAYERS)
+LOST = (
+    TokenCause.TEMPLATE,
+    TokenCause.CLIENT,
+    TokenCause.CAPACITY,
+    TokenCause.ROUTING,
+    TokenCause.LAYERS,
+    TokenCause.EXPIRED,
+    TokenCause.UNMARKED,
+)
 CAUSE_NOTES = {
     TokenCause.HIT: "from blocks the session's own requests computed",
     TokenCause.SHARED: "from blocks another session computed (a shared system prompt and tools)",
@@ -83,6 +96,10 @@ CAUSE_NOTES = {
     TokenCause.CAPACITY: "cached once, evicted before the session came back",
     TokenCause.ROUTING: "the session's own tokens, cached on another replica than the one the router chose",
     TokenCause.LAYERS: "full attention held them; the sliding-window or Mamba layers keep no state there",
+    TokenCause.EXPIRED: "cached by the API, but expired (its TTL ran out) before the session came back",
+    TokenCause.MINIMUM: "the prompt, or the prefix it shares with the previous one, is under the API's minimum cacheable length",
+    TokenCause.REPLY: "the previous reply: the API caches what prompts sent, not what the model generated",
+    TokenCause.UNMARKED: "no cache_control breakpoint the API cached and this request reads ends after them",
 }
 
 

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..kv_cache.fleet import Fleet, make_router
-from ..kv_cache.hosted import HOSTED_MODELS, TimedRequest, make_hosted_cache
+from ..kv_cache.hosted import HOSTED_MODELS, MISSES, HostedServed, Miss, TimedRequest, make_hosted_cache
 from ..kv_cache.hybrid import HybridPrefixCache, Layout
 from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
 from .log import Log, ReplayError, Session
 
 # --- pass 2: all requests through one cache ------------------------------------------
+
+# Causes only a hosted API's rules give (kv_cache.hosted.Miss; partial blocks are every cache's).
+HOSTED_CAUSES = frozenset(TokenCause(miss) for miss in Miss if miss is not Miss.PARTIAL)
 
 
 def _blocks(count: int, size: int) -> int:
@@ -159,8 +162,44 @@ class Summary:
 
     @property
     def ideal_hit_rate(self) -> float:
-        unavoidable = self.tokens[TokenCause.COLD] + self.tokens[TokenCause.PARTIAL]
+        # cold, partial blocks, and what a hosted API's rules never cache
+        unavoidable = self.queries - self.hits - sum(self.tokens[cause] for cause in LOST)
         return 1 - unavoidable / self.queries if self.queries else 0.0
+
+    @property
+    def groups_note(self) -> str | None:
+        return None if self.layout is None else f"KV-cache groups sharing the pool: {self.layout.describe()}"
+
+    @property
+    def marks_note(self) -> str | None:
+        if self.cache_model != "anthropic" or self.marked:
+            return None
+        return (
+            "no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints, "
+            "so nothing was cached (counted below as unmarked)"
+        )
+
+    def reported_causes(self) -> list[tuple[TokenCause, str]]:
+        """The causes the reports list, each with its note: none that cannot occur in this cache."""
+        hosted = [TokenCause(miss) for miss in MISSES.get(self.cache_model, ())]
+        return [
+            (cause, CAUSE_NOTES[cause])
+            for cause in self.json_causes()
+            # no routing without replicas, no layers without sparse layers, no eviction at a hosted API
+            if not (cause is TokenCause.ROUTING and self.fleet is None)
+            and not (cause is TokenCause.LAYERS and self.layout is None)
+            and not (cause is TokenCause.CAPACITY and self.cache_model in HOSTED_MODELS)
+            and not (cause in HOSTED_CAUSES and cause not in hosted)
+        ]
+
+    def json_causes(self) -> list[TokenCause]:
+        """The causes of the JSON report: the hosted APIs' own only for a hosted API."""
+        return [cause for cause in TokenCause if cause not in HOSTED_CAUSES or self.cache_model in HOSTED_MODELS]
+
+    @property
+    def ideal_label(self) -> str:
+        lost = [str(cause) for cause, _ in self.reported_causes() if cause in LOST]
+        return f"ideal, nothing lost to {', '.join(lost[:-1])} or {lost[-1]}"
 
     def worst(self, count: int = 5) -> list[SessionFigures]:
         ranked = sorted((figures for figures in self.per_session if figures.lost), key=lambda f: f.lost, reverse=True)
@@ -191,7 +230,7 @@ class Summary:
                 "prefix_cache_hit_rate": self.hit_rate,
                 "steady_state_hit_rate": self.steady_hit_rate,
                 "ideal_hit_rate": self.ideal_hit_rate,
-                "tokens_by_cause": {str(cause): self.tokens[cause] for cause in TokenCause},
+                "tokens_by_cause": {str(cause): self.tokens[cause] for cause in self.json_causes()},
                 "lost_tokens": sum(self.tokens[cause] for cause in LOST),
                 "causes": [
                     {
@@ -272,8 +311,12 @@ def simulate(
             summary.error = f"line {trace.line}: {error}"
             return summary
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
-        for cause, tokens in ((TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)):
-            moved = min(split[TokenCause.CAPACITY], tokens)  # not evicted: on another replica, or in no sparse layer
+        moves = [(TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)]
+        if isinstance(served, HostedServed):  # in prompt order from the hit, as capacity's tokens lie
+            moves += [(TokenCause(miss), tokens) for miss, tokens in served.misses]
+        for cause, tokens in moves:
+            # not evicted: on another replica, in no sparse layer, or never cached by the API's rules
+            moved = min(split[TokenCause.CAPACITY], tokens)
             split[TokenCause.CAPACITY] -= moved
             split[cause] += moved
         summary.requests += 1
@@ -340,26 +383,21 @@ def text_report(results: list[tuple[str, Summary]]) -> str:
             )
             steady = f"{summary.steady_hit_rate:.1%}" if summary.steady_queries else "n/a (no session sent a second request)"
             lines.append(f"  steady state, each session's first request left out: {steady}")
-            lines.append(f"  ideal, nothing lost to template, client or capacity: {summary.ideal_hit_rate:.1%}")
-            if summary.layout is not None:
-                lines.append(f"  KV-cache groups sharing the pool: {summary.layout.describe()}")
+            lines.append(f"  {summary.ideal_label}: {summary.ideal_hit_rate:.1%}")
+            if summary.groups_note:
+                lines.append(f"  {summary.groups_note}")
             if summary.fleet is not None:
                 lines.extend(summary.fleet.describe(unit))
-            if summary.cache_model == "anthropic" and not summary.marked:
-                lines.append(
-                    "  no request carries a cache_control breakpoint: Anthropic caches a prompt only at its breakpoints, "
-                    "so nothing was cached (counted below as capacity)"
-                )
+            if summary.marks_note:
+                lines.append(f"  {summary.marks_note}")
             note = summary.replies_note()
             if note:
                 lines.append(f"  replies: {note}")
         lines.append(f"  prompt {unit}s by cause:")
-        for cause in TokenCause:
-            if (cause is TokenCause.ROUTING and summary.fleet is None) or (cause is TokenCause.LAYERS and summary.layout is None):
-                continue  # no such cause without replicas, or without sparse layers
+        for cause, note in summary.reported_causes():
             count = summary.tokens[cause]
             share = count / summary.queries if summary.queries else 0.0
-            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {CAUSE_NOTES[cause]}")
+            lines.append(f"    {cause:<14} {count:>12,} {share:>6.1%}  {note}")
         for (cause, detail), tokens in summary.departures.most_common():
             requests = summary.departure_requests[(cause, detail)]
             lines.append(f"  lost to {cause} {detail}: {tokens:,} {unit}s in {count_of(requests, 'request')}")

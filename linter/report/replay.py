@@ -6,6 +6,7 @@ import html
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..kv_cache.fleet import Fleet
     from ..replay.simulate import Summary
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
@@ -123,11 +124,121 @@ def _sessions_chart(results: list[tuple[str, Summary]]) -> str:
     )
 
 
+def _cell(text: str, header: bool = False) -> str:
+    tag = "th" if header else "td"
+    return f"<{tag}>{html.escape(text)}</{tag}>"
+
+
+def _table(name: str, header: list[str], rows: list[list[str]]) -> str:
+    """A table the tests and a reader's scripts find by its class."""
+    head = "<tr>" + "".join(_cell(text, True) for text in header) + "</tr>"
+    body = "".join("<tr>" + "".join(_cell(text) for text in row) + "</tr>" for row in rows)
+    return f'<table class="{name}"><thead>{head}</thead><tbody>{body}</tbody></table>'
+
+
+def _causes_section(label: str, summary: Summary) -> str:
+    """What the text report says of one template's headline run beside the hit rate: the
+    cache's notes (hybrid groups, Anthropic's marks, replies) and the prompt tokens by cause."""
+    notes = [note for note in (summary.groups_note, summary.marks_note) if note]
+    replies = summary.replies_note()
+    if replies:
+        notes.append(f"replies: {replies}")
+    listed = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    unit = summary.unit
+    rows = [
+        [
+            str(cause),
+            f"{summary.tokens[cause]:,}",
+            f"{summary.tokens[cause] / summary.queries:.1%}" if summary.queries else "n/a",
+            note,
+        ]
+        for cause, note in summary.reported_causes()
+    ]
+    table = _table("causes", ["cause", f"prompt {unit}s", "share", "meaning"], rows)
+    return (
+        f"<h2>Prompt {html.escape(unit)}s by cause: {html.escape(label)} ({html.escape(summary.capacity_text)})</h2>"
+        + (f"<ul>{listed}</ul>" if listed else "")
+        + table
+    )
+
+
+def _replica_chart(fleet: Fleet, colour: str) -> str:
+    """Each replica's hit rate as a bar, the fleet's as a dashed line across."""
+    count = len(fleet.replicas)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    slot = plot_w / count
+    bars = []
+    for figures in fleet.replicas:
+        height = figures.hit_rate * plot_h
+        bars.append(
+            f'<rect x="{LEFT + figures.replica * slot + slot * 0.15:.1f}" y="{TOP + plot_h - height:.1f}" '
+            f'width="{slot * 0.7:.1f}" height="{height:.1f}" fill="{colour}"><title>replica {figures.replica}: '
+            f"{figures.hit_rate:.1%} ({figures.hits:,} of {figures.queries:,})</title></rect>"
+        )
+    hits = sum(figures.hits for figures in fleet.replicas)
+    queries = sum(figures.queries for figures in fleet.replicas)
+    rate = hits / queries if queries else 0.0
+    y = TOP + plot_h - rate * plot_h
+    bars.append(
+        f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" stroke="#444" stroke-width="2" stroke-dasharray="6 3">'
+        f"<title>fleet: {rate:.1%}</title></line>"
+    )
+    every = max(1, -(-count // 16))  # at most 16 labels under the bars
+    x_ticks = [((replica + 0.5) / count, str(replica)) for replica in range(0, count, every)]
+    axes = _axes("replica", "prefix cache hit rate", x_ticks, [(step / 4, f"{step * 25}%") for step in range(5)])
+    legend = _legend([("each replica", colour, False), (f"the fleet: {rate:.1%}", "#444", True)])
+    return legend + f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}">{axes}{"".join(bars)}</svg>'
+
+
+def _fleet_section(label: str, summary: Summary, colour: str) -> str:
+    """The replicas behind the router: the figures ``Fleet.describe`` gives the text report."""
+    fleet, unit = summary.fleet, summary.unit
+    if fleet is None:
+        return ""
+    overview = _table(
+        "fleet",
+        ["figure", "value"],
+        [
+            ["replicas", str(len(fleet.replicas))],
+            ["router", fleet.router.name],
+            ["fleet hit rate", f"{summary.hit_rate:.1%}"],
+            [f"prefix cache hits / queries ({unit}s)", f"{summary.hits:,} / {summary.queries:,}"],
+            [f"imbalance: the busiest replica's prompt {unit}s over the mean", f"{fleet.imbalance:.2f}"],
+            [f"{unit}s lost to routing", f"{fleet.lost_to_routing:,}"],
+        ],
+    )
+    replicas = _table(
+        "replicas",
+        ["replica", "requests", "sessions", f"prompt {unit}s", f"hit {unit}s", "hit rate", f"lost to routing ({unit}s)"],
+        [
+            [
+                str(figures.replica),
+                f"{figures.requests:,}",
+                f"{len(figures.sessions):,}",
+                f"{figures.queries:,}",
+                f"{figures.hits:,}",
+                f"{figures.hit_rate:.1%}",
+                f"{figures.lost_to_routing:,}",
+            ]
+            for figures in fleet.replicas
+        ],
+    )
+    why = (
+        f"<p>Lost to routing: prompt {html.escape(unit)}s another replica held when the router chose this one, other "
+        "sessions' shared prefixes included; the cause table's routing row counts the session's own.</p>"
+    )
+    return (
+        f"<h2>Fleet: {html.escape(label)} ({html.escape(summary.capacity_text)})</h2>{overview}{why}{replicas}"
+        f"<h3>Hit rate by replica</h3>{_replica_chart(fleet, colour)}"
+    )
+
+
 def html_report(results: list[tuple[str, Summary]], log: str = "", options: str = "") -> str:
     """One self-contained page: what was replayed (the log, the options, each template by
-    its file name, the label of its series), the figures at each capacity, the hit-rate
-    curve over the capacities swept, and the tokens the worst sessions lost, request by
-    request."""
+    its file name, the label of its series), the figures at each capacity, each template's
+    prompt tokens by cause with the text report's notes, its fleet's replicas (with
+    ``--replicas``), the hit-rate curve over the capacities swept, and the tokens the worst
+    sessions lost, request by request."""
     rows = []
     for label, summary in results:
         for point in summary.sweep or [summary]:
@@ -142,6 +253,10 @@ def html_report(results: list[tuple[str, Summary]], log: str = "", options: str 
         "<table><tr><th>template</th><th>cache</th><th>capacity</th><th>prefix cache hit rate (every request)</th>"
         f"<th>steady state</th><th>ideal</th></tr>{''.join(rows)}</table>"
     )
+    sections = "".join(
+        _causes_section(label, summary) + _fleet_section(label, summary, COLOURS[index % len(COLOURS)])
+        for index, (label, summary) in enumerate(results)
+    )
     what = ""
     if log:
         what += f"<p>Log: <code>{html.escape(log)}</code></p>"
@@ -150,5 +265,5 @@ def html_report(results: list[tuple[str, Summary]], log: str = "", options: str 
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tmpl-lint replay</title>'
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style></head><body>"
-        f"<h1>tmpl-lint replay</h1>{what}{table}{_sweep_chart(results)}{_sessions_chart(results)}</body></html>\n"
+        f"<h1>tmpl-lint replay</h1>{what}{table}{sections}{_sweep_chart(results)}{_sessions_chart(results)}</body></html>\n"
     )
