@@ -376,6 +376,8 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         cache_model = str(options.cache_model)  # one of HOSTED_MODELS
         if options.cache_blocks is not None or options.kv_cache_gib is not None:
             raise OptionsError(f"--cache-model {cache_model} is a hosted API's cache: it has no --cache-blocks or --kv-cache-gib")
+        if options.replicas != 1:
+            raise OptionsError(f"--cache-model {cache_model} is a hosted API's cache: it has no --replicas to route between")
     elif options.api_model is not None or options.cache_ttl is not None:
         flag = "--api-model" if options.api_model is not None else "--cache-ttl"
         raise OptionsError(f"{flag} is a hosted API's: it needs --cache-model {'|'.join(HOSTED_MODELS)}")

@@ -96,6 +96,7 @@ def test_hosted_flags_are_refused_where_they_mean_nothing(tmp_path):
     template = str(CORPUS / "clean_chatml.jinja")
     for flags, message in [
         (["--cache-model", "openai", "--cache-blocks", "100"], "has no --cache-blocks"),
+        (["--cache-model", "openai", "--replicas", "2"], "has no --replicas to route between"),
         (["--cache-ttl", "60"], "--cache-ttl is a hosted API's"),
         (["--cache-model", "anthropic"], "needs the model for its minimum"),
     ]:
