@@ -128,9 +128,9 @@ class FixEdits(Protocol):
 
 class Prove(Protocol):
     """``prove(report, finding)``: the finding's proof where the rule chooses it (or where no
-    divergence shows it: random output)."""
+    divergence shows it: random output), and its message as the proof tells it."""
 
-    def __call__(self, report: ProofReport, finding: Finding, /) -> Proof: ...
+    def __call__(self, report: ProofReport, finding: Finding, /) -> tuple[Proof, str]: ...
 
 
 class FoundByProof(Protocol):
@@ -155,10 +155,10 @@ class ShownBy(Protocol):
 
 
 class Describe(Protocol):
-    """``describe(finding)``: once the finding has its proof, say in its message what the
-    proof shows, where the static pattern alone could not tell."""
+    """``describe(message, proof)``: once a finding has its proof, its message and proof as
+    they say what the proof shows, where the static pattern alone could not tell."""
 
-    def __call__(self, finding: Finding, /) -> None: ...
+    def __call__(self, message: str, proof: Proof, /) -> tuple[str, Proof]: ...
 
 
 HOOKS = ("check", "fix", "prove", "found_by_proof", "verify_fix", "shown_by", "describe")

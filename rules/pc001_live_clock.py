@@ -93,7 +93,7 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
-def prove(report, finding: Finding) -> Proof:
+def prove(report, finding: Finding) -> tuple[Proof, str]:
     """Proven by the smallest step of the clock that changed the prompt, which the message
     names: how often the prompt changes."""
     matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
@@ -109,11 +109,11 @@ def prove(report, finding: Finding) -> Proof:
             # The clock moved the prompt, but only where the next turn puts the reply: say so,
             # rather than that nothing changed.
             first = in_generation_prompt[0]
-            finding.message += (
+            return Proof.not_reproduced(report.unit, report.tried(), report.unrendered()), finding.message + (
                 f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '
                 f"{first.first_divergence}), which the next turn replaces with the reply: no cached prefix is lost"
             )
-        return Proof.not_reproduced(report.unit, report.tried(), report.unrendered())
+        return Proof.not_reproduced(report.unit, report.tried(), report.unrendered()), finding.message
     stepped = []
     for divergence in matching:
         scenario = report.scenario(divergence.scenario)
@@ -121,14 +121,14 @@ def prove(report, finding: Finding) -> Proof:
             stepped.append((scenario.clock_step, divergence))
     if not stepped:
         chosen = max(matching, key=lambda divergence: divergence.lost_tokens)
-        return Proof.proven(chosen, report.rates(chosen.scenario))
+        return Proof.proven(chosen, report.rates(chosen.scenario)), finding.message
     finest = min(CLOCK_STEPS.index(step) for step, _ in stepped)  # the steps run finest first
     step, chosen = max(
         ((step, divergence) for step, divergence in stepped if CLOCK_STEPS.index(step) == finest),
         key=lambda pair: pair[1].lost_tokens,
     )
-    finding.message += f"; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
-    return Proof.proven(chosen, report.rates(chosen.scenario))
+    said = f"{finding.message}; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
+    return Proof.proven(chosen, report.rates(chosen.scenario)), said
 
 
 # strftime directives by what they show: a value callers pass is named after it, so that a

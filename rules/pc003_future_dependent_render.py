@@ -92,7 +92,7 @@ from tmpl_lint.analysis.interpreter import only_literals
 from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
 from tmpl_lint.findings import Finding, FixSafety
-from tmpl_lint.proofs import Cause
+from tmpl_lint.proofs import Cause, Proof
 
 from ._contract import RuleInfo, Severity
 
@@ -370,9 +370,10 @@ def drops_harmony_analysis(divergence) -> bool:
     )
 
 
-def describe(finding: Finding) -> None:
+def describe(message: str, proof: Proof) -> tuple[str, Proof]:
     """Name harmony's analysis drop where the proof shows it (gpt-oss's look-ahead for a
     final answer): the break has a name, not only a look-ahead's."""
-    divergence = finding.proof.divergence
-    if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in finding.message:
-        finding.message = f"{finding.message}: {HARMONY_DROP}"
+    divergence = proof.divergence
+    if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in message:
+        return f"{message}: {HARMONY_DROP}", proof
+    return message, proof

@@ -98,7 +98,7 @@ from tmpl_lint.analysis.facts import Facts, LabelKind, Site
 from tmpl_lint.analysis.separators import TOJSON_SEPARATORS, TOOL_ARGS_STYLES, model_separators
 from tmpl_lint.edits import Edit, Fix, filter_span
 from tmpl_lint.findings import Finding, FixSafety
-from tmpl_lint.proofs import Cause, Divergence
+from tmpl_lint.proofs import Cause, Divergence, Proof
 from tmpl_lint.scenarios import ScenarioKind
 
 from ._contract import RuleInfo, Severity
@@ -236,23 +236,20 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     return RULE.at(_first_arguments_read(facts), message)
 
 
-def describe(finding: Finding) -> None:
+def describe(message: str, proof: Proof) -> tuple[str, Proof]:
     """Say what the proof shows where the pattern alone could not tell: an argument string
     JSON-encoded a second time (transformers, and `--engine hf`, pass the string on), not
     separators; and why a proof that fails costs no token in its scenario."""
-    proof = finding.proof
-    if proof is None:
-        return
     divergence = proof.divergence
     if divergence is None or divergence.cause is not Cause.TOOL_ARGUMENTS:
-        return
+        return message, proof
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     encoded = _string_at(divergence.after, common)
     unguarded = " pass through `tojson`, which "
-    if encoded is not None and unguarded in finding.message:
-        what = finding.message.split(unguarded)[0]
+    if encoded is not None and unguarded in message:
+        what = message.split(unguarded)[0]
         written = _object_at(divergence.before, common)
-        finding.message = (
+        message = (
             f"{what} pass through `tojson`, which JSON-encodes an argument string a second time: the replay shows "
             f"{encoded} where the model wrote {written}; {REMEDY}"
         )
@@ -267,7 +264,8 @@ def describe(finding: Finding) -> None:
             "after the call), every block from the one the difference falls in is recomputed on every turn"
         )
         note = proof.note
-        finding.proof = proof.with_note(f"{note}; {why}" if note else why)
+        proof = proof.with_note(f"{note}; {why}" if note else why)
+    return message, proof
 
 
 def _string_at(text: str, offset: int) -> str | None:

@@ -50,9 +50,9 @@ def check(facts: Facts) -> list[Finding]:
     return list(findings.values())
 
 
-def prove(report, finding) -> Proof:
+def prove(report, finding: Finding) -> tuple[Proof, str]:
     """Random output is shown by rendering one request twenty times, not by a turn pair."""
     evidence = "twenty renders of one request"
     if report.deterministic:
-        return Proof.not_reproduced(report.unit, (evidence,))
-    return Proof.proven_by(report.unit, evidence)
+        return Proof.not_reproduced(report.unit, (evidence,)), finding.message
+    return Proof.proven_by(report.unit, evidence), finding.message

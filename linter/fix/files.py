@@ -48,21 +48,11 @@ def fix_isolated(
     from ..isolation import IsolationError, interrupted, run_isolated
 
     try:
-        return run_isolated(_fix_for_parent, (source, options, selection, recalled))
+        return run_isolated(fix_template, (source, options, selection, recalled))
     except IsolationError as error:
         if interrupted():  # killed by Ctrl-C or SIGTERM, not by a limit: its file is not written
             raise
         return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
-
-
-def _fix_for_parent(
-    source: TemplateSource, options: FixOptions, selection: Selection, recalled: tuple[Verdicts, ...]
-) -> TemplateFix:
-    result = fix_template(source, options, selection, recalled)
-    # places hold parse trees, which need not cross processes
-    for finding in [finding for finding, _ in result.applied + result.skipped] + result.withheld:
-        finding.site, finding.related = None, ()
-    return result
 
 
 def fix_files(
