@@ -20,7 +20,7 @@ from .analysis.parsing import parse_with_tokens
 from .analysis.reuse import top_level_scan
 from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
-from .findings import Attribution, Finding, FixOffer, Outcome, Place, Switch, assemble
+from .findings import Attribution, Finding, FixOffer, Outcome, Place, Plain, Switch, assemble
 from .inputs import TemplateSource
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
@@ -73,7 +73,7 @@ def lint_isolated(
     except IsolationError as error:
         stopped = str(error)
     limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
-    finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {stopped}")
+    finding = limit_exceeded.at(Site(1, "", fixed_column=1), Plain(f"linting this template stopped: {stopped}"))
     placed = placement(source.path, source.container, source.name, source.text, source.file_text)
     file_line, file_column = placed.position(1, 1) if placed is not None else (None, None)
     finding = assemble(finding, place=Place(str(source.path), source.name, file_line=file_line, file_column=file_column))
@@ -618,7 +618,7 @@ def apply_suppressions(
             kept.append(
                 unused.at(
                     Site(suppression.line, "", fixed_column=suppression.column),
-                    suppression.describe(codes, suppression.unknown_codes(selection)),
+                    Plain(suppression.describe(codes, suppression.unknown_codes(selection))),
                 )
             )
     return kept

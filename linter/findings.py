@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from .analysis.facts import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
@@ -118,6 +118,37 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True)
+class Message:
+    """What a finding says, as pyflakes' messages: a class per message (each rule's module
+    holds its own), whose format string ``text`` its fields fill in. What a later layer
+    adds (the proof's clock step, harmony's analysis drop) is a field, not text appended."""
+
+    text: ClassVar[str] = ""
+
+    def __str__(self) -> str:
+        return self.text.format_map(_Attributes(self))
+
+
+class _Attributes:
+    """A message's fields and properties, by name, for its format string."""
+
+    def __init__(self, message: Message):
+        self.message = message
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self.message, name)
+
+
+@dataclass(frozen=True)
+class Plain(Message):
+    """A message the engine words itself, about an outcome of the run (a render error's own
+    text, a divergence no rule explains, an unused suppression)."""
+
+    text = "{said}"
+    said: str
+
+
+@dataclass(frozen=True)
 class Finding:
     """A finding as its rule made it (``RuleInfo.at``), and, completed by ``assemble``, as
     reports read it. Never edited: what the proof, the placement and the fix offer add is
@@ -128,7 +159,7 @@ class Finding:
     severity: str
     line: int
     column: int
-    message: str
+    body: Message
     path: str = ""
     template: str | None = None
     source_line: str = ""
@@ -153,6 +184,10 @@ class Finding:
     file_column: int | None = None
     # The fix the finding's rule offers (None: the rule has none).
     fix: FixOffer | None = None
+
+    @property
+    def message(self) -> str:
+        return str(self.body)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "site": None, "related": ()}
@@ -276,13 +311,13 @@ class Attribution:
     switch: Switch | None
     severity: str
     hypothesis: bool
-    message: str
+    body: Message
     explained_by: Finding | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, finding: Finding, switch: Switch | None = None, proof: Proof | None = None) -> Attribution:
         """The finding as its rule made it, with ``switch`` (the switch trials') and ``proof``."""
-        return cls(proof, switch, finding.severity, finding.hypothesis, finding.message)
+        return cls(proof, switch, finding.severity, finding.hypothesis, finding.body)
 
 
 @dataclass(frozen=True)
@@ -318,7 +353,7 @@ def assemble(
             switch=attribution.switch,
             severity=attribution.severity,
             hypothesis=attribution.hypothesis,
-            message=attribution.message,
+            body=attribution.body,
         )
     if place is not None:
         made = replace(

@@ -38,7 +38,7 @@ at the first diverging token.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Finding, Outcome
+from tmpl_lint.findings import Finding, Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -52,6 +52,6 @@ RULE = RuleInfo(
 )
 
 
-def unexplained(site, message: str, divergences) -> Finding:
+def unexplained(site, message: Message, divergences) -> Finding:
     """The finding for divergences no rule explains (``message`` says where)."""
     return RULE.at(site, message)

@@ -27,7 +27,9 @@ No automatic fix. No other finding of the template is proven once a limit is hit
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.findings import Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -41,13 +43,14 @@ RULE = RuleInfo(
 )
 
 
+@dataclass(frozen=True)
+class TooDeep(Message):
+    text = "the template is nested too deeply to analyse; what follows the limit is not checked"
+
+
 def check(facts) -> list:
     from tmpl_lint.analysis.facts import Site
 
     if not facts.too_deep:
         return []
-    return [
-        RULE.at(
-            Site(1, "", fixed_column=1), "the template is nested too deeply to analyse; what follows the limit is not checked"
-        )
-    ]
+    return [RULE.at(Site(1, "", fixed_column=1), TooDeep())]

@@ -295,7 +295,7 @@ def test_a_static_lint_imports_neither_the_proof_stack_nor_the_other_commands():
 def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of_its_code_was():
     # A template where --fix fixed one PC004 pattern (a `tojson` it saw) and the proof found
     # another re-serialisation no pattern shows: the second still fails, and says why.
-    from tmpl_lint.findings import Finding
+    from tmpl_lint.findings import Finding, Plain
     from tmpl_lint.inputs import TemplateSource
     from tmpl_lint.proofs import Proof
     from tmpl_lint.runner import CheckResult, LintedSource, _Fixing
@@ -304,7 +304,15 @@ def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of
         # proven: it fails the run
         proof = Proof.proven_by("char", "a render")
         return Finding(
-            "PC004", "tool-args-reserialized", "warning", line, 1, "m", path="t.jinja", hypothesis=not found_by_proof, proof=proof
+            "PC004",
+            "tool-args-reserialized",
+            "warning",
+            line,
+            1,
+            Plain("m"),
+            path="t.jinja",
+            hypothesis=not found_by_proof,
+            proof=proof,
         )
 
     fixing = _Fixing(None, None, True, False, None, CheckResult(), None, jobs=1)

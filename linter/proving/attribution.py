@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..analysis.facts import Site
-from ..findings import Attribution, Finding, Outcome, Switch
+from ..findings import Attribution, Finding, Outcome, Plain, Switch
 from ..proofs import Cause, Divergence, Proof, SwitchValues
 from ..rules import BY_CODE, RULES, Rule, reporting
 from ..scenarios import ScenarioKind
@@ -105,7 +105,7 @@ def attach_proofs(
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
         reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
-        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
+        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, Plain(reason))
         return Attributed(
             [Attribution.of(finding, switch, Proof.not_provable(unit, reason)) for finding, switch in zip(findings, named)],
             [(limit, Attribution.of(limit, proof=Proof.not_provable(unit, reason)))],
@@ -117,7 +117,7 @@ def attach_proofs(
         failed: list[tuple[Finding, Attribution]] = []
         if errors:
             failure = reporting(Outcome.RENDER_ERROR).RULE.at(
-                _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
+                _TEMPLATE_START, Plain(f"the template fails on every conversation tried: {errors[0]}")
             )
             failed.append((failure, Attribution.of(failure, proof=Proof.not_provable(unit, errors[0]))))
         return Attributed(
@@ -141,14 +141,14 @@ def attach_proofs(
                 refuted.add(id(finding))
         switch_of[id(finding)] = switch
         if rule.prove is not None:
-            proof, message = rule.prove(report, finding)
+            proof, body = rule.prove(report, finding)
             severity = finding.severity
             if proof.is_proven:
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
                 explained |= shown
                 proof = proof.explaining([divergences[index] for index in sorted(shown)])
                 proof, severity = settle(proof, severity, [divergences[index] for index in sorted(shown)], report)
-            outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, message)
+            outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, body)
         else:
             generic.append(finding)
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
@@ -178,13 +178,13 @@ def attach_proofs(
             explained_by = explainer[divergences.index(worst)]
         else:
             proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
-            outcomes[id(finding)] = Attribution(proof, switch, finding.severity, finding.hypothesis, finding.message)
+            outcomes[id(finding)] = Attribution(proof, switch, finding.severity, finding.hypothesis, finding.body)
             continue
         proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
             switch = name_the_switch_shown(switch, own or [worst], report)
         proof, severity = settle(proof, finding.severity, own or [worst], report)
-        outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, finding.message, explained_by)
+        outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, finding.body, explained_by)
     attributed = [
         replace(
             outcomes[id(finding)], switch=name_other_switches(outcomes[id(finding)].switch, outcomes[id(finding)].proof, report)
@@ -211,8 +211,8 @@ def described(finding: Finding, outcome: Attribution) -> Attribution:
     rule = BY_CODE.get(finding.code)
     if rule is None or rule.describe is None or outcome.proof is None or not outcome.proof.is_proven:
         return outcome
-    message, proof = rule.describe(outcome.message, outcome.proof)
-    return replace(outcome, message=message, proof=proof)
+    body, proof = rule.describe(outcome.body, outcome.proof)
+    return replace(outcome, body=body, proof=proof)
 
 
 def _unswitched_format(switch: Switch | None, divergence: Divergence, report: ProofReport) -> bool:
@@ -287,7 +287,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
             )
             switch = name_the_switch_shown(finding.switch, group, report)
             # the render found it: no pattern in the template stands for it (no hypothesis)
-            found.append((finding, Attribution(proof, switch, severity, False, finding.message)))
+            found.append((finding, Attribution(proof, switch, severity, False, finding.body)))
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
@@ -295,15 +295,17 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         where = worst.place if worst.message_index is not None else f"the text {worst.place}"
         finding = unexplained.unexplained(
             _TEMPLATE_START,
-            f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
-            f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
+            Plain(
+                f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
+                f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why"
+            ),
             claimed,
         )
         proof, severity = settle(
             Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed), finding.severity, claimed, report
         )
         switch = name_the_switch_shown(finding.switch, claimed, report)
-        found.append((finding, Attribution(proof, switch, severity, finding.hypothesis, finding.message)))
+        found.append((finding, Attribution(proof, switch, severity, finding.hypothesis, finding.body)))
     return found
 
 
@@ -452,7 +454,8 @@ def engine_findings(report: ProofReport) -> list[tuple[Finding, Attribution]]:
     if not report.rendered:
         reason = next((result.error for result in report.results if result.error), "nothing rendered")
         finding = engine_render.RULE.at(
-            _TEMPLATE_START, f"the engine renders this model without the template, and its render could not be checked: {reason}"
+            _TEMPLATE_START,
+            Plain(f"the engine renders this model without the template, and its render could not be checked: {reason}"),
         )
         return [(finding, Attribution.of(finding, proof=Proof.not_provable(report.unit, reason)))]
     found = []
@@ -463,7 +466,7 @@ def engine_findings(report: ProofReport) -> list[tuple[Finding, Attribution]]:
         worst = _worst([d for d in divergences if grouped[d] == cause])
         finding = engine_render.RULE.at(
             _TEMPLATE_START,
-            f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}",
+            Plain(f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}"),
         )
         found.append((finding, Attribution.of(finding, proof=Proof.proven(worst, report.rates(worst.scenario)))))
     return found
