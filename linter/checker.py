@@ -20,15 +20,27 @@ from .analysis.parsing import parse_with_tokens
 from .analysis.reuse import top_level_scan
 from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
+from .engines import resolve_engine
+from .engines.base import HARMONY, LLAMACPP, EngineError
+from .engines.harmony import harmony_encoding
+from .engines.llamacpp import ready
+from .engines.vllm import content_format
 from .findings import Attribution, Finding, FixOffer, Outcome, Place, Plain, Switch, assemble
-from .inputs import TemplateSource
+from .gguf.models import model_for
+from .gguf.tokenizer import own_tokenizer
+from .inputs import SourceError, TemplateSource, load_json
+from .isolation import IsolationError, parallel_map, run_isolated
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Cause, Proof
-from .render import DEFAULT_LIMITS, RenderLimits
+from .proving.attribution import attach_proofs, engine_findings
+from .proving.session import Prover, clocked_switches, switch_values
+from .render import DEFAULT_LIMITS, RenderError, RenderLimits, compile_template
 from .rules import BY_CODE, STATIC, reporting
 from .selection import Selection
+from .sources import model_type_beside
 from .suppressions import Suppression, suppressions
+from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -60,9 +72,6 @@ def lint_isolated(
     a template that exceeds them is reported as a render limit exceeded. A tokenizer that
     fails on a rendered text (a panic in the tokenizers library) is a TokenizerError where
     ``tokenizer_errors`` asks for one (the caller's error line), else reported so too."""
-    from .isolation import IsolationError, run_isolated
-    from .tokenizer import TokenizerError
-
     try:
         found = run_isolated(_lint_or_tokenizer_failure, (source, selection, prove, recalled))
         if not isinstance(found, TokenizerFailure):
@@ -88,8 +97,6 @@ class TokenizerFailure:
 
 
 def _lint_or_tokenizer_failure(source, selection, prove, recalled):
-    from .tokenizer import TokenizerError
-
     try:
         return lint_source(source, selection, prove, recalled)
     except TokenizerError as error:
@@ -121,7 +128,6 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
     """The static lint of each of ``sources``, under the limits ``lint_isolated`` applies,
     a batch of templates per call to a worker. A batch that exceeds them is linted again one
     template per child, so that the template at fault gets the PC101 and the others their findings."""
-    from .isolation import IsolationError, parallel_map, run_isolated
 
     def lint_batch(batch: list[TemplateSource]) -> list[list[Finding]]:
         try:
@@ -152,8 +158,6 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
     others go on: loaded here, every template waited for it. ``check`` does not pass it:
     its workers all start at once, so loading the vocabulary here costs it once, not once
     a worker."""
-    from . import isolation  # noqa: F401
-
     PARSE_ENVIRONMENT.lexer  # noqa: B018 - built on first use, then cached by jinja
     if prove is not None:
         _ready_to_prove(sources, prove, load_harmony=not long_lived)
@@ -163,18 +167,11 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from .engines.base import HARMONY, LLAMACPP, EngineError
-    from .proving import attribution, session  # noqa: F401
-
     engines = {source_engine(prove.engine, source) for source in sources}
     if load_harmony and HARMONY in engines:
-        from .engines.harmony import harmony_encoding
-
         with contextlib.suppress(EngineError):  # not installed: each template says so
             harmony_encoding()
     if LLAMACPP in engines:  # compiled once here (a second or two), not in every worker
-        from .engines.llamacpp import ready
-
         ready()
 
 
@@ -441,11 +438,6 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    from .gguf.models import model_for
-    from .gguf.tokenizer import own_tokenizer
-    from .inputs import SourceError, load_json
-    from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
-
     tokenizer, note = None, None
     if (model := model_for(source)) is not None:
         # A GGUF carries its own tokenizer and special tokens (a fixed template beside it too).
@@ -474,11 +466,6 @@ def source_engine(engine: str, source: TemplateSource) -> str:
     """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
     config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
     beside one for ``--chat-template-file``)."""
-    # Imported here: the static lint must not pay for rendering
-    from .engines import resolve_engine
-    from .gguf.models import model_for
-    from .sources import model_type_beside
-
     gguf = source.container == "gguf" or model_for(source) is not None
     return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
 
@@ -496,15 +483,6 @@ def prove_findings(
     ``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
-    # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines.base import HARMONY
-    from .engines.vllm import content_format
-    from .gguf.models import model_for
-    from .gguf.tokenizer import own_tokenizer
-    from .proving.attribution import attach_proofs, engine_findings
-    from .proving.session import Prover, clocked_switches, switch_values
-    from .render import RenderError, compile_template
-
     engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tmpl_lint.analysis.facts import Site
 from tmpl_lint.findings import Message, Outcome
 
 from ._contract import RuleInfo, Severity
@@ -49,8 +50,6 @@ class TooDeep(Message):
 
 
 def check(facts) -> list:
-    from tmpl_lint.analysis.facts import Site
-
     if not facts.too_deep:
         return []
     return [RULE.at(Site(1, "", fixed_column=1), TooDeep())]
