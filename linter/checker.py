@@ -22,25 +22,19 @@ from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
 from .engines import resolve_engine
 from .engines.base import HARMONY, LLAMACPP, EngineError
-from .engines.harmony import harmony_encoding
 from .engines.llamacpp import ready
 from .engines.vllm import content_format
-from .findings import Attribution, Finding, FixOffer, Outcome, Place, Plain, Switch, assemble
-from .gguf.models import model_for
-from .gguf.tokenizer import own_tokenizer
+from .findings import Attribution, Finding, FixOffer, Outcome, Place, Switch, assemble
 from .inputs import SourceError, TemplateSource, load_json
 from .isolation import IsolationError, parallel_map, run_isolated
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Cause, Proof
-from .proving.attribution import attach_proofs, engine_findings
-from .proving.session import Prover, clocked_switches, switch_values
 from .render import DEFAULT_LIMITS, RenderError, RenderLimits, compile_template
 from .rules import BY_CODE, STATIC, reporting
 from .selection import Selection
 from .sources import model_type_beside
 from .suppressions import Suppression, suppressions
-from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
@@ -72,6 +66,9 @@ def lint_isolated(
     a template that exceeds them is reported as a render limit exceeded. A tokenizer that
     fails on a rendered text (a panic in the tokenizers library) is a TokenizerError where
     ``tokenizer_errors`` asks for one (the caller's error line), else reported so too."""
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .tokenizer import TokenizerError  # noqa: PLC0415
+
     try:
         found = run_isolated(_lint_or_tokenizer_failure, (source, selection, prove, recalled))
         if not isinstance(found, TokenizerFailure):
@@ -81,8 +78,7 @@ def lint_isolated(
         stopped = f"TokenizerError: {found.message}"
     except IsolationError as error:
         stopped = str(error)
-    limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
-    finding = limit_exceeded.at(Site(1, "", fixed_column=1), Plain(f"linting this template stopped: {stopped}"))
+    finding = reporting(Outcome.RENDER_LIMIT_EXCEEDED).stopped(Site(1, "", fixed_column=1), stopped)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text)
     file_line, file_column = placed.position(1, 1) if placed is not None else (None, None)
     finding = assemble(finding, place=Place(str(source.path), source.name, file_line=file_line, file_column=file_column))
@@ -97,6 +93,9 @@ class TokenizerFailure:
 
 
 def _lint_or_tokenizer_failure(source, selection, prove, recalled):
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .tokenizer import TokenizerError  # noqa: PLC0415
+
     try:
         return lint_source(source, selection, prove, recalled)
     except TokenizerError as error:
@@ -167,6 +166,12 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .engines.harmony import harmony_encoding  # noqa: PLC0415
+
+    # Imported before the children fork, not again in each of them.
+    from .proving import attribution, session  # noqa: F401, PLC0415
+
     engines = {source_engine(prove.engine, source) for source in sources}
     if load_harmony and HARMONY in engines:
         with contextlib.suppress(EngineError):  # not installed: each template says so
@@ -438,6 +443,16 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
+    from .tokenizer import (  # noqa: PLC0415
+        TokenizerError,
+        find_tokenizer_directory,
+        load_tokenizer,
+        special_tokens_from_config,
+    )
+
     tokenizer, note = None, None
     if (model := model_for(source)) is not None:
         # A GGUF carries its own tokenizer and special tokens (a fixed template beside it too).
@@ -466,6 +481,9 @@ def source_engine(engine: str, source: TemplateSource) -> str:
     """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
     config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
     beside one for ``--chat-template-file``)."""
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
+
     gguf = source.container == "gguf" or model_for(source) is not None
     return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
 
@@ -483,6 +501,12 @@ def prove_findings(
     ``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
+    from .proving.attribution import attach_proofs, engine_findings  # noqa: PLC0415
+    from .proving.session import Prover, clocked_switches, switch_values  # noqa: PLC0415
+
     engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
@@ -593,10 +617,10 @@ def apply_suppressions(
             if id(suppression) in silenced or not (idle(suppression) or suppression.unknown_codes(selection)):
                 continue  # silenced, or a suppression of PC900 that silenced another
             codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
+            where = Site(suppression.line, "", fixed_column=suppression.column)
             kept.append(
-                unused.at(
-                    Site(suppression.line, "", fixed_column=suppression.column),
-                    Plain(suppression.describe(codes, suppression.unknown_codes(selection))),
+                reporting(Outcome.UNUSED_SUPPRESSION).unused(
+                    where, codes, suppression.unknown_codes(selection), suppression.whole_file
                 )
             )
     return kept

@@ -140,15 +140,6 @@ class _Attributes:
 
 
 @dataclass(frozen=True)
-class Plain(Message):
-    """A message the engine words itself, about an outcome of the run (a render error's own
-    text, a divergence no rule explains, an unused suppression)."""
-
-    text = "{said}"
-    said: str
-
-
-@dataclass(frozen=True)
 class Finding:
     """A finding as its rule made it (``RuleInfo.at``), and, completed by ``assemble``, as
     reports read it. Never edited: what the proof, the placement and the fix offer add is

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tmpl_lint.analysis.facts import Site
-from tmpl_lint.findings import Message, Outcome
+from tmpl_lint.findings import Finding, Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -42,6 +42,29 @@ RULE = RuleInfo(
     "rendering exceeded the time or size limit",
     reports=Outcome.RENDER_LIMIT_EXCEEDED,
 )
+
+
+@dataclass(frozen=True)
+class LintingStopped(Message):
+    text = "linting this template stopped: {why}"
+    why: str  # the limit the child process hit, or the tokenizer's error
+
+
+@dataclass(frozen=True)
+class RenderLimit(Message):
+    text = 'render limit exceeded in "{scenario}": {error}'
+    scenario: str
+    error: str | None
+
+
+def stopped(site: Site, why: str) -> Finding:
+    """The finding for a template whose lint a limit (or a tokenizer's panic) stopped."""
+    return RULE.at(site, LintingStopped(why))
+
+
+def limit_exceeded(site: Site, scenario: str, error: str | None) -> Finding:
+    """The finding for a template whose render in ``scenario`` exceeded a limit."""
+    return RULE.at(site, RenderLimit(scenario, error))
 
 
 @dataclass(frozen=True)

@@ -295,9 +295,10 @@ def test_a_static_lint_imports_neither_the_proof_stack_nor_the_other_commands():
 def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of_its_code_was():
     # A template where --fix fixed one PC004 pattern (a `tojson` it saw) and the proof found
     # another re-serialisation no pattern shows: the second still fails, and says why.
-    from tmpl_lint.findings import Finding, Plain
+    from tmpl_lint.findings import Finding
     from tmpl_lint.inputs import TemplateSource
     from tmpl_lint.proofs import Proof
+    from tmpl_lint.rules.pc004_tool_args_reserialized import ReplayedAs
     from tmpl_lint.runner import CheckResult, LintedSource, _Fixing
 
     def finding(line: int, found_by_proof: bool) -> Finding:
@@ -309,7 +310,7 @@ def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of
             "warning",
             line,
             1,
-            Plain("m"),
+            ReplayedAs('{"city": "Paris"}', '{"city":"Paris"}'),
             path="t.jinja",
             hypothesis=not found_by_proof,
             proof=proof,

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..analysis.facts import Site
-from ..findings import Attribution, Finding, Outcome, Plain, Switch
+from ..findings import Attribution, Finding, Outcome, Switch
 from ..proofs import Cause, Divergence, Proof, SwitchValues
 from ..rules import BY_CODE, RULES, Rule, reporting
 from ..scenarios import ScenarioKind
@@ -104,8 +104,10 @@ def attach_proofs(
     named = [finding.switch for finding in findings] if switches is None else list(switches)
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
-        reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
-        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, Plain(reason))
+        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).limit_exceeded(
+            _TEMPLATE_START, limited[0].scenario.name, limited[0].error
+        )
+        reason = limit.message
         return Attributed(
             [Attribution.of(finding, switch, Proof.not_provable(unit, reason)) for finding, switch in zip(findings, named)],
             [(limit, Attribution.of(limit, proof=Proof.not_provable(unit, reason)))],
@@ -116,9 +118,7 @@ def attach_proofs(
         reason = errors[0] if errors else "the template does not parse"
         failed: list[tuple[Finding, Attribution]] = []
         if errors:
-            failure = reporting(Outcome.RENDER_ERROR).RULE.at(
-                _TEMPLATE_START, Plain(f"the template fails on every conversation tried: {errors[0]}")
-            )
+            failure = reporting(Outcome.RENDER_ERROR).failure(_TEMPLATE_START, errors[0])
             failed.append((failure, Attribution.of(failure, proof=Proof.not_provable(unit, errors[0]))))
         return Attributed(
             [Attribution.of(finding, switch, Proof.not_provable(unit, reason)) for finding, switch in zip(findings, named)],
@@ -292,15 +292,7 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
         worst = _first_shown(claimed, report)
-        where = worst.place if worst.message_index is not None else f"the text {worst.place}"
-        finding = unexplained.unexplained(
-            _TEMPLATE_START,
-            Plain(
-                f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
-                f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why"
-            ),
-            claimed,
-        )
+        finding = unexplained.unexplained(_TEMPLATE_START, worst)
         proof, severity = settle(
             Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed), finding.severity, claimed, report
         )
@@ -453,10 +445,7 @@ def engine_findings(report: ProofReport) -> list[tuple[Finding, Attribution]]:
     engine_render = reporting(Outcome.ENGINE_RENDER_UNSTABLE)
     if not report.rendered:
         reason = next((result.error for result in report.results if result.error), "nothing rendered")
-        finding = engine_render.RULE.at(
-            _TEMPLATE_START,
-            Plain(f"the engine renders this model without the template, and its render could not be checked: {reason}"),
-        )
+        finding = engine_render.unchecked(_TEMPLATE_START, reason)
         return [(finding, Attribution.of(finding, proof=Proof.not_provable(report.unit, reason)))]
     found = []
     divergences = report.divergences()
@@ -464,9 +453,6 @@ def engine_findings(report: ProofReport) -> list[tuple[Finding, Attribution]]:
     grouped = {d: Cause.HISTORY_REWRITE if d.cause is Cause.REPLY_REWRITE else d.cause for d in divergences}
     for cause in sorted(set(grouped.values())):
         worst = _worst([d for d in divergences if grouped[d] == cause])
-        finding = engine_render.RULE.at(
-            _TEMPLATE_START,
-            Plain(f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}"),
-        )
+        finding = engine_render.unstable(_TEMPLATE_START, cause)
         found.append((finding, Attribution.of(finding, proof=Proof.proven(worst, report.rates(worst.scenario)))))
     return found
