@@ -133,10 +133,10 @@ class _Attributes:
     """A message's fields and properties, by name, for its format string."""
 
     def __init__(self, message: Message):
-        self.message = message
+        self._of = message
 
     def __getitem__(self, name: str) -> Any:
-        return getattr(self.message, name)
+        return getattr(self._of, name)
 
 
 @dataclass(frozen=True)
