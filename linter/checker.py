@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -19,14 +20,20 @@ from .analysis.parsing import parse_with_tokens
 from .analysis.reuse import top_level_scan
 from .analysis.separators import model_separators
 from .analysis.values import UNDEFINED
-from .findings import Finding, FixOffer, Outcome, Switch
-from .inputs import TemplateSource
+from .engines import resolve_engine
+from .engines.base import HARMONY, LLAMACPP, EngineError
+from .engines.llamacpp import ready
+from .engines.vllm import content_format
+from .findings import Attribution, Finding, FixOffer, Outcome, Place, Switch, assemble
+from .inputs import SourceError, TemplateSource, load_json
+from .isolation import IsolationError, parallel_map, run_isolated
 from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Cause, Proof
-from .render import DEFAULT_LIMITS, RenderLimits
-from .rules import BY_CODE, STATIC, described, reporting
+from .render import DEFAULT_LIMITS, RenderError, RenderLimits, compile_template
+from .rules import BY_CODE, STATIC, reporting
 from .selection import Selection
+from .sources import model_type_beside
 from .suppressions import Suppression, suppressions
 
 if TYPE_CHECKING:
@@ -59,8 +66,8 @@ def lint_isolated(
     a template that exceeds them is reported as a render limit exceeded. A tokenizer that
     fails on a rendered text (a panic in the tokenizers library) is a TokenizerError where
     ``tokenizer_errors`` asks for one (the caller's error line), else reported so too."""
-    from .isolation import IsolationError, run_isolated
-    from .tokenizer import TokenizerError
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .tokenizer import TokenizerError  # noqa: PLC0415
 
     try:
         found = run_isolated(_lint_or_tokenizer_failure, (source, selection, prove, recalled))
@@ -71,12 +78,10 @@ def lint_isolated(
         stopped = f"TokenizerError: {found.message}"
     except IsolationError as error:
         stopped = str(error)
-    limit_exceeded = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE
-    finding = limit_exceeded.at(Site(1, "", fixed_column=1), f"linting this template stopped: {stopped}")
-    finding.path, finding.template = str(source.path), source.name
+    finding = reporting(Outcome.RENDER_LIMIT_EXCEEDED).stopped(Site(1, "", fixed_column=1), stopped)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text)
-    if placed is not None:
-        finding.file_line, finding.file_column = placed.position(1, 1)
+    file_line, file_column = placed.position(1, 1) if placed is not None else (None, None)
+    finding = assemble(finding, place=Place(str(source.path), source.name, file_line=file_line, file_column=file_column))
     return [finding] if selection.includes(finding.code) else []
 
 
@@ -88,7 +93,8 @@ class TokenizerFailure:
 
 
 def _lint_or_tokenizer_failure(source, selection, prove, recalled):
-    from .tokenizer import TokenizerError
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .tokenizer import TokenizerError  # noqa: PLC0415
 
     try:
         return lint_source(source, selection, prove, recalled)
@@ -121,7 +127,6 @@ def lint_many_isolated(sources: list[TemplateSource], selection: Selection, jobs
     """The static lint of each of ``sources``, under the limits ``lint_isolated`` applies,
     a batch of templates per call to a worker. A batch that exceeds them is linted again one
     template per child, so that the template at fault gets the PC101 and the others their findings."""
-    from .isolation import IsolationError, parallel_map, run_isolated
 
     def lint_batch(batch: list[TemplateSource]) -> list[list[Finding]]:
         try:
@@ -152,8 +157,6 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
     others go on: loaded here, every template waited for it. ``check`` does not pass it:
     its workers all start at once, so loading the vocabulary here costs it once, not once
     a worker."""
-    from . import isolation  # noqa: F401
-
     PARSE_ENVIRONMENT.lexer  # noqa: B018 - built on first use, then cached by jinja
     if prove is not None:
         _ready_to_prove(sources, prove, load_harmony=not long_lived)
@@ -163,18 +166,17 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    from .engines.base import HARMONY, LLAMACPP, EngineError
-    from .proving import attribution, session  # noqa: F401
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .engines.harmony import harmony_encoding  # noqa: PLC0415
+
+    # Imported before the children fork, not again in each of them.
+    from .proving import attribution, session  # noqa: F401, PLC0415
 
     engines = {source_engine(prove.engine, source) for source in sources}
     if load_harmony and HARMONY in engines:
-        from .engines.harmony import harmony_encoding
-
         with contextlib.suppress(EngineError):  # not installed: each template says so
             harmony_encoding()
     if LLAMACPP in engines:  # compiled once here (a second or two), not in every worker
-        from .engines.llamacpp import ready
-
         ready()
 
 
@@ -188,14 +190,7 @@ def lint_source(
     keeps them, for fixes): a batch would otherwise keep every template's tree alive, and
     the garbage collector walked them all again and again (a seventh of a static run); nor
     need they cross processes. ``recalled``: see ``prove_findings``."""
-    return as_reported(lint_with_facts(source, selection, prove, recalled=recalled)[1])
-
-
-def as_reported(findings: list[Finding]) -> list[Finding]:
-    """``findings`` without their places in the parse tree, as ``lint_source`` reports them."""
-    for finding in with_related(findings):
-        finding.site, finding.related = None, ()
-    return findings
+    return lint_with_facts(source, selection, prove, recalled=recalled, sites=False)[1]
 
 
 def lint_with_facts(
@@ -205,9 +200,11 @@ def lint_with_facts(
     *,
     suppress: bool = True,
     recalled: Recorded | None = None,
+    sites: bool = True,
 ) -> tuple[Facts, list[Finding]]:
     """``suppress`` False keeps what the template's suppression comments hide (and reports
-    none of them unused): a fix's verification counts the patterns still in the template."""
+    none of them unused): a fix's verification counts the patterns still in the template.
+    ``sites`` False leaves out the findings' places in the parse tree (``lint_source``)."""
     tree, error, raw_tokens = parse_with_tokens(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
     facts = analyze(source.text, tree, source_map, record=True)
@@ -215,29 +212,30 @@ def lint_with_facts(
     if error is not None:
         facts.syntax_error = error
     # Every rule runs: a divergence that an ignored rule explains is still explained, not unexplained.
-    findings = run_rules(facts, STATIC)
-    name_switches(findings, SwitchTrials(facts, STATIC, findings))
+    drafts = run_rules(facts, STATIC)
+    switches = name_switches(drafts, SwitchTrials(facts, STATIC, drafts))
     facts.trace = None  # the switch trials were its only use
     if prove is not None and tree is not None:
-        findings.extend(prove_findings(source, findings, facts, prove, recalled))
-        described(findings)
-    elif prove is not None:
-        for finding in findings:
-            finding.proof = Proof.not_provable("char", "the template does not parse")
+        attributed = prove_findings(source, drafts, switches, facts, prove, recalled)
+    else:
+        unparsed = Proof.not_provable("char", "the template does not parse") if prove is not None else None
+        attributed = [(draft, Attribution.of(draft, switch, unparsed)) for draft, switch in zip(drafts, switches)]
+    outcomes = {id(finding): outcome for finding, outcome in attributed}
     selection = selection.for_path(source.path)
-    findings = [finding for finding in findings if selection.includes(finding.code)]
+    findings = [finding for finding, _ in attributed if selection.includes(finding.code)]
     if suppress:
         findings = apply_suppressions(findings, source_map, selection, complete=tree is not None)
-    findings = fold_related(findings)
-    if tree is not None:
-        offer_fixes(facts, with_related(findings), selection.tool_args_style)
     placed = placement(source.path, source.container, source.name, source.text, source.file_text) if findings else None
-    for finding in with_related(findings):
-        finding.path = str(source.path)
-        finding.template = source.name
-        finding.source_line = source_map.line_text(finding.line)
-        if placed is not None:
-            finding.file_line, finding.file_column = placed.position(finding.line, finding.column)
+    options = OfferOptions(date.today(), selection.tool_args_style)
+
+    def made(finding: Finding, related: tuple[Finding, ...] = ()) -> Finding:
+        position = placed.position(finding.line, finding.column) if placed is not None else (None, None)
+        place = Place(str(source.path), source.name, source_map.line_text(finding.line), *position)
+        offer = partial(fix_offer, facts, options=options) if tree is not None else None
+        return assemble(finding, outcomes.get(id(finding)), place, related, offer, sites)
+
+    kept, explained = fold_related(findings, outcomes)
+    findings = [made(finding, tuple(made(other) for other in explained.get(id(finding), ()))) for finding in kept]
     findings.sort(key=lambda finding: (finding.line, finding.column, finding.code))
     return facts, findings
 
@@ -251,37 +249,33 @@ class OfferOptions:
     tool_args_style: str | None = None
 
 
-def offer_fixes(facts: Facts, findings: list[Finding], tool_args_style: str | None) -> None:
-    """Say on each finding what its rule's fix would do, or why it makes none: the check
-    counts what ``--fix`` can do, and a finding promises no fix its rule declines. (The edit
-    is verified only when ``--fix`` makes it.)"""
-    options = OfferOptions(date.today(), tool_args_style)
-    for finding in findings:
-        rule = BY_CODE.get(finding.code)
-        if rule is None or rule.RULE.fix_safety is None or rule.fix is None:
-            continue
-        fix = rule.fix(facts, finding, options)
-        finding.fix = FixOffer(None, fix.unfixable) if fix.unfixable else FixOffer(rule.RULE.fix_safety, fix.title)
+def fix_offer(facts: Facts, finding: Finding, options: OfferOptions) -> FixOffer | None:
+    """What the finding's rule's fix would do, or why it makes none (None: the rule has no
+    fix): the check counts what ``--fix`` can do, and a finding promises no fix its rule
+    declines. (The edit is verified only when ``--fix`` makes it.)"""
+    rule = BY_CODE.get(finding.code)
+    if rule is None or rule.RULE.fix_safety is None or rule.fix is None:
+        return None
+    fix = rule.fix(facts, finding, options)
+    return FixOffer(None, fix.unfixable) if fix.unfixable else FixOffer(rule.RULE.fix_safety, fix.title)
 
 
-def with_related(findings: list[Finding]) -> list[Finding]:
-    return findings + [other for finding in findings for other in finding.related_findings]
-
-
-def fold_related(findings: list[Finding]) -> list[Finding]:
+def fold_related(findings: list[Finding], outcomes: dict[int, Attribution]) -> tuple[list[Finding], dict[int, list[Finding]]]:
     """One divergence, one failing finding: a finding whose proven divergence another
     reported finding explains becomes that finding's related location. Where the explaining
-    finding is not reported (ignored, suppressed), it stands on its own."""
+    finding is not reported (ignored, suppressed), it stands on its own. The findings that
+    stand, and by the ``id`` of each, those it explains."""
     reported = {id(finding) for finding in findings}
     kept = []
+    explained: dict[int, list[Finding]] = {}
     for finding in findings:
-        if finding.explained_by is not None and id(finding.explained_by) in reported:
-            finding.explained_by.related_findings.append(finding)
+        outcome = outcomes.get(id(finding))
+        by = outcome.explained_by if outcome is not None else None
+        if by is not None and id(by) in reported:
+            explained.setdefault(id(by), []).append(finding)
         else:
             kept.append(finding)
-    for finding in findings:
-        finding.explained_by = None  # findings cross processes: no references between them
-    return kept
+    return kept, explained
 
 
 def run_rules(facts: Facts, rules) -> list[Finding]:
@@ -344,28 +338,29 @@ class SwitchTrials:
         return self._outcomes[key]
 
 
-def name_switches(findings: list[Finding], trials: SwitchTrials) -> None:
-    """For each finding, a template variable whose value makes it disappear, if any.
+def name_switches(findings: list[Finding], trials: SwitchTrials) -> list[Switch | None]:
+    """For each finding, a template variable whose value makes it disappear, if any (None).
 
     The template is analysed again (``trials``) with the variable unset (the default), true,
     false, or (for date-like names) a fixed string; a value under which the finding is gone
     is stable.
     """
-    if trials.facts.tree is None:
-        return
-    for finding in findings:
-        for name in sorted(finding.candidates):
-            values = trials.values(name, finding)
-            stable = [value for value in values if finding.key not in trials.keys(name, value)]
-            if not stable or len(stable) == len(values):
-                continue
-            default_is_stable = UNDEFINED in stable
-            chosen = [value for value in stable if value is not UNDEFINED]
-            unstable = [value for value in values if value not in stable and value is not UNDEFINED]
-            # A deployment may set any value the template reads: the finding keeps its severity
-            # (the proof renders every value and names those that break).
-            finding.switch = Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
-            break
+    return [_switch_of(finding, trials) if trials.facts.tree is not None else None for finding in findings]
+
+
+def _switch_of(finding: Finding, trials: SwitchTrials) -> Switch | None:
+    for name in sorted(finding.candidates):
+        values = trials.values(name, finding)
+        stable = [value for value in values if finding.key not in trials.keys(name, value)]
+        if not stable or len(stable) == len(values):
+            continue
+        default_is_stable = UNDEFINED in stable
+        chosen = [value for value in stable if value is not UNDEFINED]
+        unstable = [value for value in values if value not in stable and value is not UNDEFINED]
+        # A deployment may set any value the template reads: the finding keeps its severity
+        # (the proof renders every value and names those that break).
+        return Switch(name, chosen[0] if chosen else None, default_is_stable, unstable[0] if unstable else None)
+    return None
 
 
 def _compared_constants(compares: list[nodes.Compare]) -> dict[str, list[object]]:
@@ -448,10 +443,15 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    from .gguf.models import model_for
-    from .gguf.tokenizer import own_tokenizer
-    from .inputs import SourceError, load_json
-    from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, special_tokens_from_config
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
+    from .tokenizer import (  # noqa: PLC0415
+        TokenizerError,
+        find_tokenizer_directory,
+        load_tokenizer,
+        special_tokens_from_config,
+    )
 
     tokenizer, note = None, None
     if (model := model_for(source)) is not None:
@@ -481,34 +481,36 @@ def source_engine(engine: str, source: TemplateSource) -> str:
     """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
     config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
     beside one for ``--chat-template-file``)."""
-    # Imported here: the static lint must not pay for rendering
-    from .engines import resolve_engine
-    from .gguf.models import model_for
-    from .sources import model_type_beside
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
 
     gguf = source.container == "gguf" or model_for(source) is not None
     return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
 
 
 def prove_findings(
-    source: TemplateSource, findings: list[Finding], facts: Facts, options: ProveOptions, recalled: Recorded | None = None
-) -> list[Finding]:
-    """``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
+    source: TemplateSource,
+    findings: list[Finding],
+    switches: list[Switch | None],
+    facts: Facts,
+    options: ProveOptions,
+    recalled: Recorded | None = None,
+) -> list[tuple[Finding, Attribution]]:
+    """Each of ``findings`` (whose switches the switch trials named: ``switches``) with what
+    the proof makes of it, then the findings the proof itself found with theirs.
+    ``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
-    # Imported here: the static lint must not pay for rendering or tokenizers.
-    from .engines.base import HARMONY
-    from .engines.vllm import content_format
-    from .gguf.models import model_for
-    from .gguf.tokenizer import own_tokenizer
-    from .proving.attribution import attach_proofs, engine_findings
-    from .proving.session import Prover, clocked_switches, switch_values
-    from .render import RenderError, compile_template
+    # The static lint (a pre-commit hook) never loads the proof stack.
+    from .gguf.models import model_for  # noqa: PLC0415
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
+    from .proving.attribution import attach_proofs, engine_findings  # noqa: PLC0415
+    from .proving.session import Prover, clocked_switches, switch_values  # noqa: PLC0415
 
     engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
     compared = facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(facts)[1]))
-    switches = switch_values(findings, facts.variables, compared), clocked_switches(findings)
+    values = switch_values(findings, facts.variables, compared, switches), clocked_switches(findings, switches)
     pinned = dict(options.pinned)
     # What the renders would analyse or parse the template again for, from the lint's own analysis.
     separators = model_separators(facts)
@@ -527,48 +529,52 @@ def prove_findings(
             recalled=recalled,
             pinned=pinned,
         )
-        report = prover.run(*switches)
+        report = prover.run(*values)
         if options.tokenizer is None and (model := model_for(source)) is not None:
             report.note = own_tokenizer(model).description  # whose ids, or why characters
         elif tokenizer_note is not None:
             report.note = tokenizer_note
-        return attach_proofs(findings, report, facts)
+        attributed = attach_proofs(findings, report, facts, switches)
+        return [*zip(findings, attributed.outcomes), *attributed.found]
     # vLLM renders this model without the template: the template's findings are proven as
     # the engines that do read it render it, and vLLM's own render gets its own findings.
     on_template = Prover(
         source.text, tokenizer, options.block_size, special, options.limits, "hf", separators, recalled=recalled, pinned=pinned
     )
-    report = on_template.run(*switches)
+    report = on_template.run(*values)
     engine_rule = reporting(Outcome.ENGINE_RENDER_UNSTABLE).RULE.code
     report.note = (
         f"rendered as transformers renders the template; vLLM renders this model with openai-harmony instead ({engine_rule})"
     )
     if tokenizer_note is not None:
         report.note += f"; {tokenizer_note}"
-    extra = attach_proofs(findings, report, facts)
+    attributed = attach_proofs(findings, report, facts, switches)
+    template = [*zip(findings, attributed.outcomes), *attributed.found]
     on_engine = Prover(source.text, tokenizer, options.block_size, special, options.limits, engine, separators, pinned=pinned)
-    return extra + fold_engine_into_template(engine_findings(on_engine.run({})), findings + extra)
+    return template + fold_engine_into_template(engine_findings(on_engine.run({})), template)
 
 
-def fold_engine_into_template(engine: list[Finding], template: list[Finding]) -> list[Finding]:
+def fold_engine_into_template(
+    engine: list[tuple[Finding, Attribution]], template: list[tuple[Finding, Attribution]]
+) -> list[tuple[Finding, Attribution]]:
     """One break, one named rule: where vLLM's own render of a harmony model rewrites history
     as the template's proven finding does (the analysis a final answer drops), that finding
     names it and the engine's is its related location."""
     rewrites = (Cause.HISTORY_REWRITE, Cause.REPLY_REWRITE)
-    for finding in engine:
-        if finding.proof is None or finding.proof.cause not in rewrites:
-            continue
-        named = [
-            other
-            for other in template
-            if other.proof is not None
-            and other.proof.is_proven
-            and other.fails()
-            and any(cause in rewrites for _, cause in other.proof.explains)
-        ]
-        if named:
-            finding.explained_by = named[0]
-    return engine
+    named = [
+        other
+        for other, outcome in template
+        if outcome.proof is not None
+        and outcome.proof.is_proven
+        and assemble(other, outcome).fails()
+        and any(cause in rewrites for _, cause in outcome.proof.explains)
+    ]
+    return [
+        (finding, replace(outcome, explained_by=named[0]))
+        if named and outcome.proof is not None and outcome.proof.cause in rewrites
+        else (finding, outcome)
+        for finding, outcome in engine
+    ]
 
 
 def apply_suppressions(
@@ -611,10 +617,10 @@ def apply_suppressions(
             if id(suppression) in silenced or not (idle(suppression) or suppression.unknown_codes(selection)):
                 continue  # silenced, or a suppression of PC900 that silenced another
             codes = suppression.unused_codes(unused.code, selection) if idle(suppression) else ()
+            where = Site(suppression.line, "", fixed_column=suppression.column)
             kept.append(
-                unused.at(
-                    Site(suppression.line, "", fixed_column=suppression.column),
-                    suppression.describe(codes, suppression.unknown_codes(selection)),
+                reporting(Outcome.UNUSED_SUPPRESSION).unused(
+                    where, codes, suppression.unknown_codes(selection), suppression.whole_file
                 )
             )
     return kept

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from .analysis.facts import Label, LabelKind, Site
 from .jinja_env import REQUEST_VARIABLES
@@ -116,14 +117,40 @@ class Verdict(StrEnum):
     INFO = "info"  # advice, or a proven loss bounded whatever the session's length: never fails
 
 
-@dataclass
+@dataclass(frozen=True)
+class Message:
+    """What a finding says, as pyflakes' messages: a class per message (each rule's module
+    holds its own), whose format string ``text`` its fields fill in. What a later layer
+    adds (the proof's clock step, harmony's analysis drop) is a field, not text appended."""
+
+    text: ClassVar[str] = ""
+
+    def __str__(self) -> str:
+        return self.text.format_map(_Attributes(self))
+
+
+class _Attributes:
+    """A message's fields and properties, by name, for its format string."""
+
+    def __init__(self, message: Message):
+        self._of = message
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self._of, name)
+
+
+@dataclass(frozen=True)
 class Finding:
+    """A finding as its rule made it (``RuleInfo.at``), and, completed by ``assemble``, as
+    reports read it. Never edited: what the proof, the placement and the fix offer add is
+    ``assemble``'s to put in a new one."""
+
     code: str
     name: str
     severity: str
     line: int
     column: int
-    message: str
+    body: Message
     path: str = ""
     template: str | None = None
     source_line: str = ""
@@ -132,7 +159,7 @@ class Finding:
     candidates: frozenset[str] = frozenset()
     proof: Proof | None = None
     # Where in the template the finding is, and other places its decision reads: what a
-    # fix edits.
+    # fix edits. Places hold parse trees: they never cross processes (``__getstate__``).
     site: Site | None = field(default=None, repr=False, compare=False)
     related: tuple[Site, ...] = field(default=(), repr=False, compare=False)
     # A static pattern the proof must confirm (a rule's check), rather than a fact about
@@ -140,10 +167,7 @@ class Finding:
     hypothesis: bool = True
     # Other findings whose pattern the same proven divergence shows: this one explains it,
     # they are its related locations (JSON "related", SARIF relatedLocations).
-    related_findings: list[Finding] = field(default_factory=list, repr=False, compare=False)
-    # Set by the prover on a finding whose divergences another finding explains; the checker
-    # folds it into that finding's related_findings.
-    explained_by: Finding | None = field(default=None, repr=False, compare=False)
+    related_findings: tuple[Finding, ...] = field(default=(), repr=False, compare=False)
     # Where the finding is in the file that holds the template (``line``/``column`` are the
     # template's own): the same for a .jinja file; for a template inside JSON, Python or
     # YAML, the character's place in that file. None when the file no longer holds it.
@@ -151,6 +175,16 @@ class Finding:
     file_column: int | None = None
     # The fix the finding's rule offers (None: the rule has none).
     fix: FixOffer | None = None
+
+    @property
+    def message(self) -> str:
+        return str(self.body)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "site": None, "related": ()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -254,6 +288,80 @@ class Finding:
                 for other in self.related_findings
             ],
         }
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What the proof makes of a rule's finding (``proving.attribution`` decides it): its
+    proof, severity and switch, whether it stays a hypothesis, its message as the proof
+    tells it, and the finding that explains its divergence, if another does. The checker
+    folds such a finding into that one's related findings; ``explained_by`` is a reference
+    within one process, never carried by a finding."""
+
+    proof: Proof | None
+    switch: Switch | None
+    severity: str
+    hypothesis: bool
+    body: Message
+    explained_by: Finding | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, finding: Finding, switch: Switch | None = None, proof: Proof | None = None) -> Attribution:
+        """The finding as its rule made it, with ``switch`` (the switch trials') and ``proof``."""
+        return cls(proof, switch, finding.severity, finding.hypothesis, finding.body)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a finding is: its file and template, the template's line, and its place in
+    the file (None when the file no longer holds the template)."""
+
+    path: str
+    template: str | None
+    source_line: str = ""
+    file_line: int | None = None
+    file_column: int | None = None
+
+
+def assemble(
+    finding: Finding,
+    attribution: Attribution | None = None,
+    place: Place | None = None,
+    related: tuple[Finding, ...] = (),
+    offer: Callable[[Finding], FixOffer | None] | None = None,
+    sites: bool = True,
+) -> Finding:
+    """The one place a finding is completed: the rule's finding, with what the proof made of
+    it (``attribution``), where it is (``place``), the findings it explains (``related``,
+    assembled already) and its fix offer (``offer``: asked of the finding as proven, since a
+    rule's fix may read its switch). ``sites`` False leaves out its places in the parse
+    tree, which a report never reads and which keep the tree alive."""
+    made = finding
+    if attribution is not None:
+        made = replace(
+            made,
+            proof=attribution.proof,
+            switch=attribution.switch,
+            severity=attribution.severity,
+            hypothesis=attribution.hypothesis,
+            body=attribution.body,
+        )
+    if place is not None:
+        made = replace(
+            made,
+            path=place.path,
+            template=place.template,
+            source_line=place.source_line,
+            file_line=place.file_line,
+            file_column=place.file_column,
+        )
+    if related:
+        made = replace(made, related_findings=related)
+    if offer is not None:
+        made = replace(made, fix=offer(made))
+    if not sites:
+        made = replace(made, site=None, related=())
+    return made
 
 
 class Outcome(StrEnum):

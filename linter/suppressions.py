@@ -69,19 +69,6 @@ class Suppression:
         where the others do, as ruff says of a noqa."""
         return tuple(code for code in self.codes if not selection.knows(code))
 
-    def describe(self, unused: tuple[str, ...], unknown: tuple[str, ...]) -> str:
-        """Why it is reported: ``unknown``, the codes it names that no rule has, and
-        ``unused``, the rule codes that suppress nothing."""
-        where = "this template" if self.whole_file else "this line"
-        if unknown:
-            named = ", ".join(unknown)
-            said = f"the suppression names {named}, which {'is' if len(unknown) == 1 else 'are'} no rule code"
-            return (
-                f"{said}, and {', '.join(unused)} suppresses nothing on {where}" if unused else f"{said}: it suppresses nothing"
-            )
-        what = ", ".join(unused) or "all codes"
-        return f"the suppression of {what} suppresses nothing on {where}"
-
 
 def suppressions(source_map: SourceMap) -> list[Suppression]:
     """The suppression comments of a template, from the lexer's comment tokens: text that

@@ -9,17 +9,17 @@ resolves each module once into a ``Rule`` whose missing hooks are None):
 - ``check(facts)``: findings from the facts of one analysis pass (``tmpl_lint.analysis``);
   rules never walk the template themselves;
 - ``fix(facts, finding, options)``: the edits that would fix a finding (``tmpl_lint.edits.Fix``);
-- ``prove(report, finding)``: the proof of a finding, where the rule chooses it (a ``Proof``;
-  it may say in the finding's message what the proof measured: how often a clock changes
-  the prompt), or where no divergence shows it (random output);
+- ``prove(report, finding)``: the proof of a finding, where the rule chooses it, or where no
+  divergence shows it (random output), with the finding's message as the proof tells it
+  (what it measured: how often a clock changes the prompt);
 - ``found_by_proof(facts, divergence)``: a finding for a divergence no static finding
   explains, at the place in the template the rule knows (the generation prompt's test);
 - ``verify_fix(verifier, patched)``: a check of its own a fix must pass (the reason, or None);
 - ``shown_by(finding, divergence)``: whether a divergence the rule proves shows that finding,
   where one finding stands for less than every divergence the rule proves (PC006's opener);
-- ``describe(finding)``: once the finding has its proof, say in its message (or the proof's
-  note) what the proof shows, where the static pattern alone could not tell (PC004: a
-  string JSON-encoded again, not separators).
+- ``describe(message, proof)``: once the finding has its proof, its message (and the proof,
+  with its note) as they say what the proof shows, where the static pattern alone could not
+  tell (PC004: a string JSON-encoded again, not separators).
 
 Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule
 explains...) declare what they report (``RuleInfo.reports``), and the engine asks for them
@@ -59,14 +59,6 @@ _BY_OUTCOME = {rule.RULE.reports: rule for rule in RULES if rule.RULE.reports is
 def lookup(code_or_name: str) -> Rule | None:
     """The rule of a code (``PC002``) or name (``history-rewrite``), or None."""
     return BY_CODE.get(code_or_name.upper()) or BY_NAME.get(code_or_name.lower())
-
-
-def described(findings) -> None:
-    """Let each proven finding's rule say what its proof shows (``describe``)."""
-    for finding in findings:
-        rule = BY_CODE.get(finding.code)
-        if rule is not None and rule.describe is not None and finding.proof is not None and finding.proof.is_proven:
-            rule.describe(finding)
 
 
 def reporting(outcome: Outcome) -> Any:

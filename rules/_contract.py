@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tmpl_lint.analysis.facts import Label, Site
-from tmpl_lint.findings import READS, Finding, FixSafety, Outcome, switch_candidates
+from tmpl_lint.findings import READS, Finding, FixSafety, Message, Outcome, switch_candidates
 from tmpl_lint.proofs import Cause, Divergence
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class RuleInfo:
         at_prompt = divergence.in_generation_prompt and Cause.GENERATION_PROMPT in self.proven_by
         return 4 * at_prompt + 2 * (divergence.cause in explains) + bool(self.moved_by)
 
-    def at(self, site: Site, message: str, labels=(), severity: str | None = None) -> Finding:
+    def at(self, site: Site, message: Message, labels=(), severity: str | None = None) -> Finding:
         """A finding of this rule at ``site``; ``labels`` name the variables that may decide it."""
         return Finding(
             code=self.code,
@@ -100,7 +100,7 @@ class RuleInfo:
             severity=severity or self.severity,
             line=site.line,
             column=site.column,
-            message=message,
+            body=message,
             candidates=switch_candidates(labels),
             site=site,
             related=tuple(
@@ -128,9 +128,9 @@ class FixEdits(Protocol):
 
 class Prove(Protocol):
     """``prove(report, finding)``: the finding's proof where the rule chooses it (or where no
-    divergence shows it: random output)."""
+    divergence shows it: random output), and its message as the proof tells it."""
 
-    def __call__(self, report: ProofReport, finding: Finding, /) -> Proof: ...
+    def __call__(self, report: ProofReport, finding: Finding, /) -> tuple[Proof, Message]: ...
 
 
 class FoundByProof(Protocol):
@@ -155,10 +155,10 @@ class ShownBy(Protocol):
 
 
 class Describe(Protocol):
-    """``describe(finding)``: once the finding has its proof, say in its message what the
-    proof shows, where the static pattern alone could not tell."""
+    """``describe(message, proof)``: once a finding has its proof, its message and proof as
+    they say what the proof shows, where the static pattern alone could not tell."""
 
-    def __call__(self, finding: Finding, /) -> None: ...
+    def __call__(self, message: Message, proof: Proof, /) -> tuple[Message, Proof]: ...
 
 
 HOOKS = ("check", "fix", "prove", "found_by_proof", "verify_fix", "shown_by", "describe")

@@ -27,12 +27,14 @@ No automatic fix: only the author knows what the template meant.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jinja2 import TemplateSyntaxError
 from jinja2.lexer import TokenStream
 from jinja2.parser import Parser
 
 from tmpl_lint.analysis.facts import Facts, Site
-from tmpl_lint.findings import Finding, Outcome
+from tmpl_lint.findings import Finding, Message, Outcome
 from tmpl_lint.jinja_env import PARSE_ENVIRONMENT
 
 from ._contract import RuleInfo, Severity
@@ -40,16 +42,18 @@ from ._contract import RuleInfo, Severity
 RULE = RuleInfo("PC000", "syntax-error", Severity.ERROR, "the template does not parse", reports=Outcome.SYNTAX_ERROR)
 
 
+@dataclass(frozen=True)
+class DoesNotParse(Message):
+    text = "template does not parse: {error}"
+    error: str | None  # jinja's own message
+
+
 def check(facts: Facts) -> list[Finding]:
     error = facts.syntax_error
     if error is None:
         return []
     line = error.lineno or 1
-    return [
-        RULE.at(
-            Site(line, "", fixed_column=_column(facts, line, error.message or "")), f"template does not parse: {error.message}"
-        )
-    ]
+    return [RULE.at(Site(line, "", fixed_column=_column(facts, line, error.message or "")), DoesNotParse(error.message))]
 
 
 def _column(facts: Facts, line: int, message: str) -> int:

@@ -45,16 +45,16 @@ caller may pass, or that branches set apart, is not fixed: the finding says so.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, LabelKind, expression_text
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
-from tmpl_lint.findings import Finding, FixSafety
+from tmpl_lint.findings import Finding, FixSafety, Message
 from tmpl_lint.proofs import Cause, Proof
-from tmpl_lint.scenarios import CLOCK_STEPS, ScenarioKind
+from tmpl_lint.scenarios import CLOCK_STEPS, ClockStep, ScenarioKind
 from tmpl_lint.suppressions import suppressions
 
 from ._contract import RuleInfo, Severity
@@ -72,6 +72,30 @@ RULE = RuleInfo(
 )
 
 
+@dataclass(frozen=True)
+class LiveClock(Message):
+    text = "`{call}(...)` puts the current time into {where}: the prefix cache goes cold whenever the rendered date changes"
+    call: str | None
+    where: str  # the prompt, or its default system prompt
+    # What the proof measured: the smallest step of the clock that changed the prompt...
+    step: ClockStep | None = None
+    # ...or, where it changed only the generation prompt, the first such divergence
+    # (scenario, unit, position).
+    only_generation_prompt: tuple[str, str, int | None] | None = None
+
+    def __str__(self) -> str:
+        said = self.text.format(call=self.call, where=self.where)
+        if self.only_generation_prompt is not None:
+            scenario, unit, position = self.only_generation_prompt
+            said += (
+                f'; the clock changes only the generation prompt ("{scenario}", {unit} '
+                f"{position}), which the next turn replaces with the reply: no cached prefix is lost"
+            )
+        if self.step is not None:
+            said += f"; the rendered prompt changes {self.step.granularity}: it changed when the clock moved {self.step.name}"
+        return said
+
+
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     for sink in facts.sinks:
@@ -85,17 +109,15 @@ def check(facts: Facts) -> list[Finding]:
             where = "the prompt"
             if any(other.kind is LabelKind.FIRST_MESSAGE for other in labels):
                 where = "the default system prompt (used when the request has no system message)"
-            message = (
-                f"`{label.name}(...)` puts the current time into {where}: "
-                "the prefix cache goes cold whenever the rendered date changes"
-            )
-            findings[key] = RULE.at(label.site, message, labels)
+            findings[key] = RULE.at(label.site, LiveClock(label.name, where), labels)
     return list(findings.values())
 
 
-def prove(report, finding: Finding) -> Proof:
+def prove(report, finding: Finding) -> tuple[Proof, Message]:
     """Proven by the smallest step of the clock that changed the prompt, which the message
     names: how often the prompt changes."""
+    message = finding.body
+    assert isinstance(message, LiveClock)  # every PC001 finding is check's
     matching = [divergence for divergence in report.divergences() if RULE.proves(divergence)]
     if not matching:
         in_generation_prompt = [
@@ -109,11 +131,9 @@ def prove(report, finding: Finding) -> Proof:
             # The clock moved the prompt, but only where the next turn puts the reply: say so,
             # rather than that nothing changed.
             first = in_generation_prompt[0]
-            finding.message += (
-                f'; the clock changes only the generation prompt ("{first.scenario}", {first.unit} '
-                f"{first.first_divergence}), which the next turn replaces with the reply: no cached prefix is lost"
-            )
-        return Proof.not_reproduced(report.unit, report.tried(), report.unrendered())
+            said = replace(message, only_generation_prompt=(first.scenario, first.unit, first.first_divergence))
+            return Proof.not_reproduced(report.unit, report.tried(), report.unrendered()), said
+        return Proof.not_reproduced(report.unit, report.tried(), report.unrendered()), message
     stepped = []
     for divergence in matching:
         scenario = report.scenario(divergence.scenario)
@@ -121,14 +141,13 @@ def prove(report, finding: Finding) -> Proof:
             stepped.append((scenario.clock_step, divergence))
     if not stepped:
         chosen = max(matching, key=lambda divergence: divergence.lost_tokens)
-        return Proof.proven(chosen, report.rates(chosen.scenario))
+        return Proof.proven(chosen, report.rates(chosen.scenario)), message
     finest = min(CLOCK_STEPS.index(step) for step, _ in stepped)  # the steps run finest first
     step, chosen = max(
         ((step, divergence) for step, divergence in stepped if CLOCK_STEPS.index(step) == finest),
         key=lambda pair: pair[1].lost_tokens,
     )
-    finding.message += f"; the rendered prompt changes {step.granularity}: it changed when the clock moved {step.name}"
-    return Proof.proven(chosen, report.rates(chosen.scenario))
+    return Proof.proven(chosen, report.rates(chosen.scenario)), replace(message, step=step)
 
 
 # strftime directives by what they show: a value callers pass is named after it, so that a

@@ -54,9 +54,11 @@ prompt grows by the kept reasoning.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tmpl_lint.analysis.facts import Facts, LabelKind
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, FixSafety
+from tmpl_lint.findings import Finding, FixSafety, Message
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -70,6 +72,20 @@ RULE = RuleInfo(
     moved_by=frozenset({"user"}),  # only a new user query moves the last query's position
     fix_safety=FixSafety.UNSAFE,
 )
+
+
+@dataclass(frozen=True)
+class ScannedPosition(Message):
+    text = (
+        "how a message renders depends on `{name}`{origin}, a position found by scanning all "
+        "messages: the next user message moves it and rewrites earlier turns"
+    )
+    name: str | None
+    set_at: int | None  # the line the position is set at
+
+    @property
+    def origin(self) -> str:
+        return f" (set at line {self.set_at})" if self.set_at is not None else ""
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -90,11 +106,7 @@ def check(facts: Facts) -> list[Finding]:
             key = (label.name, label.origin)
             if key in findings and _by_place(findings[key]) <= _by_place(label):
                 continue
-            origin = f" (set at line {label.origin.line})" if label.origin else ""
-            message = (
-                f"how a message renders depends on `{label.name}`{origin}, a position found by scanning all "
-                "messages: the next user message moves it and rewrites earlier turns"
-            )
+            message = ScannedPosition(label.name, label.origin.line if label.origin else None)
             findings[key] = RULE.at(label.site, message, labels)
     return list(findings.values())
 

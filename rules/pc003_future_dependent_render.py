@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field, replace
 
 from jinja2 import nodes
 
@@ -91,8 +92,8 @@ from tmpl_lint.analysis.facts import Control, Facts, Label, LabelKind, Sink
 from tmpl_lint.analysis.interpreter import only_literals
 from tmpl_lint.analysis.locations import descendants
 from tmpl_lint.edits import Fix, replace_at, switch_default_fix
-from tmpl_lint.findings import Finding, FixSafety
-from tmpl_lint.proofs import Cause
+from tmpl_lint.findings import Finding, FixSafety, Message
+from tmpl_lint.proofs import Cause, Proof
 
 from ._contract import RuleInfo, Severity
 
@@ -108,18 +109,81 @@ RULE = RuleInfo(
 )
 
 
+@dataclass(frozen=True)
+class FutureDependent(Message):
+    """A PC003 message; the proof adds that the break is harmony's analysis drop, where it is."""
+
+    harmony_drop: bool = field(default=False, kw_only=True)
+
+    def __str__(self) -> str:
+        said = super().__str__()
+        return f"{said}: {HARMONY_DROP}" if self.harmony_drop else said
+
+
+@dataclass(frozen=True)
+class PrintedCount(FutureDependent):
+    text = "`{expression}` prints the number of messages: the text it is in renders differently once later messages exist"
+    expression: str
+
+
+@dataclass(frozen=True)
+class Window(FutureDependent):
+    text = (
+        "`{expression}` keeps only the last messages: each new one pushes the oldest out, "
+        "so the prompt renders differently from its start every turn"
+    )
+    expression: str
+
+
+@dataclass(frozen=True)
+class LooksAhead(FutureDependent):
+    text = "`{expression}` looks ahead at later messages: this message renders differently once they exist"
+    expression: str
+
+
+@dataclass(frozen=True)
+class WhileLast(FutureDependent):
+    text = (
+        "`{expression}`{counted} makes a message render differently while it is the last one: "
+        "the next turn renders it again without that"
+    )
+    expression: str
+    counted_at: int | None  # the line the count is computed at, where it is not the expression's
+
+    @property
+    def counted(self) -> str:
+        return f" (counted at line {self.counted_at})" if self.counted_at is not None else ""
+
+
+@dataclass(frozen=True)
+class NextMessage(FutureDependent):
+    text = "`{expression}` makes a message render differently once the next message exists"
+    expression: str
+
+
+@dataclass(frozen=True)
+class ScannedFlag(FutureDependent):
+    text = (
+        "`{name}`{origin} is computed by scanning all messages, so an earlier message renders "
+        "differently once later messages exist"
+    )
+    name: str | None
+    set_at: int | None  # the line the flag is set at
+
+    @property
+    def origin(self) -> str:
+        return f" (set at line {self.set_at})" if self.set_at is not None else ""
+
+
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     # Many sinks share a decision, a loop nest and roles, and so its first look-ahead.
-    first_look_ahead: dict[tuple, tuple[Label, str] | None] = {}
+    first_look_ahead: dict[tuple, tuple[Label, FutureDependent] | None] = {}
     for sink in facts.sinks:
         if not sink.loops:
             counted = _printed_count(sink, facts)
             if counted is not None and counted.site is not None and (counted.site.line, counted.site.column) not in findings:
-                message = (
-                    f"`{counted.site.text}` prints the number of messages: the text it is in renders differently "
-                    "once later messages exist"
-                )
+                message = PrintedCount(counted.site.text)
                 findings[(counted.site.line, counted.site.column)] = RULE.at(counted.site, message, sink.all_labels())
             continue
         for group in [sink.labels] + [
@@ -131,12 +195,12 @@ def check(facts: Facts) -> list[Finding]:
                 first_look_ahead[decision] = next(_look_aheads(group, sink, facts), None)
             found = first_look_ahead[decision]
             if found is not None:
-                label, message = found
+                label, worded = found
                 if label.site is None:  # _look_aheads yields labels with a site only
                     continue
                 key = (label.site.line, label.site.column)
                 if key not in findings:
-                    findings[key] = RULE.at(label.site, message, sink.all_labels())
+                    findings[key] = RULE.at(label.site, worded, sink.all_labels())
     return list(findings.values())
 
 
@@ -181,7 +245,7 @@ def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
     reply_only = sink.roles is not None and sink.roles <= {"assistant"}
     rendered = sink.loops[-1] if sink.loops else None
 
-    def message(label: Label) -> str | None:
+    def message(label: Label) -> FutureDependent | None:
         if label.site is None:  # asked of labels with a site only (below)
             return None
         if (
@@ -194,28 +258,17 @@ def _look_aheads(group: frozenset[Label], sink: Sink, facts: Facts):
         ):
             return None
         if label.kind is LabelKind.LOOKAHEAD and label.name == "window":
-            return (
-                f"`{label.site.text}` keeps only the last messages: each new one pushes the oldest out, "
-                "so the prompt renders differently from its start every turn"
-            )
+            return Window(label.site.text)
         if label.kind is LabelKind.LOOKAHEAD:
-            return f"`{label.site.text}` looks ahead at later messages: this message renders differently once they exist"
+            return LooksAhead(label.site.text)
         if label.kind in (LabelKind.LAST, LabelKind.COUNT) and not (generation_prompt or closes_group or history_rewrite):
             if label.kind is LabelKind.COUNT and not active_index:
                 return None
-            counted = f" (counted at line {label.origin.line})" if label.origin else ""
-            return (
-                f"`{label.site.text}`{counted} makes a message render differently while it is the last one: "
-                "the next turn renders it again without that"
-            )
+            return WhileLast(label.site.text, label.origin.line if label.origin else None)
         if label.kind is LabelKind.NEXT and not closes_group:
-            return f"`{label.site.text}` makes a message render differently once the next message exists"
+            return NextMessage(label.site.text)
         if label.kind is LabelKind.SCAN_FLAG and label.loop not in sink.loops and not history_rewrite:
-            origin = f" (set at line {label.origin.line})" if label.origin else ""
-            return (
-                f"`{label.name}`{origin} is computed by scanning all messages, so an earlier message renders "
-                "differently once later messages exist"
-            )
+            return ScannedFlag(label.name, label.origin.line if label.origin else None)
         return None
 
     # Only the look-aheads are put in order: a column is worked out only where needed.
@@ -378,9 +431,10 @@ def drops_harmony_analysis(divergence) -> bool:
     )
 
 
-def describe(finding: Finding) -> None:
+def describe(message: Message, proof: Proof) -> tuple[Message, Proof]:
     """Name harmony's analysis drop where the proof shows it (gpt-oss's look-ahead for a
     final answer): the break has a name, not only a look-ahead's."""
-    divergence = finding.proof.divergence if finding.proof is not None else None
-    if divergence is not None and drops_harmony_analysis(divergence) and HARMONY_DROP not in finding.message:
-        finding.message = f"{finding.message}: {HARMONY_DROP}"
+    divergence = proof.divergence
+    if isinstance(message, FutureDependent) and divergence is not None and drops_harmony_analysis(divergence):
+        return replace(message, harmony_drop=True), proof
+    return message, proof

@@ -91,14 +91,16 @@ import copy
 import json
 import os
 import re
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, LabelKind, Site
 from tmpl_lint.analysis.separators import TOJSON_SEPARATORS, TOOL_ARGS_STYLES, model_separators
 from tmpl_lint.edits import Edit, Fix, filter_span
-from tmpl_lint.findings import Finding, FixSafety
-from tmpl_lint.proofs import Cause, Divergence
+from tmpl_lint.findings import Finding, FixSafety, Message
+from tmpl_lint.proofs import Cause, Divergence, Proof
 from tmpl_lint.scenarios import ScenarioKind
 
 from ._contract import RuleInfo, Severity
@@ -121,6 +123,61 @@ SEPARATORS = TOOL_ARGS_STYLES
 REMEDY = 'say how the model writes them with --tool-args-style (compact, the default, or spaced for ", " and ": ")'
 
 
+@dataclass(frozen=True)
+class _SeparatorsMessage(Message):
+    what: str  # "tool-call arguments", or a whole tool call
+    written: tuple[str, str]  # the separators the `tojson` writes
+    model: tuple[str, str]  # the separators the model writes
+    remedy: ClassVar[str] = REMEDY
+
+    @property
+    def written_as(self) -> str:
+        return _pair(self.written)
+
+    @property
+    def model_json(self) -> str:
+        return _json_of(self.model)
+
+
+@dataclass(frozen=True)
+class GuardedReserialised(_SeparatorsMessage):
+    text = (
+        "{what} pass through `tojson` when they are not a string: a mapping (vLLM always passes one) replays "
+        "with {written_as} separators, not as a model writing {model_json} wrote it; {remedy}"
+    )
+
+
+@dataclass(frozen=True)
+class Reserialised(_SeparatorsMessage):
+    text = (
+        "{what} pass through `tojson`, which {verb} them with {written_as} separators: "
+        "the replay differs from the {model_json} the model generated; {remedy}"
+    )
+    verb: str = "re-serialises"  # "writes" where the `tojson` names its separators
+    # What the proof shows where it is not separators (``describe``): an argument string
+    # JSON-encoded a second time, as the replay prints it, and the object the model wrote.
+    encoded_twice: tuple[str, str | None] | None = None
+
+    def __str__(self) -> str:
+        if self.encoded_twice is None:
+            return super().__str__()
+        encoded, written = self.encoded_twice
+        return (
+            f"{self.what} pass through `tojson`, which JSON-encodes an argument string a second time: the replay shows "
+            f"{encoded} where the model wrote {written}; {self.remedy}"
+        )
+
+
+@dataclass(frozen=True)
+class ReplayedAs(Message):
+    text = (
+        "tool-call arguments replay as {printed!r} where the model wrote {written!r}: found by the proof, the "
+        "template re-serialises them (vLLM passes them as a mapping)"
+    )
+    printed: str | None
+    written: str | None
+
+
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     model = model_separators(facts)
@@ -137,17 +194,11 @@ def check(facts: Facts) -> list[Finding]:
             continue
         site = facts.site(use.node, "tojson")
         what = "tool-call arguments" if LabelKind.TOOL_ARGS in kinds else "a tool call (with its arguments)"
+        message: Message
         if _guarded(use):
-            message = (
-                f"{what} pass through `tojson` when they are not a string: a mapping (vLLM always passes one) replays "
-                f"with {_pair(written)} separators, not as a model writing {_json_of(model)} wrote it; {REMEDY}"
-            )
+            message = GuardedReserialised(what, written, model)
         else:
-            verb = "re-serialises" if use.separators is None else "writes"
-            message = (
-                f"{what} pass through `tojson`, which {verb} them with {_pair(written)} separators: "
-                f"the replay differs from the {_json_of(model)} the model generated; {REMEDY}"
-            )
+            message = Reserialised(what, written, model, "re-serialises" if use.separators is None else "writes")
         key = (site.line, site.column)
         previous = findings.get(key)
         # The same filter seen through several macro calls: unguarded anywhere says so.
@@ -229,33 +280,20 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     template first reads `arguments`."""
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     written, printed = _object_at(divergence.before, common), _object_at(divergence.after, common)
-    message = (
-        f"tool-call arguments replay as {printed!r} where the model wrote {written!r}: found by the proof, the "
-        "template re-serialises them (vLLM passes them as a mapping)"
-    )
-    return RULE.at(_first_arguments_read(facts), message)
+    return RULE.at(_first_arguments_read(facts), ReplayedAs(printed, written))
 
 
-def describe(finding: Finding) -> None:
+def describe(message: Message, proof: Proof) -> tuple[Message, Proof]:
     """Say what the proof shows where the pattern alone could not tell: an argument string
     JSON-encoded a second time (transformers, and `--engine hf`, pass the string on), not
     separators; and why a proof that fails costs no token in its scenario."""
-    proof = finding.proof
-    if proof is None:
-        return
     divergence = proof.divergence
     if divergence is None or divergence.cause is not Cause.TOOL_ARGUMENTS:
-        return
+        return message, proof
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     encoded = _string_at(divergence.after, common)
-    unguarded = " pass through `tojson`, which "
-    if encoded is not None and unguarded in finding.message:
-        what = finding.message.split(unguarded)[0]
-        written = _object_at(divergence.before, common)
-        finding.message = (
-            f"{what} pass through `tojson`, which JSON-encodes an argument string a second time: the replay shows "
-            f"{encoded} where the model wrote {written}; {REMEDY}"
-        )
+    if encoded is not None and isinstance(message, Reserialised):
+        message = replace(message, encoded_twice=(encoded, _object_at(divergence.before, common)))
     unit, block, first = divergence.unit, divergence.block_size, divergence.first_divergence
     cached = divergence.prompt_tokens[0]
     start = cached // block * block  # the reply's last partial block, where the cached text ends
@@ -267,7 +305,8 @@ def describe(finding: Finding) -> None:
             "after the call), every block from the one the difference falls in is recomputed on every turn"
         )
         note = proof.note
-        finding.proof = proof.with_note(f"{note}; {why}" if note else why)
+        proof = proof.with_note(f"{note}; {why}" if note else why)
+    return message, proof
 
 
 def _string_at(text: str, offset: int) -> str | None:

@@ -23,8 +23,10 @@ No automatic fix: choosing one of the alternatives changes what the model sees.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tmpl_lint.analysis.facts import Facts, LabelKind
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, Message
 from tmpl_lint.proofs import Proof
 
 from ._contract import RuleInfo, Severity
@@ -38,6 +40,12 @@ RULE = RuleInfo(
 )
 
 
+@dataclass(frozen=True)
+class RandomOutput(Message):
+    text = "`{name}` makes two renders of the same request differ"
+    name: str | None
+
+
 def check(facts: Facts) -> list[Finding]:
     findings: dict[tuple[int, int], Finding] = {}
     for sink in facts.sinks:
@@ -45,14 +53,13 @@ def check(facts: Facts) -> list[Finding]:
         for label in labels:
             if label.kind is LabelKind.RANDOM and label.site is not None:
                 key = (label.site.line, label.site.column)
-                message = f"`{label.name}` makes two renders of the same request differ"
-                findings.setdefault(key, RULE.at(label.site, message, labels))
+                findings.setdefault(key, RULE.at(label.site, RandomOutput(label.name), labels))
     return list(findings.values())
 
 
-def prove(report, finding) -> Proof:
+def prove(report, finding: Finding) -> tuple[Proof, Message]:
     """Random output is shown by rendering one request twenty times, not by a turn pair."""
     evidence = "twenty renders of one request"
     if report.deterministic:
-        return Proof.not_reproduced(report.unit, (evidence,))
-    return Proof.proven_by(report.unit, evidence)
+        return Proof.not_reproduced(report.unit, (evidence,)), finding.body
+    return Proof.proven_by(report.unit, evidence), finding.body

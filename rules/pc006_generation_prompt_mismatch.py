@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from jinja2 import nodes
 
@@ -66,7 +67,7 @@ from tmpl_lint.analysis.facts import KNOWN_GLOBALS, Facts, LabelKind, Sink, Site
 from tmpl_lint.analysis.interpreter import analyze
 from tmpl_lint.analysis.locations import children_in_source_order, descendants
 from tmpl_lint.analysis.values import UNDEFINED
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, Message
 from tmpl_lint.proofs import Cause, Divergence
 
 from ._contract import RuleInfo, Severity
@@ -81,6 +82,66 @@ RULE = RuleInfo(
     proven_by=frozenset({Cause.GENERATION_PROMPT, Cause.REPLY_REWRITE}),
     explains=frozenset({Cause.GENERATION_PROMPT}),
 )
+
+
+@dataclass(frozen=True)
+class OpenerMismatch(Message):
+    text = (
+        "the generation prompt opens the reply with {quoted} but {how}: the reply's cache is "
+        "lost every turn (the whole context on models that cannot roll back)"
+    )
+    openers: tuple[str, ...]  # what the generation prompt opens the reply with
+    tag: str  # the tag history prints otherwise ("other"), or only for some turns, or never
+    history: str  # "other", "some turns" or "never"
+
+    @property
+    def quoted(self) -> str:
+        return repr(self.openers[0]) if len(self.openers) == 1 else "one of " + ", ".join(map(repr, self.openers))
+
+    @property
+    def how(self) -> str:
+        if self.history == "other":
+            return f"history prints {self.tag!r} for some turns (a turn without reasoning, say)"
+        if self.history == "some turns":
+            return f"history prints {self.tag!r} only for some turns (it depends on later messages)"
+        return f"history never prints {self.tag!r}"
+
+
+@dataclass(frozen=True)
+class AfterEndMarker(Message):
+    text = (
+        "while the reply is the newest message the template prints {cached!r} after its end-of-turn marker, where "
+        "the next turn has {following!r} ({where}): a model stops at the marker and never generates it"
+    )
+    cached: str
+    following: str
+    where: str
+
+
+@dataclass(frozen=True)
+class NotAsGenerated(Message):
+    text = (
+        "history does not render the turn as it was generated after the generation prompt: "
+        "at {where} the cached prompt has {cached!r} where the next turn has {following!r}; the reply's "
+        "cache is lost every turn (the whole context on models that cannot roll back)"
+    )
+    where: str
+    cached: str
+    following: str
+
+
+@dataclass(frozen=True)
+class SplitOtherwise(Message):
+    text = (
+        "history does not render the turn as it was generated after the generation prompt: "
+        "at {where} the next turn prints the same text as the cached prompt, {shown!r}, but its tokens part "
+        "otherwise (the generation prompt's last {unit} is taken into a longer one); the reply's "
+        "cache is lost every turn (the whole context on models that cannot roll back)"
+    )
+    where: str
+    shown: str
+    unit: str
+
 
 # A tag a generation prompt can open the reply with beyond the role header.
 OPENER_TAG = re.compile(r"<[^<>\s]*(?:think|channel|reason)[^<>\s]*>", re.IGNORECASE)
@@ -103,18 +164,13 @@ def check(facts: Facts) -> list[Finding]:
     history_sinks = [sink for sink in facts.sinks if sink.loops and tag in sink.text]
     other = _other_opener(history_sinks, tag, opened_with)
     if other is not None:
-        how = f"history prints {other!r} for some turns (a turn without reasoning, say)"
+        message = OpenerMismatch(tuple(openers), other, "other")
     elif any(_every_turn(sink) for sink in history_sinks):
         return []
     elif history_sinks:
-        how = f"history prints {tag!r} only for some turns (it depends on later messages)"
+        message = OpenerMismatch(tuple(openers), tag, "some turns")
     else:
-        how = f"history never prints {tag!r}"
-    quoted = repr(opened_with) if len(openers) == 1 else "one of " + ", ".join(map(repr, openers))
-    message = (
-        f"the generation prompt opens the reply with {quoted} but {how}: the reply's cache is "
-        "lost every turn (the whole context on models that cannot roll back)"
-    )
+        message = OpenerMismatch(tuple(openers), tag, "never")
     labels = frozenset().union(*(sink.all_labels() for sink in prompt_sinks))
     return [RULE.at(site, message, labels)]
 
@@ -314,30 +370,18 @@ def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     common = len(os.path.commonprefix([divergence.before, divergence.after]))
     cached, following = divergence.before[common:][:24], divergence.after[common:][:24]
     where = divergence.place
-    if divergence.split_differently:
-        # Both texts agree there: what differs is where the tokens part.
-        shown = divergence.after_from_divergence[:24]
-        told = (
-            f"at {where} the next turn prints the same text as the cached prompt, {shown!r}, but its tokens part "
-            f"otherwise (the generation prompt's last {divergence.unit} is taken into a longer one)"
-        )
-    else:
-        told = f"at {where} the cached prompt has {cached!r} where the next turn has {following!r}"
     if divergence.check == "d":
         # Only what the template prints after the newest reply's end-of-turn marker, quoted
         # from the start of the tag it parts in ("</s>" against "<|user|>", not "/s>").
         opened = divergence.before.rfind("<", 0, common + 1)
         if opened >= 0 and ">" not in divergence.before[opened:common]:
             cached, following = divergence.before[opened:][:24], divergence.after[opened:][:24]
-        message = (
-            f"while the reply is the newest message the template prints {cached!r} after its end-of-turn marker, where "
-            f"the next turn has {following!r} ({where}): a model stops at the marker and never generates it"
-        )
-        return RULE.at(_generation_prompt_site(facts), message)
-    message = (
-        f"history does not render the turn as it was generated after the generation prompt: {told}; the reply's "
-        "cache is lost every turn (the whole context on models that cannot roll back)"
-    )
+        return RULE.at(_generation_prompt_site(facts), AfterEndMarker(cached, following, where))
+    if divergence.split_differently:
+        # Both texts agree there: what differs is where the tokens part.
+        message: Message = SplitOtherwise(where, divergence.after_from_divergence[:24], divergence.unit)
+    else:
+        message = NotAsGenerated(where, cached, following)
     return RULE.at(_generation_prompt_site(facts), message)
 
 

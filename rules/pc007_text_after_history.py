@@ -76,7 +76,7 @@ from jinja2 import nodes
 from tmpl_lint.analysis.facts import Facts, FlagReset, LabelKind, Sink, Site
 from tmpl_lint.analysis.locations import Token, leftmost_name
 from tmpl_lint.edits import Edit, Fix, jinja_literal
-from tmpl_lint.findings import Finding, FixSafety
+from tmpl_lint.findings import Finding, FixSafety, Message
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -89,6 +89,35 @@ RULE = RuleInfo(
     proven_by=frozenset({Cause.HISTORY_REWRITE}),
     fix_safety=FixSafety.SAFE,
 )
+
+
+@dataclass(frozen=True)
+class LeftOpen(Message):
+    text = (
+        "{printed} is printed after the messages only while the last message left `{flag}` "
+        "on, and {how}: the next turn renders that reply where the text was, so the prompt diverges "
+        "at the end of the last message"
+    )
+    printed: str  # the text, as _printed words it
+    flag: str
+    turned_off_at: str | None  # where a reply that can follow turns the flag off, if one does
+
+    def __str__(self) -> str:
+        how = (
+            f"a reply that can follow turns it off without printing it ({self.turned_off_at})"
+            if self.turned_off_at is not None
+            else "nothing turns it off"
+        )
+        return self.text.format(printed=self.printed, flag=self.flag, how=how)
+
+
+@dataclass(frozen=True)
+class AfterHistory(Message):
+    text = (
+        "{printed} is printed after the messages, outside the generation prompt: the next turn "
+        "renders its new messages before it, so the prompt diverges at the end of the last message"
+    )
+    printed: str
 
 
 def check(facts: Facts) -> list[Finding]:
@@ -105,23 +134,13 @@ def check(facts: Facts) -> list[Finding]:
             resets = [reset for reset in facts.flag_resets(flag.loop) if reset.name == flag.name]
             if resets and not _open(resets, sink.text, roles={"assistant"}):
                 continue  # every reply that can follow closes the group with the same text
-            if resets:
-                places = ", ".join(_place(facts, reset) for reset in _open(resets, sink.text, roles={"assistant"}))
-                how = f"a reply that can follow turns it off without printing it ({places})"
-            else:
-                how = "nothing turns it off"
-            message = (
-                f"{_printed(facts, sink)} is printed after the messages only while the last message left `{flag.name}` "
-                f"on, and {how}: the next turn renders that reply where the text was, so the prompt diverges "
-                "at the end of the last message"
+            places = (
+                ", ".join(_place(facts, reset) for reset in _open(resets, sink.text, roles={"assistant"})) if resets else None
             )
+            message = LeftOpen(_printed(facts, sink), flag.name, places)
             findings.append(RULE.at(flag.site, message, sink.all_labels()))
         elif sink.unknown or not any(other.text.startswith(sink.text) for other in history):
-            message = (
-                f"{_printed(facts, sink)} is printed after the messages, outside the generation prompt: the next turn "
-                "renders its new messages before it, so the prompt diverges at the end of the last message"
-            )
-            findings.append(RULE.at(_text_site(facts, sink), message, sink.all_labels()))
+            findings.append(RULE.at(_text_site(facts, sink), AfterHistory(_printed(facts, sink)), sink.all_labels()))
     return findings
 
 

@@ -37,10 +37,12 @@ the history and check the model's replies.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jinja2 import nodes
 
 from tmpl_lint.analysis.facts import Facts, Site
-from tmpl_lint.findings import Finding
+from tmpl_lint.findings import Finding, Message
 from tmpl_lint.proofs import Cause, Divergence
 from tmpl_lint.scenarios import SETTING_CHANGED_NAME, ScenarioKind
 
@@ -58,17 +60,26 @@ RULE = RuleInfo(
 )
 
 
+@dataclass(frozen=True)
+class BeforeHistory(Message):
+    text = (
+        "`{name}` is printed before the conversation's history ({place}): a call that changes it voids "
+        "the cached prefix, {lost} of {total} {unit}s recomputed at the second call of "
+        "the proof's session, and the whole conversation in a longer one; keep it the same within a session "
+        "(per deployment: --default-chat-template-kwargs), or print it after the history"
+    )
+    name: str
+    place: str
+    lost: int
+    total: int
+    unit: str
+
+
 def found_by_proof(facts: Facts | None, divergence: Divergence) -> Finding:
     """The setting the session changed, at its first read in the template."""
     matched = SETTING_CHANGED_NAME.match(divergence.scenario)
     name = matched["name"] if matched else "a setting"
-    total = divergence.ideal_tokens
-    message = (
-        f"`{name}` is printed before the conversation's history ({divergence.place}): a call that changes it voids "
-        f"the cached prefix, {divergence.lost_tokens} of {total} {divergence.unit}s recomputed at the second call of "
-        "the proof's session, and the whole conversation in a longer one; keep it the same within a session "
-        "(per deployment: --default-chat-template-kwargs), or print it after the history"
-    )
+    message = BeforeHistory(name, divergence.place, divergence.lost_tokens, divergence.ideal_tokens, divergence.unit)
     return RULE.at(_first_read(facts, name), message)
 
 

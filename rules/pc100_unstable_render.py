@@ -38,7 +38,11 @@ at the first diverging token.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Finding, Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.analysis.facts import Site
+from tmpl_lint.findings import Finding, Message, Outcome
+from tmpl_lint.proofs import Cause, Divergence
 
 from ._contract import RuleInfo, Severity
 
@@ -52,6 +56,32 @@ RULE = RuleInfo(
 )
 
 
-def unexplained(site, message: str, divergences) -> Finding:
-    """The finding for divergences no rule explains (``message`` says where)."""
-    return RULE.at(site, message)
+@dataclass(frozen=True)
+class Unexplained(Message):
+    text = (
+        'the next turn does not extend the previous prompt: {where} renders differently in "{scenario}", '
+        "calls {first_call}->{next_call} ({cause}), and no rule explains why"
+    )
+    place: str  # the message, role and field that changed, or the text's place
+    in_a_message: bool  # False: the text before, between or after the messages
+    scenario: str
+    call: int  # the first of the two calls (0-based)
+    cause: Cause
+
+    @property
+    def where(self) -> str:
+        return self.place if self.in_a_message else f"the text {self.place}"
+
+    @property
+    def first_call(self) -> int:
+        return self.call + 1
+
+    @property
+    def next_call(self) -> int:
+        return self.call + 2
+
+
+def unexplained(site: Site, worst: Divergence) -> Finding:
+    """The finding for divergences no rule explains, of ``worst``'s cause: where ``worst``
+    (the first scenario's) renders differently."""
+    return RULE.at(site, Unexplained(worst.place, worst.message_index is not None, worst.scenario, worst.call, worst.cause))

@@ -27,7 +27,10 @@ No automatic fix. No other finding of the template is proven once a limit is hit
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.analysis.facts import Site
+from tmpl_lint.findings import Finding, Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -41,13 +44,35 @@ RULE = RuleInfo(
 )
 
 
-def check(facts) -> list:
-    from tmpl_lint.analysis.facts import Site
+@dataclass(frozen=True)
+class LintingStopped(Message):
+    text = "linting this template stopped: {why}"
+    why: str  # the limit the child process hit, or the tokenizer's error
 
+
+@dataclass(frozen=True)
+class RenderLimit(Message):
+    text = 'render limit exceeded in "{scenario}": {error}'
+    scenario: str
+    error: str | None
+
+
+def stopped(site: Site, why: str) -> Finding:
+    """The finding for a template whose lint a limit (or a tokenizer's panic) stopped."""
+    return RULE.at(site, LintingStopped(why))
+
+
+def limit_exceeded(site: Site, scenario: str, error: str | None) -> Finding:
+    """The finding for a template whose render in ``scenario`` exceeded a limit."""
+    return RULE.at(site, RenderLimit(scenario, error))
+
+
+@dataclass(frozen=True)
+class TooDeep(Message):
+    text = "the template is nested too deeply to analyse; what follows the limit is not checked"
+
+
+def check(facts) -> list:
     if not facts.too_deep:
         return []
-    return [
-        RULE.at(
-            Site(1, "", fixed_column=1), "the template is nested too deeply to analyse; what follows the limit is not checked"
-        )
-    ]
+    return [RULE.at(Site(1, "", fixed_column=1), TooDeep())]

@@ -26,7 +26,10 @@ No automatic fix.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.analysis.facts import Site
+from tmpl_lint.findings import Finding, Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -34,3 +37,14 @@ from ._contract import RuleInfo, Severity
 RULE = RuleInfo(
     "PC102", "render-error", Severity.ERROR, "the template fails on every conversation tried", reports=Outcome.RENDER_ERROR
 )
+
+
+@dataclass(frozen=True)
+class FailsEverywhere(Message):
+    text = "the template fails on every conversation tried: {error}"
+    error: str  # the template's own error, from the first conversation
+
+
+def failure(site: Site, error: str) -> Finding:
+    """The finding for a template no conversation renders with."""
+    return RULE.at(site, FailsEverywhere(error))

@@ -45,7 +45,10 @@ environment, as the server does, to check a server started with them.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.analysis.facts import Site
+from tmpl_lint.findings import Finding, Message, Outcome
 from tmpl_lint.proofs import Cause
 
 from ._contract import RuleInfo, Severity
@@ -60,6 +63,7 @@ RULE = RuleInfo(
     no_fix="the engine renders this model with its own code, not the template: no edit of the template changes it",
 )
 
+
 # What the engine does for each cause of divergence, where it is known.
 ADVICE = {
     Cause.SYSTEM: "vLLM writes the server's date into the system message of every request (pin it with VLLM_SYSTEM_START_DATE)",
@@ -71,3 +75,29 @@ ADVICE = {
 def advice(cause: Cause) -> str:
     """What the engine does that causes a divergence of ``cause``."""
     return ADVICE.get(cause, "the engine renders this model without the template")
+
+
+@dataclass(frozen=True)
+class Unchecked(Message):
+    text = "the engine renders this model without the template, and its render could not be checked: {reason}"
+    reason: str
+
+
+@dataclass(frozen=True)
+class EngineUnstable(Message):
+    text = "the engine's own render does not extend the previous prompt ({cause}): {advice}"
+    cause: Cause
+
+    @property
+    def advice(self) -> str:
+        return advice(self.cause)
+
+
+def unchecked(site: Site, reason: str) -> Finding:
+    """The finding for an engine's render of the model that could not be checked."""
+    return RULE.at(site, Unchecked(reason))
+
+
+def unstable(site: Site, cause: Cause) -> Finding:
+    """The finding for a cause of divergence in the engine's own render."""
+    return RULE.at(site, EngineUnstable(cause))

@@ -36,7 +36,10 @@ No automatic fix: remove the comment by hand.
 
 from __future__ import annotations
 
-from tmpl_lint.findings import Outcome
+from dataclasses import dataclass
+
+from tmpl_lint.analysis.facts import Site
+from tmpl_lint.findings import Finding, Message, Outcome
 
 from ._contract import RuleInfo, Severity
 
@@ -48,3 +51,27 @@ RULE = RuleInfo(
     "a suppression comment suppresses nothing",
     reports=Outcome.UNUSED_SUPPRESSION,
 )
+
+
+@dataclass(frozen=True)
+class UnusedSuppression(Message):
+    unused: tuple[str, ...]  # the rule codes it names that suppress nothing (none: all codes)
+    unknown: tuple[str, ...]  # the codes it names that no rule has
+    whole_file: bool  # an ignore-file
+
+    def __str__(self) -> str:
+        where = "this template" if self.whole_file else "this line"
+        if self.unknown:
+            named = ", ".join(self.unknown)
+            said = f"the suppression names {named}, which {'is' if len(self.unknown) == 1 else 'are'} no rule code"
+            if self.unused:
+                return f"{said}, and {', '.join(self.unused)} suppresses nothing on {where}"
+            return f"{said}: it suppresses nothing"
+        what = ", ".join(self.unused) or "all codes"
+        return f"the suppression of {what} suppresses nothing on {where}"
+
+
+def unused(site: Site, codes: tuple[str, ...], unknown: tuple[str, ...], whole_file: bool) -> Finding:
+    """The finding for a suppression that suppresses nothing (``codes``), or names codes no
+    rule has (``unknown``)."""
+    return RULE.at(site, UnusedSuppression(codes, unknown, whole_file))

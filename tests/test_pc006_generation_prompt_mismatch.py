@@ -140,7 +140,7 @@ def test_a_default_that_drops_reasoning_with_the_opener_leaves_the_switched_open
     codes, (pc002, pc006) = prove_fixture("PC006_default_still_opens.jinja")
     assert codes == [("PC002", 14, 58), ("PC006", 23, 13)]
     assert pc002.fails(False) and ("agent", "history-rewrite") in pc002.proof.explains
-    assert (pc006.severity, pc006.fails(False), pc006.related_findings) == ("warning", True, [])
+    assert (pc006.severity, pc006.fails(False), pc006.related_findings) == ("warning", True, ())
     assert {("chat", "reply-rewrite"), ("chat, enable_thinking=false", "generation-prompt")} <= set(pc006.proof.explains)
 
 

@@ -299,13 +299,23 @@ def test_after_fix_a_failing_finding_the_proof_found_is_said_though_a_pattern_of
     from tmpl_lint.findings import Finding
     from tmpl_lint.inputs import TemplateSource
     from tmpl_lint.proofs import Proof
+    from tmpl_lint.rules.pc004_tool_args_reserialized import ReplayedAs
     from tmpl_lint.runner import CheckResult, LintedSource, _Fixing
 
     def finding(line: int, found_by_proof: bool) -> Finding:
-        made = Finding("PC004", "tool-args-reserialized", "warning", line, 1, "m", path="t.jinja")
-        made.hypothesis = not found_by_proof
-        made.proof = Proof.proven_by("char", "a render")  # proven: it fails the run
-        return made
+        # proven: it fails the run
+        proof = Proof.proven_by("char", "a render")
+        return Finding(
+            "PC004",
+            "tool-args-reserialized",
+            "warning",
+            line,
+            1,
+            ReplayedAs('{"city": "Paris"}', '{"city":"Paris"}'),
+            path="t.jinja",
+            hypothesis=not found_by_proof,
+            proof=proof,
+        )
 
     fixing = _Fixing(None, None, True, False, None, CheckResult(), None, jobs=1)
     fixing.say_finding(finding(9, found_by_proof=False), "fixed", "written as the model writes them")

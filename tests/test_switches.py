@@ -47,10 +47,10 @@ def both_paths(text: str) -> BothPaths:
     found = []
     for trials in (fast, reference):
         findings = run_rules(facts, STATIC)
-        name_switches(findings, trials)  # the trials below, and any a finding's own values add
+        switches = name_switches(findings, trials)  # the trials below, and any a finding's own values add
         found.append(
             [(wanted_trial, trials.keys(*wanted_trial)) for wanted_trial in wanted]
-            + [(f.key, f.switch, f.severity) for f in findings]
+            + [(f.key, switch, f.severity) for f, switch in zip(findings, switches)]
         )
     assert reference.taken_over == 0  # the reference analyses every trial whole
     return BothPaths(found[0], found[1], fast.taken_over, len(wanted))
@@ -133,10 +133,12 @@ def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
     source_map = SourceMap(MACRO_READS_THE_SWITCH, PARSE_ENVIRONMENT, tree, raw)
     facts = analyze(MACRO_READS_THE_SWITCH, tree, source_map, record=True)
     findings = run_rules(facts, STATIC)
-    name_switches(findings, SwitchTrials(facts, STATIC, findings))
+    switches = name_switches(findings, SwitchTrials(facts, STATIC, findings))
     # the look-ahead inside the macro is gone when keep is true: the loop that calls it
     # must not be taken over from the plain analysis
-    assert [(finding.code, finding.switch.name, finding.switch.stable_value) for finding in findings] == [("PC003", "keep", True)]
+    assert [(finding.code, switch.name, switch.stable_value) for finding, switch in zip(findings, switches)] == [
+        ("PC003", "keep", True)
+    ]
     trial = analyze(MACRO_READS_THE_SWITCH, tree, source_map, {"keep": True}, reusing=[facts.trace])
     assert trial.taken_over == 1  # the macro definition only
     compared = both_paths(MACRO_READS_THE_SWITCH)

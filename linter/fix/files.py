@@ -14,6 +14,7 @@ from .. import writes
 from ..containers import ContainerError, replace_in_container
 from ..findings import quoted_name
 from ..inputs import SourceError, TemplateSource
+from ..isolation import IsolationError, interrupted, parallel_map, run_isolated
 from ..selection import Selection
 from ..sources import reread
 from ..stopping import Terminated
@@ -45,24 +46,12 @@ def fix_isolated(
 ) -> TemplateFix:
     """``fix_template`` in a limited child process, as check proves in one (the patched
     templates are parsed, compiled and rendered there)."""
-    from ..isolation import IsolationError, interrupted, run_isolated
-
     try:
-        return run_isolated(_fix_for_parent, (source, options, selection, recalled))
+        return run_isolated(fix_template, (source, options, selection, recalled))
     except IsolationError as error:
         if interrupted():  # killed by Ctrl-C or SIGTERM, not by a limit: its file is not written
             raise
         return TemplateFix(source, source.text, refusal=f"fixing this template stopped: {error}")
-
-
-def _fix_for_parent(
-    source: TemplateSource, options: FixOptions, selection: Selection, recalled: tuple[Verdicts, ...]
-) -> TemplateFix:
-    result = fix_template(source, options, selection, recalled)
-    # places hold parse trees, which need not cross processes
-    for finding in [finding for finding, _ in result.applied + result.skipped] + result.withheld:
-        finding.site, finding.related = None, ()
-    return result
 
 
 def fix_files(
@@ -70,8 +59,6 @@ def fix_files(
 ) -> list[FileFix]:
     """Fix the templates of each file; with ``write``, write each changed file; call
     ``advance`` as each file is done. Files are fixed ``jobs`` at a time."""
-    from ..isolation import interrupted, parallel_map
-
     by_path: dict[Path, list[TemplateSource]] = {}
     for source in sources:
         by_path.setdefault(source.path, []).append(source)
@@ -159,8 +146,6 @@ def _fix_file(
     write: bool,
     recalled: dict[str, list[Verdicts]],
 ) -> FileFix:
-    from ..isolation import interrupted
-
     result = FileFix(path, [TemplateFix(source, source.text) for source in found])
     try:
         # Read, fix and write under the file's lock: another tmpl-lint fixing this file

@@ -4,7 +4,6 @@ conversation as the original did, prove its finding gone, and bring no new one."
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -16,11 +15,11 @@ from typing import Any
 from ..analysis.facts import LabelKind
 from ..analysis.reuse import top_level_scan
 from ..analysis.separators import model_separators
-from ..checker import _compared_constants, as_reported, lint_with_facts, prover_inputs, source_engine
+from ..checker import _compared_constants, lint_with_facts, prover_inputs, source_engine
 from ..edits import FROZEN_TIME_OF_DAY
 from ..engines.base import HARMONY
 from ..engines.vllm import content_format
-from ..findings import Finding
+from ..findings import Finding, assemble
 from ..inputs import TemplateSource
 from ..jinja_env import REQUEST_VARIABLES
 from ..proofs import Cause, ProofStatus
@@ -114,8 +113,9 @@ class Verifier:
         self.original_codes = self.severe_codes(original)
         self.original_keys = {finding.key for finding in original}
         # The original's findings with their proofs: which the proof shows, and what it finds itself.
-        proven = [copy.copy(finding) for finding in original]
-        extra = attach_proofs(proven, self.original_report)
+        attributed = attach_proofs(original, self.original_report)
+        proven = [assemble(finding, outcome) for finding, outcome in zip(original, attributed.outcomes)]
+        extra = [assemble(finding, outcome) for finding, outcome in attributed.found]
         self.original_found_by_proof = _failing_causes(extra) if self.original_report.rendered else set()
         self._shown = {finding.key: finding.proof for finding in proven if finding.unproven}
         # Per scenario the original rendered: the text of its messages its whole conversation prints.
@@ -165,8 +165,8 @@ class Verifier:
         # (a fix of another finding must not be refused for leaving it unexplained).
         source = TemplateSource(self.source.path, self.source.name, text, self.source.container)
         style = Selection(tool_args_style=self.options.tool_args_style)  # how the model writes arguments, as the check's
-        facts, findings = lint_with_facts(source, style, suppress=False)
-        linted = Linted(facts, as_reported(findings))
+        facts, findings = lint_with_facts(source, style, suppress=False, sites=False)
+        linted = Linted(facts, findings)
         self._linted = (text, linted)
         return linted
 
@@ -644,7 +644,7 @@ def found_by_proof(report, findings: list[Finding], model_format: bool = True) -
     False leaves out those that are only the reply's own reasoning left out of history."""
     if not report.rendered:
         return set()
-    found = attach_proofs([copy.copy(finding) for finding in findings], report)
+    found = [assemble(finding, outcome) for finding, outcome in attach_proofs(findings, report).found]
     if not model_format:
         found = [
             finding

@@ -5,11 +5,12 @@ divergence no finding explains is reported through the rule for unexplained dive
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..analysis.facts import Site
-from ..findings import Finding, Outcome, Switch
+from ..findings import Attribution, Finding, Outcome, Switch
 from ..proofs import Cause, Divergence, Proof, SwitchValues
 from ..rules import BY_CODE, RULES, Rule, reporting
 from ..scenarios import ScenarioKind
@@ -45,94 +46,109 @@ def _kwargs(divergence: Divergence, report: ProofReport) -> dict[str, Any]:
     return scenario.kwargs if scenario is not None else {}
 
 
-def name_other_switches(finding: Finding, report: ProofReport) -> None:
+def name_other_switches(switch: Switch | None, proof: Proof | None, report: ProofReport) -> Switch | None:
     """An informational finding shown by renders that set another variable, its own left
     unset (`enable_thinking=true`, which DeepSeek-V3.2 copies into `thinking`): "leave it
-    unset" alone would not avoid it; its message names them all."""
-    switch = finding.switch
-    if switch is None or not switch.default_is_stable or finding.proof is None:
-        return
+    unset" alone would not avoid it; its message names them all. The finding's switch, so named."""
+    if switch is None or not switch.default_is_stable or proof is None:
+        return switch
     others = {}
-    for name, _ in finding.proof.explains:
+    for name, _ in proof.explains:
         scenario = report.scenario(name)
         kwargs = scenario.kwargs if scenario is not None else {}
         if kwargs and switch.name not in kwargs:
             others.update(kwargs)
-    if others:
-        finding.switch = replace(switch, also=tuple(sorted(others.items())))
+    return replace(switch, also=tuple(sorted(others.items()))) if others else switch
 
 
-def name_the_switch_shown(finding: Finding, divergences: list[Divergence], report: ProofReport) -> None:
+def name_the_switch_shown(switch: Switch | None, divergences: list[Divergence], report: ProofReport) -> Switch | None:
     """A finding whose divergences all come from a template variable set to a value (none
     from a request as callers send it) names the switch that shows it (the analysis's own
     switch, its default now called stable since the renders show that, where it named one).
-    It keeps its severity: a deployment may set that value (the switch policy, README)."""
-    if not divergences or (finding.switch is not None and finding.switch.default_is_stable):
-        return
+    It keeps its severity: a deployment may set that value (the switch policy, README).
+    The finding's switch, so named."""
+    if not divergences or (switch is not None and switch.default_is_stable):
+        return switch
     asked = [_kwargs(d, report) for d in divergences]
     if not all(asked):
-        return
-    switch = finding.switch
+        return switch
     if switch is not None:
         unstable = next((kwargs[switch.name] for kwargs in asked if switch.name in kwargs), switch.unstable_value)
-        finding.switch = Switch(switch.name, switch.stable_value, True, unstable)
-    else:
-        (name, value), *_ = sorted(asked[0].items())
-        finding.switch = Switch(name, None, True, value)
+        return Switch(switch.name, switch.stable_value, True, unstable)
+    (name, value), *_ = sorted(asked[0].items())
+    return Switch(name, None, True, value)
 
 
-def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> list[Finding]:
-    """Give each finding its proof, and return the findings the proof itself found.
+class Attributed(NamedTuple):
+    """What a proof makes of a template's findings: an ``Attribution`` for each of them (in
+    their order), and the findings the proof itself found, each with its own."""
+
+    outcomes: list[Attribution]
+    found: list[tuple[Finding, Attribution]]
+
+
+def attach_proofs(
+    findings: list[Finding], report: ProofReport, facts=None, switches: Sequence[Switch | None] | None = None
+) -> Attributed:
+    """What the proof makes of each finding, and the findings the proof itself found.
 
     A divergence that several findings' rules prove is explained by one of them (the rule
     that names its cause, then the one that names what moved it, then the first in the
     template); the others point at it and are folded into that finding as related
     locations. A divergence no finding explains becomes a finding of the rule that can be
     found by proof for it (a generation-prompt mismatch), or else of the rule for
-    unexplained divergences, which says where the render changed.
+    unexplained divergences, which says where the render changed. ``switches``: the
+    findings' switches as the switch trials named them, where they are not the findings' own.
     """
     unit = report.unit
+    named = [finding.switch for finding in findings] if switches is None else list(switches)
     limited = [result for result in report.results if result.limit_exceeded]
     if limited:
-        reason = f'render limit exceeded in "{limited[0].scenario.name}": {limited[0].error}'
-        for finding in findings:
-            finding.proof = Proof.not_provable(unit, reason)
-        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).RULE.at(_TEMPLATE_START, reason)
-        limit.proof = Proof.not_provable(unit, reason)
-        return [limit]
+        limit = reporting(Outcome.RENDER_LIMIT_EXCEEDED).limit_exceeded(
+            _TEMPLATE_START, limited[0].scenario.name, limited[0].error
+        )
+        reason = limit.message
+        return Attributed(
+            [Attribution.of(finding, switch, Proof.not_provable(unit, reason)) for finding, switch in zip(findings, named)],
+            [(limit, Attribution.of(limit, proof=Proof.not_provable(unit, reason)))],
+        )
     divergences = report.divergences()
     errors = [result.error for result in report.results if result.error]
-    extra: list[Finding] = []
     if not report.rendered:
         reason = errors[0] if errors else "the template does not parse"
+        failed: list[tuple[Finding, Attribution]] = []
         if errors:
-            failure = reporting(Outcome.RENDER_ERROR).RULE.at(
-                _TEMPLATE_START, f"the template fails on every conversation tried: {errors[0]}"
-            )
-            failure.proof = Proof.not_provable(unit, errors[0])
-            extra.append(failure)
-        for finding in findings:
-            finding.proof = Proof.not_provable(unit, reason)
-        return extra
+            failure = reporting(Outcome.RENDER_ERROR).failure(_TEMPLATE_START, errors[0])
+            failed.append((failure, Attribution.of(failure, proof=Proof.not_provable(unit, errors[0]))))
+        return Attributed(
+            [Attribution.of(finding, switch, Proof.not_provable(unit, reason)) for finding, switch in zip(findings, named)],
+            failed,
+        )
     explained: set[int] = set()
     if not report.deterministic:
         # Random output diverges anywhere; the rule that found the randomness accounts for all of it.
         explained |= set(range(len(divergences)))
+    outcomes: dict[int, Attribution] = {}
     generic = []
     refuted: set[int] = set()  # findings whose "leave it unset" the renders refuted
-    for finding in findings:
+    switch_of: dict[int, Switch | None] = {}
+    for finding, switch in zip(findings, named):
         rule = BY_CODE[finding.code]
-        if finding.switch is not None:
+        if switch is not None:
             others = [BY_CODE[other.code].RULE for other in findings if other is not finding]
-            if verify_switch(finding, rule.RULE, report, others):
+            switch, refutes = verify_switch(finding, switch, rule.RULE, report, others)
+            if refutes:
                 refuted.add(id(finding))
+        switch_of[id(finding)] = switch
         if rule.prove is not None:
-            proof = finding.proof = rule.prove(report, finding)
+            proof, body = rule.prove(report, finding)
+            severity = finding.severity
             if proof.is_proven:
                 shown = {index for index, d in enumerate(divergences) if rule.RULE.proves(d)}
                 explained |= shown
-                finding.proof = proof.explaining([divergences[index] for index in sorted(shown)])
-                settle(finding, [divergences[index] for index in sorted(shown)], report)
+                proof = proof.explaining([divergences[index] for index in sorted(shown)])
+                proof, severity = settle(proof, severity, [divergences[index] for index in sorted(shown)], report)
+            outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, body)
         else:
             generic.append(finding)
     # A divergence a rule of its own proof accounts for (the clock's, random output's) is not
@@ -141,7 +157,7 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
         id(finding): {
             i
             for i, d in enumerate(divergences)
-            if i not in explained and shows(finding, d) and not _unswitched_format(finding, d, report)
+            if i not in explained and shows(finding, d) and not _unswitched_format(switch_of[id(finding)], d, report)
         }
         for finding in generic
     }
@@ -152,35 +168,58 @@ def attach_proofs(findings: list[Finding], report: ProofReport, facts=None) -> l
             explainer[index] = best_explainer(candidates, divergence)
     explained |= set(explainer)
     for finding in generic:
+        switch = switch_of[id(finding)]
         own = [divergences[i] for i, chosen in explainer.items() if chosen is finding]
+        explained_by = None
         if own:
-            worst = _typical_worst(own, report, finding.switch)
+            worst = _typical_worst(own, report, switch)
         elif matching[id(finding)]:
-            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report, finding.switch)
-            finding.explained_by = explainer[divergences.index(worst)]
+            worst = _typical_worst([divergences[i] for i in matching[id(finding)]], report, switch)
+            explained_by = explainer[divergences.index(worst)]
         else:
-            finding.proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
+            proof = Proof.not_reproduced(unit, report.tried(), report.unrendered())
+            outcomes[id(finding)] = Attribution(proof, switch, finding.severity, finding.hypothesis, finding.body)
             continue
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
+        proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(own)
         if id(finding) not in refuted:  # its own divergences may all be switched; the default's show it too
-            name_the_switch_shown(finding, own or [worst], report)
-        settle(finding, own or [worst], report)
-    for finding in findings:
-        name_other_switches(finding, report)
-    extra.extend(found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts))
+            switch = name_the_switch_shown(switch, own or [worst], report)
+        proof, severity = settle(proof, finding.severity, own or [worst], report)
+        outcomes[id(finding)] = Attribution(proof, switch, severity, finding.hypothesis, finding.body, explained_by)
+    attributed = [
+        replace(
+            outcomes[id(finding)], switch=name_other_switches(outcomes[id(finding)].switch, outcomes[id(finding)].proof, report)
+        )
+        for finding in findings
+    ]
+    found = found_by_proof([d for i, d in enumerate(divergences) if i not in explained], report, facts)
     if report.note:
-        for finding in findings + extra:
-            if finding.proof is not None:
-                finding.proof = finding.proof.with_note(report.note)
-    return extra
+        attributed = [_noted(outcome, report.note) for outcome in attributed]
+        found = [(finding, _noted(outcome, report.note)) for finding, outcome in found]
+    return Attributed(
+        [described(finding, outcome) for finding, outcome in zip(findings, attributed)],
+        [(finding, described(finding, outcome)) for finding, outcome in found],
+    )
 
 
-def _unswitched_format(finding: Finding, divergence: Divergence, report: ProofReport) -> bool:
+def _noted(outcome: Attribution, note: str) -> Attribution:
+    return outcome if outcome.proof is None else replace(outcome, proof=outcome.proof.with_note(note))
+
+
+def described(finding: Finding, outcome: Attribution) -> Attribution:
+    """A proven finding as its rule says what the proof shows (the ``describe`` hook), where
+    the static pattern alone could not tell."""
+    rule = BY_CODE.get(finding.code)
+    if rule is None or rule.describe is None or outcome.proof is None or not outcome.proof.is_proven:
+        return outcome
+    body, proof = rule.describe(outcome.body, outcome.proof)
+    return replace(outcome, body=body, proof=proof)
+
+
+def _unswitched_format(switch: Switch | None, divergence: Divergence, report: ProofReport) -> bool:
     """A divergence that is only the model's format (the reasoning or empty reasoning block
     it wrote, which history leaves out), in a scenario that leaves the finding's switch
     unset: not what the switch turns on (Qwen3's "only when enable_thinking=false" must not
     list a scenario without it). It stays informational, found by the proof."""
-    switch = finding.switch
     if switch is None or not switch.default_is_stable or divergence.in_generation_prompt:
         return False
     if divergence.reply_as_trained not in ("reasoning", "reasoning-block"):
@@ -225,11 +264,11 @@ def explaining_code(divergence: Divergence, findings: list[Finding]) -> str:
     return rule.RULE.code
 
 
-def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[Finding]:
+def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) -> list[tuple[Finding, Attribution]]:
     """Findings for divergences no static finding explains: one per rule that can be found by
     its proof (it says where in the template), else one per cause of the rule for
     unexplained divergences, saying which message and field changed."""
-    found: list[Finding] = []
+    found: list[tuple[Finding, Attribution]] = []
     for rule in RULES:
         if rule.found_by_proof is None:
             continue  # rule_found_by_proof names no such rule: it claims nothing
@@ -243,26 +282,22 @@ def found_by_proof(divergences: list[Divergence], report: ProofReport, facts) ->
         for group in groups.values():
             worst = _first_shown(group, report)
             finding = rule.found_by_proof(facts, worst)
-            finding.hypothesis = False  # the render found it: no pattern in the template stands for it
-            finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(group)
-            name_the_switch_shown(finding, group, report)
-            settle(finding, group, report)
-            found.append(finding)
+            proof, severity = settle(
+                Proof.proven(worst, report.rates(worst.scenario)).explaining(group), finding.severity, group, report
+            )
+            switch = name_the_switch_shown(finding.switch, group, report)
+            # the render found it: no pattern in the template stands for it (no hypothesis)
+            found.append((finding, Attribution(proof, switch, severity, False, finding.body)))
     unexplained = reporting(Outcome.UNEXPLAINED_DIVERGENCE)
     for cause in sorted({d.cause for d in divergences}):
         claimed = [d for d in divergences if d.cause == cause]
         worst = _first_shown(claimed, report)
-        where = worst.place if worst.message_index is not None else f"the text {worst.place}"
-        finding = unexplained.unexplained(
-            _TEMPLATE_START,
-            f'the next turn does not extend the previous prompt: {where} renders differently in "{worst.scenario}", '
-            f"calls {worst.call + 1}->{worst.call + 2} ({cause}), and no rule explains why",
-            claimed,
+        finding = unexplained.unexplained(_TEMPLATE_START, worst)
+        proof, severity = settle(
+            Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed), finding.severity, claimed, report
         )
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario)).explaining(claimed)
-        name_the_switch_shown(finding, claimed, report)
-        settle(finding, claimed, report)
-        found.append(finding)
+        switch = name_the_switch_shown(finding.switch, claimed, report)
+        found.append((finding, Attribution(proof, switch, severity, finding.hypothesis, finding.body)))
     return found
 
 
@@ -287,17 +322,16 @@ def bound_of(claimed: list[Divergence]) -> str | None:
     )
 
 
-def settle(finding: Finding, claimed: list[Divergence], report: ProofReport) -> None:
-    """The one place a proven divergence becomes a finding's severity and what its proof
-    says beyond the divergence (issue 33): the switch values it breaks and is stable under,
-    and, where its loss is bounded, the bound, which makes it informational. Any value that
-    breaks fails the run (unless the project pinned its deployment's values)."""
-    if finding.proof is None or not finding.proof.is_proven:
-        return
+def settle(proof: Proof, severity: str, claimed: list[Divergence], report: ProofReport) -> tuple[Proof, str]:
+    """The one place a proven divergence becomes a finding's severity (the rule's,
+    ``severity``, else info) and what its proof says beyond the divergence (issue 33): the
+    switch values it breaks and is stable under, and, where its loss is bounded, the bound,
+    which makes it informational. Any value that breaks fails the run (unless the project
+    pinned its deployment's values)."""
+    if not proof.is_proven:
+        return proof, severity
     bound = bound_of(claimed)
-    if bound is not None:
-        finding.severity = "info"
-    finding.proof = replace(finding.proof, switches=measured_switches(finding.proof, report), bound=bound)
+    return replace(proof, switches=measured_switches(proof, report), bound=bound), severity if bound is None else "info"
 
 
 def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, ...]:
@@ -335,7 +369,7 @@ def measured_switches(proof: Proof, report: ProofReport) -> tuple[SwitchValues, 
     return tuple(found)
 
 
-def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> bool:
+def verify_switch(finding: Finding, switch: Switch, rule, report: ProofReport, others=()) -> tuple[Switch | None, bool]:
     """Check a switch's advice by the renders: the default is called stable only if the
     scenarios rendered without the variable show none of the rule's divergences, and a value
     is advised only if the scenarios rendered with it show none. A claim the renders refute
@@ -348,11 +382,9 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
     arrives, is PC002's, not the switched generation prompt's of PC006) is that finding's:
     it refutes nothing here. So is one that starts in the text the generation prompt printed
     where history dropped the model's reasoning with it (Qwen3.5's "<think>\n" opener): only
-    one that drops the prompt's own text alone is the prompt's whoever else explains it. True when the renders without the variable show the rule's
-    divergences: the finding is no caller's opt-in."""
-    if finding.switch is None:
-        return False  # nothing to check
-    switch: Switch = finding.switch
+    one that drops the prompt's own text alone is the prompt's whoever else explains it.
+    The switch the renders leave the finding (None: no advice stands), and whether the
+    renders without the variable show the rule's divergences: the finding is no caller's opt-in."""
 
     def explained_elsewhere(divergence: Divergence) -> bool:
         if divergence.in_generation_prompt and divergence.cause is not Cause.REPLY_REWRITE:
@@ -388,50 +420,39 @@ def verify_switch(finding: Finding, rule, report: ProofReport, others=()) -> boo
 
     if switch.stable_value is not None and fails(switch.stable_value):
         if not switch.default_is_stable:
-            finding.switch = None  # "set it to a value that fails" is no advice
-            return False
-        switch = finding.switch = Switch(switch.name, None, True, switch.unstable_value)
+            return None, False  # "set it to a value that fails" is no advice
+        switch = Switch(switch.name, None, True, switch.unstable_value)
     if switch.default_is_stable and switch.unstable_value is not None and fails(switch.unstable_value):
         # "breaks when <a value the template fails on>": no caller meets the pattern that way.
-        finding.switch = None
-        return False
+        return None, False
     advised_diverges = diverges({switch.name: switch.stable_value}) if switch.stable_value is not None else None
     if switch.default_is_stable and diverges({}):
         if switch.stable_value is not None and advised_diverges is False:
-            finding.switch = Switch(switch.name, switch.stable_value, False, switch.unstable_value)
-        else:
-            finding.switch = None
-        return True
+            return Switch(switch.name, switch.stable_value, False, switch.unstable_value), True
+        return None, True
     if advised_diverges:
         # "pass X=Y" where the renders with X=Y diverge: the advice would turn it on.
-        finding.switch = Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None
-    return False
+        return (Switch(switch.name, None, True, switch.unstable_value) if switch.default_is_stable else None), False
+    return switch, False
 
 
 # Where findings about the render as a whole stand: the cause is not at one place in the source.
 _TEMPLATE_START = Site(1, "", fixed_column=1)
 
 
-def engine_findings(report: ProofReport) -> list[Finding]:
+def engine_findings(report: ProofReport) -> list[tuple[Finding, Attribution]]:
     """A finding for each cause of divergence in a render the engine makes without the template."""
     engine_render = reporting(Outcome.ENGINE_RENDER_UNSTABLE)
     if not report.rendered:
         reason = next((result.error for result in report.results if result.error), "nothing rendered")
-        finding = engine_render.RULE.at(
-            _TEMPLATE_START, f"the engine renders this model without the template, and its render could not be checked: {reason}"
-        )
-        finding.proof = Proof.not_provable(report.unit, reason)
-        return [finding]
+        finding = engine_render.unchecked(_TEMPLATE_START, reason)
+        return [(finding, Attribution.of(finding, proof=Proof.not_provable(report.unit, reason)))]
     found = []
     divergences = report.divergences()
     # A reply rewritten once it is history is the engine dropping what it drops from history.
     grouped = {d: Cause.HISTORY_REWRITE if d.cause is Cause.REPLY_REWRITE else d.cause for d in divergences}
     for cause in sorted(set(grouped.values())):
         worst = _worst([d for d in divergences if grouped[d] == cause])
-        finding = engine_render.RULE.at(
-            _TEMPLATE_START,
-            f"the engine's own render does not extend the previous prompt ({cause}): {engine_render.advice(cause)}",
-        )
-        finding.proof = Proof.proven(worst, report.rates(worst.scenario))
-        found.append(finding)
+        finding = engine_render.unstable(_TEMPLATE_START, cause)
+        found.append((finding, Attribution.of(finding, proof=Proof.proven(worst, report.rates(worst.scenario)))))
     return found

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..engines.base import Prompt
+from ..kv_cache.pools import CacheRequest, VllmPrefixCache
 from ..tokenizer import Tokenizer
 
 DEFAULT_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -100,8 +101,6 @@ def served_requests(prompts: list[Units], generated: list[Units], block_size: in
     what its PrefixCacheStats count for each. The ideal is what each would hit had its prompt
     extended the previous request's prompt and reply (but the last sampled token, never fed
     back), at most num_tokens - 1 looked up."""
-    from ..kv_cache.pools import CacheRequest, VllmPrefixCache
-
     cache = VllmPrefixCache(block_size)
     out, computed = [], None
     for prompt, reply in zip(prompts, generated):

@@ -8,6 +8,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.interpreter import analyze
+from ..analysis.separators import argument_separators
+
 COMPACT_SEPARATORS = (",", ":")
 
 
@@ -59,9 +62,6 @@ def argument_separators_of(template: str, facts=None) -> tuple[str, str]:
     template just linted analysed it again only for this)."""
     separators = _SEPARATORS.get(template)
     if separators is None:
-        from ..analysis.interpreter import analyze
-        from ..analysis.separators import argument_separators
-
         separators = argument_separators(facts if facts is not None else analyze(template)) or COMPACT_SEPARATORS
         if len(_SEPARATORS) >= _SEPARATORS_KEPT:
             _SEPARATORS.clear()

@@ -15,6 +15,7 @@ chained on its parent) and the tokens recomputed beyond the ideal (divergence.py
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -22,7 +23,7 @@ from typing import Any
 
 from ..engines import engine_tokenizer, render_prompt
 from ..engines.base import HARMONY, EngineError, Prompt
-from ..findings import Finding
+from ..findings import Finding, Switch
 from ..jinja_env import random_draws
 from ..proofs import Cause, Divergence
 from ..render import DEFAULT_LIMITS, FrozenClock, RenderError, RenderLimitExceeded, RenderLimits, render_session
@@ -465,19 +466,24 @@ EFFORTS = ["low", "medium", "high"]
 
 
 def switch_values(
-    findings: list[Finding], variables: set[str], compared: dict[str, list[Any]] | None = None
+    findings: list[Finding],
+    variables: set[str],
+    compared: dict[str, list[Any]] | None = None,
+    switches: Sequence[Switch | None] | None = None,
 ) -> dict[str, list[Any]]:
     """The template variables to render at each value: switches the lint named, at the values
     it named, and every variable that looks like a reasoning switch, at the constants the
     template compares it with (``compared``: reasoning_effort's "low", "high"...), else at
     true and false. Both of llama.cpp's and vLLM's defaults for enable_thinking (true; unset)
-    are among them: a deployment may run any value the template reads (the switch policy)."""
+    are among them: a deployment may run any value the template reads (the switch policy).
+    ``switches``: the findings' switches, where they are not the findings' own (the checker's
+    switch trials name them before the findings are assembled)."""
     compared = compared or {}
     values: dict[str, list[Any]] = {}
-    for finding in findings:
-        if finding.switch is not None:
-            chosen = [finding.switch.stable_value, finding.switch.unstable_value]
-            values[finding.switch.name] = [value for value in chosen if value is not None] or [True, False]
+    for switch in _switches(findings, switches):
+        if switch is not None:
+            chosen = [switch.stable_value, switch.unstable_value]
+            values[switch.name] = [value for value in chosen if value is not None] or [True, False]
     for name in sorted(variables):
         if SWITCH_NAME.search(name):
             tried = values.setdefault(name, [])
@@ -490,10 +496,14 @@ def switch_values(
     return values
 
 
-def clocked_switches(findings: list[Finding]) -> frozenset[str]:
+def clocked_switches(findings: list[Finding], switches: Sequence[Switch | None] | None = None) -> frozenset[str]:
     """Switches of findings proven only by the clock: their values are tried on the clock too."""
     return frozenset(
-        finding.switch.name
-        for finding in findings
-        if finding.switch is not None and ScenarioKind.CLOCK in BY_CODE[finding.code].RULE.proven_in
+        switch.name
+        for finding, switch in zip(findings, _switches(findings, switches))
+        if switch is not None and ScenarioKind.CLOCK in BY_CODE[finding.code].RULE.proven_in
     )
+
+
+def _switches(findings: list[Finding], switches: Sequence[Switch | None] | None) -> Sequence[Switch | None]:
+    return [finding.switch for finding in findings] if switches is None else switches

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote_from_bytes
 
+from .. import __version__
 from ..findings import Finding
+from ..rules import RULES
 from .text import file_position, level
 
 if TYPE_CHECKING:
@@ -44,9 +46,6 @@ def _first_paragraph(doc: str) -> str:
 def sarif_report(findings: Sequence[Finding], strict: bool = False, errors: Sequence[InputError] = ()) -> str:
     """SARIF 2.1.0 with what GitHub code scanning reads; regions are in the file on disk. The
     inputs that could not be read are the invocation's error notifications, each at its file."""
-    from .. import __version__
-    from ..rules import RULES
-
     rules = [
         {
             "id": rule.RULE.code,
