@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -166,33 +166,38 @@ def test_constant_expressions_are_not_evaluated_while_compiling():
     assert (result.returncode, result.stdout, result.stderr) == (0, "compiled\n", "")
 
 
-def _capped():
-    # The main process gets 1.5 GiB of address space (its children inherit no more): if any
-    # command evaluated the 3 GB constant there, it would fail with MemoryError.
-    import resource
+# The command runs under a launcher, a fresh interpreter that caps the address space and
+# waits for it: a process forked from this test's own (a pytest worker that may hold
+# hundreds of MB of tokenizers) would carry that size in its peak, which survives exec.
+# The main process gets 1.5 GiB of address space (its children inherit no more): if any
+# command evaluated the 3 GB constant there, it would fail with MemoryError.
+LAUNCHER = """
+import os, resource, subprocess, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+process = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(process.pid, 0)
+with open(sys.argv[1], "w") as peak:
+    peak.write(str(usage.ru_maxrss * 1024))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
 
-
-def run_measured(command: list[str], folder: Path, preexec_fn, env) -> tuple[subprocess.CompletedProcess, int]:
+def run_measured(command: list[str], folder: Path, env) -> tuple[subprocess.CompletedProcess, int]:
     """``command``'s result and the peak resident size, in bytes, of its largest process
     (itself or a child it waited for: wait4's accounting)."""
+    peak = folder / "peak"
     with open(folder / "stdout", "w+b") as stdout, open(folder / "stderr", "w+b") as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, preexec_fn=preexec_fn, env=env)
-        deadline = threading.Timer(300, process.kill)
-        deadline.start()
+        launched = [sys.executable, "-c", LAUNCHER, str(peak), *command]
+        process = subprocess.Popen(launched, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
         try:
-            _, status, usage = os.wait4(process.pid, 0)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
+            process.wait(timeout=300)
         finally:
-            deadline.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         stdout.seek(0), stderr.seek(0)
         result = subprocess.CompletedProcess(command, process.returncode, stdout.read().decode(), stderr.read().decode())
-    return result, usage.ru_maxrss * 1024
+    return result, int(peak.read_text())
 
 
 @pytest.mark.parametrize("command", ["check", "check --no-prove", "--fix", "--diff", "replay", "diff", "audit"])
@@ -216,7 +221,7 @@ def test_every_command_runs_a_hostile_template_under_the_limits(tmp_path, comman
         "audit": ["audit", model, "--no-cache", "--format", "jsonl"],
     }[command]
     start = time.monotonic()
-    result, peak = run_measured([sys.executable, "-m", "tmpl_lint", *map(str, arguments)], tmp_path, _capped, COMPILING)
+    result, peak = run_measured([sys.executable, "-m", "tmpl_lint", *map(str, arguments)], tmp_path, COMPILING)
     assert time.monotonic() - start < 60
     assert peak < 400 << 20  # every process of the command, at its largest
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
