@@ -16,6 +16,7 @@ replaces, and is reported as a child of its own would report it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -102,8 +103,6 @@ def _load_prctl() -> None:
     global _prctl
     if _prctl is None:
         try:
-            import ctypes
-
             _prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):  # not Linux: children still stop at their CPU limit
             _prctl = False
@@ -426,7 +425,7 @@ def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any]
             CHILDREN.resume()
             raise
         return
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # only here: a one-template run needs no threads
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # noqa: PLC0415 -- 10 ms: one template needs none
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures: list[Future] = []
