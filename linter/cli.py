@@ -394,7 +394,7 @@ def check(
             unsafe_fixes=result.unsafe_fixes,
         )
     if output is not None:
-        from .writes import WriteError  # noqa: PLC0415 -- 5 ms: --output-file only
+        from .writes import WriteError  # noqa: PLC0415 -- --output-file only
 
         try:
             write_report(output, report)
@@ -647,7 +647,7 @@ def audit(
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     status = run.status
     if html_file:
-        from .writes import WriteError  # noqa: PLC0415 -- 5 ms: --html only
+        from .writes import WriteError  # noqa: PLC0415 -- --html only
 
         try:
             write_report(html_file, html_page(table))
@@ -832,7 +832,7 @@ def replay(
         click.echo(replay_text(result.summaries), nl=False)
     if html_file:
         from .report.replay import html_report  # noqa: PLC0415 -- --html only
-        from .writes import WriteError  # noqa: PLC0415 -- 5 ms: --html only
+        from .writes import WriteError  # noqa: PLC0415 -- --html only
 
         try:
             write_report(html_file, html_report(result.named(), str(log), options.described()))
@@ -845,7 +845,7 @@ def replay(
 def _copy_target(given: str | None):
     if given is None:
         return None
-    from .gguf.writing import CopyTarget  # noqa: PLC0415 -- GGUF writing, 20 ms: --gguf-copy only
+    from .gguf.writing import CopyTarget  # noqa: PLC0415 -- GGUF writing: --gguf-copy only
 
     return CopyTarget.given(given)
 

@@ -425,7 +425,7 @@ def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any]
             CHILDREN.resume()
             raise
         return
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # noqa: PLC0415 -- 10 ms: one template needs none
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # noqa: PLC0415 -- 3 ms: one template needs none
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures: list[Future] = []

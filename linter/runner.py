@@ -200,7 +200,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     pinned_items = tuple(sorted((pinned or {}).items()))
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
     if prove is not None and tokenizer is not None:
-        from .tokenizer import TokenizerError, load_tokenizer  # noqa: PLC0415 -- 10 ms: proofs only (not --help, not --no-prove)
+        from .tokenizer import TokenizerError, load_tokenizer  # noqa: PLC0415 -- proofs only (not --help, not --no-prove)
 
         try:
             # Once, here: a bad directory is the caller's mistake, not each template's, and
@@ -248,11 +248,11 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     # the first is forked: the tokenizers the proofs measure with, and openai-harmony's
     # vocabulary (loaded once here, not by each worker that proves a gpt-oss template).
     if prove and tokenizer is None:
-        from .gguf.tokenizer import preload_tokenizers  # noqa: PLC0415 -- the GGUF reader, 15 ms: GGUF models only
+        from .gguf.tokenizer import preload_tokenizers  # noqa: PLC0415 -- the GGUF reader: GGUF models only
 
         preload_tokenizers(sources)
     ready_to_fork(sources, prove)
-    from .isolation import long_lived_workers, parallel_map  # noqa: PLC0415 -- 17 ms (multiprocessing): not for --help
+    from .isolation import long_lived_workers, parallel_map  # noqa: PLC0415 -- with multiprocessing, 7 ms: --help forks nothing
 
     with long_lived_workers():
         if fixing is not None:
@@ -261,7 +261,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             recorded = fixing.recorded if fixing is not None else {}
 
             def proven(source):
-                from .tokenizer import TokenizerError  # noqa: PLC0415 -- 10 ms: proofs only (not --help, not --no-prove)
+                from .tokenizer import TokenizerError  # noqa: PLC0415 -- proofs only (not --help, not --no-prove)
 
                 try:
                     found = lint_isolated(source, selection, prove, recorded.pop((str(source.path), source.name), None), True)
@@ -347,7 +347,7 @@ class _Fixing:
         if self.gguf_copy is not None and self.write:
             # A copy carries fixes in the model's metadata: a fixed template beside a model
             # stands for the metadata's, which is fixed again (and found written beside it).
-            from .gguf.models import metadata_template  # noqa: PLC0415 -- the GGUF reader, 15 ms: GGUF models only
+            from .gguf.models import metadata_template  # noqa: PLC0415 -- the GGUF reader: GGUF models only
 
             sources = [metadata_template(source) or source for source in sources]
         files = [source for source in sources if source.container != "gguf"]
@@ -410,7 +410,7 @@ class _Fixing:
         linted after is the model's metadata as it stays."""
         from .fix.files import fix_recalling, unified_diff  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
         from .fix.verify import Verdicts  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
-        from .gguf.models import companion_note, diff_note  # noqa: PLC0415 -- the GGUF reader, 15 ms: GGUF models only
+        from .gguf.models import companion_note, diff_note  # noqa: PLC0415 -- the GGUF reader: GGUF models only
         from .gguf.writing import companion_line, copy_lines, copy_with_fixes, place_fix, written_beside  # noqa: PLC0415 -- GGUF only
         from .writes import WriteError  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
