@@ -16,7 +16,6 @@ replaces, and is reported as a child of its own would report it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import multiprocessing
 import os
@@ -103,6 +102,8 @@ def _load_prctl() -> None:
     global _prctl
     if _prctl is None:
         try:
+            import ctypes  # noqa: PLC0415 -- for the first fork: --help loads this module and forks nothing
+
             _prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):  # not Linux: children still stop at their CPU limit
             _prctl = False

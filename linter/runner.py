@@ -25,6 +25,7 @@ from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_f
 from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding, quoted_name
 from .inputs import NothingToLint, SourceError, TemplateSource
+from .isolation import long_lived_workers, parallel_map
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .report.progress import ProgressBar
 from .rules import BY_CODE
@@ -252,8 +253,6 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
 
         preload_tokenizers(sources)
     ready_to_fork(sources, prove)
-    from .isolation import long_lived_workers, parallel_map  # noqa: PLC0415 -- with multiprocessing, 7 ms: --help forks nothing
-
     with long_lived_workers():
         if fixing is not None:
             sources = fixing.run(sources)

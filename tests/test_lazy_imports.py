@@ -32,8 +32,9 @@ NEITHER = (
     "rich",
     "concurrent",
 )
-# A lint runs each template in a limited child process: --help forks none.
-FORKS = ("tmpl_lint.isolation", "multiprocessing", "ctypes")
+# A lint runs each template in a limited child process (prctl, through ctypes, makes each
+# child die with its parent): --help forks none.
+FORKS = ("ctypes",)
 
 
 def loaded_by(*args: str) -> list[str]:
