@@ -10,6 +10,7 @@ interrupted" and exit 130, or "tmpl-lint: terminated" and exit 143.
 import _thread  # noqa: PLC2701 - the standard library's module, not a private name of ours
 import signal
 import sys
+import threading
 
 from .stopping import Terminated, stopped_by, terminated
 
@@ -18,7 +19,7 @@ def run() -> None:
     signal.signal(signal.SIGTERM, terminated)
     sys.unraisablehook = signal_again
     try:
-        from .cli import run as run_command
+        from .cli import run as run_command  # noqa: PLC0415 -- after the signal handlers: the commands load in tenths of a second
 
         run_command()  # says "interrupted" or "terminated" itself once it runs
     except (KeyboardInterrupt, Terminated, RuntimeError) as error:
@@ -51,8 +52,6 @@ def signal_again(unraisable) -> None:
     code then raises its exception once this hook and the __del__ are done, and the run ends
     as anywhere else. It is sent from another thread: the main thread raises a signal's
     exception at its next bytecode, which here would still be in this hook."""
-    import threading
-
     error = unraisable.exc_value
     if isinstance(error, KeyboardInterrupt):
         number = signal.SIGINT

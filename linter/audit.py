@@ -25,14 +25,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import sealed
 from .checker import ProveOptions, lint_isolated, ready_to_fork
 from .config import cache_directory
 from .engines.base import ENGINE_ENVIRONMENT
-from .inputs import SourceError, TemplateSource
+from .gguf.format import tokenizer_digest
+from .gguf.hub import HubGGUFError, hub_templates
+from .gguf.models import model_for
+from .inputs import SourceError, TemplateSource, read_text
 from .isolation import calls_as_submitted, long_lived_workers, start_workers
 from .selection import Selection
 from .sources import collect, model_type_beside
-from .tokenizer import find_tokenizer_directory
+from .tokenizer import TokenizerError, find_tokenizer_directory, load_tokenizer, one_line
 
 TEMPLATE_FILES = ["tokenizer_config.json", "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja"]
 # What tmpl-lint's tokenizer loader reads: tokenizer.json, else (through transformers) a
@@ -102,7 +106,7 @@ _BAD_REVISION = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|//|@\{|^/|/$|^\.|/\.|
 
 def spec_problem(spec: str) -> str | None:
     """Why ``org/name[@revision]`` is not one, checked before any path is built from it."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # noqa: PLC0415 -- an extra: local folders need none
 
     repo, revision = parse_repo(spec)
     try:
@@ -118,7 +122,7 @@ def spec_problem(spec: str) -> str | None:
 
 def fetch(spec: str, with_tokenizer: bool) -> tuple[Path, str | None]:
     """The snapshot folder holding a repo's template files, and its commit."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # noqa: PLC0415 -- an extra (audit): local folders need none
 
     problem = spec_problem(spec)
     if problem:
@@ -161,7 +165,7 @@ class InvalidSpec(ValueError):
 
 
 def offline() -> bool:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # noqa: PLC0415 -- an extra (audit): local folders need none
 
     return bool(constants.HF_HUB_OFFLINE)
 
@@ -181,8 +185,6 @@ def describe_error(error: Exception) -> str:
     }
     if name in messages:
         return messages[name]
-    from .tokenizer import one_line
-
     return f"{name}: {one_line(error)}"
 
 
@@ -209,8 +211,8 @@ class CachedRepo:
 
 def cached_repos(cache_dir: Path | None = None) -> list[CachedRepo]:
     """Every model in the local Hugging Face cache, those it cannot read included."""
-    from huggingface_hub import constants, scan_cache_dir
-    from huggingface_hub.utils import CacheNotFound
+    from huggingface_hub import constants, scan_cache_dir  # noqa: PLC0415 -- an extra (audit): local folders need none
+    from huggingface_hub.utils import CacheNotFound  # noqa: PLC0415 -- an extra (audit): local folders need none
 
     folder = Path(cache_dir or constants.HF_HUB_CACHE)
     try:
@@ -279,9 +281,6 @@ def template_key(source: TemplateSource, options: ProveOptions | None, selection
 def _tokenizer_digest(source: TemplateSource) -> str | None:
     """The content hash of the tokenizer a proof would find beside the template (or in the
     GGUF it comes from), if any."""
-    from .gguf.format import tokenizer_digest
-    from .gguf.models import model_for
-
     if (model := model_for(source)) is not None:
         return tokenizer_digest(model)
     if source.tokenizer_directory is not None:
@@ -314,8 +313,6 @@ class ResultsCache:
         self.lock = threading.Lock()  # analyses finish in several threads; lines must not interleave
         if path is None:
             return
-        from . import sealed
-
         try:
             sealed.secret()
         except sealed.NoKey as error:
@@ -349,8 +346,6 @@ class ResultsCache:
 
     def _take(self, line: bytes) -> None:
         """Keep the analysis on ``line`` if it is one this user's key sealed."""
-        from . import sealed
-
         seal, _, data = line.rstrip(b"\n").partition(b" ")
         try:
             if not sealed.verifies(self.PURPOSE, "", data, bytes.fromhex(seal.decode("ascii"))):
@@ -375,8 +370,6 @@ class ResultsCache:
                 self._append(self.path, key, findings)
 
     def _append(self, path: Path, key: str, findings: list[dict[str, Any]]) -> None:
-        from . import sealed
-
         data = json.dumps({"key": key, "findings": findings}).encode("utf-8")
         line = sealed.mac(self.PURPOSE, "", data).hex().encode("ascii") + b" " + data + b"\n"
         try:
@@ -423,8 +416,6 @@ def run_audit(
             progress()
 
     ready_to_fork([], prove, long_lived=True)
-    if specs and not offline():
-        from .gguf import hub  # noqa: F401 - imported before the workers fork (see start_workers)
     # The templates are analysed as they are found: a repo is downloaded while the ones
     # before it are proven.
     with long_lived_workers(), calls_as_submitted(analyse_and_keep, max(1, jobs)) as submit:
@@ -490,8 +481,6 @@ def _templates_of(
     hub_problem = lookup_problem = None
     if hub and not offline() and not any(source.container == "gguf" for source in sources):
         # GGUF models are not downloaded: their templates come from the Hub's metadata.
-        from .gguf.hub import HubGGUFError, hub_templates
-
         try:
             found = hub_templates(parse_repo(result.repo)[0], result.revision, tokens=with_tokenizer and prove is not None)
             sources += found.sources
@@ -546,8 +535,6 @@ def _in_repo(error: SourceError, folder: Path) -> str:
 
 def _tokens_problem(sources: list[TemplateSource]) -> str | None:
     """Why --tokens cannot measure these templates in tokens, or None when it can."""
-    from .tokenizer import TokenizerError, load_tokenizer
-
     if not sources:
         return None
     directory = find_tokenizer_directory(sources[0].path)
@@ -565,8 +552,6 @@ def default_cache_path() -> Path:
 
 
 def read_repo_list(path: Path) -> list[str]:
-    from .inputs import read_text
-
     try:
         lines = read_text(path).splitlines()
     except SourceError as error:

@@ -20,10 +20,13 @@ from .render import RenderLimits
 from .report.github import github_report
 from .report.json import json_report
 from .report.output import write_report
+from .report.progress import ProgressBar
 from .report.sarif import sarif_report
 from .report.statistics import statistics_json, statistics_report
 from .report.text import text_report
+from .rules import RULES, lookup, page
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CheckOptions, FixLine, FixMode, OptionsError, RunError, run_check
+from .stopping import INTERRUPTED, TERMINATED, Terminated, stopped_by, terminated
 
 
 class Interrupted(BaseException):
@@ -391,7 +394,7 @@ def check(
             unsafe_fixes=result.unsafe_fixes,
         )
     if output is not None:
-        from .writes import WriteError
+        from .writes import WriteError  # noqa: PLC0415 -- --output-file only
 
         try:
             write_report(output, report)
@@ -412,8 +415,6 @@ def rule(code) -> None:
     Example:
       tmpl-lint rule PC002
     """
-    from .rules import lookup, page
-
     found = lookup(code)
     if found is None:
         click.echo(f"tmpl-lint: error: unknown rule {code!r} (see `tmpl-lint rules`)", err=True)
@@ -429,8 +430,6 @@ def rules() -> None:
     Example:
       tmpl-lint rules
     """
-    from .rules import RULES
-
     for rule in RULES:
         info = rule.RULE
         fix = f"{info.fix_safety}-fix" if info.fix_safety is not None else "-"
@@ -462,8 +461,8 @@ def diff(turn1, turn2, tokenizer, template, server, model, block_size, output_fo
     Example:
       tmpl-lint diff turn1.json turn2.json --tokenizer path/to/model
     """
-    from .commands import DiffOptions, run_diff
-    from .diff import client_change, diff_text, dumps
+    from .commands import DiffOptions, run_diff  # noqa: PLC0415 -- a command's pipeline: not for check or --help
+    from .diff import client_change, diff_text, dumps  # noqa: PLC0415 -- a command's pipeline: not for check or --help
 
     options = DiffOptions(turn1, turn2, template, tokenizer, server, model, block_size, engine, config_path, server_kwargs)
     with command_errors():
@@ -496,7 +495,7 @@ def render(request, template, tokenizer, output_format, engine, server_kwargs, c
     Example:
       tmpl-lint render request.json --tokenizer path/to/model --engine sglang
     """
-    from .commands import Refused, RenderOptions, run_render
+    from .commands import Refused, RenderOptions, run_render  # noqa: PLC0415 -- a command's pipeline: not for check or --help
 
     options = RenderOptions(request, template, tokenizer, engine, config_path, server_kwargs)
     with command_errors(Refused):
@@ -547,8 +546,8 @@ def validate(log, server, model, template, tokenizer, deadline, output_format, e
     Example:
       tmpl-lint validate traffic.jsonl --server http://localhost:8000 --tokenizer path/to/model
     """
-    from .commands import ValidateOptions, run_validate
-    from .validate import text_report, to_json
+    from .commands import ValidateOptions, run_validate  # noqa: PLC0415 -- a command's pipeline: not for check or --help
+    from .validate import text_report, to_json  # noqa: PLC0415 -- a command's pipeline: not for check or --help
 
     options = ValidateOptions(log, server, template, tokenizer, engine, model, deadline, config_path, server_kwargs)
     with command_errors():
@@ -611,9 +610,8 @@ def audit(
     Example:
       tmpl-lint audit Qwen/Qwen3-8B --tokens
     """
-    from .commands import AuditOptions, run_audit
-    from .report.audit import html_page, print_audit
-    from .report.progress import ProgressBar
+    from .commands import AuditOptions, run_audit  # noqa: PLC0415 -- a command's pipeline: not for check or --help
+    from .report.audit import html_page, print_audit  # noqa: PLC0415 -- a command's pipeline: not for check or --help
 
     options = AuditOptions(
         repo_ids=tuple(spec for spec in specs if not Path(spec).is_dir()),
@@ -649,7 +647,7 @@ def audit(
         click.echo(f"tmpl-lint: error: {problem}", err=True)
     status = run.status
     if html_file:
-        from .writes import WriteError
+        from .writes import WriteError  # noqa: PLC0415 -- --html only
 
         try:
             write_report(html_file, html_page(table))
@@ -791,8 +789,8 @@ def replay(
     Example:
       tmpl-lint replay traffic.jsonl --tokenizer path/to/model --compare fixed/chat_template.jinja
     """
-    from .commands import ReplayOptions, run_replay
-    from .replay.simulate import text_report as replay_text
+    from .commands import ReplayOptions, run_replay  # noqa: PLC0415 -- a command's pipeline: not for check or --help
+    from .replay.simulate import text_report as replay_text  # noqa: PLC0415 -- a command's pipeline: not for check or --help
 
     options = ReplayOptions(
         log,
@@ -833,8 +831,8 @@ def replay(
     else:
         click.echo(replay_text(result.summaries), nl=False)
     if html_file:
-        from .report.replay import html_report
-        from .writes import WriteError
+        from .report.replay import html_report  # noqa: PLC0415 -- --html only
+        from .writes import WriteError  # noqa: PLC0415 -- --html only
 
         try:
             write_report(html_file, html_report(result.named(), str(log), options.described()))
@@ -847,7 +845,7 @@ def replay(
 def _copy_target(given: str | None):
     if given is None:
         return None
-    from .gguf.writing import CopyTarget
+    from .gguf.writing import CopyTarget  # noqa: PLC0415 -- GGUF writing: --gguf-copy only
 
     return CopyTarget.given(given)
 
@@ -882,8 +880,6 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     # As __main__.run does first: again here for a console script made before that was the
     # entry point (an editable install not redone), which still calls this function.
-    from .stopping import INTERRUPTED, TERMINATED, Terminated, stopped_by, terminated
-
     signal.signal(signal.SIGTERM, terminated)
     try:
         status = main(standalone_mode=False)
@@ -905,7 +901,7 @@ def run() -> None:
         if os.environ.get("TMPL_LINT_DEBUG"):
             raise
         if isinstance(error, ModuleNotFoundError):
-            from .extras import missing_message
+            from .extras import missing_message  # noqa: PLC0415 -- an error's path only
 
             # An optional part not installed: which extra installs it.
             message = missing_message(error)

@@ -14,13 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checker import ProveOptions
+from .checker import ProveOptions, source_engine
 from .config import MAX_SLOTS
+from .diff import diff_requests, read_template, template_in_force
+from .engines import engine_for_cache, profile_of, reasoning_note, resolve_engine
+from .engines.base import HARMONY, EngineError
 from .findings import quoted_name
-from .render import RenderLimits
+from .inputs import SourceError
+from .isolation import IsolationError, run_isolated
+from .offline import render_request
+from .proving.measure import resolve_special_tokens
+from .render import RenderError, RenderLimits, keep_compiled_code
+from .report.progress import ProgressBar
+from .requests import RequestError, read_request, reasoning_fields
 from .runner import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OptionsError, RunError, read_config
 from .selection import Selection
-from .tokenizer import TokenizerError
+from .sources import model_type_beside
+from .tokenizer import TokenizerError, load_tokenizer
 
 if TYPE_CHECKING:
     from .audit import Audit
@@ -51,14 +61,7 @@ def run_diff(options: DiffOptions, note: Callable[[str], None] = lambda text: No
     would (or as a running vLLM tokenizes them), and what rendered them (an engine's
     label, or the server). ``note`` hears what the user should know (a model vLLM renders
     without the template, a served model replaced). Raises OptionsError or RunError."""
-    from .diff import diff_requests, read_template
-    from .engines import profile_of, reasoning_note
-    from .engines.base import EngineError
-    from .isolation import IsolationError, run_isolated
-    from .render import RenderError
-    from .requests import RequestError, read_request, reasoning_fields
-    from .server import ServerError, ServerURLError, VLLMServer
-    from .tokenizer import load_tokenizer
+    from .server import ServerError, ServerURLError, VLLMServer  # noqa: PLC0415 -- urllib, ssl (14 ms): not render
 
     block_size, tokenizer = configured(options.config_path, options.block_size, options.tokenizer)
     try:
@@ -103,10 +106,7 @@ def configured(config_path: Path | None, block_size: int | None, tokenizer: Path
 
 def _diff_or_error(function, args):
     """``function(*args)``, or the message of the error it raised (to cross from the child)."""
-    from .engines.base import EngineError
-    from .render import RenderError
-    from .requests import RequestError
-    from .server import ServerError
+    from .server import ServerError  # noqa: PLC0415 -- urllib, ssl (14 ms): not render
 
     try:
         return function(*args)
@@ -118,12 +118,6 @@ def engine_for(engine: str, path: Path, note: Callable[[str], None], served: boo
     """What renders requests for the model of ``path``, as check's proofs render it (a GGUF's
     template as llama.cpp does, unless ``served``: a running server of ``engine`` renders
     them), saying so when vLLM ignores the template."""
-    from .checker import source_engine
-    from .diff import template_in_force
-    from .engines import resolve_engine
-    from .engines.base import HARMONY
-    from .sources import model_type_beside
-
     source = template_in_force(path)
     resolved = resolve_engine(engine, source.text, model_type_beside(path)) if served else source_engine(engine, source)
     if resolved == HARMONY:
@@ -151,12 +145,6 @@ class Refused(Exception):
 def run_render(options: RenderOptions, note: Callable[[str], None] = lambda text: None) -> Rendered:
     """The request rendered and tokenized as ``options.engine`` would. Raises Refused (the
     engine's refusal, or the template's), OptionsError or RunError."""
-    from .diff import read_template
-    from .isolation import IsolationError, run_isolated
-    from .offline import render_request
-    from .requests import RequestError, read_request
-    from .tokenizer import load_tokenizer
-
     _block_size, tokenizer = configured(options.config_path, None, options.tokenizer)
     template_source = options.template or tokenizer
     if template_source is None:
@@ -209,14 +197,9 @@ class ValidateResult:
 def run_validate(options: ValidateOptions, note: Callable[[str], None] = lambda text: None) -> ValidateResult:
     """Each logged request rendered offline by ``options.engine``'s profile and by the
     server, and the token ids compared. Raises OptionsError or RunError."""
-    from . import validate
-    from .diff import read_template
-    from .engines import profile_of
-    from .isolation import IsolationError, run_isolated
-    from .replay.log import ReplayError, read_log
-    from .requests import RequestError
-    from .server import LlamaServer, ServerError, ServerURLError, VLLMServer
-    from .tokenizer import load_tokenizer
+    from . import validate  # noqa: PLC0415 -- validate's comparison: tmpl-lint validate only
+    from .replay.log import ReplayError, read_log  # noqa: PLC0415 -- the log reader: validate and replay only
+    from .server import LlamaServer, ServerError, ServerURLError, VLLMServer  # noqa: PLC0415 -- urllib, ssl (14 ms): not render
 
     _block_size, tokenizer = configured(options.config_path, None, options.tokenizer)
     template_source = options.template or tokenizer
@@ -303,8 +286,7 @@ class ReplayOptions:
     def described(self) -> str:
         """The options that decide the figures, as a command line would give them; the
         engine and cache model as the run resolved them (each defaults to the other's)."""
-        from .engines import engine_for_cache
-        from .kv_cache.hosted import HOSTED_MODELS
+        from .kv_cache.hosted import HOSTED_MODELS  # noqa: PLC0415 -- replay's pipeline (0.1 s)
 
         hosted = self.cache_model in HOSTED_MODELS
         engine, cache_model = engine_for_cache(self.engine, None if hosted else self.cache_model)
@@ -355,20 +337,13 @@ class ReplayResult:
 def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text: None) -> ReplayResult:
     """The log through the cache model, once per template. ``note`` hears what the user
     should know as it is found. Raises OptionsError or RunError."""
-    from .cluster import ClusterError, address_problem, cluster_address, replay_on_cluster
-    from .diff import read_template
-    from .engines import engine_for_cache, profile_of, reasoning_note
-    from .isolation import IsolationError
-    from .kv_cache import pools
-    from .kv_cache.hosted import HOSTED_MODELS
-    from .proving.measure import resolve_special_tokens
-    from .replay.attribution import TemplateError, Tracer
-    from .replay.log import ReplayError, read_log, sessions
-    from .replay.simulate import CacheSettings, replay
-    from .report.progress import ProgressBar
-    from .requests import RequestError
-    from .server import ServerError, ServerURLError, VLLMServer
-    from .tokenizer import load_tokenizer
+    from .cluster import ClusterError, address_problem, cluster_address, replay_on_cluster  # noqa: PLC0415 -- --cluster only
+    from .kv_cache import pools  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .kv_cache.hosted import HOSTED_MODELS  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .replay.attribution import TemplateError, Tracer  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .replay.log import ReplayError, read_log, sessions  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .replay.simulate import CacheSettings, replay  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .server import ServerError, ServerURLError, VLLMServer  # noqa: PLC0415 -- urllib, ssl (14 ms): not render
 
     hosted = options.cache_model in HOSTED_MODELS
     engine, cache_model = engine_for_cache(options.engine, None if hosted else options.cache_model)
@@ -413,7 +388,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
         shape, layout = None, None
         config = pools.read_model_config(options.model_config) if options.model_config else None
         if config is not None:
-            from .kv_cache.hybrid import read_layout
+            from .kv_cache.hybrid import read_layout  # noqa: PLC0415 -- replay's pipeline: replay of a hybrid model only
 
             layout = read_layout(config, block_size)
             if not layout.hybrid:
@@ -528,10 +503,8 @@ class AuditRun:
 def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) -> AuditRun:
     """Audit the repos and folders ``options`` names; ``advance`` is called as each template
     is analysed. Raises OptionsError or RunError."""
-    from . import audit as auditing
-    from .inputs import SourceError
-    from .render import keep_compiled_code
-    from .report.audit import rows
+    from . import audit as auditing  # noqa: PLC0415 -- audit's pipeline: audit only
+    from .report.audit import rows  # noqa: PLC0415 -- audit's pipeline: audit only
 
     block_size, _ = configured(options.config_path, None, None)
     keep_compiled_code(options.use_cache)
@@ -540,7 +513,7 @@ def run_audit(options: AuditOptions, advance: Callable[[], None] | None = None) 
         if options.from_file:
             repo_ids += auditing.read_repo_list(options.from_file)
         if options.search or options.author:
-            from huggingface_hub import list_models
+            from huggingface_hub import list_models  # noqa: PLC0415 -- an extra (audit), 0.3 s: --search and --author only
 
             repo_ids += [model.id for model in list_models(search=options.search, author=options.author, limit=options.limit)]
     except SourceError as error:

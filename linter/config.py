@@ -102,7 +102,7 @@ def _read_bytes(path: Path) -> bytes:
 
 def _pyproject_table(path: Path) -> dict | None:
     """The ``[tool.tmpl-lint]`` table of a pyproject.toml, or None when it has none."""
-    import tomllib  # only where a pyproject.toml is met: most pre-commit runs in a repo meet one
+    import tomllib  # noqa: PLC0415 -- only where a pyproject.toml is met (not --help, nor a run outside a project)
 
     data = _read_bytes(path)
     try:
@@ -136,7 +136,7 @@ def _read(path: Path) -> dict:
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: cannot read: {error}") from None
     try:
-        from ruamel.yaml import YAML, YAMLError
+        from ruamel.yaml import YAML, YAMLError  # noqa: PLC0415 -- an extra (fix), 15 ms: only for a YAML configuration
     except ImportError:
         raise ConfigError(f"{path}: reading YAML configuration needs ruamel.yaml: pip install 'tmpl-lint[fix]'") from None
     try:

@@ -17,19 +17,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from .analysis.interpreter import analyze
+from .analysis.parsing import parse
 from .engines import engine_tokenizer, render_prompt, request_prompt
 from .engines.base import EngineError, EngineRefusal, Prompt
-from .findings import quoted_name
+from .findings import Outcome, quoted_name
 from .inputs import TemplateSource, load_json
 from .proofs import BEFORE_MESSAGES, Cause, Divergence, snippet
 from .proving.divergence import classify, compare_prompts, generation_prompt_span, locate
 from .proving.measure import Measure, resolve_special_tokens
 from .proving.replies import message_fields
 from .render import FrozenClock, RenderError
+from .report.text import divergence_lines
 from .requests import ClientChange, Request, RequestError, read_request
 from .requests import client_change as change_between
+from .rules import reporting
 from .sources import ADDITIONAL_TEMPLATES_DIR, collect
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, special_tokens_from_config
 
 
 def template_in_force(path: Path) -> TemplateSource:
@@ -65,14 +69,12 @@ def read_template(path: Path) -> tuple[str, dict[str, Any]]:
 
 def special_tokens_of(source: TemplateSource) -> dict[str, Any]:
     """The special tokens the file holding ``source`` names (a tokenizer config's, a GGUF's)."""
-    from .tokenizer import special_tokens_from_config
-
     special: dict[str, Any] = {}
     if source.container == "json":
         document = load_json(source.path)
         special = special_tokens_from_config(document) if isinstance(document, dict) else {}
     elif source.container == "gguf":
-        from .gguf.tokenizer import metadata_special_tokens
+        from .gguf.tokenizer import metadata_special_tokens  # noqa: PLC0415 -- the GGUF reader: only for a .gguf
 
         special = metadata_special_tokens(source.path)
     return special
@@ -81,11 +83,6 @@ def special_tokens_of(source: TemplateSource) -> dict[str, Any]:
 def syntax_error_at(text: str) -> tuple[int, int, str] | None:
     """(line, column, Jinja's message) where the text is no template, as PC000 places it;
     None where it parses."""
-    from .analysis.interpreter import analyze
-    from .analysis.parsing import parse
-    from .findings import Outcome
-    from .rules import reporting
-
     tree, error = parse(text)
     if error is None:
         return None
@@ -322,8 +319,6 @@ def diff_json(divergence: Divergence, change: ClientChange | None = None) -> dic
 
 
 def diff_text(divergence: Divergence, change: ClientChange | None = None) -> str:
-    from .report.text import divergence_lines
-
     unit = divergence.unit
     first, second = divergence.prompt_tokens
     if divergence.first_divergence is None:

@@ -102,7 +102,7 @@ def _load_prctl() -> None:
     global _prctl
     if _prctl is None:
         try:
-            import ctypes
+            import ctypes  # noqa: PLC0415 -- for the first fork: --help loads this module and forks nothing
 
             _prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):  # not Linux: children still stop at their CPU limit
@@ -426,7 +426,7 @@ def calls_as_submitted(function: Callable, jobs: int) -> Iterator[Callable[[Any]
             CHILDREN.resume()
             raise
         return
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # only here: a one-template run needs no threads
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait  # noqa: PLC0415 -- 3 ms: one template needs none
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures: list[Future] = []

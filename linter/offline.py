@@ -4,7 +4,13 @@ and what ``validate`` compares with the engine's own answer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+from .engines import engine_tokenizer, profile_of, request_prompt
+from .engines.base import EngineError, EngineRefusal
+from .proving.measure import resolve_special_tokens
+from .render import FrozenClock, RenderError
 
 
 @dataclass(frozen=True)
@@ -22,13 +28,6 @@ class Rendered:
 
 def render_request(engine, template, body, special, tokenizer, server_kwargs=None) -> Rendered | str:
     """One request through the engine's profile, or the one line saying why it is refused."""
-    from datetime import datetime
-
-    from .engines import engine_tokenizer, profile_of, request_prompt
-    from .engines.base import EngineError, EngineRefusal
-    from .proving.measure import resolve_special_tokens
-    from .render import FrozenClock, RenderError
-
     profile = profile_of(engine)
     try:
         prompt = request_prompt(

@@ -84,7 +84,7 @@ def placement(path: Path, container: str, name: str | None, template: str, file_
 
 
 def _json_offsets(text: str, name: str | None) -> list[int]:
-    from .containers import json_template_span
+    from .containers import json_template_span  # noqa: PLC0415 -- 15 ms: JSON, Python and YAML only
 
     span = json_template_span(text, name)
     index, end = span.start + 1, span.end - 1
@@ -115,7 +115,7 @@ _ESCAPE_LENGTHS = {"x": 4, "u": 6, "U": 10}
 
 
 def _python_offsets(text: str, name: str | None) -> list[int] | None:
-    from .containers import QUOTED_LITERAL, parse_python, python_literals
+    from .containers import QUOTED_LITERAL, parse_python, python_literals  # noqa: PLC0415 -- 15 ms: JSON, Python and YAML only
 
     _, found, _ = python_literals(parse_python(text))
     literal = next((node for key, node in found if key == name), None)
@@ -143,7 +143,7 @@ def _python_offsets(text: str, name: str | None) -> list[int] | None:
 def _simple_strings(node) -> list | None:
     """The plain string literals a literal is made of: itself, or the parts of adjacent
     literals ('a' 'b'); None for anything else (an f-string)."""
-    import libcst as cst
+    import libcst as cst  # noqa: PLC0415 -- an extra (fix), 0.2 s: only for a template inside Python
 
     if isinstance(node, cst.SimpleString):
         return [node]
@@ -155,7 +155,7 @@ def _simple_strings(node) -> list | None:
 
 def _string_offsets(text: str, start: int, value: str) -> list[int]:
     """The file offset of each character of the string literal ``value`` written at ``start``."""
-    from .containers import QUOTED_LITERAL
+    from .containers import QUOTED_LITERAL  # noqa: PLC0415 -- 15 ms: JSON, Python and YAML only
 
     literal = QUOTED_LITERAL.match(value)
     if literal is None:  # placed nowhere, as any file that changed under us
@@ -194,9 +194,9 @@ def _string_offsets(text: str, start: int, value: str) -> list[int]:
 
 
 def _yaml_placement(text: str, name: str | None, starts: list[int], file_starts: list[int]) -> Placement | None:
-    from ruamel.yaml.scalarstring import LiteralScalarString
+    from ruamel.yaml.scalarstring import LiteralScalarString  # noqa: PLC0415 -- an extra (fix): YAML only
 
-    from .containers import round_trip_yaml, yaml_places
+    from .containers import round_trip_yaml, yaml_places  # noqa: PLC0415 -- 15 ms: JSON, Python and YAML only
 
     for path, mapping, key in yaml_places(round_trip_yaml().load(text)):
         if ".".join(path) != name:

@@ -11,6 +11,7 @@ for importing no more than check needs.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -24,11 +25,13 @@ from .checker import ProveOptions, lint_isolated, lint_many_isolated, ready_to_f
 from .config import Config, ConfigError, find_config, load_config
 from .findings import Finding, quoted_name
 from .inputs import NothingToLint, SourceError, TemplateSource
+from .isolation import long_lived_workers, parallel_map
 from .render import DEFAULT_LIMITS, RenderLimits, keep_compiled_code
 from .report.progress import ProgressBar
 from .rules import BY_CODE
 from .selection import Selection, SelectionError
 from .sources import collect
+from .stopping import Terminated
 
 if TYPE_CHECKING:
     from .fix.apply import TemplateFix
@@ -198,7 +201,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     pinned_items = tuple(sorted((pinned or {}).items()))
     prove = ProveOptions(tokenizer, block_size, options.limits, options.engine, pinned_items) if options.prove else None
     if prove is not None and tokenizer is not None:
-        from .tokenizer import TokenizerError, load_tokenizer
+        from .tokenizer import TokenizerError, load_tokenizer  # noqa: PLC0415 -- proofs only (not --help, not --no-prove)
 
         try:
             # Once, here: a bad directory is the caller's mistake, not each template's, and
@@ -219,7 +222,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
         result.warnings.append("no chat templates found in the given paths")
     fixing = None
     if options.fix is not FixMode.NONE:
-        from .fix.options import FixOptions
+        from .fix.options import FixOptions  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         frozen = options.frozen_date or config.frozen_date or datetime.now().date()
         # A fix is made for what fails the run: a finding the proof does not reproduce fails it
@@ -246,12 +249,10 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
     # the first is forked: the tokenizers the proofs measure with, and openai-harmony's
     # vocabulary (loaded once here, not by each worker that proves a gpt-oss template).
     if prove and tokenizer is None:
-        from .gguf.tokenizer import preload_tokenizers
+        from .gguf.tokenizer import preload_tokenizers  # noqa: PLC0415 -- the GGUF reader: GGUF models only
 
         preload_tokenizers(sources)
     ready_to_fork(sources, prove)
-    from .isolation import long_lived_workers, parallel_map
-
     with long_lived_workers():
         if fixing is not None:
             sources = fixing.run(sources)
@@ -259,7 +260,7 @@ def run_check(options: CheckOptions, on_fix_line: Callable[[FixLine], None] | No
             recorded = fixing.recorded if fixing is not None else {}
 
             def proven(source):
-                from .tokenizer import TokenizerError
+                from .tokenizer import TokenizerError  # noqa: PLC0415 -- proofs only (not --help, not --no-prove)
 
                 try:
                     found = lint_isolated(source, selection, prove, recorded.pop((str(source.path), source.name), None), True)
@@ -339,13 +340,13 @@ class _Fixing:
 
     def run(self, sources: list[TemplateSource]) -> list[TemplateSource]:
         """Fix every file; return the templates as they now are, for the lint that follows."""
-        from .fix.files import FixesInterrupted, fix_files
+        from .fix.files import FixesInterrupted, fix_files  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         now: list[TemplateSource] = []
         if self.gguf_copy is not None and self.write:
             # A copy carries fixes in the model's metadata: a fixed template beside a model
             # stands for the metadata's, which is fixed again (and found written beside it).
-            from .gguf.models import metadata_template
+            from .gguf.models import metadata_template  # noqa: PLC0415 -- the GGUF reader: GGUF models only
 
             sources = [metadata_template(source) or source for source in sources]
         files = [source for source in sources if source.container != "gguf"]
@@ -369,7 +370,7 @@ class _Fixing:
 
     def say_file(self, fixed: FileFix) -> list[TemplateSource]:
         """Say what became of one file's fixes; return its templates as they now are."""
-        from .fix.files import unified_diff
+        from .fix.files import unified_diff  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         unfixed = None
         if fixed.error is not None:
@@ -406,12 +407,11 @@ class _Fixing:
         """GGUF models are never rewritten in place: the fixed templates go beside the model
         (``--diff`` shows them as new files), or into a new copy (``--gguf-copy``). What is
         linted after is the model's metadata as it stays."""
-        from .fix.files import fix_recalling, unified_diff
-        from .fix.verify import Verdicts
-        from .gguf.models import companion_note, diff_note
-        from .gguf.writing import companion_line, copy_lines, copy_with_fixes, place_fix, written_beside
-        from .stopping import Terminated
-        from .writes import WriteError
+        from .fix.files import fix_recalling, unified_diff  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
+        from .fix.verify import Verdicts  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
+        from .gguf.models import companion_note, diff_note  # noqa: PLC0415 -- the GGUF reader: GGUF models only
+        from .gguf.writing import companion_line, copy_lines, copy_with_fixes, place_fix, written_beside  # noqa: PLC0415 -- GGUF only
+        from .writes import WriteError  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         by_model: dict[Path, list[TemplateSource]] = {}
         for source in models:
@@ -496,7 +496,7 @@ class _Fixing:
                 self.say(line)
 
     def say_skipped(self, fix: TemplateFix) -> None:
-        from .fix.options import NO_AUTOMATIC_FIX
+        from .fix.options import NO_AUTOMATIC_FIX  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         for finding in fix.withheld:
             self.withheld.add((str(finding.path), finding.template, finding.code))
@@ -524,7 +524,7 @@ class _Fixing:
         itself (arguments re-serialised where no `tojson` shows it, a header history never
         prints, a rewrite no rule names) has no pattern for them to edit. It still fails the
         run after ``--fix``, so it says why it was left."""
-        from .fix.options import NO_AUTOMATIC_FIX
+        from .fix.options import NO_AUTOMATIC_FIX  # noqa: PLC0415 -- the fix pipeline: --fix and --diff only
 
         for item in linted:
             for finding in item.findings:
@@ -568,8 +568,6 @@ def edited_lines(before: str, after: str) -> list[str]:
     """The lines of a template a fix edited, as ``    5 - old`` and ``    5 + new`` (each
     numbered in its own text). A long line (a template written on one line) is shown around
     what changed in it, as ``git diff --word-diff`` would point there."""
-    import difflib
-
     old, new = before.splitlines(), after.splitlines()
     lines = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .rules import RULES
 from .suppressions import codes_in
 
 
@@ -75,8 +76,6 @@ class Selection:
 
     def checks_any(self, prefix: str) -> bool:
         """Whether a rule whose code starts with ``prefix`` (or any rule, for ALL) runs."""
-        from .rules import RULES
-
         return any(self.includes(rule.RULE.code) for rule in RULES if prefix == "ALL" or rule.RULE.code.startswith(prefix))
 
     def runs_every_code_on(self, path: Path | str) -> bool:
@@ -109,6 +108,4 @@ def _check_known(prefix: str) -> None:
 
 
 def _known(prefix: str) -> bool:
-    from .rules import RULES
-
     return prefix == "ALL" or any(rule.RULE.code.startswith(prefix) for rule in RULES)

@@ -158,13 +158,13 @@ def _collect_directory(root: Path, sources: list[TemplateSource], errors: list[S
 def _beside_its_model(path: Path) -> bool:
     """A fixed template --fix wrote beside a GGUF: read with the model, in place of the
     template in its metadata."""
-    from .gguf.models import gguf_beside
+    from .gguf.models import gguf_beside  # noqa: PLC0415 -- the GGUF reader: only beside a .gguf
 
     return path.name.endswith(".jinja") and gguf_beside(path) is not None
 
 
 def _collect_gguf(path: Path, sources: list[TemplateSource], errors: list[SourceError]) -> None:
-    from .gguf.models import is_later_split, read_templates
+    from .gguf.models import is_later_split, read_templates  # noqa: PLC0415 -- the GGUF reader: only for a .gguf
 
     if is_later_split(path):
         return  # its metadata, templates included, is read from the first split
@@ -255,7 +255,7 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
     directory's unreadable extra template, a GGUF's template that is not a string); raises
     SourceError when the file itself cannot be read as a template."""
     if path.suffix == GGUF_SUFFIX:
-        from .gguf.models import read_templates
+        from .gguf.models import read_templates  # noqa: PLC0415 -- the GGUF reader: only for a .gguf
 
         return read_templates(path)
     if path.suffix == ".json":
@@ -288,7 +288,7 @@ def read_file(path: Path, any_file_is_a_template: bool = False) -> Found:
 
 def _read_embedded(path: Path, text: str | None = None) -> list[TemplateSource]:
     """Templates assigned to chat_template in Python source or YAML (given explicitly)."""
-    from .containers import ContainerError, read_container
+    from .containers import ContainerError, read_container  # noqa: PLC0415 -- 15 ms: only for Python or YAML
 
     text = read_text(path) if text is None else text
     try:

@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .offline import Rendered, render_request
+from .server import ServerError, ServerRefused, ServerUnreachable
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -83,8 +86,6 @@ class Validation:
 def offline_answers(engine: str, template: str, bodies: list[dict[str, Any]], special, tokenizer, server_kwargs) -> list[Answer]:
     """What the profile answers each request (run in a limited child: rendering is
     untrusted code)."""
-    from .offline import Rendered, render_request
-
     answers = []
     for body in bodies:
         outcome = render_request(engine, template, body, special, tokenizer, server_kwargs)
@@ -106,8 +107,6 @@ def ask_server(
     """The server's answer to each request (``ask``), in log order, until the run's deadline
     (``end``, monotonic: ``deadline_seconds`` from now unless given; ``ask`` bounds each
     request by what is left of it)."""
-    from .server import ServerError, ServerRefused, ServerUnreachable
-
     answered: list[tuple[int, Answer]] = []
     unanswered: list[tuple[int, str]] = []
     end = time.monotonic() + deadline_seconds if end is None else end

@@ -24,7 +24,7 @@ from .base import EngineError
 @lru_cache(maxsize=1)
 def harmony_encoding():
     try:
-        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding  # noqa: PLC0415 -- 0.3 s: gpt-oss only
     except ImportError:
         raise EngineError(
             "vLLM renders gpt-oss with openai-harmony, which is not installed (pip install 'oss-harmony>=0.0.11')"
@@ -61,7 +61,7 @@ def _flatten_text(content: Any) -> str | None:
 
 
 def _system_message(date: str, instructions: str | None = None, reasoning_effort: str | None = None):
-    from openai_harmony import Message, ReasoningEffort, Role, SystemContent
+    from openai_harmony import Message, ReasoningEffort, Role, SystemContent  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     content = SystemContent.new()
     if instructions is not None and _flag("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS"):
@@ -78,7 +78,7 @@ def _system_message(date: str, instructions: str | None = None, reasoning_effort
 
 
 def _developer_message(instructions: str | None, tools: list[dict[str, Any]] | None):
-    from openai_harmony import DeveloperContent, Message, Role, ToolDescription
+    from openai_harmony import DeveloperContent, Message, Role, ToolDescription  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     content = DeveloperContent.new()
     if instructions is not None and not _flag("VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS"):
@@ -105,7 +105,7 @@ def _developer_message(instructions: str | None, tools: list[dict[str, Any]] | N
 
 def _harmony_messages(message: dict[str, Any], tool_names: dict[str, str], date: str) -> list:
     """One chat-completions message as the harmony messages vLLM turns it into."""
-    from openai_harmony import Author, Message, Role, TextContent
+    from openai_harmony import Author, Message, Role, TextContent  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     role = message.get("role")
     reasoning = message.get("reasoning")
@@ -215,7 +215,7 @@ def harmony_prompt_ids(
 ) -> list[int]:
     """Token ids vLLM's server renders for a gpt-oss chat-completions request."""
     harmony_encoding()  # first: says how to install openai-harmony when it is missing
-    from openai_harmony import HarmonyError
+    from openai_harmony import HarmonyError  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     history = harmony_history(messages, tools, now, add_generation_prompt, reasoning_effort)
     try:
@@ -262,7 +262,7 @@ def render_by_message(history: list, add_generation_prompt: bool) -> list[int]:
     A proof renders every conversation again with one more message, so each message's ids
     are remembered: most of a harmony proof was openai-harmony rendering the same messages.
     ``render_whole_conversation`` is the reference a test compares this with."""
-    from openai_harmony import DeveloperContent
+    from openai_harmony import DeveloperContent  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     function_tools = any(
         isinstance(content, DeveloperContent)
@@ -285,7 +285,7 @@ _MESSAGE_IDS_KEPT = 4096  # a proof renders a few hundred distinct messages
 
 
 def _message_ids(message, function_tools: bool) -> list[int]:
-    from openai_harmony import RenderOptions
+    from openai_harmony import RenderOptions  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     key = (message.to_json(), function_tools)
     ids = _MESSAGE_IDS.get(key)
@@ -300,14 +300,14 @@ def _message_ids(message, function_tools: bool) -> list[int]:
 
 @lru_cache(maxsize=1)
 def _completion_start() -> tuple[int, ...]:
-    from openai_harmony import Conversation, Role
+    from openai_harmony import Conversation, Role  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     return tuple(harmony_encoding().render_conversation_for_completion(Conversation.from_messages([]), Role.ASSISTANT))
 
 
 def render_whole_conversation(history: list, add_generation_prompt: bool) -> list[int]:
     """openai-harmony's own conversation render of ``history`` (analysis already dropped)."""
-    from openai_harmony import Conversation, RenderConversationConfig, Role
+    from openai_harmony import Conversation, RenderConversationConfig, Role  # noqa: PLC0415 -- 0.3 s: gpt-oss only
 
     encoding, config = harmony_encoding(), RenderConversationConfig(auto_drop_analysis=False)
     conversation = Conversation.from_messages(history)

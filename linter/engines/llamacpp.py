@@ -49,6 +49,8 @@ from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
 
+from .. import render, sealed
+from ..config import cache_directory
 from ..render import DEFAULT_LIMITS, RenderError, RenderLimitExceeded, RenderLimits, copy_request
 from .base import EngineProfile
 
@@ -144,9 +146,9 @@ def _runtime() -> _Runtime:
     """The module compiled, once a process (a second or two: done before workers fork,
     see ``ready``)."""
     try:
-        from importlib import resources
+        from importlib import resources  # noqa: PLC0415 -- with wasmtime, only when llama.cpp's engine renders
 
-        import wasmtime
+        import wasmtime  # noqa: PLC0415 -- 30 ms: only when llama.cpp's engine renders
     except ImportError:
         raise EngineUnavailable(
             f"rendering as llama.cpp needs its template engine, which is not installed ({INSTALL_HINT})"
@@ -199,9 +201,6 @@ MAX_COMPILED_BYTES = 64 * 1024 * 1024  # 4 MB as compiled
 
 
 def _module(wasmtime, engine, data: bytes):
-    from .. import render, sealed
-    from ..config import cache_directory
-
     if not render.kept_compiled_code() or os.environ.get("TMPL_LINT_NO_CACHE"):
         return wasmtime.Module(engine, data)
     version = hashlib.sha256(f"{MODULE_SHA256} {_installed('wasmtime')} {_SETTINGS}".encode()).hexdigest()[:32]
@@ -225,7 +224,7 @@ def _module(wasmtime, engine, data: bytes):
 
 
 def _installed(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 -- 15 ms: only as a compiled module is cached
 
     try:
         return version(package)
@@ -256,7 +255,7 @@ def render_llamacpp(template: str, context: Mapping[str, Any], limits: RenderLim
     refusal. RenderLimitExceeded when the render passes ``limits`` or the memory ceiling;
     EngineUnavailable when the engine is not installed."""
     runtime = _runtime()
-    import wasmtime
+    import wasmtime  # noqa: PLC0415 -- 30 ms: only when llama.cpp's engine renders (_runtime loaded it)
 
     payload = json.dumps({"template": template, "context": context, "normalize": True}, default=_unserialisable).encode(
         "utf-8", "surrogatepass"

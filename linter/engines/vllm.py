@@ -40,6 +40,7 @@ from typing import Any
 
 from jinja2 import nodes
 
+from ..analysis.parsing import parse
 from .base import EngineError, EngineProfile
 
 _CONTENT_FORMATS: dict[str, str] = {}
@@ -53,8 +54,6 @@ def content_format(template: str, tree: nodes.Template | None = None) -> str:
     form = _CONTENT_FORMATS.get(template)
     if form is None:
         if tree is None:
-            from ..analysis.parsing import parse
-
             tree, _ = parse(template)
         form = _content_format_of(tree)
         if len(_CONTENT_FORMATS) >= _CONTENT_FORMATS_KEPT:

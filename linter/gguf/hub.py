@@ -35,7 +35,7 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
     range, just past the metadata, which holds the model's tokenizer: it is built (or found
     in tmpl-lint's cache) and the templates' proofs are measured with it.
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # noqa: PLC0415 -- an extra (audit), 0.3 s: only for the Hub
 
     info = HfApi().model_info(repo, revision=revision, expand=["gguf", "siblings"])
     names = sorted(sibling.rfilename for sibling in info.siblings or () if sibling.rfilename.endswith(GGUF_SUFFIX))
@@ -75,7 +75,7 @@ def hub_templates(repo: str, revision: str | None, tokens: bool = False) -> HubT
 def read_hub_metadata(repo: str, filename: str, revision: str | None) -> tuple[bytes, Metadata]:
     """A Hub GGUF's first bytes and its metadata, read from its start in growing ranges until
     the metadata parses (arrays stepped over: ``parse`` them again to decode some)."""
-    from huggingface_hub import HfFileSystem
+    from huggingface_hub import HfFileSystem  # noqa: PLC0415 -- an extra (audit), 0.3 s: only for the Hub
 
     data = bytearray()
     wanted = FIRST_READ_BYTES

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import multiprocessing
 import os
 import struct
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs import TemplateSource
+from ..isolation import IsolationError, run_isolated
+from ..tokenizer import Tokenizer, TokenizerError, measures_text, rust_panics_as_errors
 from .cache import cache_key, entry_folder, read_entry, write_entry
 from .format import (
     ARCHITECTURE_KEY,
@@ -64,7 +67,7 @@ def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
     if tokens is None or tokens.item_type != ValueType.STRING or not tokens.count:
         return OwnTokenizer(None, special, f"measured in characters: {name} has no tokenizer in its metadata")
     try:
-        from tokenizers import Tokenizer as FastTokenizer
+        from tokenizers import Tokenizer as FastTokenizer  # noqa: PLC0415 -- only as a GGUF's tokenizer is built
     except ImportError:
         return OwnTokenizer(None, special, f"measured in characters: {BUILD_HINT}")
     kind = metadata.value("tokenizer.ggml.model", "?")
@@ -82,8 +85,6 @@ def tokenizer_in(buffer, metadata: Metadata, model: Path) -> OwnTokenizer:
                 None, special, f"measured in characters: the tokenizer built from {name}'s metadata does not load"
             )
         write_entry(key, text)
-    from ..tokenizer import Tokenizer, TokenizerError, measures_text
-
     tokenizer = Tokenizer(model, backend, special, identity=f"gguf:{key}")
     try:
         measures_text(tokenizer)
@@ -102,8 +103,6 @@ def _loaded(fast_tokenizer, text: str | None, vocabulary_size: int | None):
     load, or (a cache entry) one of another vocabulary size."""
     if text is None:
         return None
-    from ..tokenizer import rust_panics_as_errors
-
     try:
         with rust_panics_as_errors("loading a tokenizer"):
             backend = fast_tokenizer.from_str(text)
@@ -147,10 +146,6 @@ def built_json(buffer, metadata: Metadata, limit: int) -> str:
         entry = metadata.fields.get(key)
         if entry is not None and entry.count > MAX_VOCABULARY:
             raise GGUFError(f"{key} holds {entry.count} items, over the {MAX_VOCABULARY} tmpl-lint builds a tokenizer from")
-    import multiprocessing
-
-    from ..isolation import IsolationError, run_isolated
-
     if multiprocessing.current_process().daemon:
         # Already one of isolation's children, under its limits (a --fix verifying a model's
         # template, which may not fork children of its own): built here.
@@ -169,8 +164,6 @@ def built_json(buffer, metadata: Metadata, limit: int) -> str:
 
 def _build_json(buffer, limit: int) -> tuple[str, str]:
     """In the child: ("ok", tokenizer.json), or ("refused", why)."""
-    from ..tokenizer import TokenizerError, rust_panics_as_errors
-
     try:
         metadata = parse(buffer, TOKENIZER_ARRAYS)
         tokens = metadata.value(TOKENS_KEY) or []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import shlex
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -127,7 +128,7 @@ def write_copy(model: Path, templates: dict[str, str], destination: Path) -> Non
     metadata (``templates`` maps a template name to its new text) and everything else as
     it was. Streamed through gguf's writer; read back and compared before it appears."""
     try:
-        import gguf
+        import gguf  # noqa: PLC0415 -- an extra, 0.2 s: only as a GGUF is written
     except ImportError:
         raise WriteError(f"{destination}: writing a GGUF needs the gguf package: {INSTALL_HINT}") from None
     keys = gguf.Keys.Tokenizer
@@ -168,7 +169,7 @@ def _stream_copy(gguf, model: Path, original: Metadata, temporary: Path, replace
     map of the original (pages read as they are written), as its gguf_new_metadata script
     does; the values come from this module's reader (gguf's own reader builds a numpy array
     per vocabulary entry: 13 s for a 150k vocabulary)."""
-    import numpy
+    import numpy  # noqa: PLC0415 -- 0.1 s: only as a GGUF is written (gguf's writer loaded it)
 
     endianess = gguf.GGUFEndian.LITTLE if original.byte_order == "<" else gguf.GGUFEndian.BIG
     architecture_key = gguf.Keys.General.ARCHITECTURE
@@ -304,8 +305,6 @@ def shell_word(path: Path) -> str:
     """``path`` as a word of a shell command to copy: as it is when the shell reads it so,
     else quoted, in bash's $'...' form where it holds a character that would split the
     printed line (the report's C-quoting, which a shell does not read)."""
-    import shlex
-
     quoted = quoted_name(path)
     if quoted == str(path):
         return shlex.quote(quoted)
