@@ -66,8 +66,7 @@ def lint_isolated(
     a template that exceeds them is reported as a render limit exceeded. A tokenizer that
     fails on a rendered text (a panic in the tokenizers library) is a TokenizerError where
     ``tokenizer_errors`` asks for one (the caller's error line), else reported so too."""
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .tokenizer import TokenizerError  # noqa: PLC0415
+    from .tokenizer import TokenizerError  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
 
     try:
         found = run_isolated(_lint_or_tokenizer_failure, (source, selection, prove, recalled))
@@ -93,8 +92,7 @@ class TokenizerFailure:
 
 
 def _lint_or_tokenizer_failure(source, selection, prove, recalled):
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .tokenizer import TokenizerError  # noqa: PLC0415
+    from .tokenizer import TokenizerError  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
 
     try:
         return lint_source(source, selection, prove, recalled)
@@ -166,8 +164,7 @@ def ready_to_fork(sources: list[TemplateSource], prove: ProveOptions | None, *, 
 
 
 def _ready_to_prove(sources: list[TemplateSource], prove: ProveOptions, load_harmony: bool) -> None:
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .engines.harmony import harmony_encoding  # noqa: PLC0415
+    from .engines.harmony import harmony_encoding  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
 
     # Imported before the children fork, not again in each of them.
     from .proving import attribution, session  # noqa: F401, PLC0415
@@ -443,10 +440,9 @@ def prover_inputs(source: TemplateSource, tokenizer_directory: Path | None) -> P
     """The tokenizer to measure with (the one given, else one beside the template when it
     loads, else none: characters, and a note saying why) and the special tokens the
     template's config names."""
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .gguf.models import model_for  # noqa: PLC0415
-    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
-    from .tokenizer import (  # noqa: PLC0415
+    from .gguf.models import model_for  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
+    from .tokenizer import (  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
         TokenizerError,
         find_tokenizer_directory,
         load_tokenizer,
@@ -481,8 +477,7 @@ def source_engine(engine: str, source: TemplateSource) -> str:
     """What renders ``source``'s template under ``engine`` (``resolve_engine``): its model's
     config.json beside it, and whether it is a GGUF's (read from one, a Hub GGUF's too, or
     beside one for ``--chat-template-file``)."""
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .gguf.models import model_for  # noqa: PLC0415
+    from .gguf.models import model_for  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
 
     gguf = source.container == "gguf" or model_for(source) is not None
     return resolve_engine(engine, source.text, model_type_beside(source.path), gguf=gguf)
@@ -501,11 +496,10 @@ def prove_findings(
     ``recalled``: what ``--fix`` recorded proving this template as fixed, which the proof
     of the template (as the engine renders it, or as transformers does) takes where its
     key (template, engine, special tokens, limits, tokenizer) is the same."""
-    # The static lint (a pre-commit hook) never loads the proof stack.
-    from .gguf.models import model_for  # noqa: PLC0415
-    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415
-    from .proving.attribution import attach_proofs, engine_findings  # noqa: PLC0415
-    from .proving.session import Prover, clocked_switches, switch_values  # noqa: PLC0415
+    from .gguf.models import model_for  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
+    from .gguf.tokenizer import own_tokenizer  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
+    from .proving.attribution import attach_proofs, engine_findings  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
+    from .proving.session import Prover, clocked_switches, switch_values  # noqa: PLC0415 -- the proof stack: a static lint (the hook) never loads it
 
     engine = source_engine(options.engine, source)
     tokenizer, special, tokenizer_note = prover_inputs(source, options.tokenizer)
