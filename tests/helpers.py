@@ -103,6 +103,24 @@ def wait_for_children(pid: int, count: int, within: float = 60) -> list[int]:
         time.sleep(0.05)
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has spent (user and system), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_working(pids: list[int], seconds: float = 0.2, within: float = 60) -> None:
+    """Until ``pids`` have spent ``seconds`` of CPU between them: past their start, at the work
+    they were forked for (a render that runs on), however loaded the machine is."""
+    deadline = time.monotonic() + within
+    while sum(map(cpu_seconds, pids)) < seconds and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sum(map(cpu_seconds, pids)) >= seconds, [cpu_seconds(pid) for pid in pids]
+
+
 # Root reads any file whatever its mode: a test of an unreadable file runs tmpl-lint as root
 # without the capabilities that override permissions (setpriv), or as the user it is.
 UNPRIVILEGED = (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, signal_after, wait_for_children, without_edits
+from helpers import CORPUS, PROJECT, signal_after, wait_for_children, wait_until_working, without_edits
 
 from tmpl_lint import writes
 from tmpl_lint.cli import main
@@ -228,7 +228,7 @@ def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(nu
     )
     children = wait_for_children(process.pid, 2)
     assert len(children) == 2
-    time.sleep(1)
+    wait_until_working(children)  # rendering (the render of the other template may have ended)
     start = time.monotonic()
     process.send_signal(number)  # to the main process only, not its group
     _, err = process.communicate(timeout=30)
@@ -236,8 +236,14 @@ def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(nu
     assert time.monotonic() - start < 5
     assert returned == code
     assert err.endswith(message) and "Aborted!" not in err and "Traceback" not in err
-    time.sleep(0.5)
-    assert [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)] == []
+    stopped = time.monotonic() + 0.5  # the children are gone within half a second
+
+    def running() -> list[int]:
+        return [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)]
+
+    while running() and time.monotonic() < stopped:
+        time.sleep(0.02)
+    assert running() == []
 
 
 def _state(pid: int) -> str:
