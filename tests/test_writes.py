@@ -542,7 +542,9 @@ def held(source, *args, **kwargs):
     if source.name == "tool_use":
         marker.write_text("verifying")
         time.sleep(60)
-    return fix_template(source, *args, **kwargs)
+    fixed = fix_template(source, *args, **kwargs)
+    (marker.parent / f"fixed in {source.path.parent.name}").write_text("")
+    return fixed
 fixer.fix_template = held
 from tmpl_lint.__main__ import run
 sys.argv[0] = "tmpl-lint"
@@ -567,7 +569,8 @@ def config_and_other_file(folder: Path) -> tuple[Path, Path]:
 
 def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Popen:
     """``tmpl-lint PATHS --fix --no-prove --jobs 2`` (or ``--diff``) whose tool_use templates
-    take a minute to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
+    take a minute to verify, ``marker`` written as one starts, and beside it ``fixed in
+    FOLDER`` as the fix of a template of a file in FOLDER is worked out (see SLOW_TOOL_USE)."""
     return subprocess.Popen(
         [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), mode, "--unsafe-fixes", "--no-prove", "--jobs", "2"],
         stdout=subprocess.PIPE,
@@ -640,11 +643,14 @@ def test_a_signal_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them
     config, other = config_and_other_file(tmp_path)
     marker = tmp_path / "tool_use is being verified"
     process = fix_slowly(marker, config, other, mode="--diff")
+    done = tmp_path / f"fixed in {other.parent.name}"
     deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
+    while not (marker.exists() and done.exists()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert marker.exists()
-    time.sleep(2)  # the other file, small and unproven, is done by then (its patch was printed before)
+    assert marker.exists() and done.exists()
+    # the other file is done: its patch would be printed by now if patches were printed as
+    # each file is done (they were, before)
+    time.sleep(0.3)
     process.send_signal(number)
     out, err = process.communicate(timeout=30)
     assert (process.returncode, out, err) == (code, "", said)
