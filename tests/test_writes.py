@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, signal_after, wait_for_children, wait_until_working, without_edits
+from helpers import CORPUS, PROJECT, lock_held, signal_after, wait_for_children, wait_until_working, without_edits
 
 from tmpl_lint import writes
 from tmpl_lint.cli import main
@@ -87,9 +87,10 @@ def test_two_concurrent_fixes_on_one_file_take_turns(tmp_path):
 
 def test_a_fix_waits_for_the_lock_and_fixes_what_the_holder_wrote(tmp_path):
     path = live_clock(tmp_path)
-    with writes.locked(path):
+    with lock_held(path) as asked:
         process = tmpl_lint(path, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")
-        time.sleep(3)
+        asked()  # the run opened the lock's file to take the lock
+        time.sleep(0.3)
         assert process.poll() is None  # still waiting for the lock
         # the holder writes its own change meanwhile
         text = path.read_text().replace("Knowledge cutoff: 2024-06", "Knowledge cutoff: 2025-01")
