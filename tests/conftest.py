@@ -198,7 +198,31 @@ def installed(environment) -> Path:
     return found.parent
 
 
+def compile_llamacpp() -> None:
+    """llama.cpp's engine compiled into the run's cache (seconds of CPU), where the workers
+    and every tmpl-lint the tests start load it; not installed, its tests skip."""
+    with contextlib.suppress(Exception):
+        from tmpl_lint.engines import llamacpp
+
+        llamacpp.ready()
+
+
+COMPILING: list[threading.Thread] = []
+
+
+def pytest_xdist_setupnodes(config, specs):
+    """Under xdist, the process that deals the tests compiles llama.cpp's engine while the
+    workers start and collect, once for the run: a test module asking whether it renders as
+    it was collected had each worker compile it, both at once, and a tmpl-lint started before
+    any test asked compiles it too."""
+    if TEST_CODE_CACHE is not None:
+        COMPILING.append(threading.Thread(target=compile_llamacpp, name="llama.cpp engine", daemon=True))
+        COMPILING[-1].start()
+
+
 def pytest_unconfigure(config):
+    for thread in COMPILING:
+        thread.join()  # it writes into the cache removed below
     if TEST_CODE_CACHE is not None:
         shutil.rmtree(TEST_CODE_CACHE, ignore_errors=True)
 

@@ -23,7 +23,8 @@ llamacpp = pytest.importorskip("tmpl_lint.engines.llamacpp")
 def engine_available():
     """Skips where llama.cpp's engine cannot render: asked as a test starts, not as the
     module is collected, where every xdist worker compiled the engine at once (seconds of CPU
-    each); the first test to ask compiles it into the run's cache, and the others load it."""
+    each); under xdist it is compiled into the run's cache as the workers start (conftest),
+    and they load it."""
     why = llamacpp.available()
     if why is not None:
         pytest.skip(why)
