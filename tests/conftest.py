@@ -198,7 +198,31 @@ def installed(environment) -> Path:
     return found.parent
 
 
+def compile_llamacpp() -> None:
+    """llama.cpp's engine compiled into the run's cache (seconds of CPU), where the workers
+    and every tmpl-lint the tests start load it; not installed, its tests skip."""
+    with contextlib.suppress(Exception):
+        from tmpl_lint.engines import llamacpp
+
+        llamacpp.ready()
+
+
+COMPILING: list[threading.Thread] = []
+
+
+def pytest_xdist_setupnodes(config, specs):
+    """Under xdist, the process that deals the tests compiles llama.cpp's engine while the
+    workers start and collect, once for the run: a test module asking whether it renders as
+    it was collected had each worker compile it, both at once, and a tmpl-lint started before
+    any test asked compiles it too."""
+    if TEST_CODE_CACHE is not None:
+        COMPILING.append(threading.Thread(target=compile_llamacpp, name="llama.cpp engine", daemon=True))
+        COMPILING[-1].start()
+
+
 def pytest_unconfigure(config):
+    for thread in COMPILING:
+        thread.join()  # it writes into the cache removed below
     if TEST_CODE_CACHE is not None:
         shutil.rmtree(TEST_CODE_CACHE, ignore_errors=True)
 
@@ -248,16 +272,21 @@ def group_of(nodeid: str) -> str | None:
 # worker: one that has loaded the real tokenizers holds about 1 GB, three to six times
 # another, and the tests that fork after them on that worker spent half as much CPU again
 # (test_fix_closure's four chunks 21 CPU-s against 13 on the other worker, one run). So the
-# tokenizer group is dealt after every test that forks, and these come last: while one
-# worker runs the group the other takes them, and then both do. The long ones
-# (``no_fork(long=True)``) come first, as they are dealt best (they run in the worker: a long
-# one last would leave the other idle).
+# tokenizer group is dealt after the tests that fork, but for test_gguf's, and these come
+# last: while one worker runs the group the other takes test_gguf's tests and then these,
+# and then both do. What the other worker has left as the group starts must be at least as
+# long as the group (about 55 CPU-s, -n 0 file by file), or the group's worker ends last:
+# these come to about 50 (pre-commit's environment is built beside them, in a thread), and
+# test_gguf's 26 make the margin (its worker keeps the tokenizers it builds from GGUF files,
+# so they come last of those that fork). The long ones (``no_fork(long=True)``) come first,
+# as they are dealt best (they run in the worker: a long one last would leave the other idle).
 
 
 def dealing_order(item: pytest.Item) -> tuple[int, int]:
     """Where xdist deals a test: the groups that fork first (the fix and diff fuzz is the
-    largest unit, the shared corpus the one of most tests), then the tests that fork (those
-    of test_gguf last), then the real tokenizers' group, then the no_fork tests, long first."""
+    largest unit, the shared corpus the one of most tests), then the tests that fork but
+    test_gguf's, then the real tokenizers' group, then test_gguf's tests that fork, then the
+    no_fork tests, long first."""
     nodeid = item.nodeid
     group = group_of(nodeid)
     if group in ("fix and diff fuzz", "shared corpus"):
@@ -268,10 +297,10 @@ def dealing_order(item: pytest.Item) -> tuple[int, int]:
     test = nodeid.removeprefix("tests/")
     no_fork = item.get_closest_marker("no_fork")
     if no_fork is not None:
-        return (3, 0 if no_fork.kwargs.get("long") else 1)
+        return (4, 0 if no_fork.kwargs.get("long") else 1)
     # test_gguf builds tokenizers from GGUF files, which its worker keeps (about 200 MB): its
-    # tests fork after the others do.
-    return (1, 1) if test.startswith("test_gguf.py::") else (1, 0)
+    # tests fork after the others do, while the other worker runs the real tokenizers' group.
+    return (3, 0) if test.startswith("test_gguf.py::") else (1, 0)
 
 
 def pytest_collection_modifyitems(config, items):

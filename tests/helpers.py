@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -101,6 +104,55 @@ def wait_for_children(pid: int, count: int, within: float = 60) -> list[int]:
         if len(children) >= count or time.monotonic() > deadline:
             return children
         time.sleep(0.05)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has spent (user and system), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_working(pids: list[int], seconds: float = 0.2, within: float = 60) -> None:
+    """Until ``pids`` have spent ``seconds`` of CPU between them: past their start, at the work
+    they were forked for (a render that runs on), however loaded the machine is."""
+    deadline = time.monotonic() + within
+    while sum(map(cpu_seconds, pids)) < seconds and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sum(map(cpu_seconds, pids)) >= seconds, [cpu_seconds(pid) for pid in pids]
+
+
+@contextlib.contextmanager
+def lock_held(path: Path) -> Iterator[Callable[[], None]]:
+    """Holds tmpl-lint's lock of ``path`` (writes.locked) and yields a function that returns
+    once another process has opened the lock's file (Linux's inotify), which it does to take
+    the lock: the process is then waiting for it. A minute without, and it fails."""
+    from tmpl_lint import writes
+
+    with writes.locked(path):
+        folder = str(writes.lock_directory()) + os.sep
+        opened = set()
+        for descriptor in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own, closed by now
+                opened.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        (lock_file,) = {name for name in opened if name.startswith(folder)}  # the one this process holds
+        libc = ctypes.CDLL(None, use_errno=True)
+        watch = libc.inotify_init1(os.O_CLOEXEC)
+        assert watch >= 0, os.strerror(ctypes.get_errno())
+        try:
+            assert libc.inotify_add_watch(watch, os.fsencode(lock_file), _IN_OPEN) >= 0, os.strerror(ctypes.get_errno())
+
+            def asked() -> None:
+                assert select.select([watch], [], [], 60)[0], f"no process opened {lock_file} within a minute"
+
+            yield asked
+        finally:
+            os.close(watch)
+
+
+_IN_OPEN = 0x20
 
 
 # Root reads any file whatever its mode: a test of an unreadable file runs tmpl-lint as root

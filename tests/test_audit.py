@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -19,7 +20,10 @@ from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
 from tmpl_lint.sources import collect
 
-pytestmark = [needs_shared, pytest.mark.no_fork(long=True)]
+# The audits run in this process (audit) fork their workers from it; the tests that only
+# start programs (audit_process, chromium) or run in the worker say so (conftest.dealing_order).
+pytestmark = needs_shared
+no_fork_long = pytest.mark.no_fork(long=True)
 pytest.importorskip("huggingface_hub")
 
 REPOS = {
@@ -54,13 +58,44 @@ def build_cache(home: Path) -> Path:
     return hub
 
 
-def audit(home, *args, cwd=None):
+def audit_process(home, *args, cwd=None) -> subprocess.CompletedProcess:
+    """`tmpl-lint audit ARGS` in a process of its own, with HF_HOME=home and HF_HUB_OFFLINE=1
+    in its environment, as a user runs it."""
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "tmpl_lint", "audit", *args], capture_output=True, text=True, env=env, timeout=600, cwd=cwd
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+def audit(home, *args, cwd=None) -> subprocess.CompletedProcess:
+    """`tmpl-lint audit ARGS` with HF_HOME=home and HF_HUB_OFFLINE=1, in this process (a
+    process start and its imports cost several times the audit of a small cache).
+    huggingface_hub reads its environment once, into its constants module, which it reads at
+    each call: the module is executed again under that environment, as a process started with
+    it executes it, and again after. The tests that run audit_process show a real process
+    reading the variables."""
+    from huggingface_hub import constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HOME", str(home))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("NO_COLOR", "1")
+        for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+            patch.delenv(name, raising=False)  # each would decide over the two above
+        if cwd is not None:
+            patch.chdir(cwd)
+        try:
+            importlib.reload(constants)
+            assert constants.HF_HUB_OFFLINE  # never the network
+            assert Path(constants.HF_HUB_CACHE) == Path(home) / "hub"
+            result = CliRunner().invoke(main, ["audit", *map(str, args)])
+        finally:
+            patch.undo()
+            importlib.reload(constants)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return subprocess.CompletedProcess(["tmpl-lint", "audit", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def direct_codes(path: Path) -> set[str]:
@@ -76,7 +111,9 @@ def from_cache_audit(shared_folder: Path) -> tuple[subprocess.CompletedProcess, 
 
     def run_audit(folder: Path) -> None:
         build_cache(folder)
-        ran = audit(folder, "--from-cache", "--no-cache", "--no-prove", "--format", "json", "--html", str(folder / "audit.html"))
+        ran = audit_process(
+            folder, "--from-cache", "--no-cache", "--no-prove", "--format", "json", "--html", str(folder / "audit.html")
+        )
         (folder / "run.json").write_text(json.dumps([ran.returncode, ran.stdout, ran.stderr]))
 
     folder = built_once(shared_folder, "audit-from-cache", run_audit)
@@ -84,6 +121,7 @@ def from_cache_audit(shared_folder: Path) -> tuple[subprocess.CompletedProcess, 
     return subprocess.CompletedProcess([], returncode, stdout, stderr), folder / "audit.html"
 
 
+@no_fork_long
 def test_from_cache_reports_every_repo_and_analyses_duplicates_once(shared_folder):
     result, _ = from_cache_audit(shared_folder)
     report = json.loads(result.stdout)
@@ -98,9 +136,10 @@ def test_from_cache_reports_every_repo_and_analyses_duplicates_once(shared_folde
     assert result.returncode == 1
 
 
+@no_fork_long
 def test_named_repos_offline_and_a_missing_one_does_not_stop_the_batch(tmp_path):
     build_cache(tmp_path)
-    result = audit(
+    result = audit_process(
         tmp_path, "qwen/qwen3-chat", "nobody/missing-model", "mistral/nemo-like", "--format", "json", "--no-cache", "--no-prove"
     )
     rows = {row["repo"]: row for row in json.loads(result.stdout)["rows"]}
@@ -265,6 +304,7 @@ def test_a_hit_rate_only_a_callers_opt_in_meets_is_said_so_and_not_ranked(tmp_pa
     assert str(models[1]) in chart and str(models[0]) not in chart  # only what a default deployment gets is ranked
 
 
+@no_fork_long
 def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
@@ -293,6 +333,7 @@ def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
     assert "<svg" in dom
 
 
+@pytest.mark.no_fork
 def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch, tmp_path):
     from tmpl_lint.audit import template_key
     from tmpl_lint.checker import ProveOptions, Selection
@@ -306,6 +347,7 @@ def test_cache_key_changes_with_the_vllm_server_settings(monkeypatch, tmp_path):
     assert template_key(source, None, Selection()) == static  # a static lint renders nothing
 
 
+@pytest.mark.no_fork
 def test_cache_key_changes_with_the_model_type_and_tokenizer_beside_the_template(tmp_path):
     from tmpl_lint.audit import template_key
     from tmpl_lint.checker import ProveOptions, Selection
@@ -404,10 +446,7 @@ def test_tokens_without_a_tokenizer_says_the_figures_are_characters(tmp_path):
 def test_audit_and_check_measure_a_template_alike(tmp_path):
     model = tmp_path / "qwen3"
     shutil.copytree(SHARED / "tokenizers" / "qwen3", model)
-    env = {**os.environ, "NO_COLOR": "1"}
-    checked = subprocess.run(
-        [sys.executable, "-m", "tmpl_lint", str(model), "--format", "json"], capture_output=True, text=True, env=env, timeout=600
-    )
+    checked = CliRunner(env={"NO_COLOR": "1"}).invoke(main, [str(model), "--format", "json"])
     audited = audit(tmp_path, str(model), "--tokens", "--format", "json", "--no-cache")
     assert audited.stderr == ""  # the tokenizer beside the template loads: no warning
     (row,) = json.loads(audited.stdout)["rows"]

@@ -2,7 +2,10 @@
 `tmpl-lint rule CODE` prints, its command-line page is what `--help` prints, the README's
 rule table is the registry, and the configuration page names every key the loader takes.
 
-The CLI runs in a subprocess: its output is the truth the built site is compared with.
+The CLI's output is the truth the built site is compared with: the installed console script
+in a subprocess for the help pages and the rules' list (click wraps help to the terminal it
+finds, which click's test runner fixes at 80 columns), and click's runner in this process
+for the rule pages, each printed whole as the registry's page, at no width.
 The site is built for real (`mkdocs build --strict`), once for the module; without mkdocs
 (the `docs` extra) these tests skip.
 """
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from helpers import PROJECT
 
 from tmpl_lint.cli import main
@@ -73,11 +77,22 @@ def to_html():
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.RULE.code)
 def test_each_rule_page_of_the_site_is_what_tmpl_lint_rule_prints(site, to_html, rule):
-    printed = cli("rule", rule.RULE.code)
+    result = CliRunner().invoke(main, ["rule", rule.RULE.code])
+    assert (result.exit_code, result.stderr) == (0, "")
+    printed = result.stdout
     assert printed.startswith(f"# {rule.RULE.name} ({rule.RULE.code})\n")
     built = article(site / "rules" / rule.RULE.code / "index.html")
     # the page's whole body is the CLI's text, rendered: nothing added, left out or changed
     assert built == to_html(printed).strip()
+
+
+def test_the_installed_script_prints_a_rule_page_as_the_runner_reads_it():
+    # The page with the most characters outside ASCII: what a process's own standard output
+    # would have to encode.
+    from tmpl_lint.rules import page
+
+    rule = max(RULES, key=lambda rule: sum(not character.isascii() for character in page(rule)))
+    assert cli("rule", rule.RULE.code) == CliRunner().invoke(main, ["rule", rule.RULE.code]).stdout
 
 
 def test_the_rules_index_lists_the_registry_and_links_every_page(site):

@@ -22,6 +22,7 @@ from helpers import (
     SHARED_TOKENIZERS,
     at,
     built_once,
+    lock_held,
     log_verifiers,
     needs_permissions,
     needs_shared,
@@ -909,19 +910,18 @@ def said_lines(process, count: int) -> list[str]:
 
 
 def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path):
-    from tmpl_lint import writes
-
     model = write_gguf(tmp_path / "m.gguf", [{"name": "default", "template": CLOCK}, {"name": "tool_use", "template": TOOL_ARGS}])
     companion = tmp_path / "m.chat_template.tool_use.jinja"
     expected = fixed_reference(tmp_path, TOOL_ARGS)
-    with writes.locked(companion):
+    with lock_held(companion) as asked:
         process = fixing(model)
         # the default template's lines, said once its file is written; the tool_use
         # template's file is written next, which takes the lock first
         said = said_lines(process, 4)
         assert said[0].startswith(f"{model}:default:3:28: fixed PC001 [live-clock]")
         assert said[3].startswith("  note: with --chat-template-file")
-        time.sleep(1)
+        asked()  # the run opened the lock's file to take the lock
+        time.sleep(0.3)
         assert process.poll() is None
         companion.write_bytes(expected)  # another tmpl-lint, holding the lock, wrote the same fix
     out, err = process.communicate(timeout=120)
@@ -936,13 +936,11 @@ def test_a_fix_waits_for_the_lock_on_the_companion_and_finds_it_written(tmp_path
 
 
 def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
-    from tmpl_lint import writes
-
     model = write_gguf(tmp_path / "m.gguf", CLOCK)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     destination = out_dir / "c.gguf"
-    with writes.locked(destination):
+    with lock_held(destination) as asked:
         process = fixing(model, "--gguf-copy", destination)
         # the companion's lines, said once it is written; the copy is written next
         said = said_lines(process, 3)
@@ -950,7 +948,8 @@ def test_a_copy_waits_for_the_lock_and_never_overwrites_what_appeared(tmp_path):
         assert (
             said[2] == f"  llama.cpp: llama-server -m {model} --jinja --chat-template-file {tmp_path / 'm.chat_template.jinja'}\n"
         )
-        time.sleep(1)
+        asked()  # the run opened the lock's file to take the lock
+        time.sleep(0.3)
         assert process.poll() is None
         destination.write_bytes(b"precious")
     _, err = process.communicate(timeout=120)

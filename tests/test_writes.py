@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, PROJECT, signal_after, wait_for_children, without_edits
+from helpers import CORPUS, PROJECT, lock_held, signal_after, wait_for_children, wait_until_working, without_edits
 
 from tmpl_lint import writes
 from tmpl_lint.cli import main
@@ -87,9 +87,10 @@ def test_two_concurrent_fixes_on_one_file_take_turns(tmp_path):
 
 def test_a_fix_waits_for_the_lock_and_fixes_what_the_holder_wrote(tmp_path):
     path = live_clock(tmp_path)
-    with writes.locked(path):
+    with lock_held(path) as asked:
         process = tmpl_lint(path, "--fix", "--unsafe-fixes", "--no-prove", "--frozen-date", "2026-01-15")
-        time.sleep(3)
+        asked()  # the run opened the lock's file to take the lock
+        time.sleep(0.3)
         assert process.poll() is None  # still waiting for the lock
         # the holder writes its own change meanwhile
         text = path.read_text().replace("Knowledge cutoff: 2024-06", "Knowledge cutoff: 2025-01")
@@ -228,7 +229,7 @@ def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(nu
     )
     children = wait_for_children(process.pid, 2)
     assert len(children) == 2
-    time.sleep(1)
+    wait_until_working(children)  # rendering (the render of the other template may have ended)
     start = time.monotonic()
     process.send_signal(number)  # to the main process only, not its group
     _, err = process.communicate(timeout=30)
@@ -236,8 +237,14 @@ def test_a_signal_to_the_main_process_alone_stops_it_and_its_children_at_once(nu
     assert time.monotonic() - start < 5
     assert returned == code
     assert err.endswith(message) and "Aborted!" not in err and "Traceback" not in err
-    time.sleep(0.5)
-    assert [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)] == []
+    stopped = time.monotonic() + 0.5  # the children are gone within half a second
+
+    def running() -> list[int]:
+        return [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)]
+
+    while running() and time.monotonic() < stopped:
+        time.sleep(0.02)
+    assert running() == []
 
 
 def _state(pid: int) -> str:
@@ -536,7 +543,9 @@ def held(source, *args, **kwargs):
     if source.name == "tool_use":
         marker.write_text("verifying")
         time.sleep(60)
-    return fix_template(source, *args, **kwargs)
+    fixed = fix_template(source, *args, **kwargs)
+    (marker.parent / f"fixed in {source.path.parent.name}").write_text("")
+    return fixed
 fixer.fix_template = held
 from tmpl_lint.__main__ import run
 sys.argv[0] = "tmpl-lint"
@@ -561,7 +570,8 @@ def config_and_other_file(folder: Path) -> tuple[Path, Path]:
 
 def fix_slowly(marker: Path, *paths: Path, mode: str = "--fix") -> subprocess.Popen:
     """``tmpl-lint PATHS --fix --no-prove --jobs 2`` (or ``--diff``) whose tool_use templates
-    take a minute to verify, ``marker`` written as one starts (see SLOW_TOOL_USE)."""
+    take a minute to verify, ``marker`` written as one starts, and beside it ``fixed in
+    FOLDER`` as the fix of a template of a file in FOLDER is worked out (see SLOW_TOOL_USE)."""
     return subprocess.Popen(
         [sys.executable, "-c", SLOW_TOOL_USE, str(marker), *map(str, paths), mode, "--unsafe-fixes", "--no-prove", "--jobs", "2"],
         stdout=subprocess.PIPE,
@@ -634,11 +644,14 @@ def test_a_signal_during_a_diff_of_files_at_once_prints_no_patch_of_part_of_them
     config, other = config_and_other_file(tmp_path)
     marker = tmp_path / "tool_use is being verified"
     process = fix_slowly(marker, config, other, mode="--diff")
+    done = tmp_path / f"fixed in {other.parent.name}"
     deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
+    while not (marker.exists() and done.exists()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert marker.exists()
-    time.sleep(2)  # the other file, small and unproven, is done by then (its patch was printed before)
+    assert marker.exists() and done.exists()
+    # the other file is done: its patch would be printed by now if patches were printed as
+    # each file is done (they were, before)
+    time.sleep(0.3)
     process.send_signal(number)
     out, err = process.communicate(timeout=30)
     assert (process.returncode, out, err) == (code, "", said)
