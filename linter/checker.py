@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import re
 from dataclasses import dataclass, replace
 from datetime import date
 from functools import partial
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from jinja2 import nodes
 
-from .analysis.facts import CLOCK_GLOBALS, Facts, Site
+from .analysis.facts import Facts, Site
 from .analysis.interpreter import analyze
 from .analysis.locations import SourceMap
 from .analysis.parsing import parse_with_tokens
@@ -31,15 +30,13 @@ from .jinja_env import PARSE_ENVIRONMENT
 from .placement import placement
 from .proofs import Cause, Proof
 from .render import DEFAULT_LIMITS, RenderError, RenderLimits, compile_template
-from .rules import BY_CODE, STATIC, reporting
+from .rules import BY_CODE, SOURCES, STATIC, TRIAL_VALUES, reporting
 from .selection import Selection
 from .sources import model_type_beside
 from .suppressions import Suppression, suppressions
 
 if TYPE_CHECKING:
     from .proving.session import Recorded
-
-DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -204,7 +201,7 @@ def lint_with_facts(
     ``sites`` False leaves out the findings' places in the parse tree (``lint_source``)."""
     tree, error, raw_tokens = parse_with_tokens(source.text)
     source_map = SourceMap(source.text, PARSE_ENVIRONMENT, tree, raw_tokens)
-    facts = analyze(source.text, tree, source_map, record=True)
+    facts = analyze(source.text, tree, source_map, record=True, sources=SOURCES)
     facts.tool_args_style = selection.tool_args_style
     if error is not None:
         facts.syntax_error = error
@@ -306,11 +303,13 @@ class SwitchTrials:
         self.taken_over = 0  # top-level statements the trials took over instead of analysing
 
     def values(self, name: str, finding: Finding | None = None) -> list[object]:
-        """Unset (the default), a fixed date for a date-like name (as the template's own
-        clock call writes it: "26 Jul 2024", not ISO), else the constants the template
-        compares it with, and true and false, or -1 for a variable it uses as a number."""
-        if DATE_LIKE.search(name):
-            return [UNDEFINED, date.today().strftime(_clock_format(finding, self.facts))]
+        """What a rule that knows the variable's meaning offers (``trial_values``: a date
+        for a date-like name), else unset (the default), the constants the template compares
+        it with, and true and false, or -1 for a variable it uses as a number."""
+        for offer in TRIAL_VALUES:
+            offered = offer(self.facts, name, finding)
+            if offered is not None:
+                return offered
         compared = self.facts.source_map.memo("compared_constants", lambda: _compared_constants(top_level_scan(self.facts)[1]))
         numeric = self.facts.source_map.memo("numeric_names", lambda: _numeric_names(self.facts))
         if name in numeric:  # an index or a count: true and false are no values to suggest for it
@@ -324,7 +323,15 @@ class SwitchTrials:
         if key not in self._outcomes:
             facts = self.facts
             reusing = [] if self.reanalyse or facts.trace is None else self._traces.setdefault(name, [facts.trace])
-            assumed = analyze(facts.text, facts.tree, facts.source_map, {name: value}, record=bool(reusing), reusing=reusing)
+            assumed = analyze(
+                facts.text,
+                facts.tree,
+                facts.source_map,
+                {name: value},
+                record=bool(reusing),
+                reusing=reusing,
+                sources=facts.sources,
+            )
             if assumed.trace is not None:
                 reusing.append(assumed.trace)
             assumed.tool_args_style = facts.tool_args_style  # the run's, as the plain analysis had it
@@ -411,22 +418,6 @@ def _numeric_names(facts: Facts) -> set[str]:
         if isinstance(assign.target, nodes.Name) and _is_number(assign.node):
             found.add(assign.target.name)
     return found
-
-
-def _clock_format(finding: Finding | None, facts: Facts) -> str:
-    """The strftime format of the clock call a finding is at, else of the template's first
-    clock call with a literal format, else ISO (2026-03-01)."""
-    calls = [
-        node
-        for node in facts.nodes_of(nodes.Call)
-        if isinstance(node.node, nodes.Name) and node.node.name in CLOCK_GLOBALS and node.args
-    ]
-    at = finding.site.node if finding is not None and finding.site is not None else None
-    calls.sort(key=lambda node: node is not at)
-    for call in calls:
-        if isinstance(call.args[0], nodes.Const) and isinstance(call.args[0].value, str):
-            return call.args[0].value
-    return "%Y-%m-%d"
 
 
 class ProverInputs(NamedTuple):

@@ -19,7 +19,13 @@ resolves each module once into a ``Rule`` whose missing hooks are None):
   where one finding stands for less than every divergence the rule proves (PC006's opener);
 - ``describe(message, proof)``: once the finding has its proof, its message (and the proof,
   with its note) as they say what the proof shows, where the static pattern alone could not
-  tell (PC004: a string JSON-encoded again, not separators).
+  tell (PC004: a string JSON-encoded again, not separators);
+- ``trial_values(facts, name, finding)``: the values a switch trial tries for a variable the
+  rule knows the meaning of (PC001: a date-like name gets a date in the template's clock format).
+
+What a rule's ``check`` matches among the calls and filters the analysis cannot tell apart by
+itself (the clock's globals, ``random``) it declares (``RuleInfo.sources``); the analysis
+labels the union of every rule's declarations (``SOURCES``), naming each after its function.
 
 Rules the engine itself reports (a syntax error, a render that fails, a divergence no rule
 explains...) declare what they report (``RuleInfo.reports``), and the engine asks for them
@@ -33,6 +39,7 @@ import pkgutil
 import re
 from typing import Any
 
+from tmpl_lint.analysis.facts import Sources
 from tmpl_lint.findings import Outcome
 
 from ._contract import Rule
@@ -54,6 +61,13 @@ STATIC = tuple(rule for rule in RULES if rule.check is not None)
 BY_CODE = {rule.RULE.code: rule for rule in RULES}
 BY_NAME = {rule.RULE.name: rule for rule in RULES}
 _BY_OUTCOME = {rule.RULE.reports: rule for rule in RULES if rule.RULE.reports is not None}
+# What the analysis labels for the rules: every rule's declared calls and filters.
+SOURCES = Sources(
+    frozenset().union(*(rule.RULE.sources.calls for rule in RULES)),
+    frozenset().union(*(rule.RULE.sources.filters for rule in RULES)),
+)
+# The rules that know what values a template variable takes (see ``trial_values``).
+TRIAL_VALUES = tuple(rule.trial_values for rule in RULES if rule.trial_values is not None)
 
 
 def lookup(code_or_name: str) -> Rule | None:

@@ -14,7 +14,7 @@ from enum import StrEnum
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tmpl_lint.analysis.facts import Label, Site
+from tmpl_lint.analysis.facts import Label, Site, Sources
 from tmpl_lint.findings import READS, Finding, FixSafety, Message, Outcome, switch_candidates
 from tmpl_lint.proofs import Cause, Divergence
 
@@ -68,6 +68,9 @@ class RuleInfo:
     # Whether its fix (the rule module's ``fix``) keeps what the model sees: None for a rule
     # without one. Its page's "Fix safety" section says which, and why.
     fix_safety: FixSafety | None = None
+    # The global functions and filters whose values its ``check`` matches (the analysis'
+    # ``CALL`` and ``FILTER`` labels, named after them): the registry labels them all.
+    sources: Sources = Sources()
 
     def proves(self, divergence: Divergence) -> bool:
         """Whether ``divergence`` shows this rule's pattern. One of no scenario (logged
@@ -161,7 +164,15 @@ class Describe(Protocol):
     def __call__(self, message: Message, proof: Proof, /) -> tuple[Message, Proof]: ...
 
 
-HOOKS = ("check", "fix", "prove", "found_by_proof", "verify_fix", "shown_by", "describe")
+class TrialValues(Protocol):
+    """``trial_values(facts, name, finding)``: the values worth trying for a template variable
+    the rule knows the meaning of (unset among them), where its switch trials should try
+    those rather than the constants the template compares it with; else None."""
+
+    def __call__(self, facts: Facts, name: str, finding: Finding | None, /) -> list[object] | None: ...
+
+
+HOOKS = ("check", "fix", "prove", "found_by_proof", "verify_fix", "shown_by", "describe", "trial_values")
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,7 @@ class Rule:
     verify_fix: VerifyFix | None = None
     shown_by: ShownBy | None = None
     describe: Describe | None = None
+    trial_values: TrialValues | None = None
 
     @classmethod
     def of(cls, module: ModuleType) -> Rule:

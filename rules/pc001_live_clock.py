@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import date, datetime
 
 from jinja2 import nodes
 
-from tmpl_lint.analysis.facts import Facts, LabelKind, expression_text
+from tmpl_lint.analysis.facts import Facts, Label, LabelKind, Sources, expression_text
+from tmpl_lint.analysis.values import UNDEFINED
 from tmpl_lint.edits import FROZEN_TIME_OF_DAY, Edit, Fix, default_header, expression_span, jinja_literal
 from tmpl_lint.findings import Finding, FixSafety, Message
 from tmpl_lint.proofs import Cause, Proof
@@ -58,6 +59,14 @@ from tmpl_lint.scenarios import CLOCK_STEPS, ClockStep, ScenarioKind
 from tmpl_lint.suppressions import suppressions
 
 from ._contract import RuleInfo, Severity
+
+# Globals that read the wall clock. transformers installs strftime_now; the others are
+# names other runtimes (or custom renderers) expose with the same meaning.
+CLOCK_GLOBALS = frozenset(
+    {"strftime_now", "now", "today", "utcnow", "datetime_now", "current_date", "current_time", "get_current_date"}
+)
+# Template variables a caller passes the clock's value in (`date_string`, `current_time`).
+DATE_LIKE = re.compile(r"date|time|today|now", re.IGNORECASE)
 
 # Clock scenarios send one conversation twice: whatever changes before the generation
 # prompt is the clock's, before the first message, in any message or after the last.
@@ -69,7 +78,13 @@ RULE = RuleInfo(
     proven_by=frozenset({Cause.SYSTEM, Cause.HISTORY_REWRITE, Cause.AFTER_HISTORY}),
     proven_in=frozenset({ScenarioKind.CLOCK}),
     fix_safety=FixSafety.UNSAFE,
+    sources=Sources(calls=CLOCK_GLOBALS),
 )
+
+
+def _is_clock(label: Label) -> bool:
+    """A call of a clock global (the label's site names the call as the source writes it)."""
+    return label.kind is LabelKind.CALL and label.name in CLOCK_GLOBALS and label.site is not None
 
 
 @dataclass(frozen=True)
@@ -101,7 +116,7 @@ def check(facts: Facts) -> list[Finding]:
     for sink in facts.sinks:
         labels = sink.all_labels()
         for label in labels:
-            if label.kind is not LabelKind.CLOCK or label.site is None:
+            if not _is_clock(label) or label.site is None:
                 continue
             key = (label.site.line, label.site.column)
             if key in findings:
@@ -109,7 +124,7 @@ def check(facts: Facts) -> list[Finding]:
             where = "the prompt"
             if any(other.kind is LabelKind.FIRST_MESSAGE for other in labels):
                 where = "the default system prompt (used when the request has no system message)"
-            findings[key] = RULE.at(label.site, LiveClock(label.name, where), labels)
+            findings[key] = RULE.at(label.site, LiveClock(label.site.text, where), labels)
     return list(findings.values())
 
 
@@ -198,7 +213,7 @@ def fix(facts: Facts, finding: Finding, options) -> Fix:
         label.site.line
         for sink in facts.sinks
         for label in sink.all_labels()
-        if label.kind is LabelKind.CLOCK and label.site is not None and label.site.text == name
+        if _is_clock(label) and label.site is not None and label.site.text == name
     }
     # A call on a line whose PC001 is suppressed is left as it is: its clock is wanted.
     suppressed = suppressions(facts.source_map)
@@ -263,7 +278,31 @@ def _format(facts: Facts, call: nodes.Call) -> str | None:
         return None
     if isinstance(call.args[0], nodes.Const):
         return call.args[0].value if isinstance(call.args[0].value, str) else None
-    return facts.clock_formats.get(id(call))
+    return facts.call_arguments.get(id(call))
+
+
+def trial_values(facts: Facts, name: str, finding: Finding | None) -> list[object] | None:
+    """For a date-like name: unset, and a fixed date as the template's own clock call writes
+    it ("26 Jul 2024", not ISO)."""
+    if not DATE_LIKE.search(name):
+        return None
+    return [UNDEFINED, date.today().strftime(_clock_format(finding, facts))]
+
+
+def _clock_format(finding: Finding | None, facts: Facts) -> str:
+    """The strftime format of the clock call a finding is at, else of the template's first
+    clock call with a literal format, else ISO (2026-03-01)."""
+    calls = [
+        node
+        for node in facts.nodes_of(nodes.Call)
+        if isinstance(node.node, nodes.Name) and node.node.name in CLOCK_GLOBALS and node.args
+    ]
+    at = finding.site.node if finding is not None and finding.site is not None else None
+    calls.sort(key=lambda node: node is not at)
+    for call in calls:
+        if isinstance(call.args[0], nodes.Const) and isinstance(call.args[0].value, str):
+            return call.args[0].value
+    return "%Y-%m-%d"
 
 
 def _title(shown: dict[tuple[str, str], _Shows]) -> str:

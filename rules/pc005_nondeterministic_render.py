@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tmpl_lint.analysis.facts import Facts, LabelKind
+from tmpl_lint.analysis.facts import Facts, LabelKind, Sources
 from tmpl_lint.findings import Finding, Message
 from tmpl_lint.proofs import Proof
 
@@ -37,6 +37,8 @@ RULE = RuleInfo(
     Severity.WARNING,
     "output differs between identical renders",
     makes_renders_incomparable=True,
+    # The only sources of randomness a sandboxed template reaches.
+    sources=Sources(calls=frozenset({"lipsum"}), filters=frozenset({"random", "shuffle"})),
 )
 
 
@@ -51,7 +53,10 @@ def check(facts: Facts) -> list[Finding]:
     for sink in facts.sinks:
         labels = sink.all_labels()
         for label in labels:
-            if label.kind is LabelKind.RANDOM and label.site is not None:
+            if label.site is not None and (
+                (label.kind is LabelKind.CALL and label.name in RULE.sources.calls)
+                or (label.kind is LabelKind.FILTER and label.name in RULE.sources.filters)
+            ):
                 key = (label.site.line, label.site.column)
                 findings.setdefault(key, RULE.at(label.site, RandomOutput(label.name), labels))
     return list(findings.values())

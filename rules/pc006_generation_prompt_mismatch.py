@@ -261,7 +261,7 @@ def _default_choice(facts: Facts, sink: Sink, choices: list[tuple[LiteralNode, .
         # A name the template sets is read from its scope first: unset, it is what an
         # `is defined` test before the set sees.
         unset = dict.fromkeys(sorted(read - KNOWN_GLOBALS - PASSED - JINJA_NAMES), UNDEFINED)
-        default = analyze(facts.text, facts.tree, facts.source_map, unset)
+        default = analyze(facts.text, facts.tree, facts.source_map, unset, sources=facts.sources)
         return {other.text for other in default.sinks if other.node is sink.node}
 
     texts = facts.source_map.memo(("PC006 default render", id(sink.node)), printed)

@@ -18,7 +18,7 @@ from tmpl_lint.analysis.locations import SourceMap
 from tmpl_lint.analysis.parsing import parse_with_tokens
 from tmpl_lint.checker import SwitchTrials, name_switches, run_rules
 from tmpl_lint.jinja_env import PARSE_ENVIRONMENT
-from tmpl_lint.rules import STATIC
+from tmpl_lint.rules import SOURCES, STATIC
 
 pytestmark = pytest.mark.no_fork
 
@@ -38,7 +38,7 @@ def both_paths(text: str) -> BothPaths:
     tree, _, raw = parse_with_tokens(text)
     assert tree is not None
     source_map = SourceMap(text, PARSE_ENVIRONMENT, tree, raw)
-    facts = analyze(text, tree, source_map, record=True)
+    facts = analyze(text, tree, source_map, record=True, sources=SOURCES)
     fast = SwitchTrials(facts, STATIC, run_rules(facts, STATIC))
     reference = SwitchTrials(facts, STATIC, run_rules(facts, STATIC), reanalyse=True)
     wanted = [
@@ -92,8 +92,8 @@ SWITCH_READ_LATE = """\
 def test_statements_before_the_switch_is_read_are_taken_over():
     tree, _, raw = parse_with_tokens(SWITCH_READ_LATE)
     source_map = SourceMap(SWITCH_READ_LATE, PARSE_ENVIRONMENT, tree, raw)
-    facts = analyze(SWITCH_READ_LATE, tree, source_map, record=True)
-    trial = analyze(SWITCH_READ_LATE, tree, source_map, {"enable_thinking": False}, reusing=[facts.trace])
+    facts = analyze(SWITCH_READ_LATE, tree, source_map, record=True, sources=SOURCES)
+    trial = analyze(SWITCH_READ_LATE, tree, source_map, {"enable_thinking": False}, reusing=[facts.trace], sources=SOURCES)
     # macro, namespace, scan loop, render loop: all four read nothing enable_thinking decides
     assert trial.taken_over == 4
     assert len(tree.body) == 5
@@ -114,8 +114,8 @@ def test_a_clock_named_switch_takes_over_what_does_not_read_it():
     # names it is analysed again; the namespace, the scan and the render loop are taken over.
     tree, _, raw = parse_with_tokens(CLOCK_NAMED_SWITCH)
     source_map = SourceMap(CLOCK_NAMED_SWITCH, PARSE_ENVIRONMENT, tree, raw)
-    facts = analyze(CLOCK_NAMED_SWITCH, tree, source_map, record=True)
-    trial = analyze(CLOCK_NAMED_SWITCH, tree, source_map, {"current_date": "26 Jul 2024"}, reusing=[facts.trace])
+    facts = analyze(CLOCK_NAMED_SWITCH, tree, source_map, record=True, sources=SOURCES)
+    trial = analyze(CLOCK_NAMED_SWITCH, tree, source_map, {"current_date": "26 Jul 2024"}, reusing=[facts.trace], sources=SOURCES)
     assert (trial.taken_over, len(tree.body)) == (3, 4)
     compared = both_paths(CLOCK_NAMED_SWITCH)
     assert compared.fast == compared.reference
@@ -131,7 +131,7 @@ MACRO_READS_THE_SWITCH = """\
 def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
     tree, _, raw = parse_with_tokens(MACRO_READS_THE_SWITCH)
     source_map = SourceMap(MACRO_READS_THE_SWITCH, PARSE_ENVIRONMENT, tree, raw)
-    facts = analyze(MACRO_READS_THE_SWITCH, tree, source_map, record=True)
+    facts = analyze(MACRO_READS_THE_SWITCH, tree, source_map, record=True, sources=SOURCES)
     findings = run_rules(facts, STATIC)
     switches = name_switches(findings, SwitchTrials(facts, STATIC, findings))
     # the look-ahead inside the macro is gone when keep is true: the loop that calls it
@@ -139,7 +139,7 @@ def test_a_statement_calling_a_macro_that_reads_the_switch_is_analysed_again():
     assert [(finding.code, switch.name, switch.stable_value) for finding, switch in zip(findings, switches)] == [
         ("PC003", "keep", True)
     ]
-    trial = analyze(MACRO_READS_THE_SWITCH, tree, source_map, {"keep": True}, reusing=[facts.trace])
+    trial = analyze(MACRO_READS_THE_SWITCH, tree, source_map, {"keep": True}, reusing=[facts.trace], sources=SOURCES)
     assert trial.taken_over == 1  # the macro definition only
     compared = both_paths(MACRO_READS_THE_SWITCH)
     assert compared.fast == compared.reference

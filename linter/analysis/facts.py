@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 
 AnyNode = TypeVar("AnyNode", bound=nodes.Node)
 
-# Globals that read the wall clock. transformers installs strftime_now; the others are
-# names other runtimes (or custom renderers) expose with the same meaning.
-CLOCK_GLOBALS = frozenset(
-    {"strftime_now", "now", "today", "utcnow", "datetime_now", "current_date", "current_time", "get_current_date"}
-)
 KNOWN_GLOBALS = frozenset({"raise_exception", "strftime_now", "dict", "namespace", "range", "lipsum", "cycler", "joiner"})
 
 
@@ -54,11 +49,14 @@ class LabelKind(StrEnum):
     LAST = "last"
     NEXT = "next"
     FIRST_MESSAGE = "first_message"
-    CLOCK = "clock"
-    # A value that holds a clock function itself, not the time it reads (`[strftime_now]`,
-    # `namespace(clock=strftime_now)`): whatever is called out of it reads the clock.
-    CLOCK_FUNCTION = "clock_function"
-    RANDOM = "random"
+    # What a call of a global function a rule matches returns (``Sources.calls``): named
+    # after the function, placed where the source writes the call (`strftime_now`, `ns.clock`).
+    CALL = "call"
+    # A value that holds such a function itself, not what a call returns (`[strftime_now]`,
+    # `namespace(clock=strftime_now)`): whatever is called out of it is a call of that function.
+    FUNCTION = "function"
+    # What a filter a rule matches returns (``Sources.filters``), named after the filter.
+    FILTER = "filter"
     COUNT = "count"
     STRING_GUARD = "string_guard"
 
@@ -100,6 +98,20 @@ class Label:
     name: str | None = None
     loop: int | None = None  # id of the loop over messages the label is about
     origin: Site | None = None  # for a scan read: where the scan assigned it
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The global functions and filters whose values the rules match (the registry builds one
+    from every rule's declaration): the analysis labels each call of such a function (and
+    follows the function itself through names, lists and namespaces) and each application of
+    such a filter, and knows nothing else of what they mean."""
+
+    calls: frozenset[str] = frozenset()
+    filters: frozenset[str] = frozenset()
+
+
+NO_SOURCES = Sources()
 
 
 @dataclass(frozen=True)
@@ -193,10 +205,12 @@ class Facts:
     too_deep: bool = False  # the analysis stopped at Python's recursion limit
     trace: Trace | None = None  # the top-level states, when recorded (see Trace)
     taken_over: int = 0  # top-level statements taken from another analysis' trace
-    # The format each clock call was given, by id of the call, where the analysis folded it
-    # to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`); None
-    # where it is not one constant. Only statements this analysis ran itself record here.
-    clock_formats: dict[int, str | None] = field(default_factory=dict)
+    # What the analysis labels (the registry's, from every rule; none by default).
+    sources: Sources = field(default_factory=Sources)
+    # The one argument each labelled call was given, by id of the call, where the analysis
+    # folded it to one constant string (`{% set fmt = '%Y-%m-%d' %}` then `strftime_now(fmt)`);
+    # None where it is not one constant. Only statements this analysis ran itself record here.
+    call_arguments: dict[int, str | None] = field(default_factory=dict)
     # How the run says the model writes tool-call arguments, None where it does not (see
     # ``model_separators``): set by the lint from its selection, before the rules run.
     tool_args_style: str | None = None

@@ -2,12 +2,13 @@
 every rule queries.
 
 The pass is an abstract interpretation: each expression evaluates to a ``Value``, the set
-of ``Label``s saying what it depends on (the clock, the number of messages, a scan over all
-messages, a template variable...) plus a constant when one is known. Labels flow through
-``{% set %}``, namespaces, macros, loop variables and filters; a ``{{ ... }}`` that prints a
-value, or prints anything under a condition, is a ``Sink`` that records the labels of what
-it prints and of every decision that led to it. Rules then ask questions of the sinks: does
-the clock reach output, does a message's render depend on where the last user query is.
+of ``Label``s saying what it depends on (a call of a global function or a filter a rule
+declares, the number of messages, a scan over all messages, a template variable...) plus a
+constant when one is known. Labels flow through ``{% set %}``, namespaces, macros, loop
+variables and filters; a ``{{ ... }}`` that prints a value, or prints anything under a
+condition, is a ``Sink`` that records the labels of what it prints and of every decision that
+led to it. Rules then ask questions of the sinks: does a call of `strftime_now` reach output,
+does a message's render depend on where the last user query is.
 
 Known constants fold (``and``/``or`` short-circuit, ``if`` takes one branch; see folding.py),
 which is how a switch is checked: analyse again with ``clear_thinking=False`` and see whether
@@ -23,10 +24,10 @@ from jinja2 import nodes
 
 from ..jinja_env import PARSE_ENVIRONMENT
 from .facts import (
-    CLOCK_GLOBALS,
     KNOWN_GLOBALS,
     LIST_FILTERS,
     LOOP_LAST_ATTRS,
+    NO_SOURCES,
     SCANS,
     Control,
     Facts,
@@ -34,6 +35,7 @@ from .facts import (
     Label,
     LabelKind,
     Sink,
+    Sources,
     expression_text,
     printed_literals,
     tested_roles,
@@ -68,16 +70,18 @@ def analyze(
     *,
     record: bool = False,
     reusing: Sequence[Trace] = (),
+    sources: Sources = NO_SOURCES,
 ) -> Facts:
     """The facts of one pass. ``record`` keeps the states between top-level statements
     (``facts.trace``); an analysis under one assumption ``reusing`` other analyses' traces
-    takes over the statements the assumption leaves as they were there (see Trace)."""
+    takes over the statements the assumption leaves as they were there (see Trace).
+    ``sources``: the calls and filters to label (the rules' registry's ``SOURCES``)."""
     error = None
     if tree is None:
         tree, error = parse(text)
     if source_map is None:
         source_map = SourceMap(text, PARSE_ENVIRONMENT, tree)
-    facts = Facts(text, tree, source_map, error, assumptions=dict(assumptions or {}))
+    facts = Facts(text, tree, source_map, error, assumptions=dict(assumptions or {}), sources=sources)
     if tree is not None:
         if record:
             facts.trace = Trace(facts)
@@ -519,8 +523,8 @@ class Interpreter:
         if name in self.facts.assumptions:
             return Value(const=self.facts.assumptions[name])
         if name in KNOWN_GLOBALS:
-            if name in CLOCK_GLOBALS:  # the clock itself, which a list or a namespace may hold
-                return Value(frozenset({Label(LabelKind.CLOCK_FUNCTION, name=name)}), GlobalRef(name))
+            if name in self.facts.sources.calls:  # the function itself, which a list or a namespace may hold
+                return Value(frozenset({Label(LabelKind.FUNCTION, name=name)}), GlobalRef(name))
             return Value(const=GlobalRef(name))
         value = self.undeclared.get(name)
         if value is None:  # one value per name: it is immutable, and read again and again
@@ -700,8 +704,9 @@ class Interpreter:
                 held = self.namespaces.get((base.const.key, func.attr))
             elif isinstance(base.const, Record):
                 held = base.const.get(func.attr)
-            if held is not None and self.is_clock(held):
-                return self.clock_call(node, func, args, kwargs)
+            called = self.sources_called(held) if held is not None else frozenset()
+            if called:
+                return self.source_call(node, func, args, kwargs, called)
             if func.attr == "get" and args:
                 if isinstance(base.const, (NamespaceRef, LoopRef)):
                     return NOTHING
@@ -709,19 +714,15 @@ class Interpreter:
                 if isinstance(key, str):
                     return merge_labels(self.member(base, key), *args[1:])
             return union_of(base, *args, *kwargs.values(), *extra)
-        if (
-            isinstance(func, nodes.Name)
-            and func.name in CLOCK_GLOBALS
-            and func.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
-            and func.name not in self.facts.assumptions
-        ):
-            return self.clock_call(node, func, args, kwargs)
+        if isinstance(func, nodes.Name) and self.undefined_source(func.name):
+            return self.source_call(node, func, args, kwargs, frozenset({func.name}))
         callee = self.expr(func)
         target = callee.const
-        if self.is_clock(callee):
-            # A clock called through a name it was set to (`{% set clock = strftime_now %}`),
-            # or read out of a list (`clocks[0](...)`).
-            return self.clock_call(node, func, args, kwargs)
+        called = self.sources_called(callee)
+        if called:
+            # Called through a name it was set to (`{% set clock = strftime_now %}`), or read
+            # out of a list (`clocks[0](...)`).
+            return self.source_call(node, func, args, kwargs, called)
         if isinstance(target, MacroRef):
             return self.call_macro(target.node, args, kwargs)
         if isinstance(target, GlobalRef):
@@ -732,35 +733,44 @@ class Interpreter:
                 for key, value in kwargs.items():
                     self.namespaces[(namespace.key, key)] = value
                 return Value(const=namespace)
-            if target.name == "lipsum":
-                return Value(frozenset({Label(LabelKind.RANDOM, self.facts.site(func, "lipsum"), "lipsum")}))
         return union_of(callee, *args, *kwargs.values(), *extra)
 
-    def clock_call(self, node: nodes.Call, func: nodes.Expr, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        """A call that reads the clock: labelled where it is called (``func``, named as the
-        source writes it), with the format it was given where that folds to one string."""
-        name = expression_text(func)
-        format = args[0].const if len(args) == 1 and not kwargs and isinstance(args[0].const, str) else None
-        calls = self.facts.clock_formats
-        if id(node) in calls and calls[id(node)] != format:
-            format = None  # a loop run twice, or branches, gave it two formats
-        calls[id(node)] = format
-        return Value(frozenset({Label(LabelKind.CLOCK, self.facts.site(func, name), name)}) | union_of(*args).labels)
+    def source_call(
+        self, node: nodes.Call, func: nodes.Expr, args: list[Value], kwargs: dict[str, Value], called: frozenset[str]
+    ) -> Value:
+        """A call of a global function a rule matches (one of ``called``, where the value
+        called may hold either): labelled with the function's name where it is called
+        (``func``, as the source writes it), its one argument recorded where that folds to one
+        string. It returns what its arguments depend on, and nothing of the value called."""
+        text = expression_text(func)
+        argument = args[0].const if len(args) == 1 and not kwargs and isinstance(args[0].const, str) else None
+        calls = self.facts.call_arguments
+        if id(node) in calls and calls[id(node)] != argument:
+            argument = None  # a loop run twice, or branches, gave it two arguments
+        calls[id(node)] = argument
+        site = self.facts.site(func, text)
+        return Value(frozenset(Label(LabelKind.CALL, site, name) for name in called) | union_of(*args).labels)
 
-    def is_clock(self, callee: Value) -> bool:
-        """Whether a value called is a clock global: `strftime_now` (a known global, also
-        read out of a list or a namespace that holds it), or a clock name the template
-        neither defines nor is passed (`now`)."""
+    def sources_called(self, callee: Value) -> frozenset[str]:
+        """The global functions a rule matches that a value called may be: a known global
+        (`strftime_now`, also read out of a list or a namespace that holds it), or a name the
+        template neither defines nor is passed (`now`)."""
         if isinstance(callee.const, GlobalRef):
-            return callee.const.name in CLOCK_GLOBALS
-        if callee.has(LabelKind.CLOCK_FUNCTION):
-            return True
-        return any(
-            label.kind is LabelKind.VARIABLE
-            and label.name in CLOCK_GLOBALS
-            and label.name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
-            and label.name not in self.facts.assumptions
+            return frozenset({callee.const.name}) & self.facts.sources.calls
+        return frozenset(
+            label.name
             for label in callee.labels
+            if label.name is not None
+            and (label.kind is LabelKind.FUNCTION or (label.kind is LabelKind.VARIABLE and self.undefined_source(label.name)))
+        )
+
+    def undefined_source(self, name: str) -> bool:
+        """Whether ``name`` is a global function a rule matches that the template neither
+        defines nor is passed."""
+        return (
+            name in self.facts.sources.calls
+            and name not in self.facts.source_map.memo("declared", lambda: _declared_names(self.facts))
+            and name not in self.facts.assumptions
         )
 
     def call_macro(self, macro: nodes.Macro, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -815,9 +825,9 @@ class Interpreter:
         if name == "tojson":
             self.facts.json_uses.append(JsonUse(node, value.labels, tuple(self.controls)))
             return union_of(value, *args)
-        if name in (LabelKind.RANDOM, "shuffle"):
+        if name in self.facts.sources.filters:
             site = self.facts.site(node, f"|{name}")
-            return Value(value.data() | {Label(LabelKind.RANDOM, site, name)})
+            return Value(value.data() | {Label(LabelKind.FILTER, site, name)})
         if value.has(LabelKind.MESSAGES):
             subject = node.node
             assert subject is not None, "a filter applied to a value has a subject (expr_Filter)"

@@ -1,5 +1,5 @@
 """How tool-call arguments are serialised: the separators a template's ``tojson`` writes and
-the ones the model writes (what PC004 compares)."""
+the ones the model writes (what the prover writes replies with, and a rule compares)."""
 
 from __future__ import annotations
 
