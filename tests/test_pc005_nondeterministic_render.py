@@ -12,6 +12,12 @@ def test_fixture():
     ("source", "anchors"),
     [
         ("{{ lipsum(1) }}", ["lipsum"]),
+        # lipsum called through a name, or out of a namespace, that holds it
+        ("{% set words = lipsum %}{{ words(1) }}", ["words("]),
+        ("{% set ns = namespace(words=lipsum) %}{{ ns.words(1) }}", ["ns.words"]),
+        ("{{ ['a', 'b'] | shuffle | join(',') }}", ["shuffle"]),
+        # the template's own `lipsum` draws nothing
+        ("{% macro lipsum(n) %}text{% endmacro %}{{ lipsum(1) }}", []),
         ("{% set pick = ['a', 'b'] | random %}{% if pick == 'a' %}A{% endif %}", ["random"]),
         # chosen but never used: noop
         ("{% set pick = ['a', 'b'] | random %}{{ messages[0].content }}", []),
