@@ -203,6 +203,9 @@ class Tracer:
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
         self.marks = False  # place Anthropic's cache_control marks (--cache-model anthropic)
+        # The renders a session's next request asks for again (``_kept``): (call, reply or
+        # None, value) by the identities of the call and the reply, which it holds on to.
+        self._renders: dict[tuple[str, int, int], tuple[Call, Any, Any]] = {}
 
     @functools.cached_property
     def findings(self) -> list[Finding]:
@@ -329,12 +332,42 @@ class Tracer:
                 continue
         return None
 
+    def _kept(self, kind: str, call: Call, reply: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, or what it gave for this call and reply (the same objects) before:
+        the reply renders as the newest message for its request (``as_generated``) and again
+        when the next request departs (``latest``), and the previous request without a
+        generation prompt for its reply's start and again for the departure's. A session's
+        requests are traced one after another: the last few are kept."""
+        key = (kind, id(call), id(reply))
+        kept = self._renders.get(key)
+        if kept is not None and kept[0] is call and kept[1] is reply:
+            return kept[2]
+        value = make()
+        self._renders[key] = (call, reply, value)
+        while len(self._renders) > 8:
+            del self._renders[next(iter(self._renders))]
+        return value
+
+    def bare(self, call: Call) -> str:
+        """``call``'s messages rendered with no generation prompt."""
+        return self._kept("bare", call, None, lambda: self.render(call, call.messages, False).text)
+
+    def with_reply(self, call: Call, prompt: str, reply: dict[str, Any]) -> tuple[str, int, str]:
+        """``call``'s messages and ``reply`` rendered with no generation prompt, where the
+        reply starts in that render and the mark it gives the reply (``reply_start``)."""
+
+        def make() -> tuple[str, int, str]:
+            cleaned = {key: value for key, value in reply.items() if value is not None}
+            text = self.render(call, call.messages + [cleaned], False).text
+            return (text, *self.reply_start(call, prompt, text))
+
+        return self._kept("reply", call, reply, make)
+
     def as_generated(self, call: Call, prompt: str, reply: dict[str, Any]) -> tuple[list[int], str]:
         """The template's render of ``reply`` after the generation prompt, up to its
         end-of-turn marker: the reply as the model generated it."""
+        with_reply, start, mark = self.with_reply(call, prompt, reply)
         reply = {key: value for key, value in reply.items() if value is not None}
-        with_reply = self.render(call, call.messages + [reply], False).text
-        start, mark = self.reply_start(call, prompt, with_reply)
         text = with_reply[start:]
         text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
         return self.measure.ids(text), text
@@ -346,7 +379,7 @@ class Tracer:
         still starts after the generation prompt, and the model never wrote the mark."""
         bare = None
         if common_prefix_length(prompt, with_reply) < len(prompt):
-            bare = self.render(call, call.messages, False).text
+            bare = self.bare(call)
         return reply_start(prompt, with_reply, bare), last_message_mark(prompt, with_reply, bare)
 
     def latest(self, previous: _Previous) -> Reply | None:
@@ -354,9 +387,8 @@ class Tracer:
         (the prover's ``Reply``), or None where no reply is logged."""
         if previous.reply is None:
             return None
+        with_reply, start, _mark = self.with_reply(previous.call, previous.prompt.text, previous.reply)
         reply = {key: value for key, value in previous.reply.items() if value is not None}
-        with_reply = self.render(previous.call, previous.call.messages + [reply], False).text
-        start, _mark = self.reply_start(previous.call, previous.prompt.text, with_reply)
         text = with_reply[start:]
         return Reply(text, with_reply, start + len(_as_generated(text, reply)))
 
@@ -492,7 +524,7 @@ class Tracer:
             # while it was the newest message, as check finds them: a divergence before the
             # opener is in the last message's closing markup; one in a reply that renders
             # otherwise once a message follows it is a rewrite of that reply.
-            opener = generation_prompt_span(previous.prompt.text, self.render(previous.call, previous.call.messages, False).text)
+            opener = generation_prompt_span(previous.prompt.text, self.bare(previous.call))
             latest = self.latest(previous)
         divergence = compare_prompts(
             "replay",
