@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
+import multiprocessing
 import os
 import re
+import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,9 +28,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ..checker import lint_source
 from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt, request_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
+from ..inputs import TemplateSource
+from ..isolation import parallel_map, run_isolated
 from ..kv_cache.hosted import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
 from ..kv_cache.pools import CacheError
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
@@ -35,7 +41,7 @@ from ..proving.attribution import explaining_code
 from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
 from ..proving.measure import Measure
 from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
-from ..render import FrozenClock, RenderError
+from ..render import FrozenClock, RenderError, compile_template
 from ..requests import REASONING_KEYS, ClientChange, client_change, reasoning_of, without_reasoning
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
@@ -406,6 +412,7 @@ class Tracer:
             if isinstance(call, ReplayError):
                 problems.append((entry.line, str(call)))
                 continue
+            assert call is not None  # each entry's request is read before its turn
             try:
                 carried = carried_reply(log, entry, upcoming if isinstance(upcoming, Call) else None)
                 trace, previous = self.trace_one(index, call, previous, carried, last, problems)
@@ -643,9 +650,6 @@ def _departure(prompt: list[int], computed: list[int], following: list[int], sha
 
 def template_findings(template: str) -> list[Finding]:
     """The findings a check of ``template`` reports: the same that name each divergence in check."""
-    from ..checker import lint_source
-    from ..inputs import TemplateSource
-
     return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 
 
@@ -680,8 +684,6 @@ class TemplateError(ReplayError):
 
 
 def _compiles(template: str) -> str | None:
-    from ..render import compile_template
-
     try:
         compile_template(template)
     except RenderError as error:
@@ -701,24 +703,19 @@ def trace_sessions(
     with where the parent's progress bar reads them (``progress(total)`` opens it: the
     command's, as report.progress draws it; None: no bar). A template that does not compile
     raises TemplateError before any request is rendered."""
-    import multiprocessing
-
-    from ..isolation import parallel_map, run_isolated
-
     if tracer.engine != HARMONY:  # openai-harmony renders gpt-oss without the template
         failure = run_isolated(_compiles, (tracer.template,))
         if failure is not None:
             raise TemplateError(failure)
     requests = sum(len(group.entries) for group in groups)
     shares = max(1, min(jobs, len(groups))) if requests >= PARALLEL_MINIMUM else 1
-    loads, parts = [0] * shares, [[] for _ in range(shares)]
+    loads = [0] * shares
+    parts: list[list[int]] = [[] for _ in range(shares)]  # group indices, one list a child
     for index in sorted(range(len(groups)), key=lambda i: len(groups[i].entries), reverse=True):
         lightest = loads.index(min(loads))
         parts[lightest].append(index)
         loads[lightest] += len(groups[index].entries)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
-    import gc
-
     done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
@@ -739,8 +736,6 @@ class _Following:
     """Within: a thread moves ``bar`` on as the children's counters in ``done`` grow."""
 
     def __init__(self, done: Any, bar: Any, every: float = 0.2):
-        import threading
-
         self.done, self.bar, self.every = done, bar, every
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True)
