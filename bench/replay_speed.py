@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import sysconfig
@@ -141,8 +142,6 @@ def agent_log(path: Path, sessions: int = 16, calls: int = 63) -> None:
 
 def sharegpt_log(path: Path, conversations: int = 700, seed: int = 37) -> int:
     """Conversations of prose turns; returns the number of requests."""
-    import random
-
     rng = random.Random(seed)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     paragraphs = []

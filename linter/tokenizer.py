@@ -15,12 +15,16 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from .engines.base import EngineError
+from .inputs import SourceError, load_json
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -47,8 +51,6 @@ def _sink_descriptor() -> int:
     parent's in a file it inherited)."""
     global _sink
     if _sink is None or _sink[0] != os.getpid():
-        import tempfile
-
         descriptor, path = tempfile.mkstemp(prefix="tmpl-lint-stderr-")
         os.unlink(path)
         _sink = (os.getpid(), descriptor)
@@ -169,7 +171,7 @@ class HarmonyVocabularyTokenizer(Tokenizer):
         self._backend = value
 
     def encode(self, text: str) -> list[int]:
-        from .engines.harmony import harmony_encoding
+        from .engines.harmony import harmony_encoding  # noqa: PLC0415 - openai-harmony, loaded only for gpt-oss's vocabulary
 
         encoding = harmony_encoding()
         ids: list[int] = []
@@ -195,8 +197,7 @@ def _harmony_vocabulary(directory: Path, tokenizer_file: Path, special: dict[str
         return None
     if (len(data), hashlib.sha256(data).hexdigest()) not in HARMONY_VOCABULARY_FILES:
         return None
-    from .engines.base import EngineError
-    from .engines.harmony import harmony_encoding
+    from .engines.harmony import harmony_encoding  # noqa: PLC0415 - openai-harmony, loaded only for gpt-oss's vocabulary
 
     try:
         harmony_encoding()  # loaded here, once, as a parsed file would be: proving processes inherit it
@@ -217,7 +218,7 @@ def _load_file(tokenizer_file: Path) -> Any:
     backend = _LOADED.get(key)
     if backend is None:
         try:
-            from tokenizers import Tokenizer as FastTokenizer
+            from tokenizers import Tokenizer as FastTokenizer  # noqa: PLC0415 - a lint that proves nothing never loads it
         except ImportError:
             raise TokenizerError(
                 "proving with a tokenizer needs the 'tokenizers' package, a dependency of tmpl-lint: pip install tokenizers"
@@ -264,8 +265,6 @@ def special_tokens_from_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_tokenizer_config(directory: Path) -> dict[str, Any]:
-    from .inputs import SourceError, load_json
-
     path = directory / "tokenizer_config.json"
     if not path.is_file():
         return {}
@@ -358,7 +357,7 @@ def _load_tokenizer(directory: Path) -> Tokenizer:
     # transformers says on import that PyTorch is missing: true, and beside the point here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 - the fallback: seconds to import, and optional
     except ImportError:
         raise TokenizerError(f"{directory}: no tokenizer.json, and transformers is not installed for the fallback") from None
     try:

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
+import multiprocessing
 import os
 import re
+import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,9 +28,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ..checker import lint_source
 from ..engines import engine_tokenizer, passed_reasoning, prepare, render_prompt, request_prompt
 from ..engines.base import ENGINES, HARMONY, EngineError, Prompt
 from ..findings import Finding, Outcome
+from ..inputs import TemplateSource
+from ..isolation import parallel_map, run_isolated
 from ..kv_cache.hosted import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
 from ..kv_cache.pools import CacheError
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
@@ -35,7 +41,7 @@ from ..proving.attribution import explaining_code
 from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
 from ..proving.measure import Measure
 from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
-from ..render import FrozenClock, RenderError
+from ..render import FrozenClock, RenderError, compile_template
 from ..requests import REASONING_KEYS, ClientChange, client_change, reasoning_of, without_reasoning
 from ..rules import reporting
 from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
@@ -220,6 +226,9 @@ class Tracer:
         self.server_ids = server_ids
         self.clock = FrozenClock(datetime.now())
         self.marks = False  # place Anthropic's cache_control marks (--cache-model anthropic)
+        # The renders a session's next request asks for again (``_kept``): (call, reply or
+        # None, value) by the identities of the call and the reply, which it holds on to.
+        self._renders: dict[tuple[str, int, int], tuple[Call, Any, Any]] = {}
 
     @functools.cached_property
     def findings(self) -> list[Finding]:
@@ -346,12 +355,42 @@ class Tracer:
                 continue
         return None
 
+    def _kept(self, kind: str, call: Call, reply: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, or what it gave for this call and reply (the same objects) before:
+        the reply renders as the newest message for its request (``as_generated``) and again
+        when the next request departs (``latest``), and the previous request without a
+        generation prompt for its reply's start and again for the departure's. A session's
+        requests are traced one after another: the last few are kept."""
+        key = (kind, id(call), id(reply))
+        kept = self._renders.get(key)
+        if kept is not None and kept[0] is call and kept[1] is reply:
+            return kept[2]
+        value = make()
+        self._renders[key] = (call, reply, value)
+        while len(self._renders) > 8:
+            del self._renders[next(iter(self._renders))]
+        return value
+
+    def bare(self, call: Call) -> str:
+        """``call``'s messages rendered with no generation prompt."""
+        return self._kept("bare", call, None, lambda: self.render(call, call.messages, False).text)
+
+    def with_reply(self, call: Call, prompt: str, reply: dict[str, Any]) -> tuple[str, int, str]:
+        """``call``'s messages and ``reply`` rendered with no generation prompt, where the
+        reply starts in that render and the mark it gives the reply (``reply_start``)."""
+
+        def make() -> tuple[str, int, str]:
+            cleaned = {key: value for key, value in reply.items() if value is not None}
+            text = self.render(call, call.messages + [cleaned], False).text
+            return (text, *self.reply_start(call, prompt, text))
+
+        return self._kept("reply", call, reply, make)
+
     def as_generated(self, call: Call, prompt: str, reply: dict[str, Any]) -> tuple[list[int], str]:
         """The template's render of ``reply`` after the generation prompt, up to its
         end-of-turn marker: the reply as the model generated it."""
+        with_reply, start, mark = self.with_reply(call, prompt, reply)
         reply = {key: value for key, value in reply.items() if value is not None}
-        with_reply = self.render(call, call.messages + [reply], False).text
-        start, mark = self.reply_start(call, prompt, with_reply)
         text = with_reply[start:]
         text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
         return self.measure.ids(text), text
@@ -363,7 +402,7 @@ class Tracer:
         still starts after the generation prompt, and the model never wrote the mark."""
         bare = None
         if common_prefix_length(prompt, with_reply) < len(prompt):
-            bare = self.render(call, call.messages, False).text
+            bare = self.bare(call)
         return reply_start(prompt, with_reply, bare), last_message_mark(prompt, with_reply, bare)
 
     def latest(self, previous: _Previous) -> Reply | None:
@@ -371,9 +410,8 @@ class Tracer:
         (the prover's ``Reply``), or None where no reply is logged."""
         if previous.reply is None:
             return None
+        with_reply, start, _mark = self.with_reply(previous.call, previous.prompt.text, previous.reply)
         reply = {key: value for key, value in previous.reply.items() if value is not None}
-        with_reply = self.render(previous.call, previous.call.messages + [reply], False).text
-        start, _mark = self.reply_start(previous.call, previous.prompt.text, with_reply)
         text = with_reply[start:]
         return Reply(text, with_reply, start + len(_as_generated(text, reply)))
 
@@ -391,6 +429,7 @@ class Tracer:
             if isinstance(call, ReplayError):
                 problems.append((entry.line, str(call)))
                 continue
+            assert call is not None  # each entry's request is read before its turn
             try:
                 carried = carried_reply(log, entry, upcoming if isinstance(upcoming, Call) else None)
                 trace, previous = self.trace_one(index, call, previous, carried, last, problems)
@@ -509,7 +548,7 @@ class Tracer:
             # while it was the newest message, as check finds them: a divergence before the
             # opener is in the last message's closing markup; one in a reply that renders
             # otherwise once a message follows it is a rewrite of that reply.
-            opener = generation_prompt_span(previous.prompt.text, self.render(previous.call, previous.call.messages, False).text)
+            opener = generation_prompt_span(previous.prompt.text, self.bare(previous.call))
             latest = self.latest(previous)
         divergence = compare_prompts(
             "replay",
@@ -628,9 +667,6 @@ def _departure(prompt: list[int], computed: list[int], following: list[int], sha
 
 def template_findings(template: str) -> list[Finding]:
     """The findings a check of ``template`` reports: the same that name each divergence in check."""
-    from ..checker import lint_source
-    from ..inputs import TemplateSource
-
     return lint_source(TemplateSource(Path("replay.jinja"), None, template, "jinja"))
 
 
@@ -665,8 +701,6 @@ class TemplateError(ReplayError):
 
 
 def _compiles(template: str) -> str | None:
-    from ..render import compile_template
-
     try:
         compile_template(template)
     except RenderError as error:
@@ -686,24 +720,19 @@ def trace_sessions(
     with where the parent's progress bar reads them (``progress(total)`` opens it: the
     command's, as report.progress draws it; None: no bar). A template that does not compile
     raises TemplateError before any request is rendered."""
-    import multiprocessing
-
-    from ..isolation import parallel_map, run_isolated
-
     if tracer.engine != HARMONY:  # openai-harmony renders gpt-oss without the template
         failure = run_isolated(_compiles, (tracer.template,))
         if failure is not None:
             raise TemplateError(failure)
     requests = sum(len(group.entries) for group in groups)
     shares = max(1, min(jobs, len(groups))) if requests >= PARALLEL_MINIMUM else 1
-    loads, parts = [0] * shares, [[] for _ in range(shares)]
+    loads = [0] * shares
+    parts: list[list[int]] = [[] for _ in range(shares)]  # group indices, one list a child
     for index in sorted(range(len(groups)), key=lambda i: len(groups[i].entries), reverse=True):
         lightest = loads.index(min(loads))
         parts[lightest].append(index)
         loads[lightest] += len(groups[index].entries)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the children are forked
-    import gc
-
     done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
@@ -724,8 +753,6 @@ class _Following:
     """Within: a thread moves ``bar`` on as the children's counters in ``done`` grow."""
 
     def __init__(self, done: Any, bar: Any, every: float = 0.2):
-        import threading
-
         self.done, self.bar, self.every = done, bar, every
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True)

@@ -367,6 +367,7 @@ def sessions(log: Log, session_key: str | None) -> list[Session]:
             why = "nested too deeply to compare" if isinstance(error, RecursionError) else error
             log.problems.append(ReplayError(f"{log.path}:{entry.line}: {why}"))
             continue
+        assert home is not None  # each branch above finds the request's session or opens one
         home.entries.append(entry)
     for session in ordered:
         session.entries = [replace(entry, carried=carried.get(entry.order)) for entry in session.entries]
