@@ -1,10 +1,26 @@
-"""Replay's parallel efficiency on a local Dask cluster, beside its one-worker floor.
+"""Replay's parallel efficiency on a local Dask cluster, beside its one-worker floor, and
+where an N-worker run's time goes.
 
 The ShareGPT-shaped log of replay_speed (c), replayed with its stages on a local cluster of
 one worker process, then of N (default 2), each worker one thread; both clusters are started
-before the clock starts, and their runs alternate (RUNS=3 pairs by default). Efficiency =
-T(1) / (N x T(N)) per pair, the median printed: 1.0 is perfect scaling; the goal is 0.8. Every run's report is compared with the local run's, byte for byte. The load
-average is printed beside each figure: this machine is shared.
+before the clock starts, and their runs alternate (RUNS=3 pairs by default). Every run's
+report is compared with the local run's, byte for byte.
+
+Efficiency = T(1) / (N x T(N)) per pair, the median printed: 1.0 is perfect scaling; the
+goal is 0.8. Two figures of it:
+- wall: T is the run's wall clock. On a machine shared with other work (the load average is
+  printed beside it) a worker waits for a core as long as the others make it, so this figure
+  says as much about the other work as about replay.
+- CPU: T is the run's critical path in CPU seconds, what its wall clock would be with a core
+  per process: the client's CPU (this process, which also holds the LocalClusters'
+  schedulers: counted whole, as if none of it overlapped the workers) plus the busiest
+  worker's (its process, measured by psutil, plus the limited children it forked, each
+  measured in the child). Latency that spends no CPU (the network, a worker idle between
+  tasks) is not in it; the wall figure on an idle machine is.
+Beside them: the CPU of the whole run, N workers against one (what splitting the work
+added), the imbalance (busiest worker / mean), and the breakdown of the N-worker runs:
+the client's phases, each worker's children (the tracing itself) and what the worker
+process spent around them (receiving the task, forking, reading the traces back).
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
 Run: python bench/replay_cluster.py [N]
 """
@@ -12,11 +28,14 @@ Run: python bench/replay_cluster.py [N]
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,11 +43,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay_speed import TOKENIZER, sharegpt_log  # noqa: E402
 
 
+@dataclass
+class Run:
+    workers: int
+    wall: float
+    load: tuple[float, float]  # the 1-minute load average before and after
+    client_cpu: float
+    worker_cpu: dict[int, float]  # worker pid -> its process's CPU during the run, children not included
+    costs: object  # tmpl_lint.cluster.ClusterCosts
+
+    def children(self, pid: int) -> float:
+        return sum(share.child_cpu for share in self.costs.shares if share.worker == pid)
+
+    def per_worker(self) -> dict[int, float]:
+        return {pid: cpu + self.children(pid) for pid, cpu in self.worker_cpu.items()}
+
+    @property
+    def critical(self) -> float:
+        """The critical path in CPU seconds: the client, then the busiest worker."""
+        return self.client_cpu + max(self.per_worker().values())
+
+    @property
+    def total(self) -> float:
+        return self.client_cpu + sum(self.per_worker().values())
+
+    @property
+    def imbalance(self) -> float:
+        loads = list(self.per_worker().values())
+        return max(loads) / statistics.mean(loads)
+
+
+def cpu_seconds(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def main() -> None:
     import dask
     import distributed
+    import psutil
 
-    from tmpl_lint.cluster import replay_on_cluster
+    from tmpl_lint.cluster import ClusterCosts, replay_on_cluster
     from tmpl_lint.diff import read_template
     from tmpl_lint.replay.attribution import Tracer
     from tmpl_lint.replay.log import read_log, sessions
@@ -39,6 +94,7 @@ def main() -> None:
         sys.exit(f"needs {TOKENIZER}")
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "sharegpt.jsonl"
         requests = sharegpt_log(log)
@@ -57,34 +113,82 @@ def main() -> None:
         load = os.getloadavg()[0]
         start = time.perf_counter()
         local = report(*replay(tracer(), opened, groups, settings, [None], 1))
-        print(f"{requests} requests; local, one process: {time.perf_counter() - start:6.1f} s (load {load:.1f})")
+        print(
+            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; local, one process: "
+            f"{time.perf_counter() - start:6.1f} s (load {load:.1f})"
+        )
         runs = int(os.environ.get("RUNS", "3"))
-        clusters = {}
-        with dask.config.set({"distributed.worker.daemon": False}):
+        clusters, processes = {}, {}
+        with dask.config.set({"distributed.worker.daemon": False, "distributed.admin.large-graph-warning-threshold": "1GB"}):
             for count in (1, workers):
                 clusters[count] = distributed.LocalCluster(
                     n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
                 )
-        times: dict[int, list[float]] = {1: [], workers: []}
+                with distributed.Client(clusters[count]) as client:
+                    processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+        done: dict[int, list[Run]] = {1: [], workers: []}
         try:
             for _ in range(runs):  # alternated, so a change in the machine's load falls on both
                 for count, cluster in clusters.items():
+                    costs = ClusterCosts()
+                    before = {process.pid: cpu_seconds(process) for process in processes[count]}
                     load = os.getloadavg()[0]
-                    start = time.perf_counter()
-                    result = report(
-                        *replay_on_cluster(cluster.scheduler_address, tracer(), opened, groups, settings, [None], count)
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    outcome = replay_on_cluster(
+                        cluster.scheduler_address, tracer(), opened, groups, settings, [None], count, costs
                     )
-                    times[count].append(time.perf_counter() - start)
-                    assert result == local, f"{count} workers: not the local run's report"
-                    print(f"cluster of {count} worker(s): {times[count][-1]:6.1f} s (load {load:.1f}); equals the local run")
+                    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    after = {process.pid: cpu_seconds(process) for process in processes[count]}
+                    run = Run(
+                        count, wall, (load, os.getloadavg()[0]), cpu, {pid: after[pid] - before[pid] for pid in before}, costs
+                    )
+                    done[count].append(run)
+                    assert report(*outcome) == local, f"{count} workers: not the local run's report"
+                    per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
+                    print(
+                        f"cluster of {count} worker(s): {wall:6.1f} s wall (load {load:.1f}-{run.load[1]:.1f}); CPU s: "
+                        f"client {cpu:.1f}, workers {per_worker}; critical path {run.critical:.1f}; equals the local run"
+                    )
         finally:
             for cluster in clusters.values():
                 cluster.close()
-        pairs = sorted(one / (workers * many) for one, many in zip(times[1], times[workers]))
-        print(
-            f"parallel efficiency on {workers} workers, median of {runs} alternated pairs: {statistics.median(pairs):.2f} "
-            f"(range {pairs[0]:.2f}-{pairs[-1]:.2f}; goal 0.8; {os.cpu_count()} cores on this machine)"
-        )
+    ones, manys = done[1], done[workers]
+
+    def efficiency(name: str, figure) -> None:
+        pairs = sorted(figure(one) / (workers * figure(many)) for one, many in zip(ones, manys))
+        print(f"  {name:4s} {statistics.median(pairs):.2f} (range {pairs[0]:.2f}-{pairs[-1]:.2f})")
+
+    loads = [load for run in ones + manys for load in run.load]
+    print(
+        f"parallel efficiency on {workers} workers, median of {runs} alternated pairs (goal 0.8; "
+        f"{os.cpu_count()} cores, load average {min(loads):.1f}-{max(loads):.1f} during the runs):"
+    )
+    efficiency("wall", lambda run: run.wall)
+    efficiency("CPU", lambda run: run.critical)
+    work = statistics.median(one.total / many.total for one, many in zip(ones, manys))
+    print(f"  CPU of the whole run, 1 worker / {workers}: {work:.2f}; imbalance of {workers} workers (busiest / mean): "
+          f"{statistics.median(run.imbalance for run in manys):.2f}")  # fmt: skip
+    print(f"where the {workers}-worker runs' time went (medians; CPU s, wall s):")
+    phases = defaultdict(list)
+    for run in manys:
+        for name, (wall, cpu) in run.costs.phases.items():
+            phases[name].append((cpu, wall))
+    for name, figures in phases.items():
+        cpu = statistics.median(cpu for cpu, _ in figures)
+        wall = statistics.median(wall for _, wall in figures)
+        print(f"  client, {name:18s} {cpu:6.2f} CPU {wall:6.2f} wall")
+    shares = [run.costs.shares for run in manys]
+    print(f"  {statistics.median(map(len, shares)):.0f} shares; per share (median):")
+    flat = [share for run in shares for share in run]
+    print(f"    child (tracing)    {statistics.median(share.child_cpu for share in flat):6.2f} CPU "
+          f"{statistics.median(share.end - share.start for share in flat):6.2f} wall")  # fmt: skip
+    print(f"    worker's thread    {statistics.median(share.worker_cpu for share in flat):6.2f} CPU (fork, wait, read back)")
+    around = [
+        run.worker_cpu[pid] - sum(s.worker_cpu for s in run.costs.shares if s.worker == pid)
+        for run in manys
+        for pid in run.worker_cpu
+    ]
+    print(f"  per worker, its process outside the tasks (receiving, sending, idle): {statistics.median(around):6.2f} CPU")  # fmt: skip
 
 
 if __name__ == "__main__":

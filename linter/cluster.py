@@ -24,8 +24,11 @@ GCS to start. The scheduler address is the only thing to configure.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
@@ -117,29 +120,77 @@ class ShareLog:
         return call
 
 
-def _trace_share(task: tuple[Any, ShareLog, list[Any], list[int]]) -> tuple[list[Any], list[tuple[int, str]]]:
+@dataclass(frozen=True, slots=True)
+class ShareCost:
+    """What one share of the sessions cost on the worker that traced it. CPU seconds beside
+    the wall clock: on a shared machine the wall clock also counts the other work's turns."""
+
+    share: int
+    worker: int  # the worker's process id
+    requests: int
+    log_bytes: int  # of its sessions' lines
+    start: float  # the worker's wall clock (time.time) when the share began, and ended
+    end: float
+    worker_cpu: float  # the worker's thread: forking the child, waiting, reading the traces back
+    child_cpu: float  # the limited child: rendering, tokenizing and attributing the share
+
+
+@dataclass
+class ClusterCosts:
+    """Where a cluster run's time went (bench/replay_cluster.py prints it): each phase of the
+    client, in wall and in CPU seconds of the client's process (which also holds a
+    LocalCluster's scheduler), and each share's costs on its worker."""
+
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
+    shares: list[ShareCost] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.phases[name] = (time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def _traced(tracer: Any, log: Any, groups: list[Any], indices: list[int]) -> tuple[list[Any], list[tuple[int, str]], float]:
+    """In the limited child: the share's traces, and the CPU the child spent (it was forked
+    for this share: its count began at zero)."""
+    from .replay.attribution import _trace_group
+
+    traces, problems = _trace_group(tracer, log, groups, indices)
+    return traces, problems, time.process_time()
+
+
+def _trace_share(task: tuple[Any, ShareLog, list[Any], list[int], int]) -> tuple[list[Any], list[tuple[int, str]], ShareCost]:
     """On a worker: one share's sessions traced in a limited child, as the local run does."""
     import multiprocessing
 
     from .isolation import run_isolated
-    from .replay.attribution import _trace_group
 
     if multiprocessing.current_process().daemon:
         raise ClusterError(
             "a worker renders in limited children and a daemonic worker may have none: "
             "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
         )
-    tracer, log, sessions, indices = task
+    start, cpu = time.time(), time.thread_time()
+    tracer, log, sessions, indices, share = task
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The share carries only its own sessions: its indices are the log's, its list is short.
     groups: list[Any] = [None] * (max(indices) + 1)
     for index, session in zip(indices, sessions):
         groups[index] = session
-    return run_isolated(_trace_group, (tracer, log, groups, indices), seconds=None)
+    traces, problems, child_cpu = run_isolated(_traced, (tracer, log, groups, indices), seconds=None)
+    entries = [entry for session in sessions for entry in session.entries]
+    cost = ShareCost(
+        share, os.getpid(), len(entries), sum(entry.size for entry in entries), start, time.time(),
+        time.thread_time() - cpu, child_cpu,
+    )  # fmt: skip
+    return traces, problems, cost
 
 
 def trace_on_cluster(
-    address: str, tracer: Any, log: Any, groups: list[Any], shares: int
+    address: str, tracer: Any, log: Any, groups: list[Any], shares: int, costs: ClusterCosts | None = None
 ) -> tuple[list[Any], list[tuple[int, str]]]:
     """Every request's trace in arrival order and the requests the template refused, as
     ``replay.attribution.trace_sessions`` gives them, the sessions traced on the cluster."""
@@ -149,18 +200,25 @@ def trace_on_cluster(
 
     if tracer.server_ids is not None:
         raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
-    if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
-        failure = run_isolated(_compiles, (tracer.template,))
-        if failure is not None:
-            raise TemplateError(failure)
-    parts = shares_of([len(group.entries) for group in groups], shares)
-    tasks = []
-    for part in parts:
-        sessions = [groups[index] for index in part]
-        tasks.append((tracer, ShareLog(log, sessions), sessions, part))
-    done = cluster_map(address, _trace_share, tasks)
-    traces = sorted((trace for traced, _ in done for trace in traced), key=lambda trace: trace.order)
-    return traces, sorted(problem for _, failed in done for problem in failed)
+    costs = costs if costs is not None else ClusterCosts()
+    with costs.phase("compile check"):
+        if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
+            failure = run_isolated(_compiles, (tracer.template,))
+            if failure is not None:
+                raise TemplateError(failure)
+    with costs.phase("deal shares"):
+        parts = shares_of([len(group.entries) for group in groups], shares)
+        tasks = []
+        for number, part in enumerate(parts):
+            sessions = [groups[index] for index in part]
+            tasks.append((tracer, ShareLog(log, sessions), sessions, part, number))
+    with costs.phase("trace on workers"):
+        done = cluster_map(address, _trace_share, tasks)
+    with costs.phase("gather traces"):
+        costs.shares.extend(cost for _, _, cost in done)
+        traces = sorted((trace for traced, _, _ in done for trace in traced), key=lambda trace: trace.order)
+        problems = sorted(problem for _, failed, _ in done for problem in failed)
+    return traces, problems
 
 
 def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
@@ -171,16 +229,26 @@ def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
 
 
 def replay_on_cluster(
-    address: str, tracer: Any, log: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
+    address: str,
+    tracer: Any,
+    log: Any,
+    groups: list[Any],
+    settings: Any,
+    capacities: list[int | None],
+    shares: int,
+    costs: ClusterCosts | None = None,
 ) -> tuple[Any, list[tuple[int, str]]]:
-    """``replay.simulate.replay`` with its stages on the cluster: the same summary and problems."""
+    """``replay.simulate.replay`` with its stages on the cluster: the same summary and
+    problems. ``costs``: where the time went is recorded there."""
     from .replay.simulate import first_fitting
 
-    traces, problems = trace_on_cluster(address, tracer, log, groups, shares)
+    costs = costs if costs is not None else ClusterCosts()
+    traces, problems = trace_on_cluster(address, tracer, log, groups, shares, costs)
     keys = [group.key for group in groups]
     common = (traces, settings, keys, tracer.unit)
-    if len(capacities) > 1:
-        summaries = cluster_map(address, _simulate_pool, capacities, common)
-    else:  # one pool: sending every trace to a worker and back gains nothing
-        summaries = [_simulate_pool(common, capacities[0])]
+    with costs.phase("simulate pools"):
+        if len(capacities) > 1:
+            summaries = cluster_map(address, _simulate_pool, capacities, common)
+        else:  # one pool: sending every trace to a worker and back gains nothing
+            summaries = [_simulate_pool(common, capacities[0])]
     return first_fitting(summaries), problems
