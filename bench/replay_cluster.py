@@ -42,30 +42,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replay_speed import TOKENIZER, sharegpt_log  # noqa: E402
 
+IDLE_SECONDS = 10.0
+
 
 @dataclass
 class Run:
     workers: int
     wall: float
     load: tuple[float, float]  # the 1-minute load average before and after
-    client_cpu: float
+    client_cpu: float  # this process
+    client_thread: float  # the thread that ran replay: the client's serial work
     worker_cpu: dict[int, float]  # worker pid -> its process's CPU during the run, children not included
+    idle: dict[int | None, float]  # CPU per wall second of each process idle (None: this one)
     costs: object  # tmpl_lint.cluster.ClusterCosts
 
     def children(self, pid: int) -> float:
         return sum(share.child_cpu for share in self.costs.shares if share.worker == pid)
 
+    @property
+    def client(self) -> float:
+        """The client's CPU beyond what its process spends idle (event loops, heartbeats)."""
+        loops = self.client_cpu - self.client_thread
+        return self.client_thread + max(0.0, loops - self.idle[None] * self.wall)
+
     def per_worker(self) -> dict[int, float]:
-        return {pid: cpu + self.children(pid) for pid, cpu in self.worker_cpu.items()}
+        """Each worker's CPU beyond what it spends idle, with its children's."""
+        return {pid: max(0.0, cpu - self.idle[pid] * self.wall) + self.children(pid) for pid, cpu in self.worker_cpu.items()}
 
     @property
     def critical(self) -> float:
         """The critical path in CPU seconds: the client, then the busiest worker."""
-        return self.client_cpu + max(self.per_worker().values())
+        return self.client + max(self.per_worker().values())
 
     @property
     def total(self) -> float:
-        return self.client_cpu + sum(self.per_worker().values())
+        return self.client + sum(self.per_worker().values())
 
     @property
     def imbalance(self) -> float:
@@ -119,13 +130,27 @@ def main() -> None:
         )
         runs = int(os.environ.get("RUNS", "3"))
         clusters, processes = {}, {}
-        with dask.config.set({"distributed.worker.daemon": False, "distributed.admin.large-graph-warning-threshold": "1GB"}):
+        with dask.config.set({"distributed.worker.daemon": False}):
             for count in (1, workers):
                 clusters[count] = distributed.LocalCluster(
                     n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
                 )
                 with distributed.Client(clusters[count]) as client:
                     processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+        # What each process spends idle (event loops, heartbeats: this process holds both
+        # clusters' schedulers) grows with the wall clock, which the machine's other work
+        # stretches: measured here, it is taken off each run's CPU.
+        every = [process for count in clusters for process in processes[count]]
+        before = {process.pid: cpu_seconds(process) for process in every}
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_SECONDS)
+        wall = time.perf_counter() - wall
+        idle: dict[int | None, float] = {process.pid: (cpu_seconds(process) - before[process.pid]) / wall for process in every}
+        idle[None] = (time.process_time() - cpu) / wall
+        print(
+            f"CPU s per s idle: this process (client, schedulers) {idle[None]:.3f}, "
+            f"workers {', '.join(f'{idle[process.pid]:.3f}' for process in every)}"
+        )
         done: dict[int, list[Run]] = {1: [], workers: []}
         try:
             for _ in range(runs):  # alternated, so a change in the machine's load falls on both
@@ -133,21 +158,21 @@ def main() -> None:
                     costs = ClusterCosts()
                     before = {process.pid: cpu_seconds(process) for process in processes[count]}
                     load = os.getloadavg()[0]
-                    wall, cpu = time.perf_counter(), time.process_time()
+                    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
                     outcome = replay_on_cluster(
-                        cluster.scheduler_address, tracer(), opened, groups, settings, [None], count, costs
+                        cluster.scheduler_address, tracer(), opened, groups, settings, [None], None, costs
                     )
-                    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    wall, cpu, thread = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
                     after = {process.pid: cpu_seconds(process) for process in processes[count]}
-                    run = Run(
-                        count, wall, (load, os.getloadavg()[0]), cpu, {pid: after[pid] - before[pid] for pid in before}, costs
-                    )
+                    spent = {pid: after[pid] - before[pid] for pid in before}
+                    run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs)
                     done[count].append(run)
                     assert report(*outcome) == local, f"{count} workers: not the local run's report"
                     per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
                     print(
                         f"cluster of {count} worker(s): {wall:6.1f} s wall (load {load:.1f}-{run.load[1]:.1f}); CPU s: "
-                        f"client {cpu:.1f}, workers {per_worker}; critical path {run.critical:.1f}; equals the local run"
+                        f"client {run.client:.1f} ({thread:.1f} replay's thread, {cpu:.1f} the process), workers {per_worker}; "
+                        f"critical path {run.critical:.1f}; equals the local run"
                     )
         finally:
             for cluster in clusters.values():
@@ -171,12 +196,13 @@ def main() -> None:
     print(f"where the {workers}-worker runs' time went (medians; CPU s, wall s):")
     phases = defaultdict(list)
     for run in manys:
-        for name, (wall, cpu) in run.costs.phases.items():
-            phases[name].append((cpu, wall))
+        for name, phase in run.costs.phases.items():
+            phases[name].append(phase)
     for name, figures in phases.items():
-        cpu = statistics.median(cpu for cpu, _ in figures)
-        wall = statistics.median(wall for _, wall in figures)
-        print(f"  client, {name:18s} {cpu:6.2f} CPU {wall:6.2f} wall")
+        thread = statistics.median(phase.thread_cpu for phase in figures)
+        cpu = statistics.median(phase.cpu for phase in figures)
+        wall = statistics.median(phase.wall for phase in figures)
+        print(f"  client, {name:18s} {thread:6.2f} CPU in replay's thread, {cpu:6.2f} in the process, {wall:6.2f} wall")
     shares = [run.costs.shares for run in manys]
     print(f"  {statistics.median(map(len, shares)):.0f} shares; per share (median):")
     flat = [share for run in shares for share in run]

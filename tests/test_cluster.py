@@ -88,7 +88,8 @@ def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_clus
 def test_the_tasks_ran_in_two_other_processes(local_cluster):
     pids = cluster_map(local_cluster.scheduler_address, _pid, list(range(8)))
     assert os.getpid() not in pids
-    workers = distributed.Client(local_cluster.scheduler_address).run(os.getpid)
+    with distributed.Client(local_cluster.scheduler_address) as client:
+        workers = client.run(os.getpid)
     assert len(set(workers.values())) == 2 and set(pids) <= set(workers.values())
 
 
