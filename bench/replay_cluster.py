@@ -12,15 +12,20 @@ goal is 0.8. Two figures of it:
   printed beside it) a worker waits for a core as long as the others make it, so this figure
   says as much about the other work as about replay.
 - CPU: T is the run's critical path in CPU seconds, what its wall clock would be with a core
-  per process: the client's CPU (this process, which also holds the LocalClusters'
-  schedulers: counted whole, as if none of it overlapped the workers) plus the busiest
-  worker's (its process, measured by psutil, plus the limited children it forked, each
-  measured in the child). Latency that spends no CPU (the network, a worker idle between
-  tasks) is not in it; the wall figure on an idle machine is.
-Beside them: the CPU of the whole run, N workers against one (what splitting the work
-added), the imbalance (busiest worker / mean), and the breakdown of the N-worker runs:
-the client's phases, each worker's children (the tracing itself) and what the worker
-process spent around them (receiving the task, forking, reading the traces back).
+  for each process: the client's CPU, then the busiest worker's. The client's is the
+  thread that ran replay (its serial work) and what the rest of its process spent beyond
+  idle (its event loop, and the LocalClusters' schedulers, which this process holds); a
+  worker's is its process (psutil) beyond idle, and the limited children it forked, each
+  measured in the child. What each process spends idle (heartbeats, polling) is measured
+  before the runs, 10 s of each: it grows with the wall clock, which the other work
+  stretches, so left in it would favour the slower run. Latency that spends no CPU (the
+  network, a worker waiting for a task) is not in this figure; the wall figure on an idle
+  machine would hold it.
+Beside them: the CPU of the whole run, 1 worker against N (1.0: splitting the work added
+nothing), the imbalance (busiest worker / mean), and the breakdown of the N-worker runs: the
+client's phases, each share's child (the tracing itself) and the worker's thread around it
+(forking, reading the traces back), and what each worker process spent beyond idle outside
+its tasks (receiving the tracer and the shares, sending the traces).
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
 Run: python bench/replay_cluster.py [N]
 """
@@ -55,6 +60,7 @@ class Run:
     worker_cpu: dict[int, float]  # worker pid -> its process's CPU during the run, children not included
     idle: dict[int | None, float]  # CPU per wall second of each process idle (None: this one)
     costs: object  # tmpl_lint.cluster.ClusterCosts
+    began: float  # time.time() when the run began
 
     def children(self, pid: int) -> float:
         return sum(share.child_cpu for share in self.costs.shares if share.worker == pid)
@@ -82,6 +88,39 @@ class Run:
     def imbalance(self) -> float:
         loads = list(self.per_worker().values())
         return max(loads) / statistics.mean(loads)
+
+
+def breakdown(label: str, runs: list[Run]) -> None:
+    """Where these runs' time went, the median of each figure."""
+    print(f"where the {label} runs' time went (medians):")
+    phases = defaultdict(list)
+    for run in runs:
+        for name, phase in run.costs.phases.items():
+            phases[name].append(phase)
+    for name, figures in phases.items():
+        thread = statistics.median(phase.thread_cpu for phase in figures)
+        cpu = statistics.median(phase.cpu for phase in figures)
+        wall = statistics.median(phase.wall for phase in figures)
+        print(f"  client, {name:17s} {thread:5.2f} CPU s in replay's thread, {cpu:5.2f} in the process, {wall:6.2f} s wall")
+    flat = [share for run in runs for share in run.costs.shares]
+    children = statistics.median(sum(share.child_cpu for share in run.costs.shares) for run in runs)
+    print(
+        f"  {len(flat) // len(runs)} shares: their children (the tracing) {children:.2f} CPU s in all; each "
+        f"{statistics.median(share.child_cpu for share in flat):.2f} CPU s, {statistics.median(share.end - share.start for share in flat):.2f} s wall; "
+        f"the worker's thread around each (fork, wait, read back) {statistics.median(share.worker_cpu for share in flat):.3f} CPU s"
+    )
+    around = [
+        run.worker_cpu[pid]
+        - run.idle[pid] * run.wall
+        - sum(share.worker_cpu for share in run.costs.shares if share.worker == pid)
+        for run in runs
+        for pid in run.worker_cpu
+    ]
+    latency = statistics.median(min(share.start for share in run.costs.shares) - run.began for run in runs)
+    print(
+        f"  each worker's process beyond idle, outside its tasks (receiving the tracer and the shares, "
+        f"sending traces): {statistics.median(around):.2f} CPU s; the first share began {latency:.2f} s wall into the run"
+    )
 
 
 def cpu_seconds(process) -> float:
@@ -158,14 +197,14 @@ def main() -> None:
                     costs = ClusterCosts()
                     before = {process.pid: cpu_seconds(process) for process in processes[count]}
                     load = os.getloadavg()[0]
-                    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
+                    began, wall, cpu, thread = time.time(), time.perf_counter(), time.process_time(), time.thread_time()
                     outcome = replay_on_cluster(
                         cluster.scheduler_address, tracer(), opened, groups, settings, [None], None, costs
                     )
                     wall, cpu, thread = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
                     after = {process.pid: cpu_seconds(process) for process in processes[count]}
                     spent = {pid: after[pid] - before[pid] for pid in before}
-                    run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs)
+                    run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs, began)
                     done[count].append(run)
                     assert report(*outcome) == local, f"{count} workers: not the local run's report"
                     per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
@@ -193,28 +232,8 @@ def main() -> None:
     work = statistics.median(one.total / many.total for one, many in zip(ones, manys))
     print(f"  CPU of the whole run, 1 worker / {workers}: {work:.2f}; imbalance of {workers} workers (busiest / mean): "
           f"{statistics.median(run.imbalance for run in manys):.2f}")  # fmt: skip
-    print(f"where the {workers}-worker runs' time went (medians; CPU s, wall s):")
-    phases = defaultdict(list)
-    for run in manys:
-        for name, phase in run.costs.phases.items():
-            phases[name].append(phase)
-    for name, figures in phases.items():
-        thread = statistics.median(phase.thread_cpu for phase in figures)
-        cpu = statistics.median(phase.cpu for phase in figures)
-        wall = statistics.median(phase.wall for phase in figures)
-        print(f"  client, {name:18s} {thread:6.2f} CPU in replay's thread, {cpu:6.2f} in the process, {wall:6.2f} wall")
-    shares = [run.costs.shares for run in manys]
-    print(f"  {statistics.median(map(len, shares)):.0f} shares; per share (median):")
-    flat = [share for run in shares for share in run]
-    print(f"    child (tracing)    {statistics.median(share.child_cpu for share in flat):6.2f} CPU "
-          f"{statistics.median(share.end - share.start for share in flat):6.2f} wall")  # fmt: skip
-    print(f"    worker's thread    {statistics.median(share.worker_cpu for share in flat):6.2f} CPU (fork, wait, read back)")
-    around = [
-        run.worker_cpu[pid] - sum(s.worker_cpu for s in run.costs.shares if s.worker == pid)
-        for run in manys
-        for pid in run.worker_cpu
-    ]
-    print(f"  per worker, its process outside the tasks (receiving, sending, idle): {statistics.median(around):6.2f} CPU")  # fmt: skip
+    for label, group in ((f"{workers}-worker", manys), ("1-worker", ones)):
+        breakdown(label, group)
 
 
 if __name__ == "__main__":
