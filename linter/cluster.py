@@ -8,7 +8,7 @@ The stages split where the work is independent:
    lightest share), a few per worker thread so that a worker done early takes another's,
    and each share runs on a worker, where the template still runs in a limited child
    (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
-   once; each share goes straight to a worker, not through the scheduler.
+   once, not with each share.
 2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
    pools are independent of each other (each capacity swept here; each replica once a
    fleet's router has dealt the requests), so each runs as one task, the traces sent to
@@ -215,10 +215,9 @@ def _trace_share(
         traces, problems, child_cpu = run_isolated(_traced, (tracer, log, groups, indices), seconds=None)
     finally:
         gc.unfreeze()
-    entries = [entry for session in sessions for entry in session.entries]
     cost = ShareCost(
-        share, os.getpid(), len(entries), sum(entry.size for entry in entries), start, time.time(),
-        time.thread_time() - cpu, child_cpu,
+        share, os.getpid(), sum(len(session.entries) for session in sessions), sum(map(log_bytes, sessions)),
+        start, time.time(), time.thread_time() - cpu, child_cpu,
     )  # fmt: skip
     return traces, problems, cost
 
@@ -241,6 +240,8 @@ def trace_on_cluster(
     """Every request's trace in arrival order and the requests the template refused, as
     ``replay.attribution.trace_sessions`` gives them, the sessions traced on ``client``'s
     cluster in ``shares`` tasks (None: SHARES_PER_THREAD for each of its worker threads)."""
+    import dask
+
     from .engines.base import HARMONY
     from .isolation import run_isolated
     from .replay.attribution import TemplateError, _compiles
@@ -260,13 +261,12 @@ def trace_on_cluster(
         for number, part in enumerate(parts):
             sessions = [groups[index] for index in part]
             tasks.append((ShareLog(log, sessions), sessions, part, number))
-    with costs.phase("trace on workers"):
-        # The tracer (its tokenizer) to each worker once, made into its object there once; each
-        # share straight to a worker, not in the task graph, which the scheduler would unpickle
-        # and pickle again.
-        [on_workers] = client.scatter([tracer], broadcast=True, hash=False)
-        payloads = client.scatter(tasks, hash=False)
-        done = client.gather(client.map(_trace_share, [on_workers] * len(tasks), payloads, pure=False))
+    with costs.phase("trace on workers"), dask.config.set({"distributed.admin.large-graph-warning-threshold": "2GB"}):
+        # The tracer goes to each worker once, and is made into its object (its tokenizer
+        # built) there once, not once per share. The shares, the log's lines, go in the task
+        # graph, as large as the log: the scheduler can then run a share again elsewhere
+        # should its worker be lost, which it cannot do with data scattered to that worker.
+        done = map_on(client, _trace_share, tasks, tracer)
     with costs.phase("gather traces"):
         costs.shares.extend(cost for _, _, cost in done)
         traces = sorted((trace for traced, _, _ in done for trace in traced), key=lambda trace: trace.order)
