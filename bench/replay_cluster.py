@@ -1,10 +1,31 @@
-"""Replay's parallel efficiency on a local Dask cluster, beside its one-worker floor.
+"""Replay's parallel efficiency on a local Dask cluster, beside its one-worker floor, and
+where an N-worker run's time goes.
 
 The ShareGPT-shaped log of replay_speed (c), replayed with its stages on a local cluster of
 one worker process, then of N (default 2), each worker one thread; both clusters are started
-before the clock starts, and their runs alternate (RUNS=3 pairs by default). Efficiency =
-T(1) / (N x T(N)) per pair, the median printed: 1.0 is perfect scaling; the goal is 0.8. Every run's report is compared with the local run's, byte for byte. The load
-average is printed beside each figure: this machine is shared.
+before the clock starts, and their runs alternate (RUNS=3 pairs by default). Every run's
+report is compared with the local run's, byte for byte.
+
+Efficiency = T(1) / (N x T(N)) per pair, the median printed: 1.0 is perfect scaling; the
+goal is 0.8. Two figures of it:
+- wall: T is the run's wall clock. On a machine shared with other work (the load average is
+  printed beside it) a worker waits for a core as long as the others make it, so this figure
+  says as much about the other work as about replay.
+- CPU: T is the run's critical path in CPU seconds, what its wall clock would be with a core
+  for each process: the client's CPU, then the busiest worker's. The client's is the
+  thread that ran replay (its serial work) and what the rest of its process spent beyond
+  idle (its event loop, and the LocalClusters' schedulers, which this process holds); a
+  worker's is its process (psutil) beyond idle, and the limited children it forked, each
+  measured in the child. What each process spends idle (heartbeats, polling) is measured
+  before the runs, 10 s of each: it grows with the wall clock, which the other work
+  stretches, so left in it would favour the slower run. Latency that spends no CPU (the
+  network, a worker waiting for a task) is not in this figure; the wall figure on an idle
+  machine would hold it.
+Beside them: the CPU of the whole run, 1 worker against N (1.0: splitting the work added
+nothing), the imbalance (busiest worker / mean), and the breakdown of the N-worker runs: the
+client's phases, each share's child (the tracing itself) and the worker's thread around it
+(forking, reading the traces back), and what each worker process spent beyond idle outside
+its tasks (receiving the tracer and the shares, sending the traces).
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
 Run: python bench/replay_cluster.py [N]
 """
@@ -12,23 +33,107 @@ Run: python bench/replay_cluster.py [N]
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replay_speed import TOKENIZER, sharegpt_log  # noqa: E402
 
+IDLE_SECONDS = 10.0
+
+
+@dataclass
+class Run:
+    workers: int
+    wall: float
+    load: tuple[float, float]  # the 1-minute load average before and after
+    client_cpu: float  # this process
+    client_thread: float  # the thread that ran replay: the client's serial work
+    worker_cpu: dict[int, float]  # worker pid -> its process's CPU during the run, children not included
+    idle: dict[int | None, float]  # CPU per wall second of each process idle (None: this one)
+    costs: object  # tmpl_lint.cluster.ClusterCosts
+    began: float  # time.time() when the run began
+
+    def children(self, pid: int) -> float:
+        return sum(share.child_cpu for share in self.costs.shares if share.worker == pid)
+
+    @property
+    def client(self) -> float:
+        """The client's CPU beyond what its process spends idle (event loops, heartbeats)."""
+        loops = self.client_cpu - self.client_thread
+        return self.client_thread + max(0.0, loops - self.idle[None] * self.wall)
+
+    def per_worker(self) -> dict[int, float]:
+        """Each worker's CPU beyond what it spends idle, with its children's."""
+        return {pid: max(0.0, cpu - self.idle[pid] * self.wall) + self.children(pid) for pid, cpu in self.worker_cpu.items()}
+
+    @property
+    def critical(self) -> float:
+        """The critical path in CPU seconds: the client, then the busiest worker."""
+        return self.client + max(self.per_worker().values())
+
+    @property
+    def total(self) -> float:
+        return self.client + sum(self.per_worker().values())
+
+    @property
+    def imbalance(self) -> float:
+        loads = list(self.per_worker().values())
+        return max(loads) / statistics.mean(loads)
+
+
+def breakdown(label: str, runs: list[Run]) -> None:
+    """Where these runs' time went, the median of each figure."""
+    print(f"where the {label} runs' time went (medians):")
+    phases = defaultdict(list)
+    for run in runs:
+        for name, phase in run.costs.phases.items():
+            phases[name].append(phase)
+    for name, figures in phases.items():
+        thread = statistics.median(phase.thread_cpu for phase in figures)
+        cpu = statistics.median(phase.cpu for phase in figures)
+        wall = statistics.median(phase.wall for phase in figures)
+        print(f"  client, {name:17s} {thread:5.2f} CPU s in replay's thread, {cpu:5.2f} in the process, {wall:6.2f} s wall")
+    flat = [share for run in runs for share in run.costs.shares]
+    children = statistics.median(sum(share.child_cpu for share in run.costs.shares) for run in runs)
+    print(
+        f"  {len(flat) // len(runs)} shares: their children (the tracing) {children:.2f} CPU s in all; each "
+        f"{statistics.median(share.child_cpu for share in flat):.2f} CPU s, {statistics.median(share.end - share.start for share in flat):.2f} s wall; "
+        f"the worker's thread around each (fork, wait, read back) {statistics.median(share.worker_cpu for share in flat):.3f} CPU s"
+    )
+    around = [
+        run.worker_cpu[pid]
+        - run.idle[pid] * run.wall
+        - sum(share.worker_cpu for share in run.costs.shares if share.worker == pid)
+        for run in runs
+        for pid in run.worker_cpu
+    ]
+    latency = statistics.median(min(share.start for share in run.costs.shares) - run.began for run in runs)
+    print(
+        f"  each worker's process beyond idle, outside its tasks (receiving the tracer and the shares, "
+        f"sending traces): {statistics.median(around):.2f} CPU s; the first share began {latency:.2f} s wall into the run"
+    )
+
+
+def cpu_seconds(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
 
 def main() -> None:
     import dask
     import distributed
+    import psutil
 
-    from tmpl_lint.cluster import replay_on_cluster
+    from tmpl_lint.cluster import ClusterCosts, replay_on_cluster
     from tmpl_lint.diff import read_template
     from tmpl_lint.replay.attribution import Tracer
     from tmpl_lint.replay.log import read_log, sessions
@@ -39,6 +144,7 @@ def main() -> None:
         sys.exit(f"needs {TOKENIZER}")
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "sharegpt.jsonl"
         requests = sharegpt_log(log)
@@ -57,34 +163,77 @@ def main() -> None:
         load = os.getloadavg()[0]
         start = time.perf_counter()
         local = report(*replay(tracer(), opened, groups, settings, [None], 1))
-        print(f"{requests} requests; local, one process: {time.perf_counter() - start:6.1f} s (load {load:.1f})")
+        print(
+            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; local, one process: "
+            f"{time.perf_counter() - start:6.1f} s (load {load:.1f})"
+        )
         runs = int(os.environ.get("RUNS", "3"))
-        clusters = {}
+        clusters, processes = {}, {}
         with dask.config.set({"distributed.worker.daemon": False}):
             for count in (1, workers):
                 clusters[count] = distributed.LocalCluster(
                     n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
                 )
-        times: dict[int, list[float]] = {1: [], workers: []}
+                with distributed.Client(clusters[count]) as client:
+                    processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+        # What each process spends idle (event loops, heartbeats: this process holds both
+        # clusters' schedulers) grows with the wall clock, which the machine's other work
+        # stretches: measured here, it is taken off each run's CPU.
+        every = [process for count in clusters for process in processes[count]]
+        before = {process.pid: cpu_seconds(process) for process in every}
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(IDLE_SECONDS)
+        wall = time.perf_counter() - wall
+        idle: dict[int | None, float] = {process.pid: (cpu_seconds(process) - before[process.pid]) / wall for process in every}
+        idle[None] = (time.process_time() - cpu) / wall
+        print(
+            f"CPU s per s idle: this process (client, schedulers) {idle[None]:.3f}, "
+            f"workers {', '.join(f'{idle[process.pid]:.3f}' for process in every)}"
+        )
+        done: dict[int, list[Run]] = {1: [], workers: []}
         try:
             for _ in range(runs):  # alternated, so a change in the machine's load falls on both
                 for count, cluster in clusters.items():
+                    costs = ClusterCosts()
+                    before = {process.pid: cpu_seconds(process) for process in processes[count]}
                     load = os.getloadavg()[0]
-                    start = time.perf_counter()
-                    result = report(
-                        *replay_on_cluster(cluster.scheduler_address, tracer(), opened, groups, settings, [None], count)
+                    began, wall, cpu, thread = time.time(), time.perf_counter(), time.process_time(), time.thread_time()
+                    outcome = replay_on_cluster(
+                        cluster.scheduler_address, tracer(), opened, groups, settings, [None], None, costs
                     )
-                    times[count].append(time.perf_counter() - start)
-                    assert result == local, f"{count} workers: not the local run's report"
-                    print(f"cluster of {count} worker(s): {times[count][-1]:6.1f} s (load {load:.1f}); equals the local run")
+                    wall, cpu, thread = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
+                    after = {process.pid: cpu_seconds(process) for process in processes[count]}
+                    spent = {pid: after[pid] - before[pid] for pid in before}
+                    run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs, began)
+                    done[count].append(run)
+                    assert report(*outcome) == local, f"{count} workers: not the local run's report"
+                    per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
+                    print(
+                        f"cluster of {count} worker(s): {wall:6.1f} s wall (load {load:.1f}-{run.load[1]:.1f}); CPU s: "
+                        f"client {run.client:.1f} ({thread:.1f} replay's thread, {cpu:.1f} the process), workers {per_worker}; "
+                        f"critical path {run.critical:.1f}; equals the local run"
+                    )
         finally:
             for cluster in clusters.values():
                 cluster.close()
-        pairs = sorted(one / (workers * many) for one, many in zip(times[1], times[workers]))
-        print(
-            f"parallel efficiency on {workers} workers, median of {runs} alternated pairs: {statistics.median(pairs):.2f} "
-            f"(range {pairs[0]:.2f}-{pairs[-1]:.2f}; goal 0.8; {os.cpu_count()} cores on this machine)"
-        )
+    ones, manys = done[1], done[workers]
+
+    def efficiency(name: str, figure) -> None:
+        pairs = sorted(figure(one) / (workers * figure(many)) for one, many in zip(ones, manys))
+        print(f"  {name:4s} {statistics.median(pairs):.2f} (range {pairs[0]:.2f}-{pairs[-1]:.2f})")
+
+    loads = [load for run in ones + manys for load in run.load]
+    print(
+        f"parallel efficiency on {workers} workers, median of {runs} alternated pairs (goal 0.8; "
+        f"{os.cpu_count()} cores, load average {min(loads):.1f}-{max(loads):.1f} during the runs):"
+    )
+    efficiency("wall", lambda run: run.wall)
+    efficiency("CPU", lambda run: run.critical)
+    work = statistics.median(one.total / many.total for one, many in zip(ones, manys))
+    print(f"  CPU of the whole run, 1 worker / {workers}: {work:.2f}; imbalance of {workers} workers (busiest / mean): "
+          f"{statistics.median(run.imbalance for run in manys):.2f}")  # fmt: skip
+    for label, group in ((f"{workers}-worker", manys), ("1-worker", ones)):
+        breakdown(label, group)
 
 
 if __name__ == "__main__":

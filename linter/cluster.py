@@ -4,9 +4,11 @@
 The stages split where the work is independent:
 
 1. Rendering and tokenizing, with each session's attribution, are per session: the sessions
-   are dealt into shares (the longest first, each to the lightest share) and each share
-   runs on a worker, where the template still runs in a limited child (isolation.py), as
-   it does locally.
+   are dealt into shares by the bytes of their lines (the largest first, each to the
+   lightest share), a few per worker thread so that a worker done early takes another's,
+   and each share runs on a worker, where the template still runs in a limited child
+   (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
+   once, not with each share.
 2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
    pools are independent of each other (each capacity swept here; each replica once a
    fleet's router has dealt the requests), so each runs as one task, the traces sent to
@@ -24,8 +26,11 @@ GCS to start. The scheduler address is the only thing to configure.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
@@ -61,10 +66,10 @@ def address_problem(address: str) -> str | None:
     return None
 
 
-def cluster_map(address: str, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
-    """``[function(item) for item in items]`` as tasks on the cluster at ``address``, in order;
-    with ``common``, ``function(common, item)``, ``common`` sent to each worker once, not
-    once per task."""
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[Any]:
+    """A client of the scheduler at ``address``, closed on leaving; ClusterError where there
+    is none to reach or Dask is not installed."""
     try:
         from distributed import Client
     except ImportError:
@@ -77,13 +82,26 @@ def cluster_map(address: str, function: Callable, items: Sequence[Any], common: 
     except (OSError, TimeoutError, ValueError) as error:
         raise ClusterError(f"--cluster {address}: cannot reach the scheduler: {error}") from None
     try:
-        # pure=False: two shares with equal arguments are still two tasks.
-        if common is None:
-            return client.gather(client.map(function, list(items), pure=False))
-        [scattered] = client.scatter([common], broadcast=True)
-        return client.gather(client.map(function, [scattered] * len(items), list(items), pure=False))
+        yield client
     finally:
         client.close()
+
+
+def map_on(client: Any, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
+    """``[function(item) for item in items]`` as tasks of ``client``'s cluster, in order; with
+    ``common``, ``function(common, item)``, ``common`` sent to each worker once (and made
+    into its object there once), not once per task."""
+    # pure=False: two tasks with equal arguments are still two tasks.
+    if common is None:
+        return client.gather(client.map(function, list(items), pure=False))
+    [scattered] = client.scatter([common], broadcast=True, hash=False)
+    return client.gather(client.map(function, [scattered] * len(items), list(items), pure=False))
+
+
+def cluster_map(address: str, function: Callable, items: Sequence[Any], common: Any = None) -> list[Any]:
+    """``map_on`` the cluster at ``address``."""
+    with connected(address) as client:
+        return map_on(client, function, items, common)
 
 
 def shares_of(sizes: Sequence[int], count: int) -> list[list[int]]:
@@ -117,50 +135,143 @@ class ShareLog:
         return call
 
 
-def _trace_share(task: tuple[Any, ShareLog, list[Any], list[int]]) -> tuple[list[Any], list[tuple[int, str]]]:
+@dataclass(frozen=True, slots=True)
+class ShareCost:
+    """What one share of the sessions cost on the worker that traced it. CPU seconds beside
+    the wall clock: on a shared machine the wall clock also counts the other work's turns."""
+
+    share: int
+    worker: int  # the worker's process id
+    requests: int
+    log_bytes: int  # of its sessions' lines
+    start: float  # the worker's wall clock (time.time) when the share began, and ended
+    end: float
+    worker_cpu: float  # the worker's thread: forking the child, waiting, reading the traces back
+    child_cpu: float  # the limited child: rendering, tokenizing and attributing the share
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of the client: wall seconds, and CPU seconds of its process (which also
+    holds a LocalCluster's scheduler, and the client's own event loop) and of the thread
+    that ran the phase (the client's serial work)."""
+
+    wall: float
+    cpu: float
+    thread_cpu: float
+
+
+@dataclass
+class ClusterCosts:
+    """Where a cluster run's time went (bench/replay_cluster.py prints it): each phase of the
+    client, and each share's costs on its worker."""
+
+    phases: dict[str, Phase] = field(default_factory=dict)
+    shares: list[ShareCost] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.phases[name] = Phase(time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread)
+
+
+def _traced(tracer: Any, log: Any, groups: list[Any], indices: list[int]) -> tuple[list[Any], list[tuple[int, str]], float]:
+    """In the limited child: the share's traces, and the CPU the child spent (it was forked
+    for this share: its count began at zero)."""
+    from .replay.attribution import _trace_group
+
+    traces, problems = _trace_group(tracer, log, groups, indices)
+    return traces, problems, time.process_time()
+
+
+def _trace_share(
+    tracer: Any, task: tuple[ShareLog, list[Any], list[int], int]
+) -> tuple[list[Any], list[tuple[int, str]], ShareCost]:
     """On a worker: one share's sessions traced in a limited child, as the local run does."""
+    import gc
     import multiprocessing
 
     from .isolation import run_isolated
-    from .replay.attribution import _trace_group
 
     if multiprocessing.current_process().daemon:
         raise ClusterError(
             "a worker renders in limited children and a daemonic worker may have none: "
             "start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
         )
-    tracer, log, sessions, indices = task
+    start, cpu = time.time(), time.thread_time()
+    log, sessions, indices, share = task
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The share carries only its own sessions: its indices are the log's, its list is short.
     groups: list[Any] = [None] * (max(indices) + 1)
     for index, session in zip(indices, sessions):
         groups[index] = session
-    return run_isolated(_trace_group, (tracer, log, groups, indices), seconds=None)
+    # As the local run: the worker's objects (the tokenizer, Dask's own), inherited, are
+    # frozen so that no collection in the child walks them and copies every page they are on.
+    gc.freeze()
+    try:
+        traces, problems, child_cpu = run_isolated(_traced, (tracer, log, groups, indices), seconds=None)
+    finally:
+        gc.unfreeze()
+    cost = ShareCost(
+        share, os.getpid(), sum(len(session.entries) for session in sessions), sum(map(log_bytes, sessions)),
+        start, time.time(), time.thread_time() - cpu, child_cpu,
+    )  # fmt: skip
+    return traces, problems, cost
+
+
+# Each worker thread's part of the log in this many shares: a worker that finishes its
+# own takes one that has not started elsewhere (a busier machine, a longer session), and
+# what a share costs of its own (a fork, a lint of the template) stays small beside it.
+SHARES_PER_THREAD = 4
+
+
+def log_bytes(session: Any) -> int:
+    """The bytes of a session's lines: what its rendering and tokenizing grow with (each
+    line holds its request's whole history), which its number of requests does not say."""
+    return sum(entry.size for entry in session.entries)
 
 
 def trace_on_cluster(
-    address: str, tracer: Any, log: Any, groups: list[Any], shares: int
+    client: Any, tracer: Any, log: Any, groups: list[Any], shares: int | None = None, costs: ClusterCosts | None = None
 ) -> tuple[list[Any], list[tuple[int, str]]]:
     """Every request's trace in arrival order and the requests the template refused, as
-    ``replay.attribution.trace_sessions`` gives them, the sessions traced on the cluster."""
+    ``replay.attribution.trace_sessions`` gives them, the sessions traced on ``client``'s
+    cluster in ``shares`` tasks (None: SHARES_PER_THREAD for each of its worker threads)."""
+    import dask
+
     from .engines.base import HARMONY
     from .isolation import run_isolated
     from .replay.attribution import TemplateError, _compiles
 
     if tracer.server_ids is not None:
         raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
-    if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
-        failure = run_isolated(_compiles, (tracer.template,))
-        if failure is not None:
-            raise TemplateError(failure)
-    parts = shares_of([len(group.entries) for group in groups], shares)
-    tasks = []
-    for part in parts:
-        sessions = [groups[index] for index in part]
-        tasks.append((tracer, ShareLog(log, sessions), sessions, part))
-    done = cluster_map(address, _trace_share, tasks)
-    traces = sorted((trace for traced, _ in done for trace in traced), key=lambda trace: trace.order)
-    return traces, sorted(problem for _, failed in done for problem in failed)
+    costs = costs if costs is not None else ClusterCosts()
+    with costs.phase("compile check"):
+        if tracer.engine != HARMONY:  # as the local run: a template that does not compile is one error
+            failure = run_isolated(_compiles, (tracer.template,))
+            if failure is not None:
+                raise TemplateError(failure)
+    with costs.phase("deal shares"):
+        count = shares or SHARES_PER_THREAD * max(1, sum(client.nthreads().values()))
+        parts = shares_of([log_bytes(group) for group in groups], count)
+        tasks = []
+        for number, part in enumerate(parts):
+            sessions = [groups[index] for index in part]
+            tasks.append((ShareLog(log, sessions), sessions, part, number))
+    with costs.phase("trace on workers"), dask.config.set({"distributed.admin.large-graph-warning-threshold": "2GB"}):
+        # The tracer goes to each worker once, and is made into its object (its tokenizer
+        # built) there once, not once per share. The shares, the log's lines, go in the task
+        # graph, as large as the log: the scheduler can then run a share again elsewhere
+        # should its worker be lost, which it cannot do with data scattered to that worker.
+        done = map_on(client, _trace_share, tasks, tracer)
+    with costs.phase("gather traces"):
+        costs.shares.extend(cost for _, _, cost in done)
+        traces = sorted((trace for traced, _, _ in done for trace in traced), key=lambda trace: trace.order)
+        problems = sorted(problem for _, failed, _ in done for problem in failed)
+    return traces, problems
 
 
 def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
@@ -171,16 +282,28 @@ def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
 
 
 def replay_on_cluster(
-    address: str, tracer: Any, log: Any, groups: list[Any], settings: Any, capacities: list[int | None], shares: int
+    address: str,
+    tracer: Any,
+    log: Any,
+    groups: list[Any],
+    settings: Any,
+    capacities: list[int | None],
+    shares: int | None = None,
+    costs: ClusterCosts | None = None,
 ) -> tuple[Any, list[tuple[int, str]]]:
-    """``replay.simulate.replay`` with its stages on the cluster: the same summary and problems."""
+    """``replay.simulate.replay`` with its stages on the cluster: the same summary and
+    problems. ``shares``: as ``trace_on_cluster``; ``costs``: where the time went is
+    recorded there."""
     from .replay.simulate import first_fitting
 
-    traces, problems = trace_on_cluster(address, tracer, log, groups, shares)
-    keys = [group.key for group in groups]
-    common = (traces, settings, keys, tracer.unit)
-    if len(capacities) > 1:
-        summaries = cluster_map(address, _simulate_pool, capacities, common)
-    else:  # one pool: sending every trace to a worker and back gains nothing
-        summaries = [_simulate_pool(common, capacities[0])]
+    costs = costs if costs is not None else ClusterCosts()
+    with connected(address) as client:
+        traces, problems = trace_on_cluster(client, tracer, log, groups, shares, costs)
+        keys = [group.key for group in groups]
+        common = (traces, settings, keys, tracer.unit)
+        with costs.phase("simulate pools"):
+            if len(capacities) > 1:
+                summaries = map_on(client, _simulate_pool, capacities, common)
+            else:  # one pool: sending every trace to a worker and back gains nothing
+                summaries = [_simulate_pool(common, capacities[0])]
     return first_fitting(summaries), problems

@@ -442,7 +442,7 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
                 jobs = 1 if options.server else options.jobs
                 try:
                     if cluster is not None:
-                        summary, refused = replay_on_cluster(cluster, tracer, log, groups, settings, capacities, jobs)
+                        summary, refused = replay_on_cluster(cluster, tracer, log, groups, settings, capacities)
                     else:
                         bar = functools.partial(ProgressBar, f"replaying {quoted_name(path)}")
                         summary, refused = replay(tracer, log, groups, settings, capacities, jobs, bar)

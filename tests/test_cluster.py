@@ -13,7 +13,15 @@ from helpers import CORPUS
 
 distributed = pytest.importorskip("distributed")
 
-from tmpl_lint.cluster import ClusterError, cluster_address, cluster_map, replay_on_cluster, shares_of  # noqa: E402
+from tmpl_lint.cluster import (  # noqa: E402
+    SHARES_PER_THREAD,
+    ClusterCosts,
+    ClusterError,
+    cluster_address,
+    cluster_map,
+    replay_on_cluster,
+    shares_of,
+)
 from tmpl_lint.diff import read_template  # noqa: E402
 from tmpl_lint.replay.attribution import Tracer  # noqa: E402
 from tmpl_lint.replay.log import read_log, sessions  # noqa: E402
@@ -88,7 +96,8 @@ def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_clus
 def test_the_tasks_ran_in_two_other_processes(local_cluster):
     pids = cluster_map(local_cluster.scheduler_address, _pid, list(range(8)))
     assert os.getpid() not in pids
-    workers = distributed.Client(local_cluster.scheduler_address).run(os.getpid)
+    with distributed.Client(local_cluster.scheduler_address) as client:
+        workers = client.run(os.getpid)
     assert len(set(workers.values())) == 2 and set(pids) <= set(workers.values())
 
 
@@ -167,3 +176,46 @@ def test_the_environment_variable_runs_the_command_on_the_cluster(tmp_path, loca
     assert local.exit_code == clustered.exit_code == 0, (local.output, clustered.output)
     assert clustered.stdout_bytes == local.stdout_bytes
     assert json.loads(local.stdout)["template"]["requests"] > 40
+
+
+def test_the_shares_are_dealt_by_log_bytes_several_to_each_worker(tmp_path, local_cluster):
+    """Sessions of one long request beside sessions of many short ones: dealt by their
+    requests they would not share the work out; by the bytes of their lines they do. Each
+    worker thread gets SHARES_PER_THREAD shares, and both workers take some."""
+    log = tmp_path / "log.jsonl"
+    lines = []
+    for number in range(12):
+        long = number < 4
+        history = [{"role": "system", "content": "You track orders."}]
+        for turn in range(1 if long else 5):
+            history = history + [{"role": "user", "content": ("Order? " * (900 if long else 6)) + str(number)}]
+            lines.append(json.dumps({"request": {"user": f"s{number}", "messages": history}}) + "\n")
+            history = history + [{"role": "assistant", "content": f"Ships {turn}."}]
+    log.write_text("".join(lines))
+    bytes_of, requests_of = {}, {}
+    for line in lines:  # each session's bytes, from the file's own lines
+        user = json.loads(line)["request"]["user"]
+        bytes_of[user] = bytes_of.get(user, 0) + len(line.encode())
+        requests_of[user] = requests_of.get(user, 0) + 1
+    users = sorted(bytes_of)
+    shares = SHARES_PER_THREAD * 2
+
+    def loads(sizes):
+        return sorted(sum(bytes_of[users[i]] for i in part) for part in shares_of(sizes, shares))
+
+    by_bytes = loads([bytes_of[user] for user in users])
+    assert by_bytes != loads([requests_of[user] for user in users])  # the two ways differ on this log
+    text, special = read_template(CORPUS / "clean_chatml.jinja")
+    costs = ClusterCosts()
+    with read_log(log, "user") as opened:
+        groups = sessions(opened, "user")
+        settings = CacheSettings("vllm", 4)
+        local = replay(Tracer(text, None, special, "vllm"), opened, groups, settings, [None], 1)
+        clustered = replay_on_cluster(
+            local_cluster.scheduler_address, Tracer(text, None, special, "vllm"), opened, groups, settings, [None], None, costs
+        )
+    assert clustered[0].to_json() == local[0].to_json()
+    assert sorted(share.log_bytes for share in costs.shares) == by_bytes
+    assert sum(share.requests for share in costs.shares) == len(lines)
+    assert len({share.worker for share in costs.shares}) == 2
+    assert all(share.child_cpu > 0 and share.end >= share.start for share in costs.shares)
