@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,8 +54,6 @@ def _sweep_chart(results: list[tuple[str, Summary]]) -> str:
     points = sorted({point.capacity_blocks for _, summary in results for point in summary.sweep if point.capacity_blocks})
     if len(points) < 2:
         return ""
-    import math
-
     low, high = math.log(points[0]), math.log(points[-1])
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
