@@ -99,6 +99,10 @@ class CacheModel(Protocol):
     def serve(self, request: CacheRequest) -> Served: ...
 
 
+# A model may also have ``finish(session)``: told after a session's last request, it drops
+# what it kept for that session alone (a chain, a slot), which no other request reads.
+
+
 # --- capacity ------------------------------------------------------------------------
 
 DTYPE_BYTES = {
@@ -233,7 +237,9 @@ class VllmPrefixCache:
             raise CacheError("a vLLM pool needs at least 2 blocks (block 0 is the null block)")
         self.granularity = self.block_size = block_size
         self.usable = None if num_blocks is None else num_blocks - 1
-        self.lookup: dict[int, int] = {}  # hash -> the block lookups find (the oldest cached)
+        # hash -> the block lookups find (the oldest cached); unbounded, where nothing is
+        # evicted, hash -> the session that computed it: no block needs a name then.
+        self.lookup: dict[int, Any] = {}
         self.duplicates: dict[int, list[int]] = {}  # hash -> younger blocks with the same hash
         self.hash_of: dict[int, int] = {}  # cached block -> its hash
         self.owner: dict[int, Hashable] = {}  # cached block -> the session that computed it
@@ -260,7 +266,7 @@ class VllmPrefixCache:
             shared = hit_blocks - list(map(self.owner.__getitem__, held)).count(session)
         else:
             others = [position for position in earlier_others if position < start]
-            others += [p for p in range(start, hit_blocks) if self.owner[lookup[chain[p]]] != session]
+            others += [p for p in range(start, hit_blocks) if lookup[chain[p]] != session]
             shared = len(others)
         computed = request.computed
         if bounded:
@@ -270,6 +276,15 @@ class VllmPrefixCache:
         # cache_full_blocks: every block the request filled, the reply's too.
         full = computed // size
         hashes = chain if full == len(chain) else chain + self._reply_hashes(chain, request, full)
+        if not bounded:
+            # Each hash once, under the session that first computed it (what ``owner`` of
+            # the block lookups find says); a younger block of the same hash is never looked up.
+            for position, block_hash in zip(range(hit_blocks, full), hashes[hit_blocks:]):
+                first = lookup.setdefault(block_hash, session)
+                if first != session:
+                    others.append(position)
+            self.chains[session].others = others
+            return Served(hit_blocks * size, shared * size)
         new_blocks = [next(self.counter) for _ in range(hit_blocks, full)]
         for position, block, block_hash in zip(itertools.count(hit_blocks), new_blocks, hashes[hit_blocks:]):
             self.hash_of[block] = block_hash
@@ -280,15 +295,18 @@ class VllmPrefixCache:
                 if self.owner[first] != session:
                     others.append(position)
         self.chains[session].others = others
-        if bounded:
-            # free: tail blocks first, so they are evicted before the head of the prompt
-            # (the partial block, never hashed, goes back to the head of the queue: room).
-            held.extend(new_blocks)
-            held.reverse()
-            batch = next(self.counter)
-            self.freed_in.update(dict.fromkeys(held, batch))
-            self.batches.append((batch, held))
+        # free: tail blocks first, so they are evicted before the head of the prompt
+        # (the partial block, never hashed, goes back to the head of the queue: room).
+        held.extend(new_blocks)
+        held.reverse()
+        batch = next(self.counter)
+        self.freed_in.update(dict.fromkeys(held, batch))
+        self.batches.append((batch, held))
         return Served(hit_blocks * size, shared * size)
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: its previous prompt and chain go (its blocks stay)."""
+        self.chains.pop(session, None)
 
     def _prompt_chain(self, request: CacheRequest) -> tuple[list[int], int, list[int]]:
         """The prompt's full-block hashes, reusing the session's previous chain for the
@@ -541,6 +559,10 @@ class LlamaCppSlots:
         slot.tokens = tokens[: self.slot_tokens] if self.slot_tokens is not None else tokens
         slot.session, slot.last_used = request.session, self.clock
         return Served(past, shared)
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: a slot of its own is never looked at again."""
+        self.by_session.pop(session, None)
 
     def _slot(self, request: CacheRequest) -> _Slot:
         if self.shared_slots is None:

@@ -18,7 +18,7 @@ import json
 import os
 import re
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -642,22 +642,153 @@ def _read(log: Log, entry: Entry) -> Call | ReplayError:
 
 
 def ids_array(ids: list[int]) -> array:
-    """Token ids as 4 bytes each, not a Python int each: the traces of a whole log are held
-    until its last request has been through the cache."""
+    """Token ids as 4 bytes each, not a Python int each."""
     return array("I", ids)
 
 
+@dataclass
+class Spilled:
+    """Where a tracing child wrote its traces (``TraceStore``): each trace's arrival
+    position, offset and size in the child's file, in the order written; ``error`` where
+    the file could not be written (no space left)."""
+
+    orders: array = field(default_factory=lambda: array("q"))
+    offsets: array = field(default_factory=lambda: array("q"))
+    sizes: array = field(default_factory=lambda: array("q"))
+    sessions: array = field(default_factory=lambda: array("q"))
+    error: str | None = None
+
+
 def _trace_group(
-    tracer: Tracer, log: Log, groups: list[Session], indices: list[int], done: Any = None, share: int = 0
-) -> tuple[list[Trace], list[tuple[int, str]]]:
-    traces, problems = [], []
-    for index in indices:
-        traced, failed = tracer.trace(index, groups[index], log)
-        traces.extend(traced)
-        problems.extend(failed)
-        if done is not None:
-            done[share] += len(groups[index].entries)
-    return traces, problems
+    tracer: Tracer,
+    log: Log,
+    groups: list[Session],
+    indices: list[int],
+    done: Any = None,
+    share: int = 0,
+    spill: Path | None = None,
+) -> tuple[list[Trace] | Spilled, list[tuple[int, str]]]:
+    """The traces of the sessions at ``indices``, and the requests left out; with ``spill``,
+    each session's traces are written there (a file this call creates, private) as soon as
+    they are made, and only where they are is returned: a child then holds one session's."""
+    traces: list[Trace] = []
+    problems: list[tuple[int, str]] = []
+    spilled = Spilled()
+    stream = None
+    if spill is not None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        stream = open(os.open(spill, flags, 0o600), "wb", buffering=1 << 20)  # noqa: SIM115 - closed below
+    try:
+        for index in indices:
+            traced, failed = tracer.trace(index, groups[index], log)
+            problems.extend(failed)
+            if stream is None:
+                traces.extend(traced)
+            elif spilled.error is None:
+                spilled.error = _spill(stream, traced, spilled, spill)
+            if done is not None:
+                done[share] += len(groups[index].entries)
+        if stream is not None and spilled.error is None:
+            try:
+                stream.flush()
+            except OSError as error:
+                spilled.error = _spill_problem(spill, error)
+    finally:
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    return (traces if spill is None else spilled), problems
+
+
+def _spill(stream: Any, traces: list[Trace], spilled: Spilled, path: Path | None) -> str | None:
+    """``traces`` written to ``stream``, where ``spilled`` finds them; or why they cannot be."""
+    import pickle
+
+    try:
+        for trace in traces:
+            data = pickle.dumps(trace, pickle.HIGHEST_PROTOCOL)
+            spilled.orders.append(trace.order)
+            spilled.offsets.append(stream.tell())
+            spilled.sizes.append(len(data))
+            spilled.sessions.append(trace.session)
+            stream.write(data)
+    except OSError as error:
+        return _spill_problem(path, error)
+    return None
+
+
+def _spill_problem(path: Path | None, error: OSError) -> str:
+    import errno
+
+    folder = path.parent.parent if path is not None else "the temporary folder"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left in {folder} for the replay's traces (about 4 bytes a token the log adds): "
+            "free some, or set TMPDIR to a folder with room"
+        )
+    return f"cannot write the replay's traces in {folder}: {error.strerror or error}"
+
+
+class TraceStore:
+    """Every replayed request's trace, spilled to files by the tracing children and read
+    back one at a time in arrival order: the simulation then holds the live sessions'
+    prompts, never every trace of the log. Arrays indexed by arrival position say which
+    file holds each trace and where (13 bytes a request); the files lie in a private
+    folder (0700, each file 0600) that ``close`` removes, as the command's exit does on an
+    error, Ctrl-C or SIGTERM (``stopping``: raised as exceptions, so the ``with`` closes)."""
+
+    def __init__(self, count: int):
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="tmpl-lint-replay-"))  # 0700
+        self.count = count
+        self.share = array("b", [-1]) * count
+        self.offset = array("q", [0]) * count
+        self.size = array("I", [0]) * count
+        self.final: dict[int, int] = {}  # session -> arrival position of its last trace
+        self.traces = 0
+        self._files: list[int] = []
+
+    def path(self, share: int) -> Path:
+        return self.folder / f"traces-{share}"
+
+    def add(self, share: int, spilled: Spilled) -> None:
+        if spilled.error is not None:
+            raise ReplayError(spilled.error)
+        if len(self._files) <= share:
+            self._files.extend([-1] * (share + 1 - len(self._files)))
+        self._files[share] = os.open(self.path(share), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        for order, offset, size, session in zip(spilled.orders, spilled.offsets, spilled.sizes, spilled.sessions):
+            self.share[order], self.offset[order], self.size[order] = share, offset, size
+            self.final[session] = max(order, self.final.get(session, -1))
+        self.traces += len(spilled.orders)
+
+    def __len__(self) -> int:
+        return self.traces
+
+    def __iter__(self) -> Iterator[Trace]:
+        import pickle
+
+        for order in range(self.count):
+            share = self.share[order]
+            if share >= 0:
+                yield pickle.loads(os.pread(self._files[share], self.size[order], self.offset[order]))
+
+    def close(self) -> None:
+        import shutil
+
+        for descriptor in self._files:
+            if descriptor >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+        self._files = []
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> TraceStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class TemplateError(ReplayError):
@@ -675,8 +806,13 @@ def _compiles(template: str) -> str | None:
 
 
 def trace_sessions(
-    tracer: Tracer, log: Log, groups: list[Session], jobs: int = 1, progress: Callable[[int], Any] | None = None
-) -> tuple[list[Trace], list[tuple[int, str]]]:
+    tracer: Tracer,
+    log: Log,
+    groups: list[Session],
+    jobs: int = 1,
+    progress: Callable[[int], Any] | None = None,
+    store: TraceStore | None = None,
+) -> tuple[list[Trace] | TraceStore, list[tuple[int, str]]]:
     """Every request's trace in arrival order, and the requests the template refused.
 
     Rendering runs untrusted template code, so it runs in limited child processes
@@ -684,7 +820,9 @@ def trace_sessions(
     sessions with the most requests first, each to the least loaded share); each child
     reads its sessions' requests from the log itself, and counts the requests it is done
     with where the parent's progress bar reads them (``progress(total)`` opens it: the
-    command's, as report.progress draws it; None: no bar). A template that does not compile
+    command's, as report.progress draws it; None: no bar). With ``store`` each child writes
+    its traces to its file there as it makes them and the store is returned, to be read in
+    arrival order; without, they are gathered in a list. A template that does not compile
     raises TemplateError before any request is rendered."""
     import multiprocessing
 
@@ -705,19 +843,25 @@ def trace_sessions(
     import gc
 
     done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
+
+    def share_of(share: int) -> Any:
+        spill = None if store is None else store.path(share)
+        return run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share, spill), seconds=None)
+
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:
         with progress(requests) if progress else contextlib.nullcontext() as bar, _Following(done, bar):
-            finished = parallel_map(
-                lambda share: run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share), seconds=None),
-                range(shares),
-                shares,
-            )
+            finished = parallel_map(share_of, range(shares), shares)
     finally:
         gc.unfreeze()
+    problems = sorted(problem for _, failed in finished for problem in failed)
+    if store is not None:
+        for share, (spilled, _) in enumerate(finished):
+            store.add(share, spilled)
+        return store, problems
     traces = [trace for traced, _ in finished for trace in traced]
     traces.sort(key=lambda trace: trace.order)
-    return traces, sorted(problem for _, failed in finished for problem in failed)
+    return traces, problems
 
 
 class _Following:

@@ -369,7 +369,10 @@ def sessions(log: Log, session_key: str | None) -> list[Session]:
             continue
         home.entries.append(entry)
     for session in ordered:
-        session.entries = [replace(entry, carried=carried.get(entry.order)) for entry in session.entries]
+        for position, entry in enumerate(session.entries):
+            if entry.order in carried:
+                # One object for the entry, the log's and its session's: not two a request.
+                session.entries[position] = log.entries[entry.order] = replace(entry, carried=carried[entry.order])
     return ordered
 
 
