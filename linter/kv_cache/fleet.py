@@ -90,7 +90,7 @@ def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | 
         limit = (len(prompt) - 1) // size if cap else len(hashes)
         found = 0
         for block_hash in itertools.islice(hashes, limit):
-            if block_hash not in cache.lookup:
+            if not cache.holds(block_hash):
                 break
             found += 1
         return found * size
