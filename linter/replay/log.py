@@ -164,7 +164,7 @@ class Log:
                     key = None
                     if session_key:
                         found = _lookup(call.body, session_key)
-                        key = None if found is None else str(found)
+                        key = None if found is None else sys.intern(str(found))  # one string a session, not a request
                     model = call.body.get("model")
                     self.models.setdefault(model if isinstance(model, str) else None)
                     self._count_reasoning(call)
