@@ -45,18 +45,23 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 START = 1_770_000_000
 
 MEASURED = """
-import resource, subprocess, sys, time
+import os, resource, subprocess, sys, time
 process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 peak_pss = 0
 
 def tree(pid):
     found = [pid]
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as children:
-            for child in children.read().split():
-                found += tree(int(child))
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        pass
+        return found
+    for task in tasks:  # children are forked from any thread (parallel_map's)
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                for child in children.read().split():
+                    found += tree(int(child))
+        except OSError:
+            pass
     return found
 
 while process.poll() is None:

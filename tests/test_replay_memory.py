@@ -1,5 +1,5 @@
-"""Replay's memory bounded by the live sessions (issue 37): the traces spilled to a private
-temporary folder that every exit removes, a write that fails said in one line, and the
+"""Replay's memory bounded by the live sessions (issue 37): the traces spilled to temporary
+files without a name that no exit leaves behind, a write that fails said in one line, and the
 unbounded vLLM pool's compact table equal to the pool's own blocks. No ../shared needed:
 templates are written here and measured in characters (no tokenizer)."""
 
@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -81,9 +82,9 @@ def test_the_unbounded_pool_serves_as_a_pool_too_large_to_evict(tmp_path):
     assert unbounded.table.used == len(bounded.lookup)
 
 
-def test_the_traces_lie_in_a_private_folder_the_run_removes(tmp_path, monkeypatch):
-    """While the simulation reads them, the traces are files of 0600 in a folder of 0700 in
-    the temporary folder; after the run nothing of them is left there."""
+def test_the_traces_lie_in_files_without_a_name(tmp_path, monkeypatch):
+    """While the simulation reads them, the traces are in files of 0600 that no folder
+    names (so no exit, not even SIGKILL, can leave them behind), one a child."""
     import tempfile
 
     temporary = tmp_path / "tmp"
@@ -94,7 +95,8 @@ def test_the_traces_lie_in_a_private_folder_the_run_removes(tmp_path, monkeypatc
 
     def add_and_look(self, share, spilled):
         add(self, share, spilled)
-        seen.append((stat.S_IMODE(self.folder.stat().st_mode), stat.S_IMODE(self.path(share).stat().st_mode)))
+        status = os.fstat(self.files[share].fileno())
+        seen.append((stat.S_IMODE(status.st_mode), status.st_nlink, status.st_size > 0, os.listdir(temporary)))
 
     monkeypatch.setattr(attribution.TraceStore, "add", add_and_look)
     log = chat_log(tmp_path / "log.jsonl")
@@ -103,8 +105,7 @@ def test_the_traces_lie_in_a_private_folder_the_run_removes(tmp_path, monkeypatc
     result = CliRunner().invoke(main, ["replay", str(log), "--template", str(template), "--session-key", "user", "--jobs", "2"])
     assert result.exit_code == 0, result.output
     assert "240 requests in 40 sessions" in result.output
-    assert seen == [(0o700, 0o600), (0o700, 0o600)]  # two children, a file each
-    assert list(temporary.iterdir()) == []
+    assert seen == [(0o600, 0, True, []), (0o600, 0, True, [])]  # two children, a file each
 
 
 def _run(tmp_path, template_text, *, preexec=None):
@@ -127,31 +128,45 @@ def _run(tmp_path, template_text, *, preexec=None):
 
 
 @pytest.mark.parametrize(
-    ("signal_number", "status", "word"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+    ("signal_number", "status", "word"),
+    [(signal.SIGTERM, 143, "tmpl-lint: terminated"), (signal.SIGINT, 130, "tmpl-lint: interrupted"), (signal.SIGKILL, -9, None)],
 )
-def test_a_signal_while_tracing_removes_the_traces(tmp_path, signal_number, status, word):
-    """SIGTERM (or Ctrl-C) to `tmpl-lint replay` while its children write their traces: it
-    says so in one line and leaves nothing in the temporary folder."""
+def test_a_signal_while_tracing_leaves_no_traces(tmp_path, signal_number, status, word):
+    """SIGTERM, Ctrl-C or SIGKILL to `tmpl-lint replay` while its children write their
+    traces: the run says so in one line (SIGKILL: it cannot), and its children are gone
+    with nothing left in the temporary folder."""
     process, temporary = _run(tmp_path, SLOW)
     try:
         deadline = time.monotonic() + 60
-        folders = []
-        while time.monotonic() < deadline and process.poll() is None:
-            folders = [folder for folder in temporary.glob("tmpl-lint-replay-*") if any(folder.iterdir())]
-            if folders:
-                break
+        while time.monotonic() < deadline and process.poll() is None and len(_children(process.pid)) < 2:
             time.sleep(0.05)
-        assert folders, "the children wrote no traces"
-        time.sleep(0.3)  # writing now
+        children = _children(process.pid)
+        assert len(children) == 2, "replay did not start its two render children"
+        time.sleep(1.0)  # rendering and writing traces now
         process.send_signal(signal_number)
         _, error = process.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{child}").exists() for child in children):
+            time.sleep(0.1)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert process.returncode == status
-    assert error.strip().splitlines()[-1] == f"tmpl-lint: {word}"
+    if word is not None:
+        assert error.strip().splitlines()[-1] == word
     assert list(temporary.iterdir()) == []
+
+
+def _children(pid):
+    """Its children, forked by any of its threads (parallel_map forks from threads)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += children.read_text().split()
+        except OSError:
+            continue
+    return found
 
 
 def test_traces_that_cannot_be_written_are_one_error_line(tmp_path):

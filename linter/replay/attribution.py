@@ -666,18 +666,16 @@ def _trace_group(
     indices: list[int],
     done: Any = None,
     share: int = 0,
-    spill: Path | None = None,
+    spill: Any = None,
 ) -> tuple[list[Trace] | Spilled, list[tuple[int, str]]]:
-    """The traces of the sessions at ``indices``, and the requests left out; with ``spill``,
-    each session's traces are written there (a file this call creates, private) as soon as
-    they are made, and only where they are is returned: a child then holds one session's."""
+    """The traces of the sessions at ``indices``, and the requests left out; with ``spill``
+    (a file of ``TraceStore``, inherited across the fork), each session's traces are
+    written there as soon as they are made, and only where they are is returned: a child
+    then holds one session's."""
     traces: list[Trace] = []
     problems: list[tuple[int, str]] = []
     spilled = Spilled()
-    stream = None
-    if spill is not None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        stream = open(os.open(spill, flags, 0o600), "wb", buffering=1 << 20)  # noqa: SIM115 - closed below
+    stream = None if spill is None else open(os.dup(spill.fileno()), "wb", buffering=1 << 20)  # noqa: SIM115 - closed below
     try:
         for index in indices:
             traced, failed = tracer.trace(index, groups[index], log)
@@ -685,14 +683,14 @@ def _trace_group(
             if stream is None:
                 traces.extend(traced)
             elif spilled.error is None:
-                spilled.error = _spill(stream, traced, spilled, spill)
+                spilled.error = _spill(stream, traced, spilled)
             if done is not None:
                 done[share] += len(groups[index].entries)
         if stream is not None and spilled.error is None:
             try:
                 stream.flush()
             except OSError as error:
-                spilled.error = _spill_problem(spill, error)
+                spilled.error = _spill_problem(error)
     finally:
         if stream is not None:
             with contextlib.suppress(OSError):
@@ -700,7 +698,7 @@ def _trace_group(
     return (traces if spill is None else spilled), problems
 
 
-def _spill(stream: Any, traces: list[Trace], spilled: Spilled, path: Path | None) -> str | None:
+def _spill(stream: Any, traces: list[Trace], spilled: Spilled) -> str | None:
     """``traces`` written to ``stream``, where ``spilled`` finds them; or why they cannot be."""
     import pickle
 
@@ -713,14 +711,15 @@ def _spill(stream: Any, traces: list[Trace], spilled: Spilled, path: Path | None
             spilled.sessions.append(trace.session)
             stream.write(data)
     except OSError as error:
-        return _spill_problem(path, error)
+        return _spill_problem(error)
     return None
 
 
-def _spill_problem(path: Path | None, error: OSError) -> str:
+def _spill_problem(error: OSError) -> str:
     import errno
+    import tempfile
 
-    folder = path.parent.parent if path is not None else "the temporary folder"
+    folder = tempfile.gettempdir()
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
             f"no space left in {folder} for the replay's traces (about 4 bytes a token the log adds): "
@@ -730,34 +729,34 @@ def _spill_problem(path: Path | None, error: OSError) -> str:
 
 
 class TraceStore:
-    """Every replayed request's trace, spilled to files by the tracing children and read
-    back one at a time in arrival order: the simulation then holds the live sessions'
-    prompts, never every trace of the log. Arrays indexed by arrival position say which
-    file holds each trace and where (13 bytes a request); the files lie in a private
-    folder (0700, each file 0600) that ``close`` removes, as the command's exit does on an
-    error, Ctrl-C or SIGTERM (``stopping``: raised as exceptions, so the ``with`` closes)."""
+    """Every replayed request's trace, spilled by the tracing children and read back one at
+    a time in arrival order: the simulation then holds the live sessions' prompts, never
+    every trace of the log. One file a child, made here before the children are forked
+    (they inherit it): a temporary file without a name (``tempfile.TemporaryFile``, 0600,
+    in TMPDIR), so no exit, not even SIGKILL, leaves it behind; ``close`` frees it. Arrays
+    indexed by arrival position say which file holds each trace and where (13 bytes a
+    request)."""
 
     def __init__(self, count: int):
-        import tempfile
-
-        self.folder = Path(tempfile.mkdtemp(prefix="tmpl-lint-replay-"))  # 0700
         self.count = count
         self.share = array("b", [-1]) * count
         self.offset = array("q", [0]) * count
         self.size = array("I", [0]) * count
         self.final: dict[int, int] = {}  # session -> arrival position of its last trace
         self.traces = 0
-        self._files: list[int] = []
+        self.files: list[Any] = []
 
-    def path(self, share: int) -> Path:
-        return self.folder / f"traces-{share}"
+    def file(self, share: int) -> Any:
+        """The file the child of ``share`` writes to (made when first asked for)."""
+        import tempfile
+
+        while len(self.files) <= share:
+            self.files.append(tempfile.TemporaryFile(prefix="tmpl-lint-traces-"))  # noqa: SIM115 - closed by close()
+        return self.files[share]
 
     def add(self, share: int, spilled: Spilled) -> None:
         if spilled.error is not None:
             raise ReplayError(spilled.error)
-        if len(self._files) <= share:
-            self._files.extend([-1] * (share + 1 - len(self._files)))
-        self._files[share] = os.open(self.path(share), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         for order, offset, size, session in zip(spilled.orders, spilled.offsets, spilled.sizes, spilled.sessions):
             self.share[order], self.offset[order], self.size[order] = share, offset, size
             self.final[session] = max(order, self.final.get(session, -1))
@@ -769,20 +768,17 @@ class TraceStore:
     def __iter__(self) -> Iterator[Trace]:
         import pickle
 
+        descriptors = [file.fileno() for file in self.files]
         for order in range(self.count):
             share = self.share[order]
             if share >= 0:
-                yield pickle.loads(os.pread(self._files[share], self.size[order], self.offset[order]))
+                yield pickle.loads(os.pread(descriptors[share], self.size[order], self.offset[order]))
 
     def close(self) -> None:
-        import shutil
-
-        for descriptor in self._files:
-            if descriptor >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(descriptor)
-        self._files = []
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for file in self.files:
+            with contextlib.suppress(OSError):
+                file.close()
+        self.files = []
 
     def __enter__(self) -> TraceStore:
         return self
@@ -844,9 +840,12 @@ def trace_sessions(
 
     done = multiprocessing.get_context("fork").RawArray("q", shares)  # one counter per child: no lock
 
+    # Each share's file is made before any child is forked: the child inherits it. A file is
+    # no argument a long-lived worker could be sent, so each share forks a child of its own.
+    files = [None if store is None else store.file(share) for share in range(shares)]
+
     def share_of(share: int) -> Any:
-        spill = None if store is None else store.path(share)
-        return run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share, spill), seconds=None)
+        return run_isolated(_trace_group, (tracer, log, groups, parts[share], done, share, files[share]), seconds=None)
 
     gc.freeze()  # the entries, inherited: no collection in a child walks (and copies) them
     try:

@@ -505,9 +505,9 @@ def replay(
 ) -> tuple[Summary, list[tuple[int, str]]]:
     """The log through ``settings``' cache at each capacity: the summary of the first
     capacity that holds every request, with all of them as its sweep. ``progress``
-    opens the progress bar (``trace_sessions``). The traces are spilled to a private
-    temporary folder and read back at each capacity, so that memory holds the sessions
-    live at each point of the log, not the log's traces; the folder goes with the run."""
+    opens the progress bar (``trace_sessions``). The traces are spilled to temporary files
+    without a name and read back at each capacity, so that memory holds the sessions live
+    at each point of the log, not the log's traces."""
     with TraceStore(len(log.entries)) as store:
         traces, problems = trace_sessions(tracer, log, groups, jobs, progress, store)
         keys = [group.key for group in groups]
