@@ -682,8 +682,10 @@ def _trace_group(
             problems.extend(failed)
             if stream is None:
                 traces.extend(traced)
-            elif spilled.error is None:
+            else:
                 spilled.error = _spill(stream, traced, spilled)
+                if spilled.error is not None:
+                    break  # the run stops with it: no more sessions to render
             if done is not None:
                 done[share] += len(groups[index].entries)
         if stream is not None and spilled.error is None:
