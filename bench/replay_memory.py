@@ -21,7 +21,7 @@ tokenizer. Qwen3's template and tokenizer from ../shared.
 ``--where MB`` runs replay in one process (``--jobs 1``) under tracemalloc on a log of
 that size and prints the largest holders at the peak of each stage.
 
-Run: python bench/replay_memory.py [--shape sharegpt|agent|both] [MB ...]  (default 50 150 500)
+Run: python bench/replay_memory.py [--shape sharegpt|agent|both] [--cache-blocks N] [MB ...]  (default 50 150 500)
      python bench/replay_memory.py --gb         (adds 1,000 MB)
      python bench/replay_memory.py --where 50 [--shape agent]
 """
@@ -235,9 +235,9 @@ def measured(command: list[str]) -> tuple[int, int, float]:
     return rss // 1024, pss // 1024, elapsed
 
 
-def replay_command(log: Path) -> list[str]:
+def replay_command(log: Path, extra: list[str]) -> list[str]:
     command = [sys.executable, "-m", "tmpl_lint", "replay", str(log), "--tokenizer", str(TOKENIZER)]
-    return command + ["--session-key", "user", "--jobs", str(min(2, os.cpu_count() or 1)), "--format", "json"]
+    return command + ["--session-key", "user", "--jobs", str(min(2, os.cpu_count() or 1)), "--format", "json", *extra]
 
 
 def main() -> None:
@@ -254,7 +254,16 @@ def main() -> None:
             print(f"{shape or 'sharegpt'} log {log.stat().st_size / 1e6:.0f} MB, {requests:,} requests", flush=True)
             subprocess.run([sys.executable, "-c", WHERE, str(log), str(TOKENIZER)], check=True)
         return
-    numbers = [arg for index, arg in enumerate(arguments) if not arg.startswith("--") and arguments[index - 1] != "--shape"]
+    extra = (
+        arguments[arguments.index("--cache-blocks") : arguments.index("--cache-blocks") + 2]
+        if "--cache-blocks" in arguments
+        else []
+    )
+    numbers = [
+        arg
+        for index, arg in enumerate(arguments)
+        if not arg.startswith("--") and arguments[index - 1] not in ("--shape", "--cache-blocks")
+    ]
     sizes = [float(size) for size in numbers] or [50.0, 150.0, 500.0]
     if "--gb" in arguments:
         sizes.append(1000.0)
@@ -267,9 +276,9 @@ def main() -> None:
             for size in sizes:
                 requests = writers[name](log, size)
                 megabytes = log.stat().st_size / 1e6
-                rss, pss, elapsed = measured(replay_command(log))
+                rss, pss, elapsed = measured(replay_command(log, extra))
                 print(
-                    f"{name:8} log {megabytes:7,.0f} MB ({requests:>9,} requests): peak RSS {rss:>6,} MB "
+                    f"{name:8}{' ' + ' '.join(extra) if extra else ''} log {megabytes:7,.0f} MB ({requests:>9,} requests): peak RSS {rss:>6,} MB "
                     f"({rss / megabytes:4.2f}x the log, {rss - floor:>6,} MB above the floor), "
                     f"peak PSS of all its processes {pss:>6,} MB; {elapsed:6.0f} s (load {os.getloadavg()[0]:.1f})",
                     flush=True,
