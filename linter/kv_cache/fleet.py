@@ -90,7 +90,7 @@ def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | 
         limit = (len(prompt) - 1) // size if cap else len(hashes)
         found = 0
         for block_hash in itertools.islice(hashes, limit):
-            if block_hash not in cache.lookup:
+            if not cache.holds(block_hash):
                 break
             found += 1
         return found * size
@@ -148,6 +148,9 @@ class Router:
     def routed(self, replica: int, request: CacheRequest) -> None:
         """What the router remembers of where it sent ``request``."""
 
+    def finish(self, session: Hashable) -> None:
+        """What the router kept for ``session`` alone, which sends no more requests."""
+
     def best(self, scores: list[float], fleet: Fleet) -> int:
         """The highest score; among equals the replica with the fewest requests, then the first."""
         return max(range(self.replicas), key=lambda r: (scores[r], -fleet.replicas[r].requests, -r))
@@ -169,6 +172,9 @@ class SessionAffinity(Router):
 
     def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
         return self.home.setdefault(request.session, index % self.replicas)
+
+    def finish(self, session: Hashable) -> None:
+        self.home.pop(session, None)
 
 
 class ApproximatePrefix(Router):
@@ -277,6 +283,15 @@ class Fleet:
         figures.lost_to_routing += max(0, elsewhere - served.hit)
         self.routes.append(replica)
         return dataclasses.replace(served, elsewhere=max(0, elsewhere - served.hit))
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: what each replica and the router kept for it alone goes."""
+        for cache in self.caches:
+            finish = getattr(cache, "finish", None)
+            if finish is not None:
+                finish(session)
+        self.last_replica.pop(session, None)
+        self.router.finish(session)
 
     @property
     def lost_to_routing(self) -> int:

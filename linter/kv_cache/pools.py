@@ -47,6 +47,7 @@ import heapq
 import itertools
 import json
 import math
+from array import array
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -97,6 +98,10 @@ class CacheModel(Protocol):
     metric: str  # the engine's own name for its hit-rate figure
 
     def serve(self, request: CacheRequest) -> Served: ...
+
+
+# A model may also have ``finish(session)``: told after a session's last request, it drops
+# what it kept for that session alone (a chain, a slot), which no other request reads.
 
 
 # --- capacity ------------------------------------------------------------------------
@@ -219,6 +224,72 @@ class _Chain:
     others: list[int] = field(default_factory=list)
 
 
+class _BlockTable:
+    """The blocks an unbounded vLLM pool holds: each block hash with the number of the
+    session that first computed it, in two arrays (open addressing, linear probing, at
+    most three quarters full): 16 to 32 bytes a block, where a dict of int keys took
+    about 90, and an unbounded pool holds every distinct block of the log. Sessions are
+    numbered from 1 as they come; a finished session's number is never given again, so its
+    blocks are another session's to every later request, as they are. 0: an empty slot."""
+
+    def __init__(self, slots: int = 1 << 12):
+        self.keys = array("q", [0]) * slots
+        self.owners = array("i", [0]) * slots
+        self.mask = slots - 1
+        self.used = 0
+        self.numbers: dict[Hashable, int] = {}  # the live sessions'
+        self.counter = itertools.count(1)
+
+    def number(self, session: Hashable) -> int:
+        number = self.numbers.get(session)
+        if number is None:
+            number = self.numbers[session] = next(self.counter)
+            if number >= 1 << 31:
+                raise CacheError("over 2**31 sessions: more than an unbounded pool's table numbers")
+        return number
+
+    def finish(self, session: Hashable) -> None:
+        self.numbers.pop(session, None)
+
+    def find(self, key: int) -> int:
+        """The number of the session that computed the block of hash ``key``; 0: none is cached."""
+        keys, owners, mask = self.keys, self.owners, self.mask
+        index = key & mask
+        while True:
+            owner = owners[index]
+            if not owner or keys[index] == key:
+                return owner
+            index = (index + 1) & mask
+
+    def setdefault(self, key: int, owner: int) -> int:
+        """The owner of ``key``'s block, ``owner`` where it was not cached (it is now)."""
+        keys, owners, mask = self.keys, self.owners, self.mask
+        index = key & mask
+        while True:
+            found = owners[index]
+            if not found:
+                keys[index], owners[index] = key, owner
+                self.used += 1
+                if self.used * 4 > (mask + 1) * 3:
+                    self._grow()
+                return owner
+            if keys[index] == key:
+                return found
+            index = (index + 1) & mask
+
+    def _grow(self) -> None:
+        old_keys, old_owners = self.keys, self.owners
+        slots = 2 * len(old_keys)
+        self.keys, self.owners, self.mask = array("q", [0]) * slots, array("i", [0]) * slots, slots - 1
+        keys, owners, mask = self.keys, self.owners, self.mask
+        for key, owner in zip(old_keys, old_owners):
+            if owner:
+                index = key & mask
+                while owners[index]:
+                    index = (index + 1) & mask
+                keys[index], owners[index] = key, owner
+
+
 class VllmPrefixCache:
     """vLLM v1's block pool (see the module docstring). ``num_blocks`` None: unbounded.
 
@@ -234,6 +305,8 @@ class VllmPrefixCache:
         self.granularity = self.block_size = block_size
         self.usable = None if num_blocks is None else num_blocks - 1
         self.lookup: dict[int, int] = {}  # hash -> the block lookups find (the oldest cached)
+        # Unbounded, nothing is evicted and no block needs a name: each hash and its owner.
+        self.table = _BlockTable() if num_blocks is None else None
         self.duplicates: dict[int, list[int]] = {}  # hash -> younger blocks with the same hash
         self.hash_of: dict[int, int] = {}  # cached block -> its hash
         self.owner: dict[int, Hashable] = {}  # cached block -> the session that computed it
@@ -243,52 +316,79 @@ class VllmPrefixCache:
         self.chains: dict[Hashable, _Chain] = {}
         self.counter = itertools.count(1)
 
+    def holds(self, block_hash: int) -> bool:
+        """Whether a block of ``block_hash`` is cached."""
+        return self.table.find(block_hash) != 0 if self.table is not None else block_hash in self.lookup
+
     def serve(self, request: CacheRequest) -> Served:
+        if self.table is not None:
+            return self._serve_unbounded(request, self.table)
         size, session, lookup = self.block_size, request.session, self.lookup
-        chain, kept, earlier_others = self._prompt_chain(request)
-        bounded = self.usable is not None
+        chain, _, _ = self._prompt_chain(request)
         # get_computed_blocks: the longest cached run of the chain, leaving one token to compute.
-        # An unbounded pool still holds every block the session's previous request found or
-        # left, and looks each hash up to the same block: only the rest is looked up.
         limit = max(0, (len(request.prompt) - 1) // size)
-        start = 0 if bounded else min(kept, limit)
-        found = list(map(lookup.__contains__, itertools.islice(chain, start, limit)))
-        hit_blocks = start + (found.index(False) if False in found else len(found))
-        if bounded:
-            held = list(map(lookup.__getitem__, chain[:hit_blocks]))
-            others = []
-            shared = hit_blocks - list(map(self.owner.__getitem__, held)).count(session)
-        else:
-            others = [position for position in earlier_others if position < start]
-            others += [p for p in range(start, hit_blocks) if self.owner[lookup[chain[p]]] != session]
-            shared = len(others)
+        found = list(map(lookup.__contains__, itertools.islice(chain, limit)))
+        hit_blocks = found.index(False) if False in found else len(found)
+        held = list(map(lookup.__getitem__, chain[:hit_blocks]))
+        shared = hit_blocks - list(map(self.owner.__getitem__, held)).count(session)
         computed = request.computed
-        if bounded:
-            self.freed_in.update(dict.fromkeys(held, IN_USE))  # touch: out of the free queue
-            # allocate_slots: the rest of the prompt and the reply, evicting only what is short.
-            self._make_room(-(-computed // size), hit_blocks, request)
+        self.freed_in.update(dict.fromkeys(held, IN_USE))  # touch: out of the free queue
+        # allocate_slots: the rest of the prompt and the reply, evicting only what is short.
+        self._make_room(-(-computed // size), hit_blocks, request)
         # cache_full_blocks: every block the request filled, the reply's too.
         full = computed // size
         hashes = chain if full == len(chain) else chain + self._reply_hashes(chain, request, full)
         new_blocks = [next(self.counter) for _ in range(hit_blocks, full)]
-        for position, block, block_hash in zip(itertools.count(hit_blocks), new_blocks, hashes[hit_blocks:]):
+        for block, block_hash in zip(new_blocks, hashes[hit_blocks:]):
             self.hash_of[block] = block_hash
             self.owner[block] = session
             first = lookup.setdefault(block_hash, block)
             if first != block:  # vLLM caches it beside the older block, not in its place
                 self.duplicates.setdefault(block_hash, []).append(block)
-                if self.owner[first] != session:
-                    others.append(position)
-        self.chains[session].others = others
-        if bounded:
-            # free: tail blocks first, so they are evicted before the head of the prompt
-            # (the partial block, never hashed, goes back to the head of the queue: room).
-            held.extend(new_blocks)
-            held.reverse()
-            batch = next(self.counter)
-            self.freed_in.update(dict.fromkeys(held, batch))
-            self.batches.append((batch, held))
+        # free: tail blocks first, so they are evicted before the head of the prompt
+        # (the partial block, never hashed, goes back to the head of the queue: room).
+        held.extend(new_blocks)
+        held.reverse()
+        batch = next(self.counter)
+        self.freed_in.update(dict.fromkeys(held, batch))
+        self.batches.append((batch, held))
         return Served(hit_blocks * size, shared * size)
+
+    def _serve_unbounded(self, request: CacheRequest, table: _BlockTable) -> Served:
+        """``serve`` where nothing is evicted: the pool still holds every block the
+        session's previous request found or left, and looks each hash up to the same block,
+        so only the rest of the chain is looked up; which of the blocks were another
+        session's is kept with the chain (``_Chain.others``)."""
+        size = self.block_size
+        me = table.number(request.session)
+        chain, kept, earlier_others = self._prompt_chain(request)
+        limit = max(0, (len(request.prompt) - 1) // size)
+        start = min(kept, limit)
+        others = [position for position in earlier_others if position < start]
+        hit_blocks = start
+        for block_hash in itertools.islice(chain, start, limit):
+            owner = table.find(block_hash)
+            if not owner:
+                break
+            if owner != me:
+                others.append(hit_blocks)
+            hit_blocks += 1
+        shared = len(others)
+        full = request.computed // size
+        hashes = chain if full == len(chain) else chain + self._reply_hashes(chain, request, full)
+        # Each hash once, under the session that first computed it (the owner of the block
+        # lookups find); a younger block of the same hash is never looked up.
+        for position, block_hash in zip(range(hit_blocks, full), hashes[hit_blocks:]):
+            if table.setdefault(block_hash, me) != me:
+                others.append(position)
+        self.chains[request.session].others = others
+        return Served(hit_blocks * size, shared * size)
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: its previous prompt and chain go (its blocks stay)."""
+        self.chains.pop(session, None)
+        if self.table is not None:
+            self.table.finish(session)
 
     def _prompt_chain(self, request: CacheRequest) -> tuple[list[int], int, list[int]]:
         """The prompt's full-block hashes, reusing the session's previous chain for the
@@ -541,6 +641,10 @@ class LlamaCppSlots:
         slot.tokens = tokens[: self.slot_tokens] if self.slot_tokens is not None else tokens
         slot.session, slot.last_used = request.session, self.clock
         return Served(past, shared)
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: a slot of its own is never looked at again."""
+        self.by_session.pop(session, None)
 
     def _slot(self, request: CacheRequest) -> _Slot:
         if self.shared_slots is None:

@@ -164,7 +164,7 @@ class Log:
                     key = None
                     if session_key:
                         found = _lookup(call.body, session_key)
-                        key = None if found is None else str(found)
+                        key = None if found is None else sys.intern(str(found))  # one string a session, not a request
                     model = call.body.get("model")
                     self.models.setdefault(model if isinstance(model, str) else None)
                     self._count_reasoning(call)
@@ -370,7 +370,10 @@ def sessions(log: Log, session_key: str | None) -> list[Session]:
         assert home is not None  # each branch above finds the request's session or opens one
         home.entries.append(entry)
     for session in ordered:
-        session.entries = [replace(entry, carried=carried.get(entry.order)) for entry in session.entries]
+        for position, entry in enumerate(session.entries):
+            if entry.order in carried:
+                # One object for the entry, the log's and its session's: not two a request.
+                session.entries[position] = log.entries[entry.order] = replace(entry, carried=carried[entry.order])
     return ordered
 
 

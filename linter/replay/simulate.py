@@ -12,16 +12,17 @@ counted apart.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..kv_cache.fleet import Fleet, make_router
 from ..kv_cache.hosted import HOSTED_MODELS, MISSES, HostedServed, Miss, TimedRequest, make_hosted_cache
 from ..kv_cache.hybrid import HybridPrefixCache, Layout
 from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, make_cache
-from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, trace_sessions
+from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, TraceStore, trace_sessions
 from .log import Log, ReplayError, Session
 
 # --- pass 2: all requests through one cache ------------------------------------------
@@ -59,12 +60,35 @@ def split_tokens(trace: Trace, hit: int, shared: int, granularity: int) -> Count
     return split
 
 
+class PerRequest:
+    """(log line, prompt tokens, hit tokens) of each request replayed, in arrival order, as
+    three arrays: 24 bytes a request, where a tuple of three ints took over 100."""
+
+    def __init__(self) -> None:
+        self.lines, self.prompts, self.hits = array("q"), array("q"), array("q")
+
+    def append(self, row: tuple[int, int, int]) -> None:
+        line, prompt, hit = row
+        self.lines.append(line)
+        self.prompts.append(prompt)
+        self.hits.append(hit)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return zip(self.lines, self.prompts, self.hits)
+
+    def __getitem__(self, index: int) -> tuple[int, int, int]:
+        return self.lines[index], self.prompts[index], self.hits[index]
+
+
 @dataclass
 class SessionFigures:
     key: str
     requests: int = 0
     tokens: Counter = field(default_factory=Counter)
-    cumulative_lost: list[int] = field(default_factory=list)
+    cumulative_lost: array = field(default_factory=lambda: array("q"))  # 8 bytes a request
     first_departure: tuple[Trace, int] | None = None  # the trace and its request number in the session
 
     @property
@@ -96,7 +120,7 @@ class Summary:
     error: str | None = None  # the capacity could not hold a request
     replies: Counter = field(default_factory=Counter)  # ReplySource -> requests
     bounded: bool = False  # the cache holds less than everything: replies take room in it
-    per_request: list[tuple[int, int, int]] = field(default_factory=list)  # (log line, prompt tokens, hit tokens)
+    per_request: PerRequest = field(default_factory=lambda: PerRequest())  # (log line, prompt tokens, hit tokens)
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
     fleet: Fleet | None = None  # with --replicas: each replica's figures
     layout: Layout | None = None  # a hybrid model's KV-cache groups
@@ -263,7 +287,7 @@ def _session_json(figures: SessionFigures) -> dict[str, Any]:
         "requests": figures.requests,
         "lost_tokens": figures.lost,
         "by_cause": {str(cause): figures.tokens[cause] for cause in LOST if figures.tokens[cause]},
-        "cumulative_lost": figures.cumulative_lost,
+        "cumulative_lost": list(figures.cumulative_lost),
     }
     if figures.first_departure is not None:
         trace, number = figures.first_departure
@@ -277,28 +301,31 @@ def _session_json(figures: SessionFigures) -> dict[str, Any]:
 
 
 def simulate(
-    traces: list[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
+    traces: Iterable[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
 ) -> Summary:
-    """Every request, in arrival order, through ``cache``. A session counts once one of its
-    requests is replayed (one whose every request the template refused is no session of
-    the figures); its prompt is held until its last request."""
-    final = {trace.session: number for number, trace in enumerate(traces)}
+    """Every request, in arrival order (``traces``: a list in that order, or the
+    ``TraceStore`` the tracing children wrote), through ``cache``. A session counts once
+    one of its requests is replayed (one whose every request the template refused is no
+    session of the figures); its prompt is held until its last request, then the cache is
+    told it is done (``finish``: what it kept for that session alone goes)."""
+    final = traces.final if isinstance(traces, TraceStore) else {trace.session: trace.order for trace in traces}
     summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(final))
     summary.grouped = len(keys)
     summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
     figures = [SessionFigures(key) for key in keys]
-    prompts: dict[int, list[int]] = {}
-    for number, trace in enumerate(traces):
+    finish = getattr(cache, "finish", None)
+    prompts: dict[int, array] = {}  # the live sessions' last prompts, 4 bytes a token
+    for trace in traces:
         earlier = prompts.pop(trace.session, None)
-        tail = trace.tail.tolist()
-        prompt = earlier[: trace.shared] + tail if earlier is not None and trace.shared else tail
-        if final[trace.session] != number:
+        prompt = earlier[: trace.shared] + trace.tail if earlier is not None and trace.shared else trace.tail
+        last = final[trace.session] == trace.order
+        if not last:
             prompts[trace.session] = prompt
         try:
             served = cache.serve(
                 TimedRequest(
                     trace.session,
-                    prompt,
+                    prompt.tolist(),
                     trace.generated.tolist(),
                     trace.salt,
                     None if trace.first else trace.shared,
@@ -310,6 +337,8 @@ def simulate(
         except CacheError as error:
             summary.error = f"line {trace.line}: {error}"
             return summary
+        if last and finish is not None:
+            finish(trace.session)
         split = split_tokens(trace, served.hit, served.shared, cache.granularity)
         moves = [(TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)]
         if isinstance(served, HostedServed):  # in prompt order from the hit, as capacity's tokens lie
@@ -333,8 +362,8 @@ def simulate(
         session.requests += 1
         session.tokens.update(split)
         session.cumulative_lost.append(session.lost)
-        if trace.reasons and session.first_departure is None:
-            session.first_departure = (trace, session.requests)
+        if trace.reasons and session.first_departure is None:  # what the report says of it: not its token ids
+            session.first_departure = (replace(trace, tail=array("I"), generated=array("I")), session.requests)
         for cause, detail in [(reason.cause, reason.detail) for reason in trace.reasons] + [(TokenCause.CAPACITY, "evicted")]:
             if split[cause]:
                 summary.departures[(cause, detail)] += split[cause]
@@ -476,13 +505,16 @@ def replay(
 ) -> tuple[Summary, list[tuple[int, str]]]:
     """The log through ``settings``' cache at each capacity: the summary of the first
     capacity that holds every request, with all of them as its sweep. ``progress``
-    opens the progress bar (``trace_sessions``)."""
-    traces, problems = trace_sessions(tracer, log, groups, jobs, progress)
-    keys = [group.key for group in groups]
-    summaries = []
-    for capacity in capacities:
-        cache = settings.cache(capacity)
-        summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
+    opens the progress bar (``trace_sessions``). The traces are spilled to temporary files
+    without a name and read back at each capacity, so that memory holds the sessions live
+    at each point of the log, not the log's traces."""
+    with TraceStore(len(log.entries)) as store:
+        traces, problems = trace_sessions(tracer, log, groups, jobs, progress, store)
+        keys = [group.key for group in groups]
+        summaries = []
+        for capacity in capacities:
+            cache = settings.cache(capacity)
+            summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
     return first_fitting(summaries), problems
 
 
