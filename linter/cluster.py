@@ -27,11 +27,19 @@ GCS to start. The scheduler address is the only thing to configure.
 from __future__ import annotations
 
 import contextlib
+import gc
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .engines.base import HARMONY
+from .isolation import run_isolated
+from .replay.attribution import TemplateError, _compiles, _trace_group
+from .replay.log import ReplayError, parse_line
+from .replay.simulate import first_fitting, simulate
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
 CONNECT_TIMEOUT = "30s"  # to reach the scheduler
@@ -54,7 +62,7 @@ SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 def address_problem(address: str) -> str | None:
     """Why ``address`` names no scheduler, before a client is made for it: a malformed one
     would otherwise wait out the connect timeout and leave a half-made client behind."""
-    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.addressing import parse_address, parse_host_port  # noqa: PLC0415 -- the optional [cluster] extra
 
     try:
         scheme, location = parse_address(address, strict=True)
@@ -71,7 +79,7 @@ def connected(address: str) -> Iterator[Any]:
     """A client of the scheduler at ``address``, closed on leaving; ClusterError where there
     is none to reach or Dask is not installed."""
     try:
-        from distributed import Client
+        from distributed import Client  # noqa: PLC0415 -- the optional [cluster] extra
     except ImportError:
         raise ClusterError(f"--cluster {address}: needs Dask's distributed scheduler: pip install 'tmpl-lint[cluster]'") from None
     problem = address_problem(address)
@@ -126,7 +134,6 @@ class ShareLog:
         self.lines = {order: log.line(entry) for order, entry in self.entries.items()}
 
     def call(self, entry: Any) -> Any:
-        from .replay.log import ReplayError, parse_line
 
         call = parse_line(entry.line, self.lines[entry.order])
         if call is None:
@@ -181,9 +188,8 @@ class ClusterCosts:
 def _traced(tracer: Any, log: Any, groups: list[Any], indices: list[int]) -> tuple[list[Any], list[tuple[int, str]], float]:
     """In the limited child: the share's traces, and the CPU the child spent (it was forked
     for this share: its count began at zero)."""
-    from .replay.attribution import _trace_group
-
     traces, problems = _trace_group(tracer, log, groups, indices)
+    assert isinstance(traces, list)  # nothing spilled: a cluster's traces come back in the result
     return traces, problems, time.process_time()
 
 
@@ -191,11 +197,6 @@ def _trace_share(
     tracer: Any, task: tuple[ShareLog, list[Any], list[int], int]
 ) -> tuple[list[Any], list[tuple[int, str]], ShareCost]:
     """On a worker: one share's sessions traced in a limited child, as the local run does."""
-    import gc
-    import multiprocessing
-
-    from .isolation import run_isolated
-
     if multiprocessing.current_process().daemon:
         raise ClusterError(
             "a worker renders in limited children and a daemonic worker may have none: "
@@ -240,11 +241,7 @@ def trace_on_cluster(
     """Every request's trace in arrival order and the requests the template refused, as
     ``replay.attribution.trace_sessions`` gives them, the sessions traced on ``client``'s
     cluster in ``shares`` tasks (None: SHARES_PER_THREAD for each of its worker threads)."""
-    import dask
-
-    from .engines.base import HARMONY
-    from .isolation import run_isolated
-    from .replay.attribution import TemplateError, _compiles
+    import dask  # noqa: PLC0415 -- the optional [cluster] extra
 
     if tracer.server_ids is not None:
         raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
@@ -275,7 +272,6 @@ def trace_on_cluster(
 
 
 def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
-    from .replay.simulate import simulate
 
     traces, settings, keys, unit = common
     return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
@@ -294,8 +290,6 @@ def replay_on_cluster(
     """``replay.simulate.replay`` with its stages on the cluster: the same summary and
     problems. ``shares``: as ``trace_on_cluster``; ``costs``: where the time went is
     recorded there."""
-    from .replay.simulate import first_fitting
-
     costs = costs if costs is not None else ClusterCosts()
     with connected(address) as client:
         traces, problems = trace_on_cluster(client, tracer, log, groups, shares, costs)
