@@ -13,12 +13,15 @@ those the template costs, and the rule and message responsible.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import json
 import multiprocessing
 import os
+import pickle
 import re
+import tempfile
 import threading
 from array import array
 from collections.abc import Callable, Iterator
@@ -738,8 +741,6 @@ def _trace_group(
 
 def _spill(stream: Any, traces: list[Trace], spilled: Spilled) -> str | None:
     """``traces`` written to ``stream``, where ``spilled`` finds them; or why they cannot be."""
-    import pickle
-
     try:
         for trace in traces:
             data = pickle.dumps(trace, pickle.HIGHEST_PROTOCOL)
@@ -754,9 +755,6 @@ def _spill(stream: Any, traces: list[Trace], spilled: Spilled) -> str | None:
 
 
 def _spill_problem(error: OSError) -> str:
-    import errno
-    import tempfile
-
     folder = tempfile.gettempdir()
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
@@ -786,8 +784,6 @@ class TraceStore:
 
     def file(self, share: int) -> Any:
         """The file the child of ``share`` writes to (made when first asked for)."""
-        import tempfile
-
         while len(self.files) <= share:
             self.files.append(tempfile.TemporaryFile(prefix="tmpl-lint-traces-"))  # noqa: SIM115 - closed by close()
         return self.files[share]
@@ -804,8 +800,6 @@ class TraceStore:
         return self.traces
 
     def __iter__(self) -> Iterator[Trace]:
-        import pickle
-
         descriptors = [file.fileno() for file in self.files]
         for order in range(self.count):
             share = self.share[order]

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -123,9 +125,6 @@ class Log:
         self._read(session_key)
 
     def _read(self, session_key: str | None) -> None:
-        import stat
-        import tempfile
-
         try:
             with open(self.path, "rb") as stream:
                 mode = os.fstat(stream.fileno()).st_mode
