@@ -224,35 +224,17 @@ class _Chain:
     others: list[int] = field(default_factory=list)
 
 
-class _BlockTable:
-    """The blocks an unbounded vLLM pool holds: each block hash with the number of the
-    session that first computed it, in two arrays (open addressing, linear probing, at
-    most three quarters full): 16 to 32 bytes a block, where a dict of int keys took
-    about 90, and an unbounded pool holds every distinct block of the log. Sessions are
-    numbered from 1 as they come; a finished session's number is never given again, so its
-    blocks are another session's to every later request, as they are. 0: an empty slot."""
+class _Slots:
+    """Block hashes and their owners' numbers in two arrays (open addressing, linear
+    probing, at most three quarters full). 0: an empty slot."""
 
-    def __init__(self, slots: int = 1 << 12):
+    def __init__(self, slots: int):
         self.keys = array("q", [0]) * slots
         self.owners = array("i", [0]) * slots
         self.mask = slots - 1
         self.used = 0
-        self.numbers: dict[Hashable, int] = {}  # the live sessions'
-        self.counter = itertools.count(1)
-
-    def number(self, session: Hashable) -> int:
-        number = self.numbers.get(session)
-        if number is None:
-            number = self.numbers[session] = next(self.counter)
-            if number >= 1 << 31:
-                raise CacheError("over 2**31 sessions: more than an unbounded pool's table numbers")
-        return number
-
-    def finish(self, session: Hashable) -> None:
-        self.numbers.pop(session, None)
 
     def find(self, key: int) -> int:
-        """The number of the session that computed the block of hash ``key``; 0: none is cached."""
         keys, owners, mask = self.keys, self.owners, self.mask
         index = key & mask
         while True:
@@ -262,7 +244,6 @@ class _BlockTable:
             index = (index + 1) & mask
 
     def setdefault(self, key: int, owner: int) -> int:
-        """The owner of ``key``'s block, ``owner`` where it was not cached (it is now)."""
         keys, owners, mask = self.keys, self.owners, self.mask
         index = key & mask
         while True:
@@ -288,6 +269,50 @@ class _BlockTable:
                 while owners[index]:
                     index = (index + 1) & mask
                 keys[index], owners[index] = key, owner
+
+
+class _BlockTable:
+    """The blocks an unbounded vLLM pool holds: each block hash with the number of the
+    session that first computed it, 12 bytes a slot (a dict of int keys took about 90 a
+    block), and an unbounded pool holds every distinct block of the log. The table is 256
+    tables, by the hash's top byte, each grown on its own: growing copies one of them, not
+    the whole table (a 1 GB log's 7 million blocks would hold both copies of 200 MB at
+    once). Sessions are numbered from 1 as they come; a finished session's number is never
+    given again, so its blocks are another session's to every later request, as they are."""
+
+    SEGMENTS = 256
+
+    def __init__(self, slots: int = 1 << 4):
+        self.segments = [_Slots(slots) for _ in range(self.SEGMENTS)]
+        self.numbers: dict[Hashable, int] = {}  # the live sessions'
+        self.counter = itertools.count(1)
+
+    @property
+    def used(self) -> int:
+        return sum(segment.used for segment in self.segments)
+
+    @property
+    def slots(self) -> int:
+        return sum(len(segment.keys) for segment in self.segments)
+
+    def number(self, session: Hashable) -> int:
+        number = self.numbers.get(session)
+        if number is None:
+            number = self.numbers[session] = next(self.counter)
+            if number >= 1 << 31:
+                raise CacheError("over 2**31 sessions: more than an unbounded pool's table numbers")
+        return number
+
+    def finish(self, session: Hashable) -> None:
+        self.numbers.pop(session, None)
+
+    def find(self, key: int) -> int:
+        """The number of the session that computed the block of hash ``key``; 0: none is cached."""
+        return self.segments[(key >> 56) & 255].find(key)
+
+    def setdefault(self, key: int, owner: int) -> int:
+        """The owner of ``key``'s block, ``owner`` where it was not cached (it is now)."""
+        return self.segments[(key >> 56) & 255].setdefault(key, owner)
 
 
 class VllmPrefixCache:
