@@ -37,9 +37,9 @@ from typing import Any
 
 from .engines.base import HARMONY
 from .isolation import run_isolated
-from .replay.attribution import TemplateError, _compiles, _trace_group
 from .replay.log import ReplayError, parse_line
 from .replay.simulate import first_fitting, simulate
+from .replay.tracing import TemplateError, _compiles, _trace_group
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
 CONNECT_TIMEOUT = "30s"  # to reach the scheduler
@@ -239,7 +239,7 @@ def trace_on_cluster(
     client: Any, tracer: Any, log: Any, groups: list[Any], shares: int | None = None, costs: ClusterCosts | None = None
 ) -> tuple[list[Any], list[tuple[int, str]]]:
     """Every request's trace in arrival order and the requests the template refused, as
-    ``replay.attribution.trace_sessions`` gives them, the sessions traced on ``client``'s
+    ``replay.tracing.trace_sessions`` gives them, the sessions traced on ``client``'s
     cluster in ``shares`` tasks (None: SHARES_PER_THREAD for each of its worker threads)."""
     import dask  # noqa: PLC0415 -- the optional [cluster] extra
 

@@ -340,9 +340,10 @@ def run_replay(options: ReplayOptions, note: Callable[[str], None] = lambda text
     from .cluster import ClusterError, address_problem, cluster_address, replay_on_cluster  # noqa: PLC0415 -- --cluster only
     from .kv_cache import pools  # noqa: PLC0415 -- replay's pipeline (0.1 s)
     from .kv_cache.hosted import HOSTED_MODELS  # noqa: PLC0415 -- replay's pipeline (0.1 s)
-    from .replay.attribution import TemplateError, Tracer  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .replay.attribution import Tracer  # noqa: PLC0415 -- replay's pipeline (0.1 s)
     from .replay.log import ReplayError, read_log, sessions  # noqa: PLC0415 -- replay's pipeline (0.1 s)
     from .replay.simulate import CacheSettings, replay  # noqa: PLC0415 -- replay's pipeline (0.1 s)
+    from .replay.tracing import TemplateError  # noqa: PLC0415 -- replay's pipeline (0.1 s)
     from .server import ServerError, ServerURLError, VLLMServer  # noqa: PLC0415 -- urllib, ssl (14 ms): not render
 
     hosted = options.cache_model in HOSTED_MODELS

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from tmpl_lint.cli import main
 from tmpl_lint.kv_cache.pools import CacheRequest, VllmPrefixCache
-from tmpl_lint.replay import attribution
+from tmpl_lint.replay import tracing
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -91,14 +91,14 @@ def test_the_traces_lie_in_files_without_a_name(tmp_path, monkeypatch):
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     seen = []
-    add = attribution.TraceStore.add
+    add = tracing.TraceStore.add
 
     def add_and_look(self, share, spilled):
         add(self, share, spilled)
         status = os.fstat(self.files[share].fileno())
         seen.append((stat.S_IMODE(status.st_mode), status.st_nlink, status.st_size > 0, os.listdir(temporary)))
 
-    monkeypatch.setattr(attribution.TraceStore, "add", add_and_look)
+    monkeypatch.setattr(tracing.TraceStore, "add", add_and_look)
     log = chat_log(tmp_path / "log.jsonl")
     template = tmp_path / "chatml.jinja"
     template.write_text(CHATML)

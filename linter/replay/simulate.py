@@ -22,8 +22,9 @@ from ..kv_cache.fleet import Fleet, make_router
 from ..kv_cache.hosted import HOSTED_MODELS, MISSES, HostedServed, Miss, TimedRequest, make_hosted_cache
 from ..kv_cache.hybrid import HybridPrefixCache, Layout
 from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, make_cache
-from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer, TraceStore, trace_sessions
+from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer
 from .log import Log, ReplayError, Session
+from .tracing import TraceStore, trace_sessions
 
 # --- pass 2: all requests through one cache ------------------------------------------
 
