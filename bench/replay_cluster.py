@@ -172,7 +172,7 @@ def main() -> None:
         with dask.config.set({"distributed.worker.daemon": False}):
             for count in (1, workers):
                 clusters[count] = distributed.LocalCluster(
-                    n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+                    n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
                 )
                 with distributed.Client(clusters[count]) as client:
                     processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]

@@ -58,7 +58,7 @@ def local_cluster():
     # Replay's renders run in a limited child of the worker: a worker must be allowed children.
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
         )
     try:
         yield cluster
