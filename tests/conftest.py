@@ -198,6 +198,19 @@ def installed(environment) -> Path:
     return found.parent
 
 
+@pytest.fixture
+def llamacpp_engine():
+    """Skips where llama.cpp's engine cannot render: asked as a test starts, not as its
+    module is collected, where every xdist worker compiled the engine at once (seconds of CPU
+    each); under xdist it is compiled into the run's cache as the workers start
+    (``compile_llamacpp``), and they load it."""
+    from tmpl_lint.engines import llamacpp
+
+    why = llamacpp.available()
+    if why is not None:
+        pytest.skip(why)
+
+
 def compile_llamacpp() -> None:
     """llama.cpp's engine compiled into the run's cache (seconds of CPU), where the workers
     and every tmpl-lint the tests start load it; not installed, its tests skip."""

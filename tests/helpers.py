@@ -223,3 +223,14 @@ def without_edits(text: str) -> str:
     """A --fix run's output without the template lines each fix shows it edited ("    5 - old",
     "    5 + new"), for tests of what it says; tests/test_fix_safety.py checks those lines."""
     return "".join(line for line in text.splitlines(keepends=True) if not re.match(r" *\d+ [-+] ", line))
+
+
+def chromium_dom(page: Path, profile: Path) -> str:
+    """The DOM headless Chromium builds from ``page``: a report's page read as a browser
+    reads it. Skips where no Chromium is installed."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no chromium on this machine")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+    command = [chromium, *flags, "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.as_uri()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED, SHARED_TEMPLATES, built_once, needs_shared
+from helpers import CORPUS, SHARED, SHARED_TEMPLATES, built_once, chromium_dom, needs_shared
 
 from tmpl_lint.checker import lint_source
 from tmpl_lint.cli import main
@@ -306,28 +306,9 @@ def test_a_hit_rate_only_a_callers_opt_in_meets_is_said_so_and_not_ranked(tmp_pa
 
 @no_fork_long
 def test_html_report_opens_in_headless_chromium(tmp_path, shared_folder):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        pytest.skip("no chromium on this machine")
     _, page = from_cache_audit(shared_folder)
     assert page.is_file()
-    dom = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    dom = chromium_dom(page, tmp_path / "profile")
     body = dom.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     assert body.count("<tr>") == len(REPOS)
     assert "<svg" in dom

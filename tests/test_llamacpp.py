@@ -17,17 +17,7 @@ from tmpl_lint.cli import main
 from tmpl_lint.render import RenderError, RenderLimitExceeded, RenderLimits
 
 llamacpp = pytest.importorskip("tmpl_lint.engines.llamacpp")
-
-
-@pytest.fixture(autouse=True)
-def engine_available():
-    """Skips where llama.cpp's engine cannot render: asked as a test starts, not as the
-    module is collected, where every xdist worker compiled the engine at once (seconds of CPU
-    each); under xdist it is compiled into the run's cache as the workers start (conftest),
-    and they load it."""
-    why = llamacpp.available()
-    if why is not None:
-        pytest.skip(why)
+pytestmark = pytest.mark.usefixtures("llamacpp_engine")
 
 
 CLOCK = (CORPUS / "PC001_live_clock.jinja").read_text()

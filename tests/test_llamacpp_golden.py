@@ -16,18 +16,7 @@ LINES = [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitli
 
 needs_golden = pytest.mark.skipif(not LINES, reason="../shared is not present (fresh clone)")
 llamacpp = pytest.importorskip("tmpl_lint.engines.llamacpp")
-pytestmark = needs_golden
-
-
-@pytest.fixture(autouse=True)
-def engine_available():
-    """Skips where llama.cpp's engine cannot render: asked as a test starts, not as the
-    module is collected, where every xdist worker compiled the engine at once (seconds of CPU
-    each); under xdist it is compiled into the run's cache as the workers start (conftest),
-    and they load it."""
-    why = llamacpp.available()
-    if why is not None:
-        pytest.skip(why)
+pytestmark = [needs_golden, pytest.mark.usefixtures("llamacpp_engine")]
 
 
 # Lines whose render cannot agree, by (template, conversation, add_generation_prompt), with why.

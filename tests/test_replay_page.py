@@ -5,13 +5,11 @@ with what vLLM's own KVCacheManager hit on each replica (expected-replicas.json)
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS
+from helpers import CORPUS, chromium_dom
 from test_fleet_golden import REPLICAS, _fleet_setups, _replay, needs_golden
 
 from tmpl_lint.cli import main
@@ -273,27 +271,8 @@ def test_the_page_shows_each_replica_s_hits_as_vllm_s_own_manager_counted_them(t
 
 
 def test_the_fleet_page_opens_in_headless_chromium(tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        pytest.skip("no chromium on this machine")
     report, page = run(tmp_path, "--replicas", "3", "--router", "session")
-    dom = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    dom = chromium_dom(page, tmp_path / "profile")
     read = Page(dom)  # the page as the browser built it
     assert_fleet_equals_json(read, report)
     assert read.rects == 3
