@@ -203,7 +203,7 @@ def _escape_surrogates(literal: str) -> str:
 
 
 def _target_name(node) -> str | None:
-    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
+    import libcst as cst  # noqa: PLC0415 -- libcst: the optional [fix] extra
 
     if isinstance(node, cst.Name):
         return node.value
@@ -226,8 +226,8 @@ def python_literals(module):
     """(name, literal node) of every string literal assigned to chat_template. A name is the
     key and the literal's line, ``chat_template@12``, and its column too where one line
     holds two (``chat_template@12:40``). A literal may be two or more adjacent strings."""
-    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
-    from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: PLC0415 - libcst: the optional [fix] extra
+    import libcst as cst  # noqa: PLC0415 -- libcst: the optional [fix] extra
+    from libcst.metadata import MetadataWrapper, PositionProvider  # noqa: PLC0415 -- libcst: the optional [fix] extra
 
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
@@ -281,7 +281,7 @@ def python_literals(module):
 
 
 def parse_python(text: str):
-    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
+    import libcst as cst  # noqa: PLC0415 -- libcst: the optional [fix] extra
 
     try:
         return cst.parse_module(text)
@@ -349,7 +349,7 @@ def _python_literal(original: str, template: str, newline: str = "\n") -> str:
 
 
 def replace_python_template(text: str, name: str, template: str) -> str:
-    import libcst as cst  # noqa: PLC0415 - libcst: the optional [fix] extra
+    import libcst as cst  # noqa: PLC0415 -- libcst: the optional [fix] extra
 
     try:
         module, found, _ = python_literals(parse_python(text))
@@ -387,7 +387,7 @@ def replace_python_template(text: str, name: str, template: str) -> str:
 
 def round_trip_yaml():
     """ruamel.yaml in round-trip mode, keeping quotes and long lines as the file has them."""
-    from ruamel.yaml import YAML  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
+    from ruamel.yaml import YAML  # noqa: PLC0415 -- ruamel.yaml: the optional [fix] extra
 
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
@@ -399,7 +399,7 @@ def yaml_places(node, path=(), seen=None):
     """(path, mapping, key) of every template key at any depth, each where it is written: a
     mapping an alias repeats is walked once, and a key a merge (`<<: *defaults`) brings in
     is its anchor's, not another template."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq  # noqa: PLC0415 -- ruamel.yaml: the optional [fix] extra
 
     seen = set() if seen is None else seen
     if isinstance(node, (CommentedMap, CommentedSeq)):
@@ -428,7 +428,7 @@ def _yaml_problem(error: Exception) -> str:
 
 
 def yaml_templates(text: str) -> list[tuple[str, str]]:
-    from ruamel.yaml import YAMLError  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
+    from ruamel.yaml import YAMLError  # noqa: PLC0415 -- ruamel.yaml: the optional [fix] extra
 
     try:
         document = round_trip_yaml().load(text)
@@ -441,7 +441,7 @@ def yaml_templates(text: str) -> list[tuple[str, str]]:
 
 def _yaml_node(root, name: str):
     """(key node, value node) of the template at ``name`` in a composed YAML document."""
-    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode  # noqa: PLC0415 -- ruamel.yaml: the optional [fix] extra
 
     def walk(node, path):
         if isinstance(node, MappingNode):
@@ -548,7 +548,7 @@ def replace_yaml_template(text: str, name: str, template: str) -> str:
     value's own text is written (a block scalar becomes a literal block at its indentation,
     a quoted value stays quoted, else double quotes), and the result is read back to check
     that it holds the new template and every other value as before."""
-    from ruamel.yaml import YAML, YAMLError  # noqa: PLC0415 - ruamel.yaml: the optional [fix] extra
+    from ruamel.yaml import YAML, YAMLError  # noqa: PLC0415 -- ruamel.yaml: the optional [fix] extra
 
     safe = YAML(typ="safe", pure=True)
     try:

@@ -171,7 +171,7 @@ class HarmonyVocabularyTokenizer(Tokenizer):
         self._backend = value
 
     def encode(self, text: str) -> list[int]:
-        from .engines.harmony import harmony_encoding  # noqa: PLC0415 - openai-harmony, loaded only for gpt-oss's vocabulary
+        from .engines.harmony import harmony_encoding  # noqa: PLC0415 -- openai-harmony, loaded only for gpt-oss's vocabulary
 
         encoding = harmony_encoding()
         ids: list[int] = []
@@ -197,7 +197,7 @@ def _harmony_vocabulary(directory: Path, tokenizer_file: Path, special: dict[str
         return None
     if (len(data), hashlib.sha256(data).hexdigest()) not in HARMONY_VOCABULARY_FILES:
         return None
-    from .engines.harmony import harmony_encoding  # noqa: PLC0415 - openai-harmony, loaded only for gpt-oss's vocabulary
+    from .engines.harmony import harmony_encoding  # noqa: PLC0415 -- openai-harmony, loaded only for gpt-oss's vocabulary
 
     try:
         harmony_encoding()  # loaded here, once, as a parsed file would be: proving processes inherit it
@@ -218,7 +218,7 @@ def _load_file(tokenizer_file: Path) -> Any:
     backend = _LOADED.get(key)
     if backend is None:
         try:
-            from tokenizers import Tokenizer as FastTokenizer  # noqa: PLC0415 - a lint that proves nothing never loads it
+            from tokenizers import Tokenizer as FastTokenizer  # noqa: PLC0415 -- a lint that proves nothing never loads it
         except ImportError:
             raise TokenizerError(
                 "proving with a tokenizer needs the 'tokenizers' package, a dependency of tmpl-lint: pip install tokenizers"
@@ -357,7 +357,7 @@ def _load_tokenizer(directory: Path) -> Tokenizer:
     # transformers says on import that PyTorch is missing: true, and beside the point here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
-        from transformers import AutoTokenizer  # noqa: PLC0415 - the fallback: seconds to import, and optional
+        from transformers import AutoTokenizer  # noqa: PLC0415 -- the fallback: seconds to import, and optional
     except ImportError:
         raise TokenizerError(f"{directory}: no tokenizer.json, and transformers is not installed for the fallback") from None
     try:
