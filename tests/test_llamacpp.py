@@ -130,16 +130,12 @@ def test_llama_31_prints_llama_servers_date():
 
 
 def write_gguf(path: Path, template: str) -> Path:
-    gguf = pytest.importorskip("gguf")
-    np = pytest.importorskip("numpy")
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_chat_template(template)
-    writer.add_tensor("token_embd.weight", np.zeros(4, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    """test_gguf's small GGUF, carrying ``template``; imported here, not at the top, so that
+    without the gguf package only these tests skip."""
+    pytest.importorskip("gguf")
+    from test_gguf import write_gguf as small_gguf
+
+    return small_gguf(path, template)
 
 
 def check(*args) -> dict[str, dict]:

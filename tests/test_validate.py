@@ -31,7 +31,39 @@ def _golden(tokenizer: str) -> list[dict]:
     return [line for line in lines if line["tokenizer"] == tokenizer]
 
 
-class Stub:
+class Served:
+    """A stub server on 127.0.0.1 for the length of a ``with``: ``url`` is where it listens."""
+
+    def serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+class Quiet(BaseHTTPRequestHandler):
+    """A handler that logs nothing and answers JSON."""
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, document) -> None:
+        data = document if isinstance(document, bytes) else json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class Stub(Served):
     """A render server that answers each golden request as vLLM did."""
 
     def __init__(self, lines: list[dict], changed: dict[str, int] | None = None, delay: float = 0.0, redirect: str | None = None):
@@ -41,18 +73,7 @@ class Stub:
         self.asked = 0
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status: int, document) -> None:
-                data = document if isinstance(document, bytes) else json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(Quiet):
             def do_GET(self):
                 self._send(200, {"object": "list", "data": [{"id": "served-model"}]})
 
@@ -77,17 +98,7 @@ class Stub:
                         ids[stub.changed[line["case"]]] += 1
                     self._send(200, {"request_id": "x", "token_ids": ids})
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.http.shutdown()
-        self.http.server_close()
+        self.serve(Handler)
 
 
 def _log(tmp_path, lines: list[dict]):
@@ -196,7 +207,7 @@ def test_a_running_vllm_render_server_agrees_with_the_profile(tmp_path):
 LLAMACPP_GOLDEN = SHARED / "engine-golden" / "llamacpp-b10775.jsonl"
 
 
-class LlamaStub:
+class LlamaStub(Served):
     """A llama-server whose /apply-template answers what llama.cpp b10775's own template
     engine rendered (../shared/engine-golden/llamacpp-b10775.jsonl), keyed by the messages."""
 
@@ -204,31 +215,13 @@ class LlamaStub:
         self.texts = texts
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
+        class Handler(Quiet):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 text = stub.texts.get(json.dumps(body["messages"], sort_keys=True)) if self.path == "/apply-template" else None
-                data = json.dumps({"prompt": text} if text is not None else {"error": {"message": "unknown"}}).encode()
-                self.send_response(200 if text is not None else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(*((200, {"prompt": text}) if text is not None else (404, {"error": {"message": "unknown"}})))
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.http.shutdown()
-        self.http.server_close()
+        self.serve(Handler)
 
 
 @pytest.mark.skipif(not LLAMACPP_GOLDEN.is_file(), reason="../shared is not present (fresh clone)")
