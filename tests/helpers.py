@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import select
@@ -234,3 +235,18 @@ def chromium_dom(page: Path, profile: Path) -> str:
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
     command = [chromium, *flags, "--no-first-run", f"--user-data-dir={profile}", "--dump-dom", page.as_uri()]
     return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+
+
+def two_requests_sharing_37_characters(tmp_path: Path) -> tuple[Path, Path]:
+    """A template that prints each message's text, and a log of one session's two requests
+    whose one message shares its first 37 characters (then 20 A's, then 20 B's); no
+    replies logged. Replay's figures on it are counted by hand in the tests that use it."""
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
+        )
+    )
+    return template, log

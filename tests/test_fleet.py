@@ -7,6 +7,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from helpers import two_requests_sharing_37_characters
 
 from tmpl_lint.cli import main
 from tmpl_lint.kv_cache.fleet import Fleet, make_router
@@ -150,20 +151,6 @@ def test_sliding_layers_without_a_window_are_an_error():
 
 
 # --- through the command: characters as tokens (a template that prints each message) -------
-
-
-def two_requests_sharing_37_characters(tmp_path):
-    """One session's two requests whose message shares its first 37 characters, then 20
-    A's or 20 B's; no replies logged."""
-    template = tmp_path / "plain.jinja"
-    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
-    log = tmp_path / "log.jsonl"
-    log.write_text(
-        "".join(
-            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
-        )
-    )
-    return template, log
 
 
 def replay_json(*args):

@@ -15,7 +15,15 @@ from datetime import datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
-from helpers import CORPUS, SHARED_TEMPLATES, SHARED_TOKENIZERS, needs_shared, qwen3_and_its_fix, transformers_tokenizer
+from helpers import (
+    CORPUS,
+    SHARED_TEMPLATES,
+    SHARED_TOKENIZERS,
+    needs_shared,
+    qwen3_and_its_fix,
+    transformers_tokenizer,
+    two_requests_sharing_37_characters,
+)
 from test_kv_cache import straightforward_vllm
 
 from tmpl_lint.cli import main
@@ -846,20 +854,6 @@ def test_replay_through_a_server_uses_the_served_model_and_says_so_once(tmp_path
         f"tmpl-lint: note: {url} does not serve 'gpt-4o', the request's model: using 'served-model', the model it serves\n"
     )
     json.loads(result.stdout)
-
-
-def two_requests_sharing_37_characters(tmp_path):
-    """A template that prints each message's text, and a log of one session's two requests
-    whose one message shares its first 37 characters (then 20 A's, then 20 B's)."""
-    template = tmp_path / "plain.jinja"
-    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
-    log = tmp_path / "log.jsonl"
-    log.write_text(
-        "".join(
-            json.dumps({"user": "s", "messages": [{"role": "user", "content": "y" * 37 + tail * 20}]}) + "\n" for tail in "AB"
-        )
-    )
-    return template, log
 
 
 def test_two_requests_sharing_37_characters_by_hand(tmp_path):
