@@ -9,9 +9,10 @@ documentation does not publish is a parameter, named below, never a guess made s
   as Azure OpenAI's page words it, learn.microsoft.com/azure/foundry/openai/how-to/prompt-caching):
   prompts of 1,024 tokens or more are cached; in-memory retention clears a prefix after 5
   to 10 minutes of inactivity and always within an hour. A hit is the longest cached prefix
-  of 1,024 + 128·k tokens: the 128-token step is the rule the issue quotes and OpenAI's
-  guide gave when caching launched; the excerpts of the current page read here did not show
-  the sentence, so it is a constant (``OPENAI_STEP``) to check against the page. Modelled:
+  of 1,024 + 128·k tokens (``OPENAI_STEP``): OpenAI's "Prompt Caching 201" cookbook
+  (developers.openai.com/cookbook/examples/prompt_caching_201, read 2026-12-07) says "you can
+  get a match until the first mismatched token in 128 token blocks", and notes that it covers
+  models before GPT-5.6, for which the guide above is to be read instead. Modelled:
   a prefix lives ``ttl`` seconds after its last use, 300 by default (the published lower
   bound; 600 and 3,600 bound it from above).
 - ``anthropic`` (platform.claude.com/docs/en/build-with-claude/prompt-caching): only prefixes
