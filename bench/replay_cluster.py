@@ -26,12 +26,16 @@ nothing), the imbalance (busiest worker / mean), and the breakdown of the N-work
 client's phases, each share's child (the tracing itself) and the worker's thread around it
 (forking, reading the traces back), and what each worker process spent beyond idle outside
 its tasks (receiving the tracer and the shares, sending the traces).
+With ``--replicas R --router NAME`` the log is replayed on a fleet of R vLLM replicas behind
+that router (as ``tmpl-lint replay --replicas R --router NAME``): the client's "simulate pools"
+phase is then the fleet's simulation, the part that grows with the fleet.
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
-Run: python bench/replay_cluster.py [N]
+Run: python bench/replay_cluster.py [N] [--replicas R --router NAME]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -142,7 +146,12 @@ def main() -> None:
 
     if not TOKENIZER.is_dir():
         sys.exit(f"needs {TOKENIZER}")
-    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workers", nargs="?", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--router", default="round-robin")
+    arguments = parser.parse_args()
+    workers = arguments.workers
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
     with tempfile.TemporaryDirectory() as folder:
@@ -152,7 +161,7 @@ def main() -> None:
         text, _ = read_template(TOKENIZER)
         opened = read_log(log, "user")
         groups = sessions(opened, "user")
-        settings = CacheSettings("vllm", 16)
+        settings = CacheSettings("vllm", 16, replicas=arguments.replicas, router=arguments.router)
 
         def tracer() -> Tracer:
             return Tracer(text, tokenizer, tokenizer.special_tokens, "vllm")
@@ -163,8 +172,9 @@ def main() -> None:
         load = os.getloadavg()[0]
         start = time.perf_counter()
         local = report(*replay(tracer(), opened, groups, settings, [None], 1))
+        fleet = f"{arguments.replicas} replicas, router {arguments.router}; " if arguments.replicas > 1 else ""
         print(
-            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; local, one process: "
+            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; {fleet}local, one process: "
             f"{time.perf_counter() - start:6.1f} s (load {load:.1f})"
         )
         runs = int(os.environ.get("RUNS", "3"))
