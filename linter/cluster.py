@@ -10,12 +10,17 @@ The stages split where the work is independent:
    (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
    once, not with each share.
 2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
-   pools are independent of each other (each capacity swept here; each replica once a
-   fleet's router has dealt the requests), so each runs as one task, the traces sent to
-   each worker once. A single pool is simulated where the traces were gathered.
+   pools are independent of each other (each capacity swept), so each runs as one task,
+   the traces sent to each worker once. A fleet whose router reads no cache (round-robin,
+   session, prefix: ``Router.reads_caches``) is split further, its replicas dealt into one
+   task for each worker thread: each task routes the log itself, serves its replicas'
+   requests, and looks its replicas up at the others' (``replay.simulate.simulate_replicas``).
+   The kv router reads every replica's cache at every request: its fleet is one task. A
+   single pool is simulated where the traces were gathered.
 3. The figures are merged where they are gathered: the traces in arrival order, the
-   problems sorted, the summaries in the order of their capacities. The result is the
-   local run's, byte for byte.
+   problems sorted, the replicas' parts in arrival order (``merge_replicas``), the
+   summaries in the order of their capacities. The result is the local run's, byte for
+   byte.
 
 Dask rather than Ray: ``dask[distributed]`` is pure Python (about 25 MB installed with its
 dependencies, 15 s to install on this machine), runs the plain functions replay already has
@@ -38,7 +43,7 @@ from typing import Any
 from .engines.base import HARMONY
 from .isolation import run_isolated
 from .replay.log import ReplayError, parse_line
-from .replay.simulate import first_fitting, simulate
+from .replay.simulate import first_fitting, merge_pool_tasks, pool_tasks, run_pool_task
 from .replay.tracing import TemplateError, _compiles, _trace_group
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
@@ -271,12 +276,6 @@ def trace_on_cluster(
     return traces, problems
 
 
-def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
-
-    traces, settings, keys, unit = common
-    return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
-
-
 def replay_on_cluster(
     address: str,
     tracer: Any,
@@ -296,8 +295,11 @@ def replay_on_cluster(
         keys = [group.key for group in groups]
         common = (traces, settings, keys, tracer.unit)
         with costs.phase("simulate pools"):
-            if len(capacities) > 1:
-                summaries = map_on(client, _simulate_pool, capacities, common)
+            tasks = pool_tasks(settings, capacities, max(1, sum(client.nthreads().values())))
+            if len(tasks) > 1:
+                results = map_on(client, run_pool_task, tasks, common)
             else:  # one pool: sending every trace to a worker and back gains nothing
-                summaries = [_simulate_pool(common, capacities[0])]
+                results = [run_pool_task(common, tasks[0])]
+        with costs.phase("merge replicas"):
+            summaries = merge_pool_tasks(common, tasks, results)
     return first_fitting(summaries), problems
