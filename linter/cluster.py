@@ -296,10 +296,8 @@ def replay_on_cluster(
         common = (traces, settings, keys, tracer.unit)
         with costs.phase("simulate pools"):
             tasks = pool_tasks(settings, capacities, max(1, sum(client.nthreads().values())))
-            if len(tasks) > 1:
-                results = map_on(client, run_pool_task, tasks, common)
-            else:  # one pool: sending every trace to a worker and back gains nothing
-                results = [run_pool_task(common, tasks[0])]
+            # One task (a single pool): sending every trace to a worker and back gains nothing.
+            results = map_on(client, run_pool_task, tasks, common) if len(tasks) > 1 else [run_pool_task(common, tasks[0])]
         with costs.phase("merge replicas"):
             summaries = merge_pool_tasks(common, tasks, results)
     return first_fitting(summaries), problems
