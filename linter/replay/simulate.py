@@ -336,6 +336,7 @@ def requests_of(traces: Iterable[Trace], final: dict[int, int]) -> Iterator[tupl
 def _started(
     cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None, sessions: int
 ) -> tuple[Summary, list[SessionFigures]]:
+    """An empty summary of ``cache`` (one replica's, for a fleet), and each session's figures."""
     summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=sessions)
     summary.grouped = len(keys)
     summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
@@ -391,7 +392,8 @@ def simulate(
     session of the figures); its prompt is held until its last request, then the cache is
     told it is done (``finish``: what it kept for that session alone goes)."""
     final = _final(traces)
-    summary, figures = _started(cache, keys, model, unit, capacity_blocks, len(final))
+    one = cache.caches[0] if isinstance(cache, Fleet) else cache
+    summary, figures = _started(one, keys, model, unit, capacity_blocks, len(final))
     finish = getattr(cache, "finish", None)
     for trace, request, last in requests_of(traces, final):
         try:
@@ -402,8 +404,7 @@ def simulate(
         if last and finish is not None:
             finish(trace.session)
         _count(summary, figures, trace, served)
-    fleet = cache if isinstance(cache, Fleet) else None
-    return _finished(summary, figures, cache.caches[0] if isinstance(cache, Fleet) else cache, fleet)
+    return _finished(summary, figures, one, cache if isinstance(cache, Fleet) else None)
 
 
 # --- a fleet's replicas apart ----------------------------------------------------------
