@@ -6,8 +6,10 @@ there, the split path too)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from helpers import CORPUS
@@ -17,6 +19,8 @@ from tmpl_lint.diff import read_template
 from tmpl_lint.kv_cache.fleet import (
     Fleet,
     FleetFigures,
+    SessionChains,
+    block_hashes,
     cached_prefix,
     first_error,
     held_elsewhere,
@@ -30,6 +34,7 @@ from tmpl_lint.replay.attribution import Tracer
 from tmpl_lint.replay.log import read_log, sessions
 from tmpl_lint.replay.simulate import CacheSettings, PoolTask, pool_tasks, replay, text_report
 from tmpl_lint.report.replay import html_report
+from tmpl_lint.tokenizer import common_prefix_length
 
 SPLIT_ROUTERS = ["round-robin", "session", "prefix"]
 
@@ -38,19 +43,25 @@ def hand_made_log(seed: int = 5, sessions_count: int = 9, turns: int = 5) -> lis
     """Interleaved sessions in blocks of 4: every prompt opens with one of two system prompts
     (3 blocks), then grows turn by turn by what the session sent and the reply; one session in
     three rewrites an early message at its third turn (a departure), and each request's reply
-    is logged. With each request: whether it is its session's last."""
+    is logged; each follow-up carries the hint replay gives (the tokens it shares with the
+    session's previous prompt), one in four a shorter one. With each request: whether it is
+    its session's last."""
     rng = random.Random(seed)
     systems = [list(range(1, 13)), list(range(101, 113))]
     plans = []
     for number in range(sessions_count):
         prompt = list(systems[number % 2])
-        requests = []
+        requests, previous = [], None
         for turn in range(rng.randrange(2, turns + 1)):
             if number % 3 == 0 and turn == 2:
                 prompt[14] = 999  # the session's history changes: nothing past it hits
             prompt = prompt + [1000 * number + 10 * turn + k for k in range(rng.randrange(2, 9))]
             reply = [500_000 + 1000 * number + 10 * turn + k for k in range(rng.randrange(1, 7))]
-            requests.append(CacheRequest(f"s{number}", list(prompt), reply))
+            shared = None if previous is None else common_prefix_length(previous, prompt)
+            if shared is not None and rng.random() < 0.25:
+                shared = rng.randrange(shared + 1)
+            requests.append(CacheRequest(f"s{number}", list(prompt), reply, shared=shared))
+            previous = list(prompt)
             prompt = prompt + reply
         plans.append(requests)
     order = [number for number, requests in enumerate(plans) for _ in requests]
@@ -169,8 +180,6 @@ def test_a_lookup_changes_no_later_figure(cache):
 
 @pytest.mark.parametrize("cap", [True, False])
 def test_a_lookup_without_the_hashes_is_the_lookup_with_them(cap):
-    from tmpl_lint.kv_cache.fleet import block_hashes
-
     pools = [VllmPrefixCache(block_size=4), VllmPrefixCache(block_size=4, num_blocks=20)]
     for request, _ in hand_made_log():
         for pool in pools:
@@ -179,6 +188,25 @@ def test_a_lookup_without_the_hashes_is_the_lookup_with_them(cap):
         assert held_elsewhere(pools, request) == max(cached_prefix(pool, request) for pool in pools)
         pools[0].serve(request)
         pools[1].serve(request)
+
+
+def test_a_session_s_chain_reuses_what_its_previous_prompt_shares_and_no_more():
+    """The lookups' memo of each session's hashes: read in part or whole, through a
+    rewritten history, a shorter hint, a salt that changes, and a session finished and begun
+    again, each prompt's chain is the one hashed from scratch."""
+    chains = SessionChains(4)
+    rng = random.Random(1)
+    log = [request for request, _ in hand_made_log()]
+    log.append(replace(log[-1], salt="tenant-b"))  # the same prompt, another salt: no block is the same
+    for number, request in enumerate(log):
+        chain = chains.chain(request)
+        read = list(itertools.islice(chain, rng.randrange(0, 16)))  # a lookup stops where no replica holds a block
+        expected = block_hashes(request.prompt, 4, request.salt)
+        assert read == expected[: len(read)], number
+        if number % 3 == 0 or number == len(log) - 1:
+            assert read + list(chain) == expected, number
+        if number == 10:
+            chains.finish(request.session)
 
 
 # --- through replay: every byte of the reports ---------------------------------------------

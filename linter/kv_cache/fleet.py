@@ -89,7 +89,7 @@ def _chain(prompt: list[int], block_size: int, salt: str | None) -> Iterator[int
         yield parent
 
 
-def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | None = None, cap: bool = True) -> int:
+def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: Iterable[int] | None = None, cap: bool = True) -> int:
     """The prompt tokens ``cache`` would serve ``request`` now, without serving it: what
     the cache holds (``cap``: less the one token every engine computes)."""
     prompt = request.prompt
@@ -128,7 +128,40 @@ def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | 
     raise CacheError(f"no replica overlap for {type(cache).__name__}")
 
 
-def held_elsewhere(caches: list[CacheModel], request: CacheRequest, hashes: list[int] | None = None) -> int:
+class SessionChains:
+    """Each live session's last prompt's block hashes, as far as the lookups needed them:
+    a prompt that extends its session's previous one (``CacheRequest.shared``, the tokens
+    it is known to share with it) is hashed only past them. Session by session in arrival
+    order, whichever replica served each request."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.known: dict[Hashable, tuple[str | None, list[int]]] = {}
+
+    def chain(self, request: CacheRequest) -> Iterator[int]:
+        """``request``'s block hashes, computed as they are read (kept for its session's next request)."""
+        salt, known = self.known.pop(request.session, (request.salt, []))
+        if request.shared is None or salt != request.salt:
+            known = []
+        else:
+            del known[request.shared // self.block_size :]
+        self.known[request.session] = (request.salt, known)
+        return self._extended(known, request.prompt, request.salt)
+
+    def _extended(self, known: list[int], prompt: list[int], salt: str | None) -> Iterator[int]:
+        yield from known
+        size = self.block_size
+        parent = known[-1] if known else chain_seed(salt)
+        for start in range(len(known) * size, len(prompt) - size + 1, size):
+            parent = hash((parent, tuple(prompt[start : start + size])))
+            known.append(parent)
+            yield parent
+
+    def finish(self, session: Hashable) -> None:
+        self.known.pop(session, None)
+
+
+def held_elsewhere(caches: list[CacheModel], request: CacheRequest, hashes: Iterable[int] | None = None) -> int:
     """The most of ``request``'s prompt one of ``caches`` would serve it now, without
     serving it (``cached_prefix``; nothing in any cache is touched). vLLM pools are walked
     together, each block hashed once and only while one of them still holds the blocks
@@ -188,16 +221,19 @@ def run_replicas(caches: dict[int, CacheModel], router: Router, requests: Iterab
         raise CacheError(f"the {router.name} router reads every replica's cache: its replicas cannot be simulated apart")
     figures = FleetFigures(router, router.replicas)  # the requests each replica had: the routers' ties read them
     last_replica: dict[Hashable, int] = {}
+    first = next(iter(caches.values()))
+    chains = SessionChains(first.block_size) if isinstance(first, VllmPrefixCache) else None
     run = ReplicaRun({replica: Ledger() for replica in caches})
     for index, (request, last) in enumerate(requests):
         replica = router.route(index, request, figures)
         router.routed(replica, request)
         figures.replicas[replica].requests += 1
         session = request.session
+        hashes = None if chains is None else chains.chain(request)
         if last_replica.get(session, replica) != replica:
             request = dataclasses.replace(request, shared=None)  # as Fleet.serve
         last_replica[session] = replica
-        held = held_elsewhere([cache for number, cache in caches.items() if number != replica], request)
+        held = held_elsewhere([cache for number, cache in caches.items() if number != replica], request, hashes)
         if held:
             run.held_at.append(index)
             run.held.append(held)
@@ -216,6 +252,8 @@ def run_replicas(caches: dict[int, CacheModel], router: Router, requests: Iterab
                     finish(session)
             last_replica.pop(session, None)
             router.finish(session)
+            if chains is not None:
+                chains.finish(session)
     return run
 
 
@@ -463,6 +501,7 @@ class Fleet(FleetFigures):
         self.last_replica: dict[Hashable, int] = {}
         self.count_requests = itertools.count()
         self.hashes: list[int] | None = None  # the current prompt's block hashes, for the kv router
+        self.chains = SessionChains(caches[0].block_size) if isinstance(caches[0], VllmPrefixCache) else None
 
     def serve(self, request: CacheRequest) -> Served:
         index = next(self.count_requests)
@@ -471,11 +510,12 @@ class Fleet(FleetFigures):
             self.hashes = block_hashes(request.prompt, first.block_size, request.salt)
         replica = self.router.route(index, request, self)
         self.router.routed(replica, request)
+        hashes = self.hashes if self.hashes is not None or self.chains is None else self.chains.chain(request)
         if self.last_replica.get(request.session, replica) != replica:
             # The hint compares with the session's previous prompt, which another replica served.
             request = dataclasses.replace(request, shared=None)
         self.last_replica[request.session] = replica
-        elsewhere = held_elsewhere([cache for r, cache in enumerate(self.caches) if r != replica], request, self.hashes)
+        elsewhere = held_elsewhere([cache for r, cache in enumerate(self.caches) if r != replica], request, hashes)
         served = self.caches[replica].serve(request)
         lost = self.count(replica, request.session, len(request.prompt), served.hit, elsewhere)
         return dataclasses.replace(served, elsewhere=lost)
@@ -488,3 +528,5 @@ class Fleet(FleetFigures):
                 finish(session)
         self.last_replica.pop(session, None)
         self.router.finish(session)
+        if self.chains is not None:
+            self.chains.finish(session)
