@@ -627,15 +627,19 @@ def replay(
     capacity that holds every request, with all of them as its sweep. ``progress``
     opens the progress bar (``trace_sessions``). The traces are spilled to temporary files
     without a name and read back at each capacity, so that memory holds the sessions live
-    at each point of the log, not the log's traces."""
+    at each point of the log, not the log's traces. With ``jobs`` above 1, a fleet whose
+    router reads no cache is simulated in up to ``jobs`` children, each with some of its
+    replicas (``pool_tasks``), each reading the traces back itself; the merge is the
+    one-process run's, byte for byte."""
     with TraceStore(len(log.entries)) as store:
         traces, problems = trace_sessions(tracer, log, groups, jobs, progress, store)
         common = (traces, settings, [group.key for group in groups], tracer.unit)
         tasks = pool_tasks(settings, capacities, jobs)
         if all(task.replicas is None for task in tasks):  # one pool a capacity, here, one after the other
-            summaries = [run_pool_task(common, task) for task in tasks]
-        else:
-            summaries = merge_pool_tasks(common, tasks, _in_children(common, tasks, jobs))
+            results = [run_pool_task(common, task) for task in tasks]
+        else:  # a fleet's replicas apart, in children
+            results = _in_children(common, tasks, jobs)
+        summaries = merge_pool_tasks(common, tasks, results)
     return first_fitting(summaries), problems
 
 
