@@ -27,8 +27,10 @@ client's phases, each share's child (the tracing itself) and the worker's thread
 (forking, reading the traces back), and what each worker process spent beyond idle outside
 its tasks (receiving the tracer and the shares, sending the traces).
 With ``--replicas R --router NAME`` the log is replayed on a fleet of R vLLM replicas behind
-that router (as ``tmpl-lint replay --replicas R --router NAME``): the client's "simulate pools"
-phase is then the fleet's simulation, the part that grows with the fleet.
+that router (as ``tmpl-lint replay --replicas R --router NAME``). A router that reads no cache
+(round-robin, session, prefix) has its replicas simulated in one task per worker (printed
+apart in the breakdown), and the client's "merge replicas" phase puts them together; the kv
+router's fleet is simulated whole on the client ("simulate pools").
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
 Run: python bench/replay_cluster.py [N] [--replicas R --router NAME]
 """
@@ -113,10 +115,20 @@ def breakdown(label: str, runs: list[Run]) -> None:
         f"{statistics.median(share.child_cpu for share in flat):.2f} CPU s, {statistics.median(share.end - share.start for share in flat):.2f} s wall; "
         f"the worker's thread around each (fork, wait, read back) {statistics.median(share.worker_cpu for share in flat):.3f} CPU s"
     )
+    if any(run.costs.pools for run in runs):
+        pools = [pool for run in runs for pool in run.costs.pools]
+        busiest = statistics.median(
+            max(sum(pool.cpu for pool in run.costs.pools if pool.worker == pid) for pid in run.worker_cpu) for run in runs
+        )
+        print(
+            f"  {len(pools) // len(runs)} simulation tasks on the workers: each {statistics.median(pool.cpu for pool in pools):.2f} "
+            f"CPU s, {statistics.median(pool.wall for pool in pools):.2f} s wall; the busiest worker's {busiest:.2f} CPU s"
+        )
     around = [
         run.worker_cpu[pid]
         - run.idle[pid] * run.wall
         - sum(share.worker_cpu for share in run.costs.shares if share.worker == pid)
+        - sum(pool.cpu for pool in run.costs.pools if pool.worker == pid)
         for run in runs
         for pid in run.worker_cpu
     ]

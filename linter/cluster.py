@@ -163,6 +163,16 @@ class ShareCost:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolCost:
+    """What one simulation task (``replay.simulate.PoolTask``) cost on its worker: the
+    worker's thread, which ran it."""
+
+    worker: int  # the worker's process id
+    cpu: float
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class Phase:
     """One phase of the client: wall seconds, and CPU seconds of its process (which also
     holds a LocalCluster's scheduler, and the client's own event loop) and of the thread
@@ -180,6 +190,7 @@ class ClusterCosts:
 
     phases: dict[str, Phase] = field(default_factory=dict)
     shares: list[ShareCost] = field(default_factory=list)
+    pools: list[PoolCost] = field(default_factory=list)  # the simulations run on workers
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -276,6 +287,13 @@ def trace_on_cluster(
     return traces, problems
 
 
+def _simulate_on_worker(common: tuple[Any, ...], task: Any) -> tuple[Any, PoolCost]:
+    """On a worker: one simulation task, and what it cost there."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    result = run_pool_task(common, task)
+    return result, PoolCost(os.getpid(), time.thread_time() - cpu, time.perf_counter() - start)
+
+
 def replay_on_cluster(
     address: str,
     tracer: Any,
@@ -296,8 +314,12 @@ def replay_on_cluster(
         common = (traces, settings, keys, tracer.unit)
         with costs.phase("simulate pools"):
             tasks = pool_tasks(settings, capacities, max(1, sum(client.nthreads().values())))
-            # One task (a single pool): sending every trace to a worker and back gains nothing.
-            results = map_on(client, run_pool_task, tasks, common) if len(tasks) > 1 else [run_pool_task(common, tasks[0])]
+            if len(tasks) > 1:
+                done = map_on(client, _simulate_on_worker, tasks, common)
+                costs.pools.extend(cost for _, cost in done)
+                results = [result for result, _ in done]
+            else:  # one task (a single pool): sending every trace to a worker and back gains nothing
+                results = [run_pool_task(common, tasks[0])]
         with costs.phase("merge replicas"):
             summaries = merge_pool_tasks(common, tasks, results)
     return first_fitting(summaries), problems
