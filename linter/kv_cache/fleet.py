@@ -163,21 +163,41 @@ class SessionChains:
 
 def held_elsewhere(caches: list[CacheModel], request: CacheRequest, hashes: Iterable[int] | None = None) -> int:
     """The most of ``request``'s prompt one of ``caches`` would serve it now, without
-    serving it (``cached_prefix``; nothing in any cache is touched). vLLM pools are walked
-    together, each block hashed once and only while one of them still holds the blocks
-    before it."""
+    serving it (``cached_prefix``; nothing in any cache is touched). Over vLLM pools each
+    block is hashed once, and only once a pool holds every block before it; a pool is read
+    past the longest run found so far only if it holds that run's next block."""
     pools = [cache for cache in caches if isinstance(cache, VllmPrefixCache)]
     best = max((cached_prefix(cache, request, hashes) for cache in caches if cache not in pools), default=0)
     if not pools:
         return best
     size, prompt = pools[0].block_size, request.prompt
     limit = (len(prompt) - 1) // size
-    found = 0
-    for block_hash in itertools.islice(_chain(prompt, size, request.salt) if hashes is None else hashes, limit):
-        pools = [pool for pool in pools if pool.holds(block_hash)]
-        if not pools:
+    chain = iter(_chain(prompt, size, request.salt) if hashes is None else hashes)
+    known: list[int] = []  # the chain as far as it was read
+
+    def block(index: int) -> int | None:
+        while len(known) <= index:
+            block_hash = next(chain, None)
+            if block_hash is None:
+                return None
+            known.append(block_hash)
+        return known[index]
+
+    found = 0  # the longest run of leading blocks one pool holds
+    for pool in pools:
+        if found == limit:
             break
-        found += 1
+        if found:  # a longer run needs the block after the longest so far
+            after = block(found)
+            if after is None or not pool.holds(after):
+                continue
+        run = 0
+        while run < limit:
+            block_hash = block(run)
+            if block_hash is None or not pool.holds(block_hash):
+                break
+            run += 1
+        found = max(found, run)
     return max(best, found * size)
 
 
