@@ -521,7 +521,9 @@ class Fleet(FleetFigures):
         self.last_replica: dict[Hashable, int] = {}
         self.count_requests = itertools.count()
         self.hashes: list[int] | None = None  # the current prompt's block hashes, for the kv router
-        self.chains = SessionChains(caches[0].block_size) if isinstance(caches[0], VllmPrefixCache) else None
+        # Any other router: the lookups for the tokens lost to routing hash what they read.
+        first = caches[0]
+        self.chains = SessionChains(first.block_size) if isinstance(first, VllmPrefixCache) and not router.reads_caches else None
 
     def serve(self, request: CacheRequest) -> Served:
         index = next(self.count_requests)
@@ -530,7 +532,7 @@ class Fleet(FleetFigures):
             self.hashes = block_hashes(request.prompt, first.block_size, request.salt)
         replica = self.router.route(index, request, self)
         self.router.routed(replica, request)
-        hashes = self.hashes if self.hashes is not None or self.chains is None else self.chains.chain(request)
+        hashes = self.chains.chain(request) if self.chains is not None else self.hashes
         if self.last_replica.get(request.session, replica) != replica:
             # The hint compares with the session's previous prompt, which another replica served.
             request = dataclasses.replace(request, shared=None)
