@@ -26,12 +26,18 @@ nothing), the imbalance (busiest worker / mean), and the breakdown of the N-work
 client's phases, each share's child (the tracing itself) and the worker's thread around it
 (forking, reading the traces back), and what each worker process spent beyond idle outside
 its tasks (receiving the tracer and the shares, sending the traces).
+With ``--replicas R --router NAME`` the log is replayed on a fleet of R vLLM replicas behind
+that router (as ``tmpl-lint replay --replicas R --router NAME``). A router that reads no cache
+(round-robin, session, prefix) has its replicas simulated in one task per worker (printed
+apart in the breakdown), and the client's "merge replicas" phase puts them together; the kv
+router's fleet is simulated whole on the client ("simulate pools").
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
-Run: python bench/replay_cluster.py [N]
+Run: python bench/replay_cluster.py [N] [--replicas R --router NAME]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -109,10 +115,20 @@ def breakdown(label: str, runs: list[Run]) -> None:
         f"{statistics.median(share.child_cpu for share in flat):.2f} CPU s, {statistics.median(share.end - share.start for share in flat):.2f} s wall; "
         f"the worker's thread around each (fork, wait, read back) {statistics.median(share.worker_cpu for share in flat):.3f} CPU s"
     )
+    if any(run.costs.pools for run in runs):
+        pools = [pool for run in runs for pool in run.costs.pools]
+        busiest = statistics.median(
+            max(sum(pool.cpu for pool in run.costs.pools if pool.worker == pid) for pid in run.worker_cpu) for run in runs
+        )
+        print(
+            f"  {len(pools) // len(runs)} simulation tasks on the workers: each {statistics.median(pool.cpu for pool in pools):.2f} "
+            f"CPU s, {statistics.median(pool.wall for pool in pools):.2f} s wall; the busiest worker's {busiest:.2f} CPU s"
+        )
     around = [
         run.worker_cpu[pid]
         - run.idle[pid] * run.wall
         - sum(share.worker_cpu for share in run.costs.shares if share.worker == pid)
+        - sum(pool.cpu for pool in run.costs.pools if pool.worker == pid)
         for run in runs
         for pid in run.worker_cpu
     ]
@@ -142,7 +158,12 @@ def main() -> None:
 
     if not TOKENIZER.is_dir():
         sys.exit(f"needs {TOKENIZER}")
-    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workers", nargs="?", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--router", default="round-robin")
+    arguments = parser.parse_args()
+    workers = arguments.workers
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
     with tempfile.TemporaryDirectory() as folder:
@@ -152,7 +173,7 @@ def main() -> None:
         text, _ = read_template(TOKENIZER)
         opened = read_log(log, "user")
         groups = sessions(opened, "user")
-        settings = CacheSettings("vllm", 16)
+        settings = CacheSettings("vllm", 16, replicas=arguments.replicas, router=arguments.router)
 
         def tracer() -> Tracer:
             return Tracer(text, tokenizer, tokenizer.special_tokens, "vllm")
@@ -163,8 +184,9 @@ def main() -> None:
         load = os.getloadavg()[0]
         start = time.perf_counter()
         local = report(*replay(tracer(), opened, groups, settings, [None], 1))
+        fleet = f"{arguments.replicas} replicas, router {arguments.router}; " if arguments.replicas > 1 else ""
         print(
-            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; local, one process: "
+            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; {fleet}local, one process: "
             f"{time.perf_counter() - start:6.1f} s (load {load:.1f})"
         )
         runs = int(os.environ.get("RUNS", "3"))

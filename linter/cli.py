@@ -732,7 +732,13 @@ def audit(
     help="llama.cpp: slots the sessions share (--parallel); default one per session.",
 )
 @click.option("--cache-reuse", type=click.IntRange(0), default=0, show_default=True, help="llama.cpp's --cache-reuse N.")
-@click.option("--jobs", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True, help="Sessions rendered at once.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(1),
+    default=os.cpu_count() or 1,
+    show_default=True,
+    help="Sessions rendered, and fleet replicas simulated, at once.",
+)
 @click.option(
     "--replicas", type=click.IntRange(1, 4096), default=1, show_default=True, help="Engine replicas, each its own cache."
 )

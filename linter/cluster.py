@@ -9,13 +9,23 @@ The stages split where the work is independent:
    and each share runs on a worker, where the template still runs in a limited child
    (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
    once, not with each share.
-2. Each pool's simulation runs its requests in arrival order over the traces' token ids;
-   pools are independent of each other (each capacity swept here; each replica once a
-   fleet's router has dealt the requests), so each runs as one task, the traces sent to
-   each worker once. A single pool is simulated where the traces were gathered.
-3. The figures are merged where they are gathered: the traces in arrival order, the
-   problems sorted, the summaries in the order of their capacities. The result is the
-   local run's, byte for byte.
+2. The traces stay on the workers that made them. The client fetches them one share at a
+   time, as each share finishes, and spills them to a ``TraceStore`` (temporary files
+   without a name, as the local run's tracing children write them): it never holds more
+   than one share's traces.
+3. Each pool's simulation runs its requests in arrival order over the traces' token ids;
+   pools are independent of each other (each capacity swept), so each runs as one task,
+   which gets every share from the workers that traced them. A fleet whose router reads
+   no cache (round-robin, session, prefix: ``Router.reads_caches``) is split further, its
+   replicas dealt into one task for each worker thread: each task routes the log itself,
+   serves its replicas' requests, and looks its replicas up at the others'
+   (``replay.simulate.simulate_replicas``). The kv router reads every replica's cache at
+   every request: its fleet is one task. A single pool is simulated on the client, over
+   the spilled traces.
+4. The figures are merged on the client, reading the spilled traces in arrival order: the
+   problems sorted, the replicas' parts in arrival order (``merge_replicas``), the
+   summaries in the order of their capacities. The result is the local run's, byte for
+   byte.
 
 Dask rather than Ray: ``dask[distributed]`` is pure Python (about 25 MB installed with its
 dependencies, 15 s to install on this machine), runs the plain functions replay already has
@@ -38,8 +48,8 @@ from typing import Any
 from .engines.base import HARMONY
 from .isolation import run_isolated
 from .replay.log import ReplayError, parse_line
-from .replay.simulate import first_fitting, simulate
-from .replay.tracing import TemplateError, _compiles, _trace_group
+from .replay.simulate import first_fitting, merge_pool_tasks, pool_tasks, run_pool_task
+from .replay.tracing import Spilled, TemplateError, TraceStore, _compiles, _spill, _trace_group
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
 CONNECT_TIMEOUT = "30s"  # to reach the scheduler
@@ -158,6 +168,16 @@ class ShareCost:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolCost:
+    """What one simulation task (``replay.simulate.PoolTask``) cost on its worker: the
+    worker's thread, which ran it."""
+
+    worker: int  # the worker's process id
+    cpu: float
+    wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class Phase:
     """One phase of the client: wall seconds, and CPU seconds of its process (which also
     holds a LocalCluster's scheduler, and the client's own event loop) and of the thread
@@ -175,6 +195,7 @@ class ClusterCosts:
 
     phases: dict[str, Phase] = field(default_factory=dict)
     shares: list[ShareCost] = field(default_factory=list)
+    pools: list[PoolCost] = field(default_factory=list)  # the simulations run on workers
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -236,12 +257,23 @@ def log_bytes(session: Any) -> int:
 
 
 def trace_on_cluster(
-    client: Any, tracer: Any, log: Any, groups: list[Any], shares: int | None = None, costs: ClusterCosts | None = None
+    client: Any,
+    tracer: Any,
+    log: Any,
+    groups: list[Any],
+    store: TraceStore,
+    shares: int | None = None,
+    costs: ClusterCosts | None = None,
 ) -> tuple[list[Any], list[tuple[int, str]]]:
-    """Every request's trace in arrival order and the requests the template refused, as
-    ``replay.tracing.trace_sessions`` gives them, the sessions traced on ``client``'s
-    cluster in ``shares`` tasks (None: SHARES_PER_THREAD for each of its worker threads)."""
+    """The sessions traced on ``client``'s cluster in ``shares`` tasks (None:
+    SHARES_PER_THREAD for each of its worker threads): each share's traces are fetched as
+    it finishes and spilled to ``store``, which then reads them in arrival order, as
+    ``replay.tracing.trace_sessions`` gives them, so that this process never holds more
+    than one share's. Returned: the shares as futures, their traces still held by the
+    workers (for the simulation tasks: ``_simulate_on_worker``), and the requests the
+    template refused."""
     import dask  # noqa: PLC0415 -- the optional [cluster] extra
+    from distributed import as_completed  # noqa: PLC0415 -- the optional [cluster] extra
 
     if tracer.server_ids is not None:
         raise ClusterError("--cluster renders in the workers: it cannot use a --server's own token ids")
@@ -258,23 +290,43 @@ def trace_on_cluster(
         for number, part in enumerate(parts):
             sessions = [groups[index] for index in part]
             tasks.append((ShareLog(log, sessions), sessions, part, number))
+    problems: list[tuple[int, str]] = []
     with costs.phase("trace on workers"), dask.config.set({"distributed.admin.large-graph-warning-threshold": "2GB"}):
         # The tracer goes to each worker once, and is made into its object (its tokenizer
         # built) there once, not once per share. The shares, the log's lines, go in the task
         # graph, as large as the log: the scheduler can then run a share again elsewhere
         # should its worker be lost, which it cannot do with data scattered to that worker.
-        done = map_on(client, _trace_share, tasks, tracer)
-    with costs.phase("gather traces"):
-        costs.shares.extend(cost for _, _, cost in done)
-        traces = sorted((trace for traced, _, _ in done for trace in traced), key=lambda trace: trace.order)
-        problems = sorted(problem for _, failed, _ in done for problem in failed)
-    return traces, problems
+        [scattered] = client.scatter([tracer], broadcast=True, hash=False)
+        futures = client.map(_trace_share, [scattered] * len(tasks), tasks, pure=False)
+        for future in as_completed(futures, loop=client.loop):
+            traces, failed, cost = future.result()
+            problems.extend(failed)
+            costs.shares.append(cost)
+            _spill_share(store, cost.share, traces)
+            del traces  # the next share's are fetched into the room these took
+    costs.shares.sort(key=lambda cost: cost.share)
+    return futures, sorted(problems)
 
 
-def _simulate_pool(common: tuple[Any, ...], capacity: int | None) -> Any:
+def _spill_share(store: TraceStore, share: int, traces: list[Any]) -> None:
+    """One share's traces written to its own file of ``store``, as a tracing child writes them."""
+    spilled = Spilled()
+    with open(os.dup(store.file(share).fileno()), "wb", buffering=1 << 20) as stream:
+        spilled.error = _spill(stream, traces, spilled)
+    store.add(share, spilled)
 
-    traces, settings, keys, unit = common
-    return simulate(traces, settings.cache(capacity), keys, settings.model, unit, capacity)
+
+def _share_traces(shares: Sequence[Any]) -> list[Any]:
+    """On a worker: every trace of the shares (``_trace_share``'s results), in arrival order."""
+    return sorted((trace for traces, _, _ in shares for trace in traces), key=lambda trace: trace.order)
+
+
+def _simulate_on_worker(common: tuple[Any, ...], task: Any, shares: list[Any]) -> tuple[Any, PoolCost]:
+    """On a worker: one simulation task over the traces of ``shares`` (Dask brings each
+    share from the worker that traced it), and what it cost there."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    result = run_pool_task((_share_traces(shares), *common), task)
+    return result, PoolCost(os.getpid(), time.thread_time() - cpu, time.perf_counter() - start)
 
 
 def replay_on_cluster(
@@ -291,13 +343,21 @@ def replay_on_cluster(
     problems. ``shares``: as ``trace_on_cluster``; ``costs``: where the time went is
     recorded there."""
     costs = costs if costs is not None else ClusterCosts()
-    with connected(address) as client:
-        traces, problems = trace_on_cluster(client, tracer, log, groups, shares, costs)
-        keys = [group.key for group in groups]
-        common = (traces, settings, keys, tracer.unit)
+    with connected(address) as client, TraceStore(len(log.entries)) as store:
+        shares_done, problems = trace_on_cluster(client, tracer, log, groups, store, shares, costs)
+        settings_keys_unit = (settings, [group.key for group in groups], tracer.unit)
         with costs.phase("simulate pools"):
-            if len(capacities) > 1:
-                summaries = map_on(client, _simulate_pool, capacities, common)
-            else:  # one pool: sending every trace to a worker and back gains nothing
-                summaries = [_simulate_pool(common, capacities[0])]
+            tasks = pool_tasks(settings, capacities, max(1, sum(client.nthreads().values())))
+            if len(tasks) > 1:
+                # Each task's traces come from the workers that traced them, never from here.
+                futures = [
+                    client.submit(_simulate_on_worker, settings_keys_unit, task, shares_done, pure=False) for task in tasks
+                ]
+                done = client.gather(futures)
+                costs.pools.extend(cost for _, cost in done)
+                results = [result for result, _ in done]
+            else:  # one task (a single pool): simulated here, over the traces spilled here
+                results = [run_pool_task((store, *settings_keys_unit), tasks[0])]
+        with costs.phase("merge replicas"):
+            summaries = merge_pool_tasks((store, *settings_keys_unit), tasks, results)
     return first_fitting(summaries), problems

@@ -66,12 +66,23 @@ def local_cluster():
         cluster.close()
 
 
-@pytest.mark.parametrize("template", ["PC001_clock_per_minute.jinja", "clean_chatml.jinja"])
-def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_cluster, template):
+@pytest.mark.parametrize(
+    "template, settings",
+    [
+        ("PC001_clock_per_minute.jinja", CacheSettings("vllm", 4)),
+        ("clean_chatml.jinja", CacheSettings("vllm", 4)),
+        # fleets: split into one task per worker (each with some replicas), merged on the client
+        ("PC001_clock_per_minute.jinja", CacheSettings("vllm", 4, replicas=4, router="session")),
+        ("PC001_clock_per_minute.jinja", CacheSettings("vllm", 4, replicas=3, router="round-robin")),
+        ("clean_chatml.jinja", CacheSettings("vllm", 4, replicas=3, router="prefix")),
+        ("clean_chatml.jinja", CacheSettings("vllm", 4, replicas=2, router="kv")),  # not split: one task a capacity
+    ],
+    ids=lambda value: value if isinstance(value, str) else f"{value.replicas}-{value.router}",
+)
+def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_cluster, template, settings):
     log = tmp_path / "log.jsonl"
     write_log(log)
     text, special = read_template(CORPUS / template)
-    settings = CacheSettings("vllm", 4)
     capacities = [None, 40, 200]  # 40 blocks hold too little: an error, the same on both
 
     def report(summary, problems):
@@ -91,6 +102,8 @@ def test_the_cluster_run_equals_the_local_run_byte_for_byte(tmp_path, local_clus
     assert figures["requests"] == requests
     if template.startswith("PC001"):  # the clock's losses were attributed on the workers too
         assert figures["tokens_by_cause"]["template"] > 0 and figures["causes"]
+    if settings.router == "round-robin" and settings.replicas > 1:  # the merge took the other replicas' lookups
+        assert figures["fleet"]["lost_to_routing"] > 0 and figures["tokens_by_cause"]["routing"] > 0
 
 
 def test_the_tasks_ran_in_two_other_processes(local_cluster):

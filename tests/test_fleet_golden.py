@@ -31,8 +31,9 @@ REPLICAS = _truth("expected-replicas.json")
 HYBRID = _truth("expected-hybrid.json")
 
 
-def _replay(tmp_path, cache_blocks: list[int | None], **options) -> dict[int | None, object]:
-    """The summary of each capacity, from one run: unbounded alone, the others as a sweep."""
+def _replay(tmp_path, cache_blocks: list[int | None], jobs: int = 1, **options) -> dict[int | None, object]:
+    """The summary of each capacity, from one run: unbounded alone, the others as a sweep.
+    ``jobs`` 2: a fleet's replicas are simulated in two processes and merged."""
     out = {}
     for group in ([None], [size for size in cache_blocks if size is not None]):
         if not group or (group == [None] and None not in cache_blocks):
@@ -44,7 +45,7 @@ def _replay(tmp_path, cache_blocks: list[int | None], **options) -> dict[int | N
                 tokenizer=SHARED_TOKENIZERS / "qwen3",
                 session_key="user",
                 cache_blocks=None if group == [None] else ",".join(map(str, group)),
-                jobs=1,
+                jobs=jobs,
                 **options,
             )
         )
@@ -60,10 +61,11 @@ def _fleet_setups() -> list[tuple[int, str]]:
 
 
 @needs_golden
+@pytest.mark.parametrize("jobs", [1, 2], ids=["one process", "replicas apart"])
 @pytest.mark.parametrize("replicas, routing", _fleet_setups() or [(0, "")])
-def test_each_replica_hits_what_vllm_s_own_manager_hit_request_by_request(tmp_path, replicas, routing):
+def test_each_replica_hits_what_vllm_s_own_manager_hit_request_by_request(tmp_path, replicas, routing, jobs):
     fleets = [fleet for fleet in REPLICAS["fleets"] if (fleet["replicas"], fleet["routing"]) == (replicas, routing)]
-    summaries = _replay(tmp_path, [fleet["cache_blocks"] for fleet in fleets], replicas=replicas, router=routing)
+    summaries = _replay(tmp_path, [fleet["cache_blocks"] for fleet in fleets], jobs, replicas=replicas, router=routing)
     for fleet in fleets:
         summary = summaries[fleet["cache_blocks"]]
         rows = [[line, replica, prompt, hit] for (line, prompt, hit), replica in zip(summary.per_request, summary.fleet.routes)]

@@ -49,9 +49,11 @@ their caches being warmed by traffic outside the log.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
+from array import array
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..tokenizer import common_prefix_length
@@ -79,17 +81,25 @@ def block_hashes(prompt: list[int], block_size: int, salt: str | None = None, li
     return out
 
 
-def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | None = None, cap: bool = True) -> int:
+def _chain(prompt: list[int], block_size: int, salt: str | None) -> Iterator[int]:
+    """``block_hashes``, one block at a time."""
+    parent = chain_seed(salt)
+    for start in range(0, len(prompt) - block_size + 1, block_size):
+        parent = hash((parent, tuple(prompt[start : start + block_size])))
+        yield parent
+
+
+def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: Iterable[int] | None = None, cap: bool = True) -> int:
     """The prompt tokens ``cache`` would serve ``request`` now, without serving it: what
     the cache holds (``cap``: less the one token every engine computes)."""
     prompt = request.prompt
     if isinstance(cache, VllmPrefixCache):
         size = cache.block_size
-        if hashes is None:
-            hashes = block_hashes(prompt, size, request.salt)
-        limit = (len(prompt) - 1) // size if cap else len(hashes)
+        limit = (len(prompt) - 1) // size if cap else len(prompt) // size
         found = 0
-        for block_hash in itertools.islice(hashes, limit):
+        # Without the hashes, each block is hashed only once the blocks before it are held:
+        # a replica holding none of the prompt costs one hash, not the prompt's.
+        for block_hash in itertools.islice(_chain(prompt, size, request.salt) if hashes is None else hashes, limit):
             if not cache.holds(block_hash):
                 break
             found += 1
@@ -118,6 +128,186 @@ def cached_prefix(cache: CacheModel, request: CacheRequest, hashes: list[int] | 
     raise CacheError(f"no replica overlap for {type(cache).__name__}")
 
 
+class SessionChains:
+    """Each live session's last prompt's block hashes, as far as the lookups needed them:
+    a prompt that extends its session's previous one (``CacheRequest.shared``, the tokens
+    it is known to share with it) is hashed only past them. Session by session in arrival
+    order, whichever replica served each request."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.known: dict[Hashable, tuple[str | None, list[int]]] = {}
+
+    def chain(self, request: CacheRequest) -> Iterator[int]:
+        """``request``'s block hashes, computed as they are read (kept for its session's next request)."""
+        salt, known = self.known.pop(request.session, (request.salt, []))
+        if request.shared is None or salt != request.salt:
+            known = []
+        else:
+            del known[request.shared // self.block_size :]
+        self.known[request.session] = (request.salt, known)
+        return self._extended(known, request.prompt, request.salt)
+
+    def _extended(self, known: list[int], prompt: list[int], salt: str | None) -> Iterator[int]:
+        yield from known
+        size = self.block_size
+        parent = known[-1] if known else chain_seed(salt)
+        for start in range(len(known) * size, len(prompt) - size + 1, size):
+            parent = hash((parent, tuple(prompt[start : start + size])))
+            known.append(parent)
+            yield parent
+
+    def finish(self, session: Hashable) -> None:
+        self.known.pop(session, None)
+
+
+def held_elsewhere(caches: list[CacheModel], request: CacheRequest, hashes: Iterable[int] | None = None) -> int:
+    """The most of ``request``'s prompt one of ``caches`` would serve it now, without
+    serving it (``cached_prefix``; nothing in any cache is touched). Over vLLM pools each
+    block is hashed once, and only once a pool holds every block before it; a pool is read
+    past the longest run found so far only if it holds that run's next block."""
+    pools = [cache for cache in caches if isinstance(cache, VllmPrefixCache)]
+    best = max((cached_prefix(cache, request, hashes) for cache in caches if cache not in pools), default=0)
+    if not pools:
+        return best
+    size, prompt = pools[0].block_size, request.prompt
+    limit = (len(prompt) - 1) // size
+    chain = iter(_chain(prompt, size, request.salt) if hashes is None else hashes)
+    known: list[int] = []  # the chain as far as it was read
+
+    def block(index: int) -> int | None:
+        while len(known) <= index:
+            block_hash = next(chain, None)
+            if block_hash is None:
+                return None
+            known.append(block_hash)
+        return known[index]
+
+    found = 0  # the longest run of leading blocks one pool holds
+    for pool in pools:
+        if found == limit:
+            break
+        if found:  # a longer run needs the block after the longest so far
+            after = block(found)
+            if after is None or not pool.holds(after):
+                continue
+        run = 0
+        while run < limit:
+            block_hash = block(run)
+            if block_hash is None or not pool.holds(block_hash):
+                break
+            run += 1
+        found = max(found, run)
+    return max(best, found * size)
+
+
+class Ledger:
+    """(arrival index, hit, shared, layers) of each request one replica served, in arrival
+    order, in one array: 32 bytes a request."""
+
+    def __init__(self) -> None:
+        self.rows = array("q")
+
+    def append(self, index: int, served: Served) -> None:
+        self.rows.extend((index, served.hit, served.shared, served.layers))
+
+    def __iter__(self) -> Iterator[tuple[int, Served]]:
+        rows = self.rows
+        for at in range(0, len(rows), 4):
+            yield rows[at], Served(rows[at + 1], rows[at + 2], layers=rows[at + 3])
+
+
+@dataclass
+class ReplicaRun:
+    """What some replicas of a fleet made of the log, simulated apart from the others
+    (``run_replicas``): what each served, and, at each request routed to none of them that
+    one of them held some of, the most of its prompt one held (arrival index, tokens)."""
+
+    served: dict[int, Ledger]  # replica -> its requests
+    held_at: array = field(default_factory=lambda: array("q"))
+    held: array = field(default_factory=lambda: array("q"))
+    error: tuple[int, str] | None = None  # the arrival index of the request that did not fit, and why
+
+
+def run_replicas(caches: dict[int, CacheModel], router: Router, requests: Iterable[tuple[CacheRequest, bool]]) -> ReplicaRun:
+    """The replicas ``caches`` (by number, of a fleet of ``router.replicas``) apart from
+    the others: each serves the requests ``router`` sends it, exactly as in the whole
+    ``Fleet``, which it can only where routing reads no cache (``reads_caches``): then
+    every replica's requests follow from the requests alone, and its cache from them.
+    ``requests``: every request of the log in arrival order, each with whether it is its
+    session's last. At a request routed elsewhere each replica is only looked up
+    (``held_elsewhere``), for the tokens lost to routing; ``served_in_order`` merges."""
+    if router.reads_caches:
+        raise CacheError(f"the {router.name} router reads every replica's cache: its replicas cannot be simulated apart")
+    figures = FleetFigures(router, router.replicas)  # the requests each replica had: the routers' ties read them
+    last_replica: dict[Hashable, int] = {}
+    first = next(iter(caches.values()))
+    chains = SessionChains(first.block_size) if isinstance(first, VllmPrefixCache) else None
+    run = ReplicaRun({replica: Ledger() for replica in caches})
+    for index, (request, last) in enumerate(requests):
+        replica = router.route(index, request, figures)
+        router.routed(replica, request)
+        figures.replicas[replica].requests += 1
+        session = request.session
+        hashes = None if chains is None else chains.chain(request)
+        if last_replica.get(session, replica) != replica:
+            request = dataclasses.replace(request, shared=None)  # as Fleet.serve
+        last_replica[session] = replica
+        held = held_elsewhere([cache for number, cache in caches.items() if number != replica], request, hashes)
+        if held:
+            run.held_at.append(index)
+            run.held.append(held)
+        cache = caches.get(replica)
+        if cache is not None:
+            try:
+                served = cache.serve(request)
+            except CacheError as error:
+                run.error = (index, str(error))
+                return run
+            run.served[replica].append(index, served)
+        if last:  # as Fleet.finish
+            for cache in caches.values():
+                finish = getattr(cache, "finish", None)
+                if finish is not None:
+                    finish(session)
+            last_replica.pop(session, None)
+            router.finish(session)
+            if chains is not None:
+                chains.finish(session)
+    return run
+
+
+def first_error(runs: list[ReplicaRun]) -> tuple[int, str] | None:
+    """The first request (arrival index, why) of ``run_replicas``' parts that did not fit:
+    where the whole ``Fleet`` stops."""
+    return min((run.error for run in runs if run.error is not None), default=None)
+
+
+def _numbered(replica: int, ledger: Ledger) -> Iterator[tuple[int, int, Served]]:
+    for index, served in ledger:
+        yield index, replica, served
+
+
+def served_in_order(runs: list[ReplicaRun]) -> Iterator[tuple[int, Served]]:
+    """``run_replicas``' parts, which together cover every replica, merged into what the
+    whole ``Fleet`` serves: each request's replica and ``Served`` in arrival order, its
+    ``elsewhere`` the tokens lost to routing (beyond the hit, the most another replica
+    held), up to ``first_error``."""
+    stop = first_error(runs)
+    served = heapq.merge(*[_numbered(replica, ledger) for run in runs for replica, ledger in run.served.items()])
+    held = heapq.merge(*[zip(run.held_at, run.held) for run in runs])
+    pending = next(held, None)
+    for index, replica, one in served:
+        if stop is not None and index >= stop[0]:
+            return
+        elsewhere = 0
+        while pending is not None and pending[0] <= index:
+            if pending[0] == index:
+                elsewhere = max(elsewhere, pending[1])
+            pending = next(held, None)
+        yield replica, dataclasses.replace(one, elsewhere=max(0, elsewhere - one.hit))
+
+
 @dataclass
 class ReplicaFigures:
     """One replica's share of the log."""
@@ -138,11 +328,14 @@ class Router:
     """Chooses the replica of each request, in arrival order."""
 
     name = ""
+    # Whether routing reads the replicas' caches. A router that does not routes each request
+    # by the requests before it alone, so each replica can be simulated apart (run_replicas).
+    reads_caches = False
 
     def __init__(self, replicas: int):
         self.replicas = replicas
 
-    def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
+    def route(self, index: int, request: CacheRequest, fleet: FleetFigures) -> int:
         raise NotImplementedError
 
     def routed(self, replica: int, request: CacheRequest) -> None:
@@ -151,7 +344,7 @@ class Router:
     def finish(self, session: Hashable) -> None:
         """What the router kept for ``session`` alone, which sends no more requests."""
 
-    def best(self, scores: list[float], fleet: Fleet) -> int:
+    def best(self, scores: list[float], fleet: FleetFigures) -> int:
         """The highest score; among equals the replica with the fewest requests, then the first."""
         return max(range(self.replicas), key=lambda r: (scores[r], -fleet.replicas[r].requests, -r))
 
@@ -159,7 +352,7 @@ class Router:
 class RoundRobin(Router):
     name = "round-robin"
 
-    def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
+    def route(self, index: int, request: CacheRequest, fleet: FleetFigures) -> int:
         return index % self.replicas
 
 
@@ -170,7 +363,7 @@ class SessionAffinity(Router):
         super().__init__(replicas)
         self.home: dict[Hashable, int] = {}
 
-    def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
+    def route(self, index: int, request: CacheRequest, fleet: FleetFigures) -> int:
         return self.home.setdefault(request.session, index % self.replicas)
 
     def finish(self, session: Hashable) -> None:
@@ -190,7 +383,7 @@ class ApproximatePrefix(Router):
         self.seen: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
         self.hashes: list[int] = []
 
-    def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
+    def route(self, index: int, request: CacheRequest, fleet: FleetFigures) -> int:
         self.hashes = block_hashes(request.prompt, self.block_size, request.salt, self.max_blocks)
         total = len(self.hashes)
         scores = []
@@ -216,12 +409,14 @@ class KvAware(Router):
     """Dynamo's KV router cost (see the module docstring)."""
 
     name = "kv"
+    reads_caches = True
 
     def __init__(self, replicas: int, block_size: int, overlap_score_weight: float = KV_OVERLAP_SCORE_WEIGHT):
         super().__init__(replicas)
         self.block_size, self.weight = block_size, overlap_score_weight
 
-    def route(self, index: int, request: CacheRequest, fleet: Fleet) -> int:
+    def route(self, index: int, request: CacheRequest, fleet: FleetFigures) -> int:
+        assert isinstance(fleet, Fleet), "the kv router reads the replicas' caches: it routes only a whole Fleet"
         size, prompt_tokens = self.block_size, len(request.prompt)
         request_blocks = -(-prompt_tokens // size)
         costs = []
@@ -245,53 +440,27 @@ def make_router(name: str, replicas: int, block_size: int) -> Router:
     raise CacheError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
 
 
-class Fleet:
-    """N replicas of one cache model behind ``router``; serves as one cache model does."""
+class FleetFigures:
+    """What each replica of a fleet served, as the reports give it: counted as a ``Fleet``
+    serves, or where ``run_replicas``' parts are merged."""
 
-    def __init__(self, caches: list[CacheModel], router: Router):
-        if not caches:
-            raise CacheError("a fleet needs at least one replica")
-        self.caches = caches
+    def __init__(self, router: Router, replicas: int):
         self.router = router
-        self.granularity = caches[0].granularity
-        self.metric = caches[0].metric
-        self.replicas = [ReplicaFigures(index) for index in range(len(caches))]
-        self.last_replica: dict[Hashable, int] = {}
-        self.count = itertools.count()
-        self.hashes: list[int] | None = None  # the current prompt's block hashes, for vLLM replicas
+        self.replicas = [ReplicaFigures(index) for index in range(replicas)]
         self.routes: list[int] = []  # the replica of each request, in arrival order
 
-    def serve(self, request: CacheRequest) -> Served:
-        index = next(self.count)
-        first = self.caches[0]
-        self.hashes = block_hashes(request.prompt, first.block_size, request.salt) if isinstance(first, VllmPrefixCache) else None
-        replica = self.router.route(index, request, self)
-        self.router.routed(replica, request)
-        if self.last_replica.get(request.session, replica) != replica:
-            # The hint compares with the session's previous prompt, which another replica served.
-            request = dataclasses.replace(request, shared=None)
-        self.last_replica[request.session] = replica
-        elsewhere = 0
-        if len(self.caches) > 1:
-            elsewhere = max(cached_prefix(cache, request, self.hashes) for r, cache in enumerate(self.caches) if r != replica)
-        served = self.caches[replica].serve(request)
+    def count(self, replica: int, session: Hashable, queries: int, hit: int, elsewhere: int) -> int:
+        """A request of ``queries`` prompt tokens served by ``replica`` with ``hit``, while
+        another replica held ``elsewhere``: the tokens lost to routing."""
+        lost = max(0, elsewhere - hit)
         figures = self.replicas[replica]
         figures.requests += 1
-        figures.sessions.setdefault(request.session, None)
-        figures.queries += len(request.prompt)
-        figures.hits += served.hit
-        figures.lost_to_routing += max(0, elsewhere - served.hit)
+        figures.sessions.setdefault(session, None)
+        figures.queries += queries
+        figures.hits += hit
+        figures.lost_to_routing += lost
         self.routes.append(replica)
-        return dataclasses.replace(served, elsewhere=max(0, elsewhere - served.hit))
-
-    def finish(self, session: Hashable) -> None:
-        """``session`` sends no more requests: what each replica and the router kept for it alone goes."""
-        for cache in self.caches:
-            finish = getattr(cache, "finish", None)
-            if finish is not None:
-                finish(session)
-        self.last_replica.pop(session, None)
-        self.router.finish(session)
+        return lost
 
     @property
     def lost_to_routing(self) -> int:
@@ -337,3 +506,49 @@ class Fleet:
                 f"hit rate {figures.hit_rate:.1%} ({figures.hits:,} of {figures.queries:,})"
             )
         return lines
+
+
+class Fleet(FleetFigures):
+    """N replicas of one cache model behind ``router``; serves as one cache model does."""
+
+    def __init__(self, caches: list[CacheModel], router: Router):
+        if not caches:
+            raise CacheError("a fleet needs at least one replica")
+        super().__init__(router, len(caches))
+        self.caches = caches
+        self.granularity = caches[0].granularity
+        self.metric = caches[0].metric
+        self.last_replica: dict[Hashable, int] = {}
+        self.count_requests = itertools.count()
+        self.hashes: list[int] | None = None  # the current prompt's block hashes, for the kv router
+        # Any other router: the lookups for the tokens lost to routing hash what they read.
+        first = caches[0]
+        self.chains = SessionChains(first.block_size) if isinstance(first, VllmPrefixCache) and not router.reads_caches else None
+
+    def serve(self, request: CacheRequest) -> Served:
+        index = next(self.count_requests)
+        first = self.caches[0]
+        if self.router.reads_caches and isinstance(first, VllmPrefixCache):
+            self.hashes = block_hashes(request.prompt, first.block_size, request.salt)
+        replica = self.router.route(index, request, self)
+        self.router.routed(replica, request)
+        hashes = self.chains.chain(request) if self.chains is not None else self.hashes
+        if self.last_replica.get(request.session, replica) != replica:
+            # The hint compares with the session's previous prompt, which another replica served.
+            request = dataclasses.replace(request, shared=None)
+        self.last_replica[request.session] = replica
+        elsewhere = held_elsewhere([cache for r, cache in enumerate(self.caches) if r != replica], request, hashes)
+        served = self.caches[replica].serve(request)
+        lost = self.count(replica, request.session, len(request.prompt), served.hit, elsewhere)
+        return dataclasses.replace(served, elsewhere=lost)
+
+    def finish(self, session: Hashable) -> None:
+        """``session`` sends no more requests: what each replica and the router kept for it alone goes."""
+        for cache in self.caches:
+            finish = getattr(cache, "finish", None)
+            if finish is not None:
+                finish(session)
+        self.last_replica.pop(session, None)
+        self.router.finish(session)
+        if self.chains is not None:
+            self.chains.finish(session)

@@ -12,16 +12,19 @@ counted apart.
 
 from __future__ import annotations
 
+import gc
+import resource
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..kv_cache.fleet import Fleet, make_router
+from ..isolation import parallel_map, run_isolated
+from ..kv_cache.fleet import Fleet, FleetFigures, ReplicaRun, first_error, make_router, run_replicas, served_in_order
 from ..kv_cache.hosted import HOSTED_MODELS, MISSES, HostedServed, Miss, TimedRequest, make_hosted_cache
 from ..kv_cache.hybrid import HybridPrefixCache, Layout
-from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, make_cache
+from ..kv_cache.pools import CacheError, CacheModel, LlamaCppSlots, Served, make_cache
 from .attribution import CAUSE_NOTES, LOST, ReplySource, TokenCause, Trace, Tracer
 from .log import Log, ReplayError, Session
 from .tracing import TraceStore, trace_sessions
@@ -123,7 +126,7 @@ class Summary:
     bounded: bool = False  # the cache holds less than everything: replies take room in it
     per_request: PerRequest = field(default_factory=lambda: PerRequest())  # (log line, prompt tokens, hit tokens)
     engine: str = ""  # whose request handling rendered the log, and its version (engines.EngineProfile.label)
-    fleet: Fleet | None = None  # with --replicas: each replica's figures
+    fleet: FleetFigures | None = None  # with --replicas: each replica's figures
     layout: Layout | None = None  # a hybrid model's KV-cache groups
     marked: int = 0  # requests carrying cache_control breakpoints (what Anthropic caches at)
 
@@ -301,6 +304,85 @@ def _session_json(figures: SessionFigures) -> dict[str, Any]:
     return out
 
 
+def _final(traces: Iterable[Trace]) -> dict[int, int]:
+    """Each session's last request (arrival position)."""
+    return traces.final if isinstance(traces, TraceStore) else {trace.session: trace.order for trace in traces}
+
+
+def requests_of(traces: Iterable[Trace], final: dict[int, int]) -> Iterator[tuple[Trace, TimedRequest, bool]]:
+    """Each trace in arrival order with its request as the cache sees it (the whole prompt,
+    rebuilt from what the session's previous prompt shares and the tail), and whether it is
+    its session's last. The live sessions' last prompts are held, 4 bytes a token."""
+    prompts: dict[int, array] = {}
+    for trace in traces:
+        earlier = prompts.pop(trace.session, None)
+        prompt = earlier[: trace.shared] + trace.tail if earlier is not None and trace.shared else trace.tail
+        last = final[trace.session] == trace.order
+        if not last:
+            prompts[trace.session] = prompt
+        request = TimedRequest(
+            trace.session,
+            prompt.tolist(),
+            trace.generated.tolist(),
+            trace.salt,
+            None if trace.first else trace.shared,
+            trace.time,
+            trace.breakpoints,
+            trace.block_ends,
+        )
+        yield trace, request, last
+
+
+def _started(
+    cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None, sessions: int
+) -> tuple[Summary, list[SessionFigures]]:
+    """An empty summary of ``cache`` (one replica's, for a fleet), and each session's figures."""
+    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=sessions)
+    summary.grouped = len(keys)
+    summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
+    return summary, [SessionFigures(key) for key in keys]
+
+
+def _count(summary: Summary, figures: list[SessionFigures], trace: Trace, served: Served) -> None:
+    """One request served: its tokens by cause, in the summary and its session's figures."""
+    split = split_tokens(trace, served.hit, served.shared, summary.granularity)
+    moves = [(TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)]
+    if isinstance(served, HostedServed):  # in prompt order from the hit, as capacity's tokens lie
+        moves += [(TokenCause(miss), tokens) for miss, tokens in served.misses]
+    for cause, tokens in moves:
+        # not evicted: on another replica, in no sparse layer, or never cached by the API's rules
+        moved = min(split[TokenCause.CAPACITY], tokens)
+        split[TokenCause.CAPACITY] -= moved
+        split[cause] += moved
+    summary.requests += 1
+    summary.marked += bool(trace.breakpoints)
+    summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
+    summary.replies[trace.reply] += 1
+    summary.queries += trace.prompt_tokens
+    summary.hits += served.hit
+    if not trace.first:
+        summary.steady_queries += trace.prompt_tokens
+        summary.steady_hits += served.hit
+    summary.tokens.update(split)
+    session = figures[trace.session]
+    session.requests += 1
+    session.tokens.update(split)
+    session.cumulative_lost.append(session.lost)
+    if trace.reasons and session.first_departure is None:  # what the report says of it: not its token ids
+        session.first_departure = (replace(trace, tail=array("I"), generated=array("I")), session.requests)
+    for cause, detail in [(reason.cause, reason.detail) for reason in trace.reasons] + [(TokenCause.CAPACITY, "evicted")]:
+        if split[cause]:
+            summary.departures[(cause, detail)] += split[cause]
+            summary.departure_requests[(cause, detail)] += 1
+
+
+def _finished(summary: Summary, figures: list[SessionFigures], one: CacheModel, fleet: FleetFigures | None) -> Summary:
+    summary.per_session = figures
+    summary.fleet = fleet
+    summary.layout = one.layout if isinstance(one, HybridPrefixCache) else None
+    return summary
+
+
 def simulate(
     traces: Iterable[Trace], cache: CacheModel, keys: list[str], model: str, unit: str, capacity_blocks: int | None
 ) -> Summary:
@@ -309,71 +391,107 @@ def simulate(
     one of its requests is replayed (one whose every request the template refused is no
     session of the figures); its prompt is held until its last request, then the cache is
     told it is done (``finish``: what it kept for that session alone goes)."""
-    final = traces.final if isinstance(traces, TraceStore) else {trace.session: trace.order for trace in traces}
-    summary = Summary(model, cache.metric, unit, cache.granularity, capacity_blocks, sessions=len(final))
-    summary.grouped = len(keys)
-    summary.bounded = capacity_blocks is not None or (isinstance(cache, LlamaCppSlots) and cache.shared_slots is not None)
-    figures = [SessionFigures(key) for key in keys]
+    final = _final(traces)
+    one = cache.caches[0] if isinstance(cache, Fleet) else cache
+    summary, figures = _started(one, keys, model, unit, capacity_blocks, len(final))
     finish = getattr(cache, "finish", None)
-    prompts: dict[int, array] = {}  # the live sessions' last prompts, 4 bytes a token
-    for trace in traces:
-        earlier = prompts.pop(trace.session, None)
-        prompt = earlier[: trace.shared] + trace.tail if earlier is not None and trace.shared else trace.tail
-        last = final[trace.session] == trace.order
-        if not last:
-            prompts[trace.session] = prompt
+    for trace, request, last in requests_of(traces, final):
         try:
-            served = cache.serve(
-                TimedRequest(
-                    trace.session,
-                    prompt.tolist(),
-                    trace.generated.tolist(),
-                    trace.salt,
-                    None if trace.first else trace.shared,
-                    trace.time,
-                    trace.breakpoints,
-                    trace.block_ends,
-                )
-            )
+            served = cache.serve(request)
         except CacheError as error:
             summary.error = f"line {trace.line}: {error}"
             return summary
         if last and finish is not None:
             finish(trace.session)
-        split = split_tokens(trace, served.hit, served.shared, cache.granularity)
-        moves = [(TokenCause.ROUTING, served.elsewhere), (TokenCause.LAYERS, served.layers)]
-        if isinstance(served, HostedServed):  # in prompt order from the hit, as capacity's tokens lie
-            moves += [(TokenCause(miss), tokens) for miss, tokens in served.misses]
-        for cause, tokens in moves:
-            # not evicted: on another replica, in no sparse layer, or never cached by the API's rules
-            moved = min(split[TokenCause.CAPACITY], tokens)
-            split[TokenCause.CAPACITY] -= moved
-            split[cause] += moved
-        summary.requests += 1
-        summary.marked += bool(trace.breakpoints)
-        summary.per_request.append((trace.line, trace.prompt_tokens, served.hit))
-        summary.replies[trace.reply] += 1
-        summary.queries += trace.prompt_tokens
-        summary.hits += served.hit
-        if not trace.first:
-            summary.steady_queries += trace.prompt_tokens
-            summary.steady_hits += served.hit
-        summary.tokens.update(split)
-        session = figures[trace.session]
-        session.requests += 1
-        session.tokens.update(split)
-        session.cumulative_lost.append(session.lost)
-        if trace.reasons and session.first_departure is None:  # what the report says of it: not its token ids
-            session.first_departure = (replace(trace, tail=array("I"), generated=array("I")), session.requests)
-        for cause, detail in [(reason.cause, reason.detail) for reason in trace.reasons] + [(TokenCause.CAPACITY, "evicted")]:
-            if split[cause]:
-                summary.departures[(cause, detail)] += split[cause]
-                summary.departure_requests[(cause, detail)] += 1
-    summary.per_session = figures
-    summary.fleet = cache if isinstance(cache, Fleet) else None
-    one = cache.caches[0] if isinstance(cache, Fleet) else cache
-    summary.layout = one.layout if isinstance(one, HybridPrefixCache) else None
-    return summary
+        _count(summary, figures, trace, served)
+    return _finished(summary, figures, one, cache if isinstance(cache, Fleet) else None)
+
+
+# --- a fleet's replicas apart ----------------------------------------------------------
+
+
+def simulate_replicas(
+    traces: Iterable[Trace], settings: CacheSettings, capacity: int | None, replicas: tuple[int, ...]
+) -> ReplicaRun:
+    """``replicas`` of ``settings``' fleet, at ``capacity`` blocks each, over the whole log
+    apart from the other replicas (``kv_cache.fleet.run_replicas``): a process or a
+    cluster's task of its own. The log is read whole: each replica is looked up at the
+    requests routed elsewhere, for the tokens lost to routing."""
+    caches = {replica: settings.one(capacity) for replica in replicas}
+    router = make_router(settings.router, settings.replicas, settings.block_size)
+    return run_replicas(caches, router, ((request, last) for _, request, last in requests_of(traces, _final(traces))))
+
+
+def merge_replicas(
+    traces: Iterable[Trace], runs: list[ReplicaRun], settings: CacheSettings, keys: list[str], unit: str, capacity: int | None
+) -> Summary:
+    """The summary ``simulate`` gives of ``settings``' whole fleet, from ``simulate_replicas``
+    of every replica: the same, byte for byte."""
+    final = _final(traces)
+    one = settings.one(capacity)  # its kind's figures (metric, granularity): it serves nothing
+    summary, figures = _started(one, keys, settings.model, unit, capacity, len(final))
+    fleet = FleetFigures(make_router(settings.router, settings.replicas, settings.block_size), settings.replicas)
+    error = first_error(runs)
+    served = served_in_order(runs)
+    for index, trace in enumerate(traces):
+        if error is not None and index == error[0]:
+            summary.error = f"line {trace.line}: {error[1]}"
+            return summary
+        replica, one_served = next(served)
+        fleet.count(replica, trace.session, trace.prompt_tokens, one_served.hit, one_served.hit + one_served.elsewhere)
+        _count(summary, figures, trace, one_served)
+    return _finished(summary, figures, one, fleet)
+
+
+@dataclass(frozen=True)
+class PoolTask:
+    """One simulation of a replay: the pool at ``capacity`` blocks whole (``replicas``
+    None: a single pool, or a fleet whose router reads the caches), or some replicas of a
+    fleet apart from the others."""
+
+    pool: int  # which of the capacities asked for
+    capacity: int | None
+    replicas: tuple[int, ...] | None = None
+
+
+def pool_tasks(settings: CacheSettings, capacities: list[int | None], parts: int) -> list[PoolTask]:
+    """The simulations of ``capacities``: a fleet whose router reads no cache in ``parts``
+    tasks a capacity (its replicas dealt in turn), anything else one task a capacity."""
+    parts = min(parts, settings.replicas)
+    if parts < 2 or make_router(settings.router, settings.replicas, settings.block_size).reads_caches:
+        return [PoolTask(pool, capacity) for pool, capacity in enumerate(capacities)]
+    return [
+        PoolTask(pool, capacity, tuple(range(part, settings.replicas, parts)))
+        for pool, capacity in enumerate(capacities)
+        for part in range(parts)
+    ]
+
+
+def run_pool_task(common: tuple[Any, ...], task: PoolTask) -> Summary | ReplicaRun:
+    """``task`` over ``common``: (traces, settings, keys, unit)."""
+    traces, settings, keys, unit = common
+    if task.replicas is None:
+        return simulate(traces, settings.cache(task.capacity), keys, settings.model, unit, task.capacity)
+    return simulate_replicas(traces, settings, task.capacity, task.replicas)
+
+
+def merge_pool_tasks(common: tuple[Any, ...], tasks: list[PoolTask], results: list[Summary | ReplicaRun]) -> list[Summary]:
+    """Each capacity's summary, in the order of ``tasks``' capacities, from their results."""
+    traces, settings, keys, unit = common
+    done: dict[int, Summary | list[ReplicaRun]] = {}
+    capacities: dict[int, int | None] = {}
+    for task, result in zip(tasks, results, strict=True):
+        capacities[task.pool] = task.capacity
+        if isinstance(result, Summary):
+            done[task.pool] = result
+        else:
+            parts = done.setdefault(task.pool, [])
+            assert isinstance(parts, list)
+            parts.append(result)
+    return [
+        result if isinstance(result, Summary) else merge_replicas(traces, result, settings, keys, unit, capacities[pool])
+        for pool, result in sorted(done.items())
+    ]
 
 
 # --- the text report -----------------------------------------------------------------
@@ -483,16 +601,17 @@ class CacheSettings:
     def cache(self, capacity: int | None) -> CacheModel:
         """A fresh cache at ``capacity`` blocks (of each replica)."""
 
-        def one() -> CacheModel:
-            if self.model in HOSTED_MODELS:
-                return make_hosted_cache(self.model, self.api_model, self.ttl)
-            if self.layout is not None:
-                return HybridPrefixCache(self.layout, capacity)
-            return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
-
         if self.replicas == 1:
-            return one()
-        return Fleet([one() for _ in range(self.replicas)], make_router(self.router, self.replicas, self.block_size))
+            return self.one(capacity)
+        return Fleet([self.one(capacity) for _ in range(self.replicas)], make_router(self.router, self.replicas, self.block_size))
+
+    def one(self, capacity: int | None) -> CacheModel:
+        """A fresh cache of one replica at ``capacity`` blocks."""
+        if self.model in HOSTED_MODELS:
+            return make_hosted_cache(self.model, self.api_model, self.ttl)
+        if self.layout is not None:
+            return HybridPrefixCache(self.layout, capacity)
+        return make_cache(self.model, self.block_size, capacity, self.page_size, self.slots, self.cache_reuse)
 
 
 def replay(
@@ -508,15 +627,35 @@ def replay(
     capacity that holds every request, with all of them as its sweep. ``progress``
     opens the progress bar (``trace_sessions``). The traces are spilled to temporary files
     without a name and read back at each capacity, so that memory holds the sessions live
-    at each point of the log, not the log's traces."""
+    at each point of the log, not the log's traces. With ``jobs`` above 1, a fleet whose
+    router reads no cache is simulated in up to ``jobs`` children, each with some of its
+    replicas (``pool_tasks``), each reading the traces back itself; the merge is the
+    one-process run's, byte for byte."""
     with TraceStore(len(log.entries)) as store:
         traces, problems = trace_sessions(tracer, log, groups, jobs, progress, store)
-        keys = [group.key for group in groups]
-        summaries = []
-        for capacity in capacities:
-            cache = settings.cache(capacity)
-            summaries.append(simulate(traces, cache, keys, settings.model, tracer.unit, capacity))
+        common = (traces, settings, [group.key for group in groups], tracer.unit)
+        tasks = pool_tasks(settings, capacities, jobs)
+        if all(task.replicas is None for task in tasks):  # one pool a capacity, here, one after the other
+            results = [run_pool_task(common, task) for task in tasks]
+        else:  # a fleet's replicas apart, in children
+            results = _in_children(common, tasks, jobs)
+        summaries = merge_pool_tasks(common, tasks, results)
     return first_fitting(summaries), problems
+
+
+def _in_children(common: tuple[Any, ...], tasks: list[PoolTask], jobs: int) -> list[Summary | ReplicaRun]:
+    """``run_pool_task`` of each task, ``jobs`` at a time, each in a child forked for it,
+    which reads the traces from the store it inherits. The simulation runs no template: the
+    child has no limit but the machine's."""
+
+    def run(task: PoolTask) -> Summary | ReplicaRun:
+        return run_isolated(run_pool_task, (common, task), seconds=None, memory=resource.RLIM_INFINITY)
+
+    gc.freeze()  # the parent's objects, inherited: no collection in a child walks (and copies) them
+    try:
+        return parallel_map(run, tasks, jobs)
+    finally:
+        gc.unfreeze()
 
 
 def first_fitting(summaries: list[Summary]) -> Summary:

@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..kv_cache.fleet import Fleet
+    from ..kv_cache.fleet import FleetFigures
     from ..replay.simulate import Summary
 
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
@@ -161,7 +161,7 @@ def _causes_section(label: str, summary: Summary) -> str:
     )
 
 
-def _replica_chart(fleet: Fleet, colour: str) -> str:
+def _replica_chart(fleet: FleetFigures, colour: str) -> str:
     """Each replica's hit rate as a bar, the fleet's as a dashed line across."""
     count = len(fleet.replicas)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
