@@ -38,7 +38,7 @@ from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
 from ..render import FrozenClock, RenderError
 from ..requests import REASONING_KEYS, ClientChange, client_change, reasoning_of, without_reasoning
 from ..rules import reporting
-from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
+from ..tokenizer import Encoded, HarmonyVocabularyTokenizer, PrefixEncoder, Tokenizer, common_prefix_length
 from .log import Call, Entry, Log, ReplayError, Session, carried_reply, generated_ids, reply_message
 
 
@@ -384,7 +384,17 @@ class Tracer:
         reply = {key: value for key, value in reply.items() if value is not None}
         text = with_reply[start:]
         text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
-        return self.measure.ids(text), text
+        return self.reply_ids(text), text
+
+    def reply_ids(self, text: str) -> list[int]:
+        """A reply's ids: in pieces where the prompts are (``PrefixEncoder.ids``), so the
+        reply's text is tokenized once for it and for the next prompt, which holds it."""
+        # (gpt-oss's whole texts are openai-harmony's tokenization: kept so.)
+        same = self.encoder.tokenizer is self.measure.tokenizer and not isinstance(
+            self.measure.tokenizer, HarmonyVocabularyTokenizer
+        )
+        ids = self.encoder.ids(text) if same else None
+        return self.measure.ids(text) if ids is None else ids
 
     def reply_start(self, call: Call, prompt: str, with_reply: str) -> tuple[int, str]:
         """Where the reply begins in ``with_reply``, the render ending with it, and the mark
