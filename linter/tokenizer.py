@@ -430,32 +430,63 @@ class Encoded:
 # Tekken) write ``[\r\n/]*`` after punctuation, so there a "/" continues the pre-token and
 # is no cut. NFC never joins a character to a "\n" before it. Python's ``\s`` holds every
 # character the regexes' ``\s`` does (and more: a cut is then only skipped).
+#
+# A piece of ASCII text is cut further, into the pre-tokens themselves, by the same regex
+# written for ASCII (where NFC changes nothing and the classes are plain: letters A-Z and
+# a-z, digits 0-9, Oniguruma's \s the six characters \t \n \v \f \r and space), and each
+# pre-token's ids are kept: prose and code repeat their words, and the model maps each
+# pre-token alone. A pre-token given alone to the library is one pre-token again: an
+# alternative that failed on it inside the text can match it alone only by the lookahead
+# ``(?!\S)`` at its end, that is whole. (A regex that cut less would still be exact, the
+# library pre-tokenizing each word again; one that cut more would not: the tests show it.)
 _AFTER_NEWLINE = re.compile(r"(?<=\n)(?=[^\s])")
 _AFTER_NEWLINE_NO_SLASH = re.compile(r"(?<=\n)(?=[^\s/])")
-PIECE_CUTS = {
+_S, _L, _N = r"\t\n\x0b\x0c\r ", "A-Za-z", "0-9"
+_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_SPACES = rf"[{_S}]*[\r\n]+|[{_S}]+(?![^{_S}])|[{_S}]+"
+_O200K_WORDS = rf"[^\r\n{_L}{_N}]?[A-Z]*[a-z]+{{0}}|[^\r\n{_L}{_N}]?[A-Z]+[a-z]*{{0}}"
+
+
+@dataclass(frozen=True)
+class PieceRule:
+    """Where a text may be cut (``cuts``), and its ASCII pieces' pre-tokens (``words``)."""
+
+    cuts: re.Pattern[str]
+    words: re.Pattern[str]
+
+
+PIECE_RULES = {
     # Qwen2, Qwen2.5, Qwen3
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
-        _AFTER_NEWLINE
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE,
+        re.compile(rf"{_CONTRACTIONS}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]| ?[^{_S}{_L}{_N}]+[\r\n]*|{_SPACES}", re.ASCII),
     ),
     # Llama 3, cl100k_base
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
-        _AFTER_NEWLINE
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE,
+        re.compile(rf"{_CONTRACTIONS}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\r\n]*|{_SPACES}", re.ASCII),
     ),
     # gpt-oss (o200k_harmony)
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": _AFTER_NEWLINE_NO_SLASH,
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE_NO_SLASH,
+        re.compile(_O200K_WORDS.format(f"{_CONTRACTIONS}?") + rf"|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\r\n/]*|{_SPACES}", re.ASCII),
+    ),
     # Mistral's Tekken (Mistral Nemo)
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": _AFTER_NEWLINE_NO_SLASH,
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE_NO_SLASH,
+        re.compile(_O200K_WORDS.format("") + rf"|[{_N}]| ?[^{_S}{_L}{_N}]+[\r\n/]*|{_SPACES}", re.ASCII),
+    ),
 }
 
 
-def piece_cuts(backend: Any) -> re.Pattern[str] | None:
-    """Where a text may be cut for ``backend`` (a ``tokenizers.Tokenizer``) to encode each
-    piece alone (see PIECE_CUTS), or None: a normalizer, pre-tokenizer, added token or
-    setting (truncation, padding, dropout) this was not shown for."""
+def piece_rule(backend: Any) -> PieceRule | None:
+    """How a text may be encoded in pieces for ``backend`` (a ``tokenizers.Tokenizer``; see
+    PIECE_RULES), or None: a normalizer, pre-tokenizer, added token or setting (truncation,
+    padding, dropout) this was not shown for."""
     try:
         normalizer = None if backend.normalizer is None else json.loads(backend.normalizer.__getstate__())
         pre = None if backend.pre_tokenizer is None else json.loads(backend.pre_tokenizer.__getstate__())
@@ -486,22 +517,26 @@ def piece_cuts(backend: Any) -> re.Pattern[str] | None:
     # Added tokens matched on the raw text, never stretching over whitespace beside them.
     if any(token.normalized or token.lstrip or token.rstrip or token.single_word or not token.content for token in added):
         return None
-    return PIECE_CUTS.get(split["pattern"]["Regex"])
+    return PIECE_RULES.get(split["pattern"]["Regex"])
 
 
 class Pieces:
-    """Encodes a text as ``tokenizers`` does, piece by piece (see PIECE_CUTS): the added
-    tokens split out as ``tokenizers`` splits them, the text between them cut at ``cuts``,
-    each piece's ids kept (the most recently used, up to ``KEPT_CHARACTERS``). A reply's text
-    is then tokenized once for the reply as generated and the next prompt that holds it."""
+    """Encodes a text as ``tokenizers`` does, piece by piece (see PIECE_RULES): the added
+    tokens split out as ``tokenizers`` splits them, the text between them cut at the rule's
+    cuts, each piece's ids kept (the most recently used, up to ``KEPT_CHARACTERS``), and an
+    ASCII piece encoded pre-token by pre-token, each pre-token's ids kept (up to
+    ``KEPT_WORDS``). A reply's text is then tokenized once for the reply as generated and the
+    next prompt that holds it, and a word once while it is kept."""
 
     KEPT_CHARACTERS = 1 << 20
     KEPT_PIECES = 4096
     LONGEST_KEPT = 1 << 16
+    KEPT_WORDS = 1 << 16
+    LONGEST_WORD = 64
 
-    def __init__(self, tokenizer: Tokenizer, cuts: re.Pattern[str]):
+    def __init__(self, tokenizer: Tokenizer, rule: PieceRule):
         self.tokenizer = tokenizer
-        self.cuts = cuts
+        self.rule = rule
         added = tokenizer.backend.get_added_tokens_decoder()
         self.added = {token.content: token_id for token_id, token in added.items()}
         self.added_ids = frozenset(self.added.values())
@@ -510,6 +545,7 @@ class Pieces:
         self.added_token = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
         self.kept: OrderedDict[str, list[int]] = OrderedDict()
         self.characters = 0
+        self.words: dict[str, list[int]] = {}
         batch = getattr(tokenizer.backend, "encode_batch_fast", None) or tokenizer.backend.encode_batch
         self._batch = functools.partial(batch, add_special_tokens=False)
 
@@ -520,24 +556,20 @@ class Pieces:
         parts: list[str | int] = []  # pieces of text, and added tokens' ids
         added: list[int] = []  # the offsets of the added tokens in ``parts``
         position = start
+        cuts = self.rule.cuts
         for match in self.added_token.finditer(text, start) if self.added_token is not None else ():
             if match.start() > position:
-                parts.extend(self.cuts.split(text[position : match.start()]))
+                parts.extend(cuts.split(text[position : match.start()]))
             parts.append(self.added[match.group()])
             added.append(match.start())
             position = match.end()
         if position < len(text):
-            parts.extend(self.cuts.split(text[position:]))
+            parts.extend(cuts.split(text[position:]))
         kept = self.kept
         missing = list(dict.fromkeys(part for part in parts if type(part) is str and part not in kept))
-        if missing:
-            with rust_panics_as_errors(f"{self.tokenizer.directory}: the tokenizer cannot encode a text"):
-                encodings = self._batch(missing)
-            found = {piece: encoding.ids for piece, encoding in zip(missing, encodings)}
-            if any(not self.added_ids.isdisjoint(piece_ids) for piece_ids in found.values()):
-                return None
-        else:
-            found = {}
+        found = self._encode_pieces(missing) if missing else {}
+        if found is None:
+            return None
         ids: list[int] = []
         anchors: list[tuple[int, int]] = []
         offsets = iter(added)
@@ -554,6 +586,44 @@ class Pieces:
         for piece, piece_ids in found.items():
             self._keep(piece, piece_ids)
         return ids, anchors
+
+    def _encode_pieces(self, pieces: list[str]) -> dict[str, list[int]] | None:
+        """Each piece's ids: an ASCII piece's from its pre-tokens', a word at a time, the
+        rest (and the words not kept) in one call of the library."""
+        words = self.words
+        split: dict[str, list[str]] = {}
+        asked: dict[str, None] = {}  # the texts the library encodes, in order, once each
+        for piece in pieces:
+            if piece.isascii():
+                found = self.rule.words.findall(piece)
+                if sum(map(len, found)) == len(piece):  # the regex leaves no character out
+                    split[piece] = found
+                    asked.update((word, None) for word in found if word not in words)
+                    continue
+            asked[piece] = None
+        encoded: dict[str, list[int]] = {}
+        if asked:
+            with rust_panics_as_errors(f"{self.tokenizer.directory}: the tokenizer cannot encode a text"):
+                encodings = self._batch(list(asked))
+            encoded = {text: encoding.ids for text, encoding in zip(asked, encodings)}
+            if any(not self.added_ids.isdisjoint(ids) for ids in encoded.values()):
+                return None
+        out: dict[str, list[int]] = {}
+        for piece in pieces:
+            found = split.get(piece)
+            if found is None:
+                out[piece] = encoded[piece]
+                continue
+            ids: list[int] = []
+            for word in found:
+                word_ids = words.get(word)
+                ids += encoded[word] if word_ids is None else word_ids
+            out[piece] = ids
+        if len(words) + len(encoded) > self.KEPT_WORDS:
+            words.clear()
+        # (each kept text's ids are its whole encode's, a pre-token's or a piece's alike)
+        words.update((text, ids) for text, ids in encoded.items() if len(text) <= self.LONGEST_WORD)
+        return out
 
     def _keep(self, piece: str, ids: list[int]) -> None:
         if len(piece) > self.LONGEST_KEPT:
@@ -583,7 +653,7 @@ class PrefixEncoder:
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer = tokenizer
         self.anchor_ids: frozenset[int] = frozenset()
-        self.pieces: Pieces | None = None  # where texts are encoded piece by piece (``piece_cuts``)
+        self.pieces: Pieces | None = None  # where texts are encoded piece by piece (``piece_rule``)
         if tokenizer is not None and tokenizer.kind == "tokenizers":
             added = tokenizer.backend.get_added_tokens_decoder()
             contents = [token.content for token in added.values()]
@@ -594,8 +664,8 @@ class PrefixEncoder:
                 and token.content
                 and not any(token.content in other and token.content != other for other in contents)
             )
-            cuts = piece_cuts(tokenizer.backend)
-            self.pieces = Pieces(tokenizer, cuts) if cuts is not None else None
+            rule = piece_rule(tokenizer.backend)
+            self.pieces = Pieces(tokenizer, rule) if rule is not None else None
 
     def encode(self, text: str, previous: Encoded | None = None) -> Encoded:
         if self.tokenizer is None:
