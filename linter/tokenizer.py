@@ -21,6 +21,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -592,13 +593,13 @@ class Pieces:
         rest (and the words not kept) in one call of the library."""
         words = self.words
         split: dict[str, list[str]] = {}
-        asked: dict[str, None] = {}  # the texts the library encodes, in order, once each
+        asked: dict[str, None] = {}  # the texts the library encodes, once each
         for piece in pieces:
             if piece.isascii():
                 found = self.rule.words.findall(piece)
                 if sum(map(len, found)) == len(piece):  # the regex leaves no character out
                     split[piece] = found
-                    asked.update((word, None) for word in found if word not in words)
+                    asked.update(dict.fromkeys(set(found).difference(words)))
                     continue
             asked[piece] = None
         encoded: dict[str, list[int]] = {}
@@ -608,21 +609,20 @@ class Pieces:
             encoded = {text: encoding.ids for text, encoding in zip(asked, encodings)}
             if any(not self.added_ids.isdisjoint(ids) for ids in encoded.values()):
                 return None
-        out: dict[str, list[int]] = {}
-        for piece in pieces:
-            found = split.get(piece)
-            if found is None:
-                out[piece] = encoded[piece]
-                continue
-            ids: list[int] = []
-            for word in found:
-                word_ids = words.get(word)
-                ids += encoded[word] if word_ids is None else word_ids
-            out[piece] = ids
-        if len(words) + len(encoded) > self.KEPT_WORDS:
+        # Every word of these pieces is kept while their ids are joined (each kept text's ids
+        # are its whole encode's, a word's or a piece's alike); the long ones, and all once
+        # there are more than KEPT_WORDS, are let go after.
+        words.update(encoded)
+        out = {
+            piece: encoded[piece] if piece not in split else list(chain.from_iterable(map(words.__getitem__, split[piece])))
+            for piece in pieces
+        }
+        if len(words) > self.KEPT_WORDS:
             words.clear()
-        # (each kept text's ids are its whole encode's, a pre-token's or a piece's alike)
-        words.update((text, ids) for text, ids in encoded.items() if len(text) <= self.LONGEST_WORD)
+        else:
+            for text in encoded:
+                if len(text) > self.LONGEST_WORD:
+                    del words[text]
         return out
 
     def _keep(self, piece: str, ids: list[int]) -> None:
