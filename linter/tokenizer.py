@@ -494,6 +494,8 @@ def piece_rule(backend: Any) -> PieceRule | None:
         added = backend.get_added_tokens_decoder().values()
         if backend.truncation is not None or backend.padding is not None or getattr(backend.model, "dropout", None):
             return None
+        if getattr(backend, "encode_special_tokens", False):  # special tokens encoded as text
+            return None
     except Exception:  # noqa: BLE001 - a backend that does not say what it does is encoded whole
         return None
     if normalizer not in (None, {"type": "NFC"}) or not isinstance(pre, dict) or pre.get("type") != "Sequence":

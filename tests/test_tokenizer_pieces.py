@@ -10,6 +10,7 @@ import re
 
 import pytest
 from helpers import SHARED_TOKENIZERS, needs_shared, shared_tokenizer
+from tokenizers import AddedToken, normalizers
 
 from tmpl_lint.tokenizer import PIECE_RULES, PieceRule, Pieces, PrefixEncoder, Tokenizer, piece_rule
 
@@ -138,6 +139,29 @@ def test_a_wrong_word_regex_is_caught(directory, right, wrong, text):
     assert mismatches(Pieces(tokenizer, wrong_rule), [text]) == [text]
     assert mismatches(Pieces(tokenizer, wrong_rule), hostile_texts(directory)) != []
     assert mismatches(Pieces(tokenizer, rule), [text]) == []
+
+
+def test_tokenizers_not_shown_safe_are_encoded_whole():
+    # Metaspace puts "▁" before the first piece only
+    assert piece_rule(shared_tokenizer("mistral-7b-v0.3").backend) is None
+    assert PrefixEncoder(shared_tokenizer("mistral-7b-v0.3")).pieces is None
+    # a regex not in PIECE_RULES (GPT-2's)
+    gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+    assert piece_rule(backend_with_regex(gpt2)) is None
+    assert piece_rule(backend_with_regex(LLAMA3_REGEX)) is not None
+    # an added token that takes the whitespace before it reaches across a cut
+    stripping = backend_with_regex(LLAMA3_REGEX)
+    stripping.add_tokens([AddedToken("<mask>", lstrip=True)])
+    assert piece_rule(stripping) is None
+    truncating = backend_with_regex(LLAMA3_REGEX)
+    truncating.enable_truncation(16)
+    assert piece_rule(truncating) is None
+    folding = backend_with_regex(LLAMA3_REGEX)
+    folding.normalizer = normalizers.NFKC()
+    assert piece_rule(folding) is None
+    literal = backend_with_regex(LLAMA3_REGEX)
+    literal.encode_special_tokens = True  # "<|im_end|>" is then text, not the added token
+    assert piece_rule(literal) is None
 
 
 class Counting:
