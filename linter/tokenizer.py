@@ -577,7 +577,7 @@ class Pieces:
         anchors: list[tuple[int, int]] = []
         offsets = iter(added)
         for part in parts:
-            if type(part) is int:
+            if isinstance(part, int):
                 anchors.append((next(offsets), len(ids)))
                 ids.append(part)
                 continue
