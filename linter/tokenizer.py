@@ -649,8 +649,10 @@ class PrefixEncoder:
     longer added token, or that normalizes, lstrips, rstrips or must be a single word, is
     never used as an anchor; when the tail does not start with the anchor's id, the whole
     text is tokenized. Tests compare every result with a full tokenization on the real
-    tokenizers. Without ``tokenizers`` (transformers' fallback) every text is tokenized
-    whole; without a tokenizer ids are characters."""
+    tokenizers. Where the tokenizer is one ``piece_rule`` knows, what is tokenized is
+    tokenized in pieces (``Pieces``), and ``ids`` tokenizes other texts (replies) so that
+    the prompts holding them reuse their pieces. Without ``tokenizers`` (transformers'
+    fallback) every text is tokenized whole; without a tokenizer ids are characters."""
 
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer = tokenizer
