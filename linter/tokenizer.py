@@ -17,9 +17,11 @@ import os
 import re
 import tempfile
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -415,6 +417,226 @@ class Encoded:
     anchors: tuple[tuple[int, int], ...] = ()
 
 
+# --- tokenizing a text in pieces ------------------------------------------------------
+#
+# ``tokenizers`` encodes a text in three steps, each on what the one before left: the added
+# tokens are split out of the raw text (leftmost, the longest where several start at one
+# place); each piece between them is normalized and cut into pre-tokens by the
+# pre-tokenizer; the model maps each pre-token to ids alone. So a text can be cut, and each
+# piece encoded alone, wherever no added token and no pre-token spans the cut. For the
+# Split regexes below, a "\n" followed by a character that is not whitespace always ends a
+# pre-token: no alternative matches a "\n" followed by such a character (``[\r\n]*``,
+# ``[\r\n]+`` and ``\s`` runs stop there; the letter runs' optional first character is
+# never a "\n"), and none looks behind. The o200k-style regexes (gpt-oss's, Mistral's
+# Tekken) write ``[\r\n/]*`` after punctuation, so there a "/" continues the pre-token and
+# is no cut. NFC never joins a character to a "\n" before it. Python's ``\s`` holds every
+# character the regexes' ``\s`` does (and more: a cut is then only skipped).
+#
+# A piece of ASCII text is cut further, into the pre-tokens themselves, by the same regex
+# written for ASCII (where NFC changes nothing and the classes are plain: letters A-Z and
+# a-z, digits 0-9, Oniguruma's \s the six characters \t \n \v \f \r and space), and each
+# pre-token's ids are kept: prose and code repeat their words, and the model maps each
+# pre-token alone. A pre-token given alone to the library is one pre-token again: an
+# alternative that failed on it inside the text can match it alone only by the lookahead
+# ``(?!\S)`` at its end, that is whole. (A regex that cut less would still be exact, the
+# library pre-tokenizing each word again; one that cut more would not: the tests show it.)
+_AFTER_NEWLINE = re.compile(r"(?<=\n)(?=[^\s])")
+_AFTER_NEWLINE_NO_SLASH = re.compile(r"(?<=\n)(?=[^\s/])")
+_S, _L, _N = r"\t\n\x0b\x0c\r ", "A-Za-z", "0-9"
+_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_SPACES = rf"[{_S}]*[\r\n]+|[{_S}]+(?![^{_S}])|[{_S}]+"
+_O200K_WORDS = rf"[^\r\n{_L}{_N}]?[A-Z]*[a-z]+{{0}}|[^\r\n{_L}{_N}]?[A-Z]+[a-z]*{{0}}"
+
+
+@dataclass(frozen=True)
+class PieceRule:
+    """Where a text may be cut (``cuts``), and its ASCII pieces' pre-tokens (``words``)."""
+
+    cuts: re.Pattern[str]
+    words: re.Pattern[str]
+
+
+PIECE_RULES = {
+    # Qwen2, Qwen2.5, Qwen3
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE,
+        re.compile(rf"{_CONTRACTIONS}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]| ?[^{_S}{_L}{_N}]+[\r\n]*|{_SPACES}", re.ASCII),
+    ),
+    # Llama 3, cl100k_base
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE,
+        re.compile(rf"{_CONTRACTIONS}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\r\n]*|{_SPACES}", re.ASCII),
+    ),
+    # gpt-oss (o200k_harmony)
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE_NO_SLASH,
+        re.compile(_O200K_WORDS.format(f"{_CONTRACTIONS}?") + rf"|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\r\n/]*|{_SPACES}", re.ASCII),
+    ),
+    # Mistral's Tekken (Mistral Nemo)
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": PieceRule(
+        _AFTER_NEWLINE_NO_SLASH,
+        re.compile(_O200K_WORDS.format("") + rf"|[{_N}]| ?[^{_S}{_L}{_N}]+[\r\n/]*|{_SPACES}", re.ASCII),
+    ),
+}
+
+
+def piece_rule(backend: Any) -> PieceRule | None:
+    """How a text may be encoded in pieces for ``backend`` (a ``tokenizers.Tokenizer``; see
+    PIECE_RULES), or None: a normalizer, pre-tokenizer, added token or setting (truncation,
+    padding, dropout) this was not shown for."""
+    try:
+        normalizer = None if backend.normalizer is None else json.loads(backend.normalizer.__getstate__())
+        pre = None if backend.pre_tokenizer is None else json.loads(backend.pre_tokenizer.__getstate__())
+        added = backend.get_added_tokens_decoder().values()
+        if backend.truncation is not None or backend.padding is not None or getattr(backend.model, "dropout", None):
+            return None
+        if getattr(backend, "encode_special_tokens", False):  # special tokens encoded as text
+            return None
+    except Exception:  # noqa: BLE001 - a backend that does not say what it does is encoded whole
+        return None
+    if normalizer not in (None, {"type": "NFC"}) or not isinstance(pre, dict) or pre.get("type") != "Sequence":
+        return None
+    steps = pre.get("pretokenizers") or []
+    if len(steps) != 2:
+        return None
+    split, byte_level = steps
+    if split != {
+        "type": "Split",
+        "pattern": {"Regex": split.get("pattern", {}).get("Regex")},
+        "behavior": "Isolated",
+        "invert": False,
+    }:
+        return None
+    if {key: value for key, value in byte_level.items() if key != "trim_offsets"} != {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "use_regex": False,
+    }:
+        return None
+    # Added tokens matched on the raw text, never stretching over whitespace beside them.
+    if any(token.normalized or token.lstrip or token.rstrip or token.single_word or not token.content for token in added):
+        return None
+    return PIECE_RULES.get(split["pattern"]["Regex"])
+
+
+class Pieces:
+    """Encodes a text as ``tokenizers`` does, piece by piece (see PIECE_RULES): the added
+    tokens split out as ``tokenizers`` splits them, the text between them cut at the rule's
+    cuts, each piece's ids kept (the most recently used, up to ``KEPT_CHARACTERS``), and an
+    ASCII piece encoded pre-token by pre-token, each pre-token's ids kept (up to
+    ``KEPT_WORDS``). A reply's text is then tokenized once for the reply as generated and the
+    next prompt that holds it, and a word once while it is kept."""
+
+    KEPT_CHARACTERS = 1 << 20
+    KEPT_PIECES = 4096
+    LONGEST_KEPT = 1 << 16
+    KEPT_WORDS = 1 << 16
+    LONGEST_WORD = 64
+
+    def __init__(self, tokenizer: Tokenizer, rule: PieceRule):
+        self.tokenizer = tokenizer
+        self.rule = rule
+        added = tokenizer.backend.get_added_tokens_decoder()
+        self.added = {token.content: token_id for token_id, token in added.items()}
+        self.added_ids = frozenset(self.added.values())
+        # Leftmost, and the longest of those starting there: as tokenizers' matcher.
+        longest_first = sorted(self.added, key=len, reverse=True)
+        self.added_token = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
+        self.kept: OrderedDict[str, list[int]] = OrderedDict()
+        self.characters = 0
+        self.words: dict[str, list[int]] = {}
+        batch = getattr(tokenizer.backend, "encode_batch_fast", None) or tokenizer.backend.encode_batch
+        self._batch = functools.partial(batch, add_special_tokens=False)
+
+    def encode(self, text: str, start: int = 0) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """``text[start:]``'s ids, and (offset in ``text``, index in the ids) of each added
+        token among them; None where a piece between them encodes to an added token's id
+        (a vocabulary that holds one as an ordinary token), which would be no anchor."""
+        parts: list[str | int] = []  # pieces of text, and added tokens' ids
+        added: list[int] = []  # the offsets of the added tokens in ``parts``
+        position = start
+        cuts = self.rule.cuts
+        for match in self.added_token.finditer(text, start) if self.added_token is not None else ():
+            if match.start() > position:
+                parts.extend(cuts.split(text[position : match.start()]))
+            parts.append(self.added[match.group()])
+            added.append(match.start())
+            position = match.end()
+        if position < len(text):
+            parts.extend(cuts.split(text[position:]))
+        kept = self.kept
+        missing = list(dict.fromkeys(part for part in parts if type(part) is str and part not in kept))
+        found = self._encode_pieces(missing) if missing else {}
+        if found is None:
+            return None
+        ids: list[int] = []
+        anchors: list[tuple[int, int]] = []
+        offsets = iter(added)
+        for part in parts:
+            if isinstance(part, int):
+                anchors.append((next(offsets), len(ids)))
+                ids.append(part)
+                continue
+            piece_ids = found.get(part)
+            if piece_ids is None:
+                piece_ids = kept[part]
+                kept.move_to_end(part)
+            ids.extend(piece_ids)
+        for piece, piece_ids in found.items():
+            self._keep(piece, piece_ids)
+        return ids, anchors
+
+    def _encode_pieces(self, pieces: list[str]) -> dict[str, list[int]] | None:
+        """Each piece's ids: an ASCII piece's from its pre-tokens', a word at a time, the
+        rest (and the words not kept) in one call of the library."""
+        words = self.words
+        split: dict[str, list[str]] = {}
+        asked: dict[str, None] = {}  # the texts the library encodes, once each
+        for piece in pieces:
+            if piece.isascii():
+                found = self.rule.words.findall(piece)
+                if sum(map(len, found)) == len(piece):  # the regex leaves no character out
+                    split[piece] = found
+                    asked.update(dict.fromkeys(set(found).difference(words)))
+                    continue
+            asked[piece] = None
+        encoded: dict[str, list[int]] = {}
+        if asked:
+            with rust_panics_as_errors(f"{self.tokenizer.directory}: the tokenizer cannot encode a text"):
+                encodings = self._batch(list(asked))
+            encoded = {text: encoding.ids for text, encoding in zip(asked, encodings)}
+            if any(not self.added_ids.isdisjoint(ids) for ids in encoded.values()):
+                return None
+        # Every word of these pieces is kept while their ids are joined (each kept text's ids
+        # are its whole encode's, a word's or a piece's alike); the long ones, and all once
+        # there are more than KEPT_WORDS, are let go after.
+        words.update(encoded)
+        out = {
+            piece: encoded[piece] if piece not in split else list(chain.from_iterable(map(words.__getitem__, split[piece])))
+            for piece in pieces
+        }
+        if len(words) > self.KEPT_WORDS:
+            words.clear()
+        else:
+            for text in encoded:
+                if len(text) > self.LONGEST_WORD:
+                    del words[text]
+        return out
+
+    def _keep(self, piece: str, ids: list[int]) -> None:
+        if len(piece) > self.LONGEST_KEPT:
+            return
+        self.kept[piece] = ids
+        self.characters += len(piece)
+        while self.characters > self.KEPT_CHARACTERS or len(self.kept) > self.KEPT_PIECES:
+            dropped, _ = self.kept.popitem(last=False)
+            self.characters -= len(dropped)
+
+
 class PrefixEncoder:
     """Tokenizes prompts that mostly extend an earlier one: only the text after their
     longest common prefix is tokenized again, from the last special token inside it.
@@ -427,12 +649,15 @@ class PrefixEncoder:
     longer added token, or that normalizes, lstrips, rstrips or must be a single word, is
     never used as an anchor; when the tail does not start with the anchor's id, the whole
     text is tokenized. Tests compare every result with a full tokenization on the real
-    tokenizers. Without ``tokenizers`` (transformers' fallback) every text is tokenized
-    whole; without a tokenizer ids are characters."""
+    tokenizers. Where the tokenizer is one ``piece_rule`` knows, what is tokenized is
+    tokenized in pieces (``Pieces``), and ``ids`` tokenizes other texts (replies) so that
+    the prompts holding them reuse their pieces. Without ``tokenizers`` (transformers'
+    fallback) every text is tokenized whole; without a tokenizer ids are characters."""
 
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer = tokenizer
         self.anchor_ids: frozenset[int] = frozenset()
+        self.pieces: Pieces | None = None  # where texts are encoded piece by piece (``piece_rule``)
         if tokenizer is not None and tokenizer.kind == "tokenizers":
             added = tokenizer.backend.get_added_tokens_decoder()
             contents = [token.content for token in added.values()]
@@ -443,6 +668,8 @@ class PrefixEncoder:
                 and token.content
                 and not any(token.content in other and token.content != other for other in contents)
             )
+            rule = piece_rule(tokenizer.backend)
+            self.pieces = Pieces(tokenizer, rule) if rule is not None else None
 
     def encode(self, text: str, previous: Encoded | None = None) -> Encoded:
         if self.tokenizer is None:
@@ -466,7 +693,22 @@ class PrefixEncoder:
                     return Encoded(text, previous.ids[:position] + tail.ids, anchors[:index] + tail.anchors)
         return self._encode_from(tokenizer, text, 0, 0)
 
+    def ids(self, text: str) -> list[int] | None:
+        """``text``'s ids, encoded piece by piece (sharing pieces with the prompts encoded
+        here); None where this tokenizer is not encoded in pieces."""
+        if self.pieces is None or not text:
+            return None if self.pieces is None else []
+        encoded = self.pieces.encode(text)
+        return None if encoded is None else encoded[0]
+
     def _encode_from(self, tokenizer: Tokenizer, text: str, start: int, position: int) -> Encoded:
+        if self.pieces is not None:
+            encoded = self.pieces.encode(text, start)
+            if encoded is not None:
+                ids, added = encoded
+                anchor_ids = self.anchor_ids
+                anchors = tuple((offset, position + index) for offset, index in added if ids[index] in anchor_ids)
+                return Encoded(text, ids, anchors)
         with rust_panics_as_errors(f"{tokenizer.directory}: the tokenizer cannot encode a text"):
             encoding = tokenizer.backend.encode(text[start:], add_special_tokens=False)
         ids = encoding.ids

@@ -1,6 +1,6 @@
-"""Replay renders each text it needs once: a request's reply as the newest message, and the
-request without a generation prompt, are asked for again when the next request departs
-(Qwen3 drops the reply's empty think block from history), and are not rendered again."""
+"""Replay renders each text it needs once: a request's reply as the newest message is asked
+for again when the next request departs (Qwen3 drops the reply's empty think block from
+history), and is not rendered again."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def test_a_departing_session_renders_each_text_once(tmp_path, monkeypatch):
     # Each later request departs where the reply's empty think block was: the template's.
     assert [trace.departure is not None for trace in traces] == [False, True, True]
     assert all(trace.reasons[0].cause is TokenCause.TEMPLATE for trace in traces[1:])
-    # Three replies as the newest message, and the first two requests without a generation
-    # prompt (where the departures are placed): each once.
-    assert sorted(renders.values()) == [1] * 5
+    # Three replies as the newest message, each once. The first two requests are not
+    # rendered without a generation prompt: their departures are at the reply, after the
+    # prompt's end, where where the generation prompt starts decides nothing (Tracer.opener).
+    assert sorted(renders.values()) == [1] * 3
+    assert all(json.loads(messages)[-1]["role"] == "assistant" for messages, _ in renders)

@@ -32,13 +32,13 @@ from ..kv_cache.hosted import ANTHROPIC_BREAKPOINTS, Breakpoint, breakpoints_of
 from ..kv_cache.pools import CacheError
 from ..proofs import AFTER_MESSAGES, BEFORE_MESSAGES, Cause
 from ..proving.attribution import explaining_code
-from ..proving.divergence import compare_prompts, generation_prompt_span, last_message_mark, reply_start
+from ..proving.divergence import compare_prompts, first_difference, generation_prompt_span, last_message_mark, reply_start
 from ..proving.measure import Measure
 from ..proving.replies import STOP_MARKER, Reply, stop_after_reply, unmarked
 from ..render import FrozenClock, RenderError
 from ..requests import REASONING_KEYS, ClientChange, client_change, reasoning_of, without_reasoning
 from ..rules import reporting
-from ..tokenizer import Encoded, PrefixEncoder, Tokenizer, common_prefix_length
+from ..tokenizer import Encoded, HarmonyVocabularyTokenizer, PrefixEncoder, Tokenizer, common_prefix_length
 from .log import Call, Entry, Log, ReplayError, Session, carried_reply, generated_ids, reply_message
 
 
@@ -384,7 +384,17 @@ class Tracer:
         reply = {key: value for key, value in reply.items() if value is not None}
         text = with_reply[start:]
         text = unmarked(_as_generated(_logged_arguments(text, reply), reply), mark)
-        return self.measure.ids(text), text
+        return self.reply_ids(text), text
+
+    def reply_ids(self, text: str) -> list[int]:
+        """A reply's ids: in pieces where the prompts are (``PrefixEncoder.ids``), so the
+        reply's text is tokenized once for it and for the next prompt, which holds it."""
+        # (gpt-oss's whole texts are openai-harmony's tokenization: kept so.)
+        same = self.encoder.tokenizer is self.measure.tokenizer and not isinstance(
+            self.measure.tokenizer, HarmonyVocabularyTokenizer
+        )
+        ids = self.encoder.ids(text) if same else None
+        return self.measure.ids(text) if ids is None else ids
 
     def reply_start(self, call: Call, prompt: str, with_reply: str) -> tuple[int, str]:
         """Where the reply begins in ``with_reply``, the render ending with it, and the mark
@@ -524,6 +534,24 @@ class Tracer:
             reasons = [replace(reason, detail=f"{reason.detail} {UNCERTAIN}") for reason in reasons]
         trace.reasons = tuple(reasons)
 
+    def opener(self, previous: _Previous, cached_text: str, next_text: str, latest: Reply | None) -> tuple[int, int]:
+        """Where the previous prompt's generation prompt sits, for ``compare_prompts``: from
+        the previous request rendered without one (``generation_prompt_span``); or, where the
+        next prompt parts from the cached text at or after the previous prompt's end, and
+        from the reply as the newest message there too (or nowhere), that end, without the
+        render. ``compare_prompts`` then decides alike whichever point before that end the
+        generation prompt starts at: the divergence is after it, so is where the reply moved,
+        and the divergence is not before the prompt's end, where it would look for the reply
+        resuming. (Only ``in_generation_prompt``, which a Departure does not keep, differs.)
+        Every Qwen3 request with thinking off parts so, at the reply's empty think block."""
+        end = len(previous.prompt.text)
+        char = first_difference(cached_text, next_text)
+        char = min(len(cached_text), len(next_text)) if char is None else char
+        moved = first_difference(latest.latest, next_text) if latest is not None else None
+        if char >= end and (moved is None or moved >= end):
+            return end, end
+        return generation_prompt_span(previous.prompt.text, self.bare(previous.call))
+
     def template_reason(self, previous: _Previous, prompt: Encoded, messages: list[dict[str, Any]]) -> Departure:
         known = not self.server_ids
         if self.engine in ENGINES:  # locate the divergence in the messages as the template saw them
@@ -539,8 +567,8 @@ class Tracer:
             # while it was the newest message, as check finds them: a divergence before the
             # opener is in the last message's closing markup; one in a reply that renders
             # otherwise once a message follows it is a rewrite of that reply.
-            opener = generation_prompt_span(previous.prompt.text, self.bare(previous.call))
             latest = self.latest(previous)
+            opener = self.opener(previous, cached_text, prompt.text, latest)
         divergence = compare_prompts(
             "replay",
             0,
