@@ -41,6 +41,30 @@ def shared_tokenizer(name: str):
     return load_tokenizer(SHARED_TOKENIZERS / name)
 
 
+class CountingBackend:
+    """A ``tokenizers`` backend that counts the characters it is asked to encode, one text at
+    a time or in a batch (as ``PrefixEncoder``'s pieces ask)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.characters = 0
+
+    def encode(self, text, **kwargs):
+        self.characters += len(text)
+        return self.backend.encode(text, **kwargs)
+
+    def encode_batch(self, texts, **kwargs):
+        self.characters += sum(map(len, texts))
+        return self.backend.encode_batch(texts, **kwargs)
+
+    def encode_batch_fast(self, texts, **kwargs):
+        self.characters += sum(map(len, texts))
+        return self.backend.encode_batch_fast(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
 @cache
 def transformers_tokenizer(name: str):
     """transformers' tokenizer of ../shared/tokenizers/NAME: the independent computation."""

@@ -7,7 +7,7 @@ import random
 from datetime import datetime
 
 import pytest
-from helpers import SHARED_TOKENIZERS, needs_shared, shared_tokenizer
+from helpers import SHARED_TOKENIZERS, CountingBackend, needs_shared, shared_tokenizer
 
 from tmpl_lint.diff import read_template
 from tmpl_lint.render import FrozenClock, render
@@ -19,21 +19,6 @@ MODELS = ["qwen3", "qwen2.5", "gpt-oss", "mistral-nemo", "mistral-7b-v0.3"]  # e
 # Text that stresses boundaries: merges across spaces and newlines, multi-byte characters,
 # special tokens written inside messages, Metaspace's "▁".
 PIECES = ["héllo", "  spaced", "\n\n", "日本語", "🎉", "<|im_end|>", "[INST]", "</s>", "\t", "▁x", "'s", "123", "\r\n", " "]
-
-
-class Counting:
-    """A tokenizers backend that counts the characters it was asked to encode."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.characters = 0
-
-    def encode(self, text, **kwargs):
-        self.characters += len(text)
-        return self.backend.encode(text, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
 
 
 def conversation(rng: random.Random, turns: int):
@@ -51,14 +36,17 @@ def conversation(rng: random.Random, turns: int):
         messages = messages + [reply]
 
 
+@pytest.mark.parametrize("pieces", [True, False], ids=["in pieces", "from anchors only"])
 @pytest.mark.parametrize("directory", MODELS)
-def test_incremental_ids_equal_full_tokenization(directory):
+def test_incremental_ids_equal_full_tokenization(directory, pieces):
     tokenizer = shared_tokenizer(directory)
     template, _ = read_template(SHARED_TOKENIZERS / directory)
-    encoder = PrefixEncoder(tokenizer)
-    counting = Counting(tokenizer.backend)
+    counting = CountingBackend(tokenizer.backend)
     # the file as tokenizers loads it (gpt-oss's whole tokenizations are openai-harmony's)
-    encoder.tokenizer = Tokenizer(tokenizer.directory, counting, tokenizer.special_tokens, tokenizer.kind)
+    encoder = PrefixEncoder(Tokenizer(tokenizer.directory, counting, tokenizer.special_tokens, tokenizer.kind))
+    assert (encoder.pieces is not None) == (directory != "mistral-7b-v0.3")  # Metaspace is encoded whole
+    if not pieces:
+        encoder.pieces = None
     rng = random.Random(directory)
     clock = FrozenClock(datetime(2026, 3, 1, 12))
     previous, rendered = None, 0

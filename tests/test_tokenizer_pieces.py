@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from helpers import SHARED_TOKENIZERS, needs_shared, shared_tokenizer
+from helpers import SHARED_TOKENIZERS, CountingBackend, needs_shared, shared_tokenizer
 from tokenizers import AddedToken, normalizers
 
 from tmpl_lint.tokenizer import PIECE_RULES, PieceRule, Pieces, PrefixEncoder, Tokenizer, piece_rule
@@ -164,28 +164,9 @@ def test_tokenizers_not_shown_safe_are_encoded_whole():
     assert piece_rule(literal) is None
 
 
-class Counting:
-    """A tokenizers backend that counts the characters it was asked to encode."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.characters = 0
-
-    def encode(self, text, **kwargs):
-        self.characters += len(text)
-        return self.backend.encode(text, **kwargs)
-
-    def encode_batch_fast(self, texts, **kwargs):
-        self.characters += sum(map(len, texts))
-        return self.backend.encode_batch_fast(texts, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
-
-
 def test_a_reply_is_tokenized_once_for_itself_and_the_next_prompt():
     real = shared_tokenizer("qwen3")
-    counting = Counting(real.backend)
+    counting = CountingBackend(real.backend)
     encoder = PrefixEncoder(Tokenizer(real.directory, counting, real.special_tokens))
     reply = "Paris is sunny.\nIt is 21 degrees, and it's windy / dry.\n\nAnything else?"
     question = "And in Rome?"
