@@ -10,7 +10,8 @@ import re
 
 import pytest
 from helpers import SHARED_TOKENIZERS, CountingBackend, needs_shared, shared_tokenizer
-from tokenizers import AddedToken, normalizers
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as FastTokenizer
 
 from tmpl_lint.tokenizer import PIECE_RULES, PieceRule, Pieces, PrefixEncoder, Tokenizer, piece_rule
 
@@ -73,8 +74,6 @@ def mismatches(pieces: Pieces, texts: list[str]) -> list[str]:
 def backend_with_regex(regex: str):
     """Qwen3's tokenizer with another Split regex: where a pre-tokenizer cuts depends on its
     regex alone, whatever the vocabulary."""
-    from tokenizers import Tokenizer as FastTokenizer
-
     config = json.loads((SHARED_TOKENIZERS / "qwen3" / "tokenizer.json").read_text())
     config["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = regex
     return FastTokenizer.from_str(json.dumps(config))
@@ -141,25 +140,39 @@ def test_a_wrong_word_regex_is_caught(directory, right, wrong, text):
     assert mismatches(Pieces(tokenizer, rule), [text]) == []
 
 
+def tiny_backend(regex: str):
+    """A two-letter vocabulary with a Split regex and Qwen3's shape of pre-tokenizer and added
+    token: what ``piece_rule`` reads, without loading a real vocabulary."""
+    backend = FastTokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.add_special_tokens([AddedToken("<|im_end|>", normalized=False)])
+    return backend
+
+
 def test_tokenizers_not_shown_safe_are_encoded_whole():
     # Metaspace puts "▁" before the first piece only
     assert piece_rule(shared_tokenizer("mistral-7b-v0.3").backend) is None
     assert PrefixEncoder(shared_tokenizer("mistral-7b-v0.3")).pieces is None
     # a regex not in PIECE_RULES (GPT-2's)
     gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-    assert piece_rule(backend_with_regex(gpt2)) is None
-    assert piece_rule(backend_with_regex(LLAMA3_REGEX)) is not None
+    assert piece_rule(tiny_backend(gpt2)) is None
+    assert piece_rule(tiny_backend(LLAMA3_REGEX)) is not None
     # an added token that takes the whitespace before it reaches across a cut
-    stripping = backend_with_regex(LLAMA3_REGEX)
+    stripping = tiny_backend(LLAMA3_REGEX)
     stripping.add_tokens([AddedToken("<mask>", lstrip=True)])
     assert piece_rule(stripping) is None
-    truncating = backend_with_regex(LLAMA3_REGEX)
+    truncating = tiny_backend(LLAMA3_REGEX)
     truncating.enable_truncation(16)
     assert piece_rule(truncating) is None
-    folding = backend_with_regex(LLAMA3_REGEX)
+    folding = tiny_backend(LLAMA3_REGEX)
     folding.normalizer = normalizers.NFKC()
     assert piece_rule(folding) is None
-    literal = backend_with_regex(LLAMA3_REGEX)
+    literal = tiny_backend(LLAMA3_REGEX)
     literal.encode_special_tokens = True  # "<|im_end|>" is then text, not the added token
     assert piece_rule(literal) is None
 
