@@ -8,11 +8,14 @@ The stages split where the work is independent:
    lightest share), a few per worker thread so that a worker done early takes another's,
    and each share runs on a worker, where the template still runs in a limited child
    (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
-   once, not with each share.
-2. The traces stay on the workers that made them. The client fetches them one share at a
-   time, as each share finishes, and spills them to a ``TraceStore`` (temporary files
-   without a name, as the local run's tracing children write them): it never holds more
-   than one share's traces.
+   once, not with each share. A share's child starts from the tokenizer's caches the same
+   worker thread's previous share ended with (``_WARM``), so that only a worker's first
+   share tokenizes its vocabulary cold.
+2. The traces stay on the workers that made them, as the block of pickled traces each
+   child made (``Spilled`` says where each is). The client fetches them one share at a
+   time, as each share finishes, and writes the block as it is to a ``TraceStore``
+   (temporary files without a name, as the local run's tracing children write them): it
+   never holds more than one share's traces, and never unpickles them to spill them.
 3. Each pool's simulation runs its requests in arrival order over the traces' token ids;
    pools are independent of each other (each capacity swept), so each runs as one task,
    which gets every share from the workers that traced them. A fleet whose router reads
