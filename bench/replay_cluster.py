@@ -32,7 +32,11 @@ that router (as ``tmpl-lint replay --replicas R --router NAME``). A router that 
 apart in the breakdown), and the client's "merge replicas" phase puts them together; the kv
 router's fleet is simulated whole on the client ("simulate pools").
 Needs the cluster extra (dask[distributed]) and Qwen3's tokenizer from ../shared.
-Run: python bench/replay_cluster.py [N] [--replicas R --router NAME]
+With ``--scale K`` a log of K times as many conversations (distinct ones, as replay_speed
+makes them) is measured after the default one, both printed: the default log is a few
+seconds of work, so that the fixed costs of a cluster run (starting the tasks, sending the
+tracer) weigh on it as they would not on a fleet's log.
+Run: python bench/replay_cluster.py [N] [--replicas R --router NAME] [--scale K]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay_speed import TOKENIZER, sharegpt_log  # noqa: E402
 
 IDLE_SECONDS = 10.0
+CONVERSATIONS = 700  # replay_speed's log; --scale K replays K times as many besides
 
 
 @dataclass
@@ -144,11 +149,11 @@ def cpu_seconds(process) -> float:
     return times.user + times.system
 
 
-def main() -> None:
-    import dask
-    import distributed
-    import psutil
-
+def measure(
+    size: int, clusters: dict, processes: dict, idle: dict, workers: int, runs: int, arguments: argparse.Namespace
+) -> None:
+    """The log of ``size`` times replay_speed's conversations, replayed locally, then on
+    each cluster in turn, ``runs`` times; its efficiency and breakdown printed."""
     from tmpl_lint.cluster import ClusterCosts, replay_on_cluster
     from tmpl_lint.diff import read_template
     from tmpl_lint.replay.attribution import Tracer
@@ -156,19 +161,9 @@ def main() -> None:
     from tmpl_lint.replay.simulate import CacheSettings, replay
     from tmpl_lint.tokenizer import load_tokenizer
 
-    if not TOKENIZER.is_dir():
-        sys.exit(f"needs {TOKENIZER}")
-    parser = argparse.ArgumentParser()
-    parser.add_argument("workers", nargs="?", type=int, default=2)
-    parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--router", default="round-robin")
-    arguments = parser.parse_args()
-    workers = arguments.workers
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "sharegpt.jsonl"
-        requests = sharegpt_log(log)
+        requests = sharegpt_log(log, CONVERSATIONS * size)
         tokenizer = load_tokenizer(TOKENIZER)
         text, _ = read_template(TOKENIZER)
         opened = read_log(log, "user")
@@ -186,18 +181,75 @@ def main() -> None:
         local = report(*replay(tracer(), opened, groups, settings, [None], 1))
         fleet = f"{arguments.replicas} replicas, router {arguments.router}; " if arguments.replicas > 1 else ""
         print(
-            f"{requests} requests, {log.stat().st_size / 1e6:.1f} MB; {fleet}local, one process: "
-            f"{time.perf_counter() - start:6.1f} s (load {load:.1f})"
+            f"\n{requests} requests ({CONVERSATIONS * size} conversations), {log.stat().st_size / 1e6:.1f} MB; {fleet}"
+            f"local, one process: {time.perf_counter() - start:6.1f} s (load {load:.1f})"
         )
-        runs = int(os.environ.get("RUNS", "3"))
-        clusters, processes = {}, {}
-        with dask.config.set({"distributed.worker.daemon": False}):
-            for count in (1, workers):
-                clusters[count] = distributed.LocalCluster(
-                    n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+        done: dict[int, list[Run]] = {1: [], workers: []}
+        for _ in range(runs):  # alternated, so a change in the machine's load falls on both
+            for count, cluster in clusters.items():
+                costs = ClusterCosts()
+                before = {process.pid: cpu_seconds(process) for process in processes[count]}
+                load = os.getloadavg()[0]
+                began, wall, cpu, thread = time.time(), time.perf_counter(), time.process_time(), time.thread_time()
+                outcome = replay_on_cluster(cluster.scheduler_address, tracer(), opened, groups, settings, [None], None, costs)
+                wall, cpu, thread = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
+                after = {process.pid: cpu_seconds(process) for process in processes[count]}
+                spent = {pid: after[pid] - before[pid] for pid in before}
+                run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs, began)
+                done[count].append(run)
+                assert report(*outcome) == local, f"{count} workers: not the local run's report"
+                per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
+                print(
+                    f"cluster of {count} worker(s): {wall:6.1f} s wall (load {load:.1f}-{run.load[1]:.1f}); CPU s: "
+                    f"client {run.client:.1f} ({thread:.1f} replay's thread, {cpu:.1f} the process), workers {per_worker}; "
+                    f"critical path {run.critical:.1f}; equals the local run"
                 )
-                with distributed.Client(clusters[count]) as client:
-                    processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+    ones, manys = done[1], done[workers]
+
+    def efficiency(name: str, figure) -> None:
+        pairs = sorted(figure(one) / (workers * figure(many)) for one, many in zip(ones, manys))
+        print(f"  {name:4s} {statistics.median(pairs):.2f} (range {pairs[0]:.2f}-{pairs[-1]:.2f})")
+
+    loads = [load for run in ones + manys for load in run.load]
+    print(
+        f"parallel efficiency on {workers} workers, {requests} requests, median of {runs} alternated pairs (goal 0.8; "
+        f"{os.cpu_count()} cores, load average {min(loads):.1f}-{max(loads):.1f} during the runs):"
+    )
+    efficiency("wall", lambda run: run.wall)
+    efficiency("CPU", lambda run: run.critical)
+    work = statistics.median(one.total / many.total for one, many in zip(ones, manys))
+    print(f"  CPU of the whole run, 1 worker / {workers}: {work:.2f}; imbalance of {workers} workers (busiest / mean): "
+          f"{statistics.median(run.imbalance for run in manys):.2f}")  # fmt: skip
+    for label, group in ((f"{workers}-worker", manys), ("1-worker", ones)):
+        breakdown(label, group)
+
+
+def main() -> None:
+    import dask
+    import distributed
+    import psutil
+
+    if not TOKENIZER.is_dir():
+        sys.exit(f"needs {TOKENIZER}")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workers", nargs="?", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--router", default="round-robin")
+    parser.add_argument("--scale", type=int, default=1, help="also replay a log of K times the conversations")
+    arguments = parser.parse_args()
+    workers = arguments.workers
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # each cluster's start and stop, said at INFO
+    runs = int(os.environ.get("RUNS", "3"))
+    clusters, processes = {}, {}
+    with dask.config.set({"distributed.worker.daemon": False}):
+        for count in (1, workers):
+            clusters[count] = distributed.LocalCluster(
+                n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+            )
+            with distributed.Client(clusters[count]) as client:
+                processes[count] = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+    try:
         # What each process spends idle (event loops, heartbeats: this process holds both
         # clusters' schedulers) grows with the wall clock, which the machine's other work
         # stretches: measured here, it is taken off each run's CPU.
@@ -212,50 +264,11 @@ def main() -> None:
             f"CPU s per s idle: this process (client, schedulers) {idle[None]:.3f}, "
             f"workers {', '.join(f'{idle[process.pid]:.3f}' for process in every)}"
         )
-        done: dict[int, list[Run]] = {1: [], workers: []}
-        try:
-            for _ in range(runs):  # alternated, so a change in the machine's load falls on both
-                for count, cluster in clusters.items():
-                    costs = ClusterCosts()
-                    before = {process.pid: cpu_seconds(process) for process in processes[count]}
-                    load = os.getloadavg()[0]
-                    began, wall, cpu, thread = time.time(), time.perf_counter(), time.process_time(), time.thread_time()
-                    outcome = replay_on_cluster(
-                        cluster.scheduler_address, tracer(), opened, groups, settings, [None], None, costs
-                    )
-                    wall, cpu, thread = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
-                    after = {process.pid: cpu_seconds(process) for process in processes[count]}
-                    spent = {pid: after[pid] - before[pid] for pid in before}
-                    run = Run(count, wall, (load, os.getloadavg()[0]), cpu, thread, spent, idle, costs, began)
-                    done[count].append(run)
-                    assert report(*outcome) == local, f"{count} workers: not the local run's report"
-                    per_worker = " + ".join(f"{seconds:.1f}" for seconds in run.per_worker().values())
-                    print(
-                        f"cluster of {count} worker(s): {wall:6.1f} s wall (load {load:.1f}-{run.load[1]:.1f}); CPU s: "
-                        f"client {run.client:.1f} ({thread:.1f} replay's thread, {cpu:.1f} the process), workers {per_worker}; "
-                        f"critical path {run.critical:.1f}; equals the local run"
-                    )
-        finally:
-            for cluster in clusters.values():
-                cluster.close()
-    ones, manys = done[1], done[workers]
-
-    def efficiency(name: str, figure) -> None:
-        pairs = sorted(figure(one) / (workers * figure(many)) for one, many in zip(ones, manys))
-        print(f"  {name:4s} {statistics.median(pairs):.2f} (range {pairs[0]:.2f}-{pairs[-1]:.2f})")
-
-    loads = [load for run in ones + manys for load in run.load]
-    print(
-        f"parallel efficiency on {workers} workers, median of {runs} alternated pairs (goal 0.8; "
-        f"{os.cpu_count()} cores, load average {min(loads):.1f}-{max(loads):.1f} during the runs):"
-    )
-    efficiency("wall", lambda run: run.wall)
-    efficiency("CPU", lambda run: run.critical)
-    work = statistics.median(one.total / many.total for one, many in zip(ones, manys))
-    print(f"  CPU of the whole run, 1 worker / {workers}: {work:.2f}; imbalance of {workers} workers (busiest / mean): "
-          f"{statistics.median(run.imbalance for run in manys):.2f}")  # fmt: skip
-    for label, group in ((f"{workers}-worker", manys), ("1-worker", ones)):
-        breakdown(label, group)
+        for size in sorted({1, arguments.scale}):
+            measure(size, clusters, processes, idle, workers, runs, arguments)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ The stages split where the work is independent:
    lightest share), a few per worker thread so that a worker done early takes another's,
    and each share runs on a worker, where the template still runs in a limited child
    (isolation.py), as it does locally. The tracer (with its tokenizer) goes to each worker
-   once, not with each share.
-2. The traces stay on the workers that made them. The client fetches them one share at a
-   time, as each share finishes, and spills them to a ``TraceStore`` (temporary files
-   without a name, as the local run's tracing children write them): it never holds more
-   than one share's traces.
+   once, not with each share. A share's child starts from the tokenizer's caches the same
+   worker thread's previous share ended with (``_WARM``), so that only a worker's first
+   share tokenizes its vocabulary cold.
+2. The traces stay on the workers that made them, as the block of pickled traces each
+   child made (``Spilled`` says where each is). The client fetches them one share at a
+   time, as each share finishes, and writes the block as it is to a ``TraceStore``
+   (temporary files without a name, as the local run's tracing children write them): it
+   never holds more than one share's traces, and never unpickles them to spill them.
 3. Each pool's simulation runs its requests in arrival order over the traces' token ids;
    pools are independent of each other (each capacity swept), so each runs as one task,
    which gets every share from the workers that traced them. A fleet whose router reads
@@ -38,9 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import multiprocessing
 import os
+import pickle
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +56,7 @@ from .engines.base import HARMONY
 from .isolation import run_isolated
 from .replay.log import ReplayError, parse_line
 from .replay.simulate import first_fitting, merge_pool_tasks, pool_tasks, run_pool_task
-from .replay.tracing import Spilled, TemplateError, TraceStore, _compiles, _spill, _trace_group
+from .replay.tracing import Spilled, TemplateError, TraceStore, _compiles, _spill, _spill_problem, _trace_group
 
 CLUSTER_ENV = "TMPL_LINT_CLUSTER"
 CONNECT_TIMEOUT = "30s"  # to reach the scheduler
@@ -206,17 +213,35 @@ class ClusterCosts:
             self.phases[name] = Phase(time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread)
 
 
-def _traced(tracer: Any, log: Any, groups: list[Any], indices: list[int]) -> tuple[list[Any], list[tuple[int, str]], float]:
-    """In the limited child: the share's traces, and the CPU the child spent (it was forked
-    for this share: its count began at zero)."""
+# Per tracer (the one scattered to this worker), per worker thread: the tokenizer's caches
+# (``tokenizer.Pieces``) the thread's last share's child ended with. Its next share's child
+# starts from them: each share's child is forked afresh, and one that starts cold tokenizes
+# again every word the shares before it learnt. Per thread, so that no child is forked
+# while another thread changes what it inherits.
+_WARM: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def _traced(
+    tracer: Any, log: Any, groups: list[Any], indices: list[int], warm: Any
+) -> tuple[bytes, Spilled, list[tuple[int, str]], Any, float]:
+    """In the limited child: the share's traces, pickled one by one into one block as a
+    tracing child spills them (``Spilled`` says where each is): the worker and the client
+    pass the block on and write it as it is, never unpickling a trace. Beside it the
+    tokenizer's caches, for the thread's next share, and the CPU the child spent (it was
+    forked for this share: its count began at zero)."""
+    pieces = tracer.encoder.pieces
+    if pieces is not None and warm is not None:
+        pieces.warm(warm)
     traces, problems = _trace_group(tracer, log, groups, indices)
-    assert isinstance(traces, list)  # nothing spilled: a cluster's traces come back in the result
-    return traces, problems, time.process_time()
+    assert isinstance(traces, list)  # nothing spilled to a file: a cluster's traces come back in the result
+    spilled, block = Spilled(), io.BytesIO()
+    spilled.error = _spill(block, traces, spilled)
+    return block.getvalue(), spilled, problems, None if pieces is None else pieces.caches(), time.process_time()
 
 
 def _trace_share(
     tracer: Any, task: tuple[ShareLog, list[Any], list[int], int]
-) -> tuple[list[Any], list[tuple[int, str]], ShareCost]:
+) -> tuple[bytes, Spilled, list[tuple[int, str]], ShareCost]:
     """On a worker: one share's sessions traced in a limited child, as the local run does."""
     if multiprocessing.current_process().daemon:
         raise ClusterError(
@@ -232,16 +257,20 @@ def _trace_share(
         groups[index] = session
     # As the local run: the worker's objects (the tokenizer, Dask's own), inherited, are
     # frozen so that no collection in the child walks them and copies every page they are on.
+    warm = _WARM.setdefault(tracer, {})
+    thread = threading.get_ident()
     gc.freeze()
     try:
-        traces, problems, child_cpu = run_isolated(_traced, (tracer, log, groups, indices), seconds=None)
+        block, spilled, problems, warm[thread], child_cpu = run_isolated(
+            _traced, (tracer, log, groups, indices, warm.get(thread)), seconds=None
+        )
     finally:
         gc.unfreeze()
     cost = ShareCost(
         share, os.getpid(), sum(len(session.entries) for session in sessions), sum(map(log_bytes, sessions)),
         start, time.time(), time.thread_time() - cpu, child_cpu,
     )  # fmt: skip
-    return traces, problems, cost
+    return block, spilled, problems, cost
 
 
 # Each worker thread's part of the log in this many shares: a worker that finishes its
@@ -299,26 +328,37 @@ def trace_on_cluster(
         [scattered] = client.scatter([tracer], broadcast=True, hash=False)
         futures = client.map(_trace_share, [scattered] * len(tasks), tasks, pure=False)
         for future in as_completed(futures, loop=client.loop):
-            traces, failed, cost = future.result()
+            block, spilled, failed, cost = future.result()
             problems.extend(failed)
             costs.shares.append(cost)
-            _spill_share(store, cost.share, traces)
-            del traces  # the next share's are fetched into the room these took
+            _spill_share(store, cost.share, block, spilled)
+            del block  # the next share's are fetched into the room this took
     costs.shares.sort(key=lambda cost: cost.share)
     return futures, sorted(problems)
 
 
-def _spill_share(store: TraceStore, share: int, traces: list[Any]) -> None:
-    """One share's traces written to its own file of ``store``, as a tracing child writes them."""
-    spilled = Spilled()
-    with open(os.dup(store.file(share).fileno()), "wb", buffering=1 << 20) as stream:
-        spilled.error = _spill(stream, traces, spilled)
+def _spill_share(store: TraceStore, share: int, block: bytes, spilled: Spilled) -> None:
+    """One share's traces (``_traced``'s block) written as they are to the share's own file of
+    ``store``, where ``spilled`` says each is, as a tracing child writes them."""
+    if spilled.error is None:
+        try:
+            with open(os.dup(store.file(share).fileno()), "wb", buffering=0) as stream:
+                view = memoryview(block)
+                while view:
+                    view = view[stream.write(view) :]
+        except OSError as error:
+            spilled.error = _spill_problem(error)
     store.add(share, spilled)
 
 
 def _share_traces(shares: Sequence[Any]) -> list[Any]:
     """On a worker: every trace of the shares (``_trace_share``'s results), in arrival order."""
-    return sorted((trace for traces, _, _ in shares for trace in traces), key=lambda trace: trace.order)
+    traces = [
+        pickle.loads(memoryview(block)[offset : offset + size])
+        for block, spilled, _, _ in shares
+        for offset, size in zip(spilled.offsets, spilled.sizes)
+    ]
+    return sorted(traces, key=lambda trace: trace.order)
 
 
 def _simulate_on_worker(common: tuple[Any, ...], task: Any, shares: list[Any]) -> tuple[Any, PoolCost]:

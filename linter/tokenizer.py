@@ -627,6 +627,15 @@ class Pieces:
                     del words[text]
         return out
 
+    def caches(self) -> tuple[OrderedDict[str, list[int]], int, dict[str, list[int]]]:
+        """What this object keeps (pieces, their characters, words), for ``warm``: another
+        process tracing more of the same log then starts with them."""
+        return self.kept, self.characters, self.words
+
+    def warm(self, caches: tuple[OrderedDict[str, list[int]], int, dict[str, list[int]]]) -> None:
+        """Start from ``caches`` (``caches()`` of a Pieces of the same tokenizer and rule)."""
+        self.kept, self.characters, self.words = caches
+
     def _keep(self, piece: str, ids: list[int]) -> None:
         if len(piece) > self.LONGEST_KEPT:
             return

@@ -9,7 +9,7 @@ import random
 from datetime import datetime, timedelta
 
 import pytest
-from helpers import CORPUS
+from helpers import CORPUS, SHARED_TOKENIZERS, needs_shared, shared_tokenizer
 
 distributed = pytest.importorskip("distributed")
 
@@ -19,13 +19,17 @@ from tmpl_lint.cluster import (  # noqa: E402
     ClusterError,
     cluster_address,
     cluster_map,
+    connected,
+    log_bytes,
     replay_on_cluster,
     shares_of,
+    trace_on_cluster,
 )
 from tmpl_lint.diff import read_template  # noqa: E402
 from tmpl_lint.replay.attribution import Tracer  # noqa: E402
 from tmpl_lint.replay.log import read_log, sessions  # noqa: E402
 from tmpl_lint.replay.simulate import CacheSettings, replay  # noqa: E402
+from tmpl_lint.replay.tracing import TraceStore, trace_sessions  # noqa: E402
 
 
 def write_log(path, count=12, turns=4, seed=3):
@@ -232,3 +236,71 @@ def test_the_shares_are_dealt_by_log_bytes_several_to_each_worker(tmp_path, loca
     assert sum(share.requests for share in costs.shares) == len(lines)
     assert len({share.worker for share in costs.shares}) == 2
     assert all(share.child_cpu > 0 and share.end >= share.start for share in costs.shares)
+
+
+def write_prose_log(path, count=24, seed=5):
+    """Sessions of prose drawn from one vocabulary: a word one share tokenized comes again in
+    the shares after it, which start from the caches the one before left."""
+    rng = random.Random(seed)
+    words = [f"{rng.choice(['re', 'un', 'over', ''])}{rng.choice(['load', 'ship', 'track', 'pack', 'bill'])}" for _ in range(60)]
+    words += ["naïve", "café", "→", "日本語", "  ", "\n", "3.14", "don't"]
+    lines = []
+    for number in range(count):
+        history = [{"role": "system", "content": "You track orders."}]
+        for _ in range(rng.randrange(1, 5)):
+            history = history + [{"role": "user", "content": " ".join(rng.choices(words, k=rng.randrange(5, 60)))}]
+            lines.append(json.dumps({"request": {"user": f"s{number}", "messages": history}}) + "\n")
+            history = history + [{"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randrange(5, 40)))}]
+    path.write_text("".join(lines))
+
+
+@needs_shared
+def test_shares_that_start_from_the_previous_shares_caches_trace_the_local_ids(tmp_path, local_cluster):
+    """A real tokenizer encoded in pieces (Qwen3's): each worker traces four shares in turn,
+    each share's child starting from the tokenizer caches the one before it ended with; every
+    trace (its token ids, departures, replies) equals the local run's, one process, cold."""
+    tokenizer = shared_tokenizer("qwen3")
+    text, _ = read_template(SHARED_TOKENIZERS / "qwen3")
+    log = tmp_path / "log.jsonl"
+    write_prose_log(log)
+
+    def tracer():
+        return Tracer(text, tokenizer, tokenizer.special_tokens, "vllm")
+
+    assert tracer().encoder.pieces is not None  # the caches handed on are this tokenizer's
+    costs = ClusterCosts()
+    with read_log(log, "user") as opened:
+        groups = sessions(opened, "user")
+        local, local_problems = trace_sessions(tracer(), opened, groups, 1)
+        with connected(local_cluster.scheduler_address) as client, TraceStore(len(opened.entries)) as store:
+            _, problems = trace_on_cluster(client, tracer(), opened, groups, store, 8, costs)
+            clustered = list(store)
+    assert len(clustered) == len(local) == len(opened.entries) and not problems and not local_problems
+    assert clustered == local
+    assert sum(len(trace.tail) for trace in local) > 1000
+    by_worker = [sum(share.worker == pid for share in costs.shares) for pid in {share.worker for share in costs.shares}]
+    assert len(costs.shares) == 8 and min(by_worker) >= 2, by_worker  # each worker handed its caches on
+    assert sorted(share.log_bytes for share in costs.shares) == sorted(
+        sum(log_bytes(groups[index]) for index in part) for part in shares_of([log_bytes(group) for group in groups], 8)
+    )
+
+
+@needs_shared
+def test_pieces_warmed_with_anothers_caches_encode_as_the_tokenizer(monkeypatch):
+    """The hand-off the cluster's shares rely on: a Pieces started from another's caches asks
+    the library only for words that one did not keep, and its ids are the tokenizer's own."""
+    from tmpl_lint.tokenizer import PrefixEncoder
+
+    tokenizer = shared_tokenizer("qwen3")
+    first, second = PrefixEncoder(tokenizer).pieces, PrefixEncoder(tokenizer).pieces
+    assert first is not None and second is not None
+    known = "the order ships today and the bill follows"
+    first.encode(known)
+    second.warm(first.caches())
+    asked = []
+    batch = second._batch
+    monkeypatch.setattr(second, "_batch", lambda texts: asked.extend(texts) or batch(texts))
+    text = "the order ships tomorrow; the bill follows later"  # ASCII: encoded word by word
+    ids, _ = second.encode(text)
+    assert ids == tokenizer.encode(text)
+    assert sorted(asked) == [" later", " tomorrow", ";"]  # the words the first had not met
