@@ -228,27 +228,20 @@ def measure(name: str, log: Path, requests: int, floor: bool) -> None:
             f"    replay --jobs {jobs}: {elapsed:6.1f} s  {requests / elapsed:8,.0f} requests/s  {tokens / elapsed:12,.0f} tokens/s"
             f"  ({loads[jobs]})"
         )
-    before = load()
-    elapsed, output = timed([sys.executable, "-c", LIBRARY_FLOOR, str(log), str(TOKENIZER)])
-    assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
-    print(
-        f"    issue 37's floor, each request rendered once, what each prompt adds tokenized by the library: {elapsed:6.1f} s "
-        f"({before}); replay on one core is {figures['1'] / elapsed:.2f}x it (goal 1.3x)"
-    )
-    before = load()
-    elapsed, output = timed([sys.executable, "-c", ADDED_FLOOR, str(log), str(TOKENIZER)])
-    assert int(output) == tokens, (int(output), tokens)
-    print(
-        f"    the same with replay's tokenizer (pieces and words kept, a word seen before not tokenized again): {elapsed:6.1f} s "
-        f"({before}); replay on one core is {figures['1'] / elapsed:.2f}x it"
-    )
-    before = load()
-    elapsed, output = timed([sys.executable, "-c", REPLIES_FLOOR, str(log), str(TOKENIZER)])
-    assert int(output) == tokens, (int(output), tokens)
-    print(
-        f"    that with each logged reply tokenized once too: {elapsed:6.1f} s ({before}); "
-        f"replay on one core is {figures['1'] / elapsed:.2f}x it"
-    )
+    floors = [
+        (
+            LIBRARY_FLOOR,
+            "issue 37's floor, each request rendered once, what each prompt adds tokenized by the library",
+            " (goal 1.3x)",
+        ),
+        (ADDED_FLOOR, "the same with replay's tokenizer (pieces and words kept, a word seen before not tokenized again)", ""),
+        (REPLIES_FLOOR, "that with each logged reply tokenized once too", ""),
+    ]
+    for script, label, goal in floors:
+        before = load()
+        elapsed, output = timed([sys.executable, "-c", script, str(log), str(TOKENIZER)])
+        assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
+        print(f"    {label}: {elapsed:6.1f} s ({before}); replay on one core is {figures['1'] / elapsed:.2f}x it{goal}")
     if floor:
         elapsed, output = timed([sys.executable, "-c", FLOOR, str(log), str(TOKENIZER)])
         assert int(output) == tokens, (int(output), tokens)  # the same prompts, token for token
