@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from replay_speed import READ_FILE_TOOLS, paragraphs, words_of
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TOKENIZER = SHARED / "tokenizers" / "qwen3"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -127,25 +129,13 @@ for name, current, peak, taken in stages:
 """
 
 
-def paragraphs() -> list[str]:
-    found = []
-    for source in sorted(STDLIB.glob("*.py"))[:150]:
-        text = source.read_text(errors="replace")
-        found.extend(part.strip() for part in text.split("\n\n") if 80 < len(part.strip()) < 4000)
-    return found
-
-
 def sharegpt_log(path: Path, megabytes: float, seed: int = 37) -> int:
     """Conversations of prose, a new one every 10 s, written in arrival order; its requests."""
     rng = random.Random(seed)
     texts = paragraphs()
 
     def prose(low: int, high: int) -> str:
-        words: list[str] = []
-        target = rng.randrange(low, high)
-        while len(words) < target:
-            words.extend(rng.choice(texts).split())
-        return " ".join(words[:target])
+        return words_of(rng, texts, low, high)
 
     pending: list[tuple[int, int, str]] = []  # (timestamp, sequence, line)
     written = requests = number = 0
@@ -171,16 +161,7 @@ def sharegpt_log(path: Path, megabytes: float, seed: int = 37) -> int:
 def agent_log(path: Path, megabytes: float, live: int = 8, calls: int = 40) -> int:
     """Agents of ``calls`` calls, ``live`` at a time, each replaced by a new one when it ends; its requests."""
     files = sorted(p for p in STDLIB.glob("*.py") if 2400 < p.stat().st_size < 4400)
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "read_file",
-                "description": "Read a file",
-                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-            },
-        }
-    ]
+    tools = READ_FILE_TOOLS
     started = 0
     agents: list[tuple[int, list[dict], int]] = []  # (number, history, calls made)
 

@@ -112,6 +112,37 @@ print(tokens)
 """
 
 
+# The agent logs' one tool (bench/replay_memory.py's too).
+READ_FILE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+
+
+def paragraphs() -> list[str]:
+    """Paragraphs of real prose and code: the standard library's first 150 sources."""
+    found = []
+    for source in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:150]:
+        text = source.read_text(errors="replace")
+        found.extend(part.strip() for part in text.split("\n\n") if 80 < len(part.strip()) < 4000)
+    return found
+
+
+def words_of(rng: random.Random, texts: list[str], low: int, high: int) -> str:
+    """A text of between ``low`` and ``high`` words (``rng`` decides), taken from ``texts``."""
+    words: list[str] = []
+    target = rng.randrange(low, high)
+    while len(words) < target:
+        words.extend(rng.choice(texts).split())
+    return " ".join(words[:target])
+
+
 def chat_log(path: Path, sessions: int = 500, calls: int = 20) -> None:
     with path.open("w") as stream:
         for session in range(sessions):
@@ -127,16 +158,7 @@ def chat_log(path: Path, sessions: int = 500, calls: int = 20) -> None:
 def agent_log(path: Path, sessions: int = 16, calls: int = 63) -> None:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.glob("*.py") if 2400 < p.stat().st_size < 4400)
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "read_file",
-                "description": "Read a file",
-                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-            },
-        }
-    ]
+    tools = READ_FILE_TOOLS
     histories = {
         session: [
             {"role": "system", "content": "You are a coding agent. Read files with the tools and answer precisely."},
@@ -172,18 +194,10 @@ def agent_log(path: Path, sessions: int = 16, calls: int = 63) -> None:
 def sharegpt_log(path: Path, conversations: int = 700, seed: int = 37) -> int:
     """Conversations of prose turns; returns the number of requests."""
     rng = random.Random(seed)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    paragraphs = []
-    for source in sorted(stdlib.glob("*.py"))[:150]:
-        text = source.read_text(errors="replace")
-        paragraphs.extend(part.strip() for part in text.split("\n\n") if 80 < len(part.strip()) < 4000)
+    texts = paragraphs()
 
     def prose(low: int, high: int) -> str:
-        words: list[str] = []
-        target = rng.randrange(low, high)
-        while len(words) < target:
-            words.extend(rng.choice(paragraphs).split())
-        return " ".join(words[:target])
+        return words_of(rng, texts, low, high)
 
     entries = []
     for number in range(conversations):
